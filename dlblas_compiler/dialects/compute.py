@@ -1,0 +1,560 @@
+"""Many-to-many ops (reductions, matmul, linear, softmax, norms, attention, embedding) and the
+composite ops the `recognize` pass raises decomposed code to (rms_norm, add_rms_norm, rotary, glu).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from xdsl.dialects.builtin import (
+    AnyTensorType,
+    BoolAttr,
+    DenseArrayBase,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    TensorType,
+    f64,
+    i64,
+)
+from xdsl.ir import Attribute, SSAValue
+from xdsl.irdl import (
+    AttrSizedOperandSegments,
+    BaseAttr,
+    IRDLOperation,
+    ParsePropInAttrDict,
+    VarConstraint,
+    irdl_op_definition,
+    operand_def,
+    opt_operand_def,
+    opt_prop_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.traits import Pure
+from xdsl.utils.exceptions import VerifyException
+
+from .traits import MANY_TO_MANY, ONE_TO_ONE, SHUFFLE
+from .types import DLFloatTensor, broadcast_shapes, dims_match, dtype_of, elem_of, normalize_dim, promote, shape_of
+
+
+def _bool(v: bool) -> BoolAttr:
+    return IntegerAttr.from_bool(bool(v))
+
+
+def _float(v: float) -> FloatAttr:
+    return FloatAttr(float(v), f64)
+
+
+class ReduceOp(IRDLOperation):
+    """Reduction over `dims` (kept as size 1 when `keepdim`)."""
+
+    input = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    dims = prop_def(DenseArrayBase)
+    keepdim = prop_def(BoolAttr, _bool(False))
+    traits = traits_def(Pure(), MANY_TO_MANY)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+    irdl_options = (ParsePropInAttrDict(),)
+    TRITON_COMBINE: ClassVar[str] = ""
+
+    def __init__(self, x: SSAValue, dims: Sequence[int], keepdim: bool = False):
+        shape = shape_of(x)
+        nd = sorted({normalize_dim(d, len(shape)) for d in dims})
+        out = [1 if i in nd else s for i, s in enumerate(shape) if keepdim or i not in nd]
+        super().__init__(
+            operands=[x],
+            result_types=[TensorType(elem_of(x), out)],
+            properties={"dims": DenseArrayBase.from_list(i64, nd), "keepdim": _bool(keepdim)},
+        )
+
+    @property
+    def axes(self) -> tuple[int, ...]:
+        return tuple(self.dims.get_values())
+
+    @property
+    def keep(self) -> bool:
+        return bool(self.keepdim.value.data)
+
+    def verify_(self):
+        shape = shape_of(self.input)
+        if not self.axes or any(not 0 <= d < len(shape) for d in self.axes) or len(set(self.axes)) != len(self.axes):
+            raise VerifyException(f"{self.name}: dims {list(self.axes)} are not distinct dims of {shape}")
+        out = tuple(1 if i in self.axes else s for i, s in enumerate(shape) if self.keep or i not in self.axes)
+        if out != shape_of(self.result) or elem_of(self.input) != elem_of(self.result):
+            raise VerifyException(f"{self.name}: result should be {out} of {elem_of(self.input)}, got {self.result.type}")
+
+
+@irdl_op_definition
+class ReduceSumOp(ReduceOp):
+    """`dl.reduce_sum`: torch.sum(x, dims, keepdim)."""
+
+    name = "dl.reduce_sum"
+    TRITON_COMBINE: ClassVar[str] = "sum"
+
+    def reference(self, x):
+        return torch.sum(x, self.axes, keepdim=self.keep)
+
+
+@irdl_op_definition
+class ReduceMeanOp(ReduceOp):
+    """`dl.reduce_mean`: torch.mean(x, dims, keepdim)."""
+
+    name = "dl.reduce_mean"
+    TRITON_COMBINE: ClassVar[str] = "mean"
+
+    def reference(self, x):
+        return torch.mean(x, self.axes, keepdim=self.keep)
+
+
+@irdl_op_definition
+class ReduceMaxOp(ReduceOp):
+    """`dl.reduce_max`: torch.amax(x, dims, keepdim)."""
+
+    name = "dl.reduce_max"
+    TRITON_COMBINE: ClassVar[str] = "max"
+
+    def reference(self, x):
+        return torch.amax(x, self.axes, keepdim=self.keep)
+
+
+@irdl_op_definition
+class MatmulOp(IRDLOperation):
+    """`dl.matmul`: torch.matmul for rank >= 2 operands, batch dims broadcast."""
+
+    name = "dl.matmul"
+    lhs = operand_def(DLFloatTensor)
+    rhs = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    traits = traits_def(Pure(), MANY_TO_MANY)
+    assembly_format = "$lhs `,` $rhs attr-dict `:` `(` type($lhs) `,` type($rhs) `)` `->` type($result)"
+
+    def __init__(self, a: SSAValue, b: SSAValue):
+        super().__init__(operands=[a, b], result_types=[self.infer(a.type, b.type)])
+
+    @staticmethod
+    def infer(a: TensorType, b: TensorType) -> TensorType:
+        sa, sb = a.get_shape(), b.get_shape()
+        if len(sa) < 2 or len(sb) < 2:
+            raise VerifyException(f"dl.matmul needs rank >= 2 operands, got {a} and {b}")
+        if not dims_match(sa[-1], sb[-2]):
+            raise VerifyException(f"dl.matmul: contraction dims differ: {a} @ {b}")
+        if a.element_type != b.element_type:
+            raise VerifyException(f"dl.matmul: element types differ: {a} @ {b}")
+        batch = broadcast_shapes(sa[:-2], sb[:-2])
+        return TensorType(a.element_type, [*batch, sa[-2], sb[-1]])
+
+    def verify_(self):
+        want = self.infer(self.lhs.type, self.rhs.type)
+        if want != self.result.type:
+            raise VerifyException(f"dl.matmul: {self.lhs.type} @ {self.rhs.type} gives {want}, not {self.result.type}")
+
+    def reference(self, a, b):
+        return torch.matmul(a, b)
+
+
+@irdl_op_definition
+class LinearOp(IRDLOperation):
+    """`dl.linear`: x @ weight.T (+ bias), as nn.Linear / F.linear: x [..., K], weight [N, K], bias [N]."""
+
+    name = "dl.linear"
+    input = operand_def(DLFloatTensor)
+    weight = operand_def(DLFloatTensor)
+    bias = opt_operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    traits = traits_def(Pure(), MANY_TO_MANY)
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    assembly_format = (
+        "$input `,` $weight (`bias` $bias^)? attr-dict `:` type($input) `,` type($weight) (`,` type($bias)^)? `->` type($result)"
+    )
+
+    def __init__(self, x: SSAValue, w: SSAValue, b: SSAValue | None = None):
+        out = [*shape_of(x)[:-1], shape_of(w)[0]]
+        super().__init__(operands=[x, w, b], result_types=[TensorType(elem_of(x), out)])
+
+    def verify_(self):
+        sx, sw = shape_of(self.input), shape_of(self.weight)
+        if len(sw) != 2 or not sx or not dims_match(sx[-1], sw[1]):
+            raise VerifyException(f"dl.linear: input {self.input.type} does not match weight {self.weight.type} ([N, K])")
+        if elem_of(self.input) != elem_of(self.weight):
+            raise VerifyException(f"dl.linear: input and weight element types differ ({self.input.type}, {self.weight.type})")
+        if self.bias is not None and (shape_of(self.bias) != (sw[0],) or elem_of(self.bias) != elem_of(self.weight)):
+            raise VerifyException(f"dl.linear: bias {self.bias.type} should be tensor<{sw[0]}x{elem_of(self.weight)}>")
+        if shape_of(self.result) != (*sx[:-1], sw[0]) or elem_of(self.result) != elem_of(self.input):
+            raise VerifyException(f"dl.linear: result should be {(*sx[:-1], sw[0])}, got {self.result.type}")
+
+    def reference(self, x, w, b=None):
+        return F.linear(x, w, b)
+
+
+@irdl_op_definition
+class SoftmaxOp(IRDLOperation):
+    """`dl.softmax`: softmax along `dim`, computed in fp32, result in the input dtype."""
+
+    name = "dl.softmax"
+    T: ClassVar = VarConstraint("T", DLFloatTensor)
+    input = operand_def(T)
+    result = result_def(T)
+    dim = prop_def(IntegerAttr)
+    traits = traits_def(Pure(), MANY_TO_MANY)
+    assembly_format = "$input attr-dict `:` type($input)"
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, x: SSAValue, dim: int):
+        d = normalize_dim(dim, len(shape_of(x)))
+        super().__init__(operands=[x], result_types=[x.type], properties={"dim": IntegerAttr(d, i64)})
+
+    @property
+    def axis(self) -> int:
+        return self.dim.value.data
+
+    def verify_(self):
+        if not 0 <= self.axis < len(shape_of(self.input)) or self.input.type != self.result.type:
+            raise VerifyException(f"dl.softmax: bad dim {self.axis} or result type for {self.input.type}")
+
+    def reference(self, x):
+        return torch.softmax(x, self.axis)
+
+
+def _check_row_param(op: IRDLOperation, x: SSAValue, p: SSAValue | None, what: str):
+    if p is not None and shape_of(p) != shape_of(x)[-1:]:
+        raise VerifyException(f"{op.name}: {what} {p.type} must be rank-1 of size {shape_of(x)[-1]} (the last dim of {x.type})")
+
+
+@irdl_op_definition
+class RMSNormOp(IRDLOperation):
+    """`dl.rms_norm`: y = x * rsqrt(mean(x^2, -1) + eps) * (weight + offset), statistics in fp32.
+
+    Default (Llama): the normalized value is cast to x's dtype, then scaled by the weight, so the result
+    dtype is promote(x, weight). With `scale_in_f32` (Gemma): scaled in fp32, then cast to x's dtype.
+    """
+
+    name = "dl.rms_norm"
+    input = operand_def(DLFloatTensor)
+    weight = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    eps = prop_def(FloatAttr)
+    offset = prop_def(FloatAttr, _float(0.0))
+    scale_in_f32 = prop_def(BoolAttr, _bool(False))
+    traits = traits_def(Pure(), MANY_TO_MANY)
+    assembly_format = "$input `,` $weight attr-dict `:` `(` type($input) `,` type($weight) `)` `->` type($result)"
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, x: SSAValue, w: SSAValue, eps: float, offset: float = 0.0, scale_in_f32: bool = False):
+        super().__init__(
+            operands=[x, w],
+            result_types=[TensorType(self.result_elem(x, w, scale_in_f32), shape_of(x))],
+            properties={"eps": _float(eps), "offset": _float(offset), "scale_in_f32": _bool(scale_in_f32)},
+        )
+
+    @staticmethod
+    def result_elem(x: SSAValue, w: SSAValue, scale_in_f32: bool) -> Attribute:
+        return elem_of(x) if scale_in_f32 else promote([elem_of(x), elem_of(w)], [1, 1])
+
+    @property
+    def attrs(self) -> tuple[float, float, bool]:
+        return self.eps.value.data, self.offset.value.data, bool(self.scale_in_f32.value.data)
+
+    def verify_(self):
+        _check_row_param(self, self.input, self.weight, "weight")
+        want = TensorType(self.result_elem(self.input, self.weight, self.attrs[2]), shape_of(self.input))
+        if self.result.type != want:
+            raise VerifyException(f"dl.rms_norm: result should be {want}, got {self.result.type}")
+
+    def reference(self, x, w):
+        return rms_norm_reference(x, w, *self.attrs)
+
+
+def rms_norm_reference(x, w, eps: float, offset: float = 0.0, scale_in_f32: bool = False):
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if scale_in_f32:
+        return (normed * (w.float() + offset)).to(x.dtype)
+    return (w + offset if offset else w) * normed.to(x.dtype)
+
+
+@irdl_op_definition
+class AddRMSNormOp(IRDLOperation):
+    """`dl.add_rms_norm`: s = x + residual; returns (rms_norm(s, weight), s). Both results may be live."""
+
+    name = "dl.add_rms_norm"
+    input = operand_def(DLFloatTensor)
+    residual = operand_def(DLFloatTensor)
+    weight = operand_def(DLFloatTensor)
+    normed = result_def(DLFloatTensor)
+    sum = result_def(DLFloatTensor)
+    eps = prop_def(FloatAttr)
+    offset = prop_def(FloatAttr, _float(0.0))
+    scale_in_f32 = prop_def(BoolAttr, _bool(False))
+    traits = traits_def(Pure(), MANY_TO_MANY)
+    assembly_format = (
+        "$input `,` $residual `,` $weight attr-dict `:` `(` type($input) `,` type($residual) `,` type($weight) `)`"
+        " `->` `(` type($normed) `,` type($sum) `)`"
+    )
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, x: SSAValue, r: SSAValue, w: SSAValue, eps: float, offset: float = 0.0, scale_in_f32: bool = False):
+        s = TensorType(promote([elem_of(x), elem_of(r)], [1, 1]), broadcast_shapes(shape_of(x), shape_of(r)))
+        normed = TensorType(s.element_type if scale_in_f32 else promote([s.element_type, elem_of(w)], [1, 1]), s.get_shape())
+        super().__init__(
+            operands=[x, r, w],
+            result_types=[normed, s],
+            properties={"eps": _float(eps), "offset": _float(offset), "scale_in_f32": _bool(scale_in_f32)},
+        )
+
+    @property
+    def attrs(self) -> tuple[float, float, bool]:
+        return self.eps.value.data, self.offset.value.data, bool(self.scale_in_f32.value.data)
+
+    def verify_(self):
+        if shape_of(self.input) != shape_of(self.residual) or shape_of(self.sum) != shape_of(self.input):
+            raise VerifyException(f"dl.add_rms_norm: input {self.input.type} and residual {self.residual.type} must match")
+        _check_row_param(self, self.input, self.weight, "weight")
+
+    def reference(self, x, r, w):
+        s = x + r
+        return rms_norm_reference(s, w, *self.attrs), s
+
+
+@irdl_op_definition
+class LayerNormOp(IRDLOperation):
+    """`dl.layer_norm`: F.layer_norm over the last dim with weight and bias."""
+
+    name = "dl.layer_norm"
+    input = operand_def(DLFloatTensor)
+    weight = operand_def(DLFloatTensor)
+    bias = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    eps = prop_def(FloatAttr)
+    traits = traits_def(Pure(), MANY_TO_MANY)
+    assembly_format = (
+        "$input `,` $weight `,` $bias attr-dict `:` `(` type($input) `,` type($weight) `,` type($bias) `)` `->` type($result)"
+    )
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, x: SSAValue, w: SSAValue, b: SSAValue, eps: float):
+        super().__init__(operands=[x, w, b], result_types=[x.type], properties={"eps": _float(eps)})
+
+    def verify_(self):
+        _check_row_param(self, self.input, self.weight, "weight")
+        _check_row_param(self, self.input, self.bias, "bias")
+        if self.result.type != self.input.type:
+            raise VerifyException(f"dl.layer_norm: result must be {self.input.type}")
+
+    def reference(self, x, w, b):
+        return F.layer_norm(x, x.shape[-1:], w, b, self.eps.value.data)
+
+
+ROTARY_LAYOUTS = ("half", "interleaved")
+
+
+@irdl_op_definition
+class RotaryOp(IRDLOperation):
+    """`dl.rotary`: rotary position embedding on the first `rotary_dim` entries of the last dim.
+
+    cos and sin broadcast to x[..., :rotary_dim]. `layout = "half"` rotates (x1, x2) = halves
+    (HF/NeoX `rotate_half`); `"interleaved"` rotates even/odd pairs (GPT-J). Entries past
+    `rotary_dim` pass through (partial rotary).
+    """
+
+    name = "dl.rotary"
+    input = operand_def(DLFloatTensor)
+    cos = operand_def(DLFloatTensor)
+    sin = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    layout = prop_def(StringAttr, StringAttr("half"))
+    rotary_dim = prop_def(IntegerAttr)
+    traits = traits_def(Pure(), SHUFFLE)
+    assembly_format = "$input `,` $cos `,` $sin attr-dict `:` `(` type($input) `,` type($cos) `,` type($sin) `)` `->` type($result)"
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, x: SSAValue, cos: SSAValue, sin: SSAValue, layout: str = "half", rotary_dim: int | None = None):
+        rd = shape_of(x)[-1] if rotary_dim is None else rotary_dim
+        elem = promote([elem_of(x), elem_of(cos), elem_of(sin)], [1, 1, 1])
+        super().__init__(
+            operands=[x, cos, sin],
+            result_types=[TensorType(elem, shape_of(x))],
+            properties={"layout": StringAttr(layout), "rotary_dim": IntegerAttr(rd, i64)},
+        )
+
+    @property
+    def dim(self) -> int:
+        return self.rotary_dim.value.data
+
+    def verify_(self):
+        x = shape_of(self.input)
+        rd = self.dim
+        if self.layout.data not in ROTARY_LAYOUTS:
+            raise VerifyException(f"dl.rotary: layout must be one of {ROTARY_LAYOUTS}, got {self.layout.data!r}")
+        if rd <= 0 or rd % 2 or rd > x[-1]:
+            raise VerifyException(f"dl.rotary: rotary_dim {rd} must be even and at most {x[-1]}")
+        for t in (self.cos, self.sin):
+            if shape_of(t)[-1] != rd or broadcast_shapes((*x[:-1], rd), shape_of(t)) != (*x[:-1], rd):
+                raise VerifyException(f"dl.rotary: {t.type} does not broadcast to {(*x[:-1], rd)}")
+
+    def reference(self, x, cos, sin):
+        return rotary_reference(x, cos, sin, self.layout.data, self.dim)
+
+
+def rotary_reference(x, cos, sin, layout: str, rotary_dim: int):
+    xr, xp = x[..., :rotary_dim], x[..., rotary_dim:]
+    if layout == "half":
+        h = rotary_dim // 2
+        rot = torch.cat((-xr[..., h:], xr[..., :h]), dim=-1)
+    else:
+        rot = torch.stack((-xr[..., 1::2], xr[..., ::2]), dim=-1).flatten(-2)
+    out = xr * cos + rot * sin
+    return torch.cat((out, xp.to(out.dtype)), dim=-1) if xp.shape[-1] else out
+
+
+GLU_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda g: F.gelu(g, approximate="tanh")}
+
+
+@irdl_op_definition
+class GluOp(IRDLOperation):
+    """`dl.glu`: act(gate) * up, the gated activation of SwiGLU (`silu`) and GeGLU (`gelu`, `gelu_tanh`) MLPs."""
+
+    name = "dl.glu"
+    gate = operand_def(DLFloatTensor)
+    up = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    act = prop_def(StringAttr, StringAttr("silu"))
+    traits = traits_def(Pure(), ONE_TO_ONE)
+    assembly_format = "$gate `,` $up attr-dict `:` `(` type($gate) `,` type($up) `)` `->` type($result)"
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, gate: SSAValue, up: SSAValue, act: str = "silu"):
+        shape = broadcast_shapes(shape_of(gate), shape_of(up))
+        elem = promote([elem_of(gate), elem_of(up)], [1, 1])
+        super().__init__(operands=[gate, up], result_types=[TensorType(elem, shape)], properties={"act": StringAttr(act)})
+
+    def verify_(self):
+        if self.act.data not in GLU_ACTIVATIONS:
+            raise VerifyException(f"dl.glu: act must be one of {sorted(GLU_ACTIVATIONS)}, got {self.act.data!r}")
+        if shape_of(self.gate) != shape_of(self.up):
+            raise VerifyException(f"dl.glu: gate {self.gate.type} and up {self.up.type} must have one shape")
+
+    def reference(self, gate, up):
+        return GLU_ACTIVATIONS[self.act.data](gate) * up
+
+
+@irdl_op_definition
+class SDPAOp(IRDLOperation):
+    """`dl.sdpa`: softmax(q k^T * scale + mask) v (F.scaled_dot_product_attention, no dropout).
+
+    q [..., Hq, S, D], k [..., Hk, L, D], v [..., Hk, L, Dv]; Hq a multiple of Hk with `enable_gqa`.
+    The mask (optional) is additive (float) or boolean (True = keep) and broadcasts to [..., Hq, S, L].
+    """
+
+    name = "dl.sdpa"
+    query = operand_def(DLFloatTensor)
+    key = operand_def(DLFloatTensor)
+    value = operand_def(DLFloatTensor)
+    mask = opt_operand_def(AnyTensorType)
+    result = result_def(DLFloatTensor)
+    is_causal = prop_def(BoolAttr, _bool(False))
+    scale = opt_prop_def(FloatAttr)
+    enable_gqa = prop_def(BoolAttr, _bool(False))
+    traits = traits_def(Pure(), MANY_TO_MANY)
+    assembly_format = (
+        "$query `,` $key `,` $value (`mask` $mask^)? attr-dict `:` type($query) `,` type($key) `,` type($value)"
+        " (`,` type($mask)^)? `->` type($result)"
+    )
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, q, k, v, mask=None, is_causal=False, scale: float | None = None, enable_gqa=False):
+        out = [*shape_of(q)[:-1], shape_of(v)[-1]]
+        props: dict[str, Attribute] = {"is_causal": _bool(is_causal), "enable_gqa": _bool(enable_gqa)}
+        if scale is not None:
+            props["scale"] = _float(scale)
+        super().__init__(operands=[q, k, v, mask], result_types=[TensorType(elem_of(q), out)], properties=props)
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale.value.data if self.scale is not None else 1.0 / math.sqrt(shape_of(self.query)[-1])
+
+    @property
+    def causal(self) -> bool:
+        return bool(self.is_causal.value.data)
+
+    @property
+    def gqa(self) -> bool:
+        return bool(self.enable_gqa.value.data)
+
+    def verify_(self):
+        q, k, v = shape_of(self.query), shape_of(self.key), shape_of(self.value)
+        if not (len(q) == len(k) == len(v) >= 3):
+            raise VerifyException(f"dl.sdpa: q, k, v must share a rank >= 3, got {q}, {k}, {v}")
+        if q[-1] != k[-1] or k[-2] != v[-2] or k[:-3] != v[:-3] or q[:-3] != k[:-3]:
+            raise VerifyException(f"dl.sdpa: shapes q {q}, k {k}, v {v} do not match")
+        hq, hk = q[-3], k[-3]
+        if hq != hk and not (self.gqa and hk and hq % hk == 0):
+            raise VerifyException(f"dl.sdpa: {hq} query heads vs {hk} key heads needs enable_gqa and divisibility")
+        if len({elem_of(self.query), elem_of(self.key), elem_of(self.value)}) != 1:
+            raise VerifyException("dl.sdpa: q, k and v must share an element type")
+        if self.mask is not None:
+            m = shape_of(self.mask)
+            if broadcast_shapes(m, (*q[:-1], k[-2])) != (*q[:-1], k[-2]):
+                raise VerifyException(f"dl.sdpa: mask {m} does not broadcast to {(*q[:-1], k[-2])}")
+            et = elem_of(self.mask)
+            if isinstance(et, IntegerType) and et.width.data != 1:
+                raise VerifyException(f"dl.sdpa: mask must be boolean or float, got {self.mask.type}")
+
+    def reference(self, q, k, v, mask=None):
+        causal = self.causal
+        if causal and mask is not None:  # torch takes one or the other: fold the causal mask (top-left aligned) in
+            keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+            mask = mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
+            causal = False
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale, enable_gqa=self.gqa
+        )
+
+
+@irdl_op_definition
+class EmbeddingOp(IRDLOperation):
+    """`dl.embedding`: weight[indices] (nn.Embedding / F.embedding); indices are i32 or i64."""
+
+    name = "dl.embedding"
+    weight = operand_def(DLFloatTensor)
+    indices = operand_def(TensorType.constr(BaseAttr(IntegerType)))
+    result = result_def(DLFloatTensor)
+    traits = traits_def(Pure(), MANY_TO_MANY)
+    assembly_format = "$weight `,` $indices attr-dict `:` `(` type($weight) `,` type($indices) `)` `->` type($result)"
+
+    def __init__(self, w: SSAValue, idx: SSAValue):
+        super().__init__(operands=[w, idx], result_types=[TensorType(elem_of(w), [*shape_of(idx), shape_of(w)[1]])])
+
+    def verify_(self):
+        w = shape_of(self.weight)
+        if len(w) != 2 or shape_of(self.result) != (*shape_of(self.indices), w[1]):
+            raise VerifyException(f"dl.embedding: weight {self.weight.type} and indices {self.indices.type} give the wrong result")
+        if elem_of(self.indices).width.data not in (32, 64):
+            raise VerifyException(f"dl.embedding: indices must be i32 or i64, got {self.indices.type}")
+
+    def reference(self, w, idx):
+        return F.embedding(idx, w)
+
+
+COMPUTE_OPS = [
+    ReduceSumOp,
+    ReduceMeanOp,
+    ReduceMaxOp,
+    MatmulOp,
+    LinearOp,
+    SoftmaxOp,
+    RMSNormOp,
+    AddRMSNormOp,
+    LayerNormOp,
+    RotaryOp,
+    GluOp,
+    SDPAOp,
+    EmbeddingOp,
+]
+__all__ = [c.__name__ for c in COMPUTE_OPS] + ["COMPUTE_OPS", "rms_norm_reference", "rotary_reference", "dtype_of"]

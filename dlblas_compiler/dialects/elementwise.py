@@ -1,0 +1,285 @@
+"""One-to-one ops: unary and binary elementwise math, casts and scalar constants.
+
+Each op holds, in one place: its verifier (via its operand constraints and `verify_`), its torch
+reference (`reference`), its Triton expression over fp32 operands (`triton`) and the torch callables
+the frontend maps to it (`TORCH_FNS`). Binary ops broadcast their operands like torch; a 0-d operand
+(a scalar constant) is weakly typed, as in torch.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import operator
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from xdsl.dialects.builtin import FloatAttr, StringAttr, TensorType, f64
+from xdsl.ir import Attribute, SSAValue
+from xdsl.irdl import (
+    IRDLOperation,
+    ParsePropInAttrDict,
+    VarConstraint,
+    irdl_op_definition,
+    operand_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.traits import ConstantLike, Pure
+from xdsl.utils.exceptions import VerifyException
+
+from .traits import ONE_TO_ONE
+from .types import DLFloatTensor, broadcast_shapes, promote, shape_of
+
+
+class UnaryOp(IRDLOperation, abc.ABC):
+    """out = f(x), same shape and dtype."""
+
+    T: ClassVar = VarConstraint("T", DLFloatTensor)
+    input = operand_def(T)
+    result = result_def(T)
+    traits = traits_def(Pure(), ONE_TO_ONE)
+    assembly_format = "$input attr-dict `:` type($input)"
+    irdl_options = (ParsePropInAttrDict(),)
+    TORCH_FNS: ClassVar[tuple] = ()
+
+    def __init__(self, x: SSAValue, **props: Attribute):
+        super().__init__(operands=[x], result_types=[x.type], properties=props)
+
+    @abc.abstractmethod
+    def reference(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def triton(self, x: str) -> str: ...
+
+
+def _unary(op_name: str, ref, expr: str, fns: tuple = (), doc: str = "") -> type[UnaryOp]:
+    """Define a parameterless unary op from its torch reference and Triton expression."""
+
+    class _Op(UnaryOp):
+        name = op_name
+        TORCH_FNS: ClassVar[tuple] = fns
+
+        def reference(self, x):
+            return ref(x)
+
+        def triton(self, x: str) -> str:
+            return expr.format(x=x)
+
+    _Op.__name__ = _Op.__qualname__ = "".join(p.title() for p in op_name[3:].split("_")) + "Op"
+    _Op.__doc__ = doc or f"`{op_name}`: elementwise, computed in fp32 by generated kernels."
+    return irdl_op_definition(_Op)
+
+
+NegOp = _unary("dl.neg", torch.neg, "(-{x})", (torch.neg, operator.neg, "neg", "__neg__"))
+ExpOp = _unary("dl.exp", torch.exp, "tl.exp({x})", (torch.exp, "exp"))
+LogOp = _unary("dl.log", torch.log, "tl.log({x})", (torch.log, "log"))
+SqrtOp = _unary("dl.sqrt", torch.sqrt, "tl.sqrt({x})", (torch.sqrt, "sqrt"))
+RsqrtOp = _unary("dl.rsqrt", torch.rsqrt, "tl.rsqrt({x})", (torch.rsqrt, "rsqrt"))
+ReciprocalOp = _unary("dl.reciprocal", torch.reciprocal, "(1.0 / {x})", (torch.reciprocal, "reciprocal"))
+AbsOp = _unary("dl.abs", torch.abs, "tl.abs({x})", (torch.abs, operator.abs, "abs"))
+SinOp = _unary("dl.sin", torch.sin, "tl.sin({x})", (torch.sin, "sin"))
+CosOp = _unary("dl.cos", torch.cos, "tl.cos({x})", (torch.cos, "cos"))
+SigmoidOp = _unary("dl.sigmoid", torch.sigmoid, "tl.sigmoid({x})", (torch.sigmoid, F.sigmoid, "sigmoid"))
+SiluOp = _unary("dl.silu", F.silu, "({x} * tl.sigmoid({x}))", (F.silu,))
+TanhOp = _unary("dl.tanh", torch.tanh, "(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)", (torch.tanh, F.tanh, "tanh"))
+ReluOp = _unary("dl.relu", torch.relu, "tl.where({x} < 0.0, 0.0, {x})", (torch.relu, F.relu, "relu"))
+
+_GELU_TANH = "(0.5 * {x} * (1.0 + (2.0 * tl.sigmoid(2.0 * (0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x}))) - 1.0)))"
+
+
+@irdl_op_definition
+class GeluOp(UnaryOp):
+    """`dl.gelu`: GELU, exact (erf) or the tanh approximation (`approximate = "tanh"`)."""
+
+    name = "dl.gelu"
+    approximate = prop_def(StringAttr, StringAttr("none"))
+    TORCH_FNS: ClassVar[tuple] = (F.gelu,)
+
+    def __init__(self, x: SSAValue, approximate: str = "none"):
+        super().__init__(x, approximate=StringAttr(approximate))
+
+    def verify_(self):
+        if self.approximate.data not in ("none", "tanh"):
+            raise VerifyException(f"dl.gelu: approximate must be 'none' or 'tanh', got {self.approximate.data!r}")
+
+    def reference(self, x):
+        return F.gelu(x, approximate=self.approximate.data)
+
+    def triton(self, x: str) -> str:
+        if self.approximate.data == "tanh":
+            return _GELU_TANH.format(x=x)
+        return f"(0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476)))"
+
+
+@irdl_op_definition
+class PowOp(UnaryOp):
+    """`dl.pow`: x ** exponent for a scalar exponent (tensor exponents go through `dl.torch_call`)."""
+
+    name = "dl.pow"
+    exponent = prop_def(FloatAttr)
+    TORCH_FNS: ClassVar[tuple] = (torch.pow, operator.pow, "pow", "__pow__")
+
+    def __init__(self, x: SSAValue, exponent: float):
+        super().__init__(x, exponent=FloatAttr(float(exponent), f64))
+
+    @property
+    def value(self) -> float:
+        return self.exponent.value.data
+
+    def reference(self, x):
+        e = self.value
+        return torch.pow(x, int(e) if e.is_integer() else e)
+
+    def triton(self, x: str) -> str:
+        e = self.value
+        if e == 0.5:
+            return f"tl.sqrt({x})"
+        if e == -0.5:
+            return f"tl.rsqrt({x})"
+        if e.is_integer() and abs(e) <= 8:
+            n = int(abs(e))
+            prod = "(" + " * ".join([x] * n) + ")" if n else "1.0"
+            return prod if e >= 0 else f"(1.0 / {prod})"
+        return f"tl.exp({e!r} * tl.log({x}))"
+
+
+@irdl_op_definition
+class ConvertOp(IRDLOperation):
+    """`dl.convert`: cast to another float dtype (x.to(dtype), x.float(), x.type_as(y))."""
+
+    name = "dl.convert"
+    input = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    traits = traits_def(Pure(), ONE_TO_ONE)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, x: SSAValue, elem: Attribute):
+        super().__init__(operands=[x], result_types=[TensorType(elem, shape_of(x))])
+
+    def verify_(self):
+        if shape_of(self.input) != shape_of(self.result):
+            raise VerifyException(f"dl.convert: shape changes from {shape_of(self.input)} to {shape_of(self.result)}")
+
+    def reference(self, x):
+        from .types import dtype_of
+
+        return x.to(dtype_of(self.result))
+
+    def triton(self, x: str) -> str:
+        return x  # generated kernels compute in fp32; the cast happens at load/store
+
+
+class BinaryOp(IRDLOperation, abc.ABC):
+    """out = f(lhs, rhs) with torch broadcasting and dtype promotion."""
+
+    lhs = operand_def(DLFloatTensor)
+    rhs = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    traits = traits_def(Pure(), ONE_TO_ONE)
+    assembly_format = "$lhs `,` $rhs attr-dict `:` `(` type($lhs) `,` type($rhs) `)` `->` type($result)"
+    TORCH_FNS: ClassVar[tuple] = ()
+    COMMUTATIVE: ClassVar[bool] = False
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue):
+        super().__init__(operands=[lhs, rhs], result_types=[self.infer(lhs.type, rhs.type)])
+
+    @staticmethod
+    def infer(a: TensorType, b: TensorType) -> TensorType:
+        shape = broadcast_shapes(a.get_shape(), b.get_shape())
+        elem = promote([a.element_type, b.element_type], [a.get_num_dims(), b.get_num_dims()])
+        return TensorType(elem, shape)
+
+    def verify_(self):
+        try:
+            want = self.infer(self.lhs.type, self.rhs.type)
+        except VerifyException as e:
+            raise VerifyException(f"{self.name}: {e}") from None
+        if self.result.type != want:
+            raise VerifyException(
+                f"{self.name}: operands {self.lhs.type} and {self.rhs.type} give {want}, but the result is {self.result.type}"
+            )
+
+    @abc.abstractmethod
+    def reference(self, a, b): ...
+
+    @abc.abstractmethod
+    def triton(self, a: str, b: str) -> str: ...
+
+
+def _binary(op_name: str, ref, expr: str, fns: tuple, is_commutative: bool) -> type[BinaryOp]:
+    class _Op(BinaryOp):
+        name = op_name
+        TORCH_FNS: ClassVar[tuple] = fns
+        COMMUTATIVE: ClassVar[bool] = is_commutative
+
+        def reference(self, a, b):
+            return ref(a, b)
+
+        def triton(self, a: str, b: str) -> str:
+            return expr.format(a=a, b=b)
+
+    _Op.__name__ = _Op.__qualname__ = op_name[3:].title() + "Op"
+    _Op.__doc__ = f"`{op_name}`: elementwise with broadcasting; a 0-d operand is a weakly typed scalar."
+    return irdl_op_definition(_Op)
+
+
+def _maximum(a, b):
+    if not isinstance(a, torch.Tensor):
+        a, b = b, a
+    return torch.clamp_min(a, b) if not isinstance(b, torch.Tensor) else torch.maximum(a, b)
+
+
+def _minimum(a, b):
+    if not isinstance(a, torch.Tensor):
+        a, b = b, a
+    return torch.clamp_max(a, b) if not isinstance(b, torch.Tensor) else torch.minimum(a, b)
+
+
+AddOp = _binary("dl.add", operator.add, "({a} + {b})", (operator.add, torch.add, "add", "__add__", "__radd__"), True)
+SubOp = _binary("dl.sub", operator.sub, "({a} - {b})", (operator.sub, torch.sub, torch.subtract, "sub", "__sub__"), False)
+MulOp = _binary("dl.mul", operator.mul, "({a} * {b})", (operator.mul, torch.mul, torch.multiply, "mul", "__mul__", "__rmul__"), True)
+DivOp = _binary("dl.div", operator.truediv, "({a} / {b})", (operator.truediv, torch.div, torch.divide, torch.true_divide, "div", "__truediv__"), False)
+MaximumOp = _binary("dl.maximum", _maximum, "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)", (torch.maximum, "maximum"), True)
+MinimumOp = _binary("dl.minimum", _minimum, "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)", (torch.minimum, "minimum"), True)
+
+
+@irdl_op_definition
+class ConstantOp(IRDLOperation):
+    """`dl.constant`: a scalar (0-d) constant. At run time its value is a Python float, so the
+    torch references see exactly what eager code saw (a Python scalar)."""
+
+    name = "dl.constant"
+    value = prop_def(FloatAttr)
+    result = result_def(DLFloatTensor)
+    traits = traits_def(Pure(), ConstantLike(), ONE_TO_ONE)
+    assembly_format = "$value attr-dict `:` type($result)"
+
+    def __init__(self, value: float, elem: Attribute):
+        super().__init__(properties={"value": FloatAttr(float(value), f64)}, result_types=[TensorType(elem, [])])
+
+    @property
+    def scalar(self) -> float:
+        return self.value.value.data
+
+    def verify_(self):
+        if self.result.type.get_num_dims() != 0:
+            raise VerifyException(f"dl.constant must be 0-d, got {self.result.type}")
+
+    def reference(self) -> float:
+        return self.scalar
+
+    def triton(self) -> str:
+        v = self.scalar
+        if math.isnan(v):
+            return 'float("nan")'
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        return repr(v)
+
+
+UNARY_OPS = [NegOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, AbsOp, SinOp, CosOp, SigmoidOp, SiluOp, TanhOp, ReluOp, GeluOp, PowOp]
+BINARY_OPS = [AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp]
+ELEMENTWISE_OPS = [*UNARY_OPS, *BINARY_OPS, ConvertOp, ConstantOp]

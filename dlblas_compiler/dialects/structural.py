@@ -1,0 +1,145 @@
+"""Ops that structure a program rather than compute: parameters, opaque torch calls, fused regions."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+from xdsl.dialects.builtin import AnyTensorType, StringAttr
+from xdsl.ir import Attribute, Block, Region, SSAValue
+from xdsl.irdl import (
+    IRDLOperation,
+    ParsePropInAttrDict,
+    irdl_op_definition,
+    lazy_traits_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.traits import (
+    HasParent,
+    IsolatedFromAbove,
+    IsTerminator,
+    Pure,
+    RecursiveMemoryEffect,
+    SingleBlockImplicitTerminator,
+)
+from xdsl.utils.exceptions import VerifyException
+
+from .traits import MANY_TO_MANY, OPAQUE
+
+
+@irdl_op_definition
+class ParamOp(IRDLOperation):
+    """`dl.param`: a named parameter or buffer of the module. Its value lives outside the IR, in the
+    compiled module's parameter table, so the IR stays small and prints readably."""
+
+    name = "dl.param"
+    param_name = prop_def(StringAttr, prop_name="name")
+    result = result_def(AnyTensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$name attr-dict `:` type($result)"
+
+    def __init__(self, name: str, type_: Attribute):
+        super().__init__(properties={"name": StringAttr(name)}, result_types=[type_])
+
+    @property
+    def pname(self) -> str:
+        return self.param_name.data
+
+
+@irdl_op_definition
+class TorchCallOp(IRDLOperation):
+    """`dl.torch_call`: an op the compiler does not know, executed by PyTorch and never fused.
+
+    `callee` names the callable (importable path), `node` the FX node it came from (which the
+    compiled module maps to the source line); the bound callable itself lives in the compiled
+    module's call table, keyed by `node`.
+    """
+
+    name = "dl.torch_call"
+    args = var_operand_def(AnyTensorType)
+    res = var_result_def(AnyTensorType)
+    callee = prop_def(StringAttr)
+    node = prop_def(StringAttr)
+    traits = traits_def(OPAQUE)
+    assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, $res)"
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, callee: str, node: str, args: Sequence[SSAValue], result_types: Sequence[Attribute]):
+        super().__init__(
+            operands=[list(args)],
+            result_types=[list(result_types)],
+            properties={"callee": StringAttr(callee), "node": StringAttr(node)},
+        )
+
+    def resolve(self):
+        """The callable named by `callee` (used when no call table is at hand, e.g. IR read from text)."""
+        path = self.callee.data
+        mod, _, attr = path.rpartition(".")
+        try:
+            obj = importlib.import_module(mod)
+        except ImportError:
+            head, _, cls = mod.rpartition(".")
+            obj = getattr(importlib.import_module(head), cls)
+        return getattr(obj, attr)
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """`dl.yield`: the values a `dl.fused` region produces."""
+
+    name = "dl.yield"
+    values = var_operand_def()
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(FusedOp), Pure()))
+    assembly_format = "attr-dict ($values^ `:` type($values))?"
+
+    def __init__(self, *values: SSAValue):
+        super().__init__(operands=[list(values)])
+
+
+@irdl_op_definition
+class FusedOp(IRDLOperation):
+    """`dl.fused`: a region that becomes one kernel. Block arguments are the region's inputs;
+    `pattern` names what made it (a fusion pattern or `elementwise`), `kernel` the generated kernel."""
+
+    name = "dl.fused"
+    inputs = var_operand_def(AnyTensorType)
+    outputs = var_result_def(AnyTensorType)
+    body = region_def("single_block")
+    pattern = prop_def(StringAttr)
+    kernel = opt_prop_def(StringAttr)
+    traits = traits_def(
+        RecursiveMemoryEffect(), IsolatedFromAbove(), SingleBlockImplicitTerminator(YieldOp), MANY_TO_MANY
+    )
+    assembly_format = "$pattern `(` $inputs `)` attr-dict `:` functional-type($inputs, $outputs) $body"
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, pattern: str, inputs: Sequence[SSAValue], body: Block, kernel: str | None = None):
+        outs = [v.type for v in body.last_op.operands]
+        props: dict[str, Attribute] = {"pattern": StringAttr(pattern)}
+        if kernel:
+            props["kernel"] = StringAttr(kernel)
+        super().__init__(operands=[list(inputs)], result_types=[outs], regions=[Region(body)], properties=props)
+
+    @property
+    def block(self) -> Block:
+        return self.body.block
+
+    @property
+    def yielded(self) -> YieldOp:
+        return self.block.last_op  # type: ignore[return-value]
+
+    def verify_(self):
+        args = self.block.args
+        if len(args) != len(self.inputs) or any(a.type != v.type for a, v in zip(args, self.inputs)):
+            raise VerifyException("dl.fused: block arguments must match the inputs one to one")
+        if [v.type for v in self.yielded.values] != [r.type for r in self.outputs]:
+            raise VerifyException("dl.fused: yielded values must match the results")
+
+
+STRUCTURAL_OPS = [ParamOp, TorchCallOp, YieldOp, FusedOp]

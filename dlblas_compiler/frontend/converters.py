@@ -1,0 +1,470 @@
+"""The FX → `dl` converter table, keyed by function object, method name or module class.
+
+A converter receives the `Emitter` (which knows the FX node and its example output `e.value`) and the
+node's arguments, with tensors as SSA values and everything else as Python values. It returns SSA
+value(s) shaped like the node's output, or raises `Unsupported` to leave the node to `dl.torch_call`.
+Elementwise ops come from the dialect's own `TORCH_FNS`; everything else is listed here.
+"""
+
+from __future__ import annotations
+
+import builtins
+import operator
+from collections.abc import Callable, Sequence
+from numbers import Number
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+from xdsl.ir import SSAValue
+
+from ..dialects import (
+    BINARY_OPS,
+    UNARY_OPS,
+    BroadcastOp,
+    CatOp,
+    ConvertOp,
+    EmbeddingOp,
+    GeluOp,
+    LayerNormOp,
+    LinearOp,
+    MatmulOp,
+    PermuteOp,
+    PowOp,
+    ReduceMaxOp,
+    ReduceMeanOp,
+    ReduceSumOp,
+    ReshapeOp,
+    RMSNormOp,
+    SDPAOp,
+    SliceOp,
+    SoftmaxOp,
+)
+from ..dialects.types import normalize_dim, shape_of, xdsl_dtype
+
+
+class Unsupported(Exception):
+    """This call is outside what the converter handles; the node becomes a `dl.torch_call`."""
+
+
+CONVERTERS: dict[Any, Callable] = {}
+
+
+def converts(*keys: Any):
+    def deco(fn: Callable) -> Callable:
+        for k in keys:
+            CONVERTERS[k] = fn
+        return fn
+
+    return deco
+
+
+def converter_key(n: torch.fx.Node, gm: torch.fx.GraphModule) -> Any:
+    if n.op == "call_module":
+        return type(gm.get_submodule(n.target))
+    return n.target
+
+
+def _tensor(v: Any, what: str = "operand") -> SSAValue:
+    if not isinstance(v, SSAValue):
+        raise Unsupported(f"{what} is {type(v).__name__}, not a tensor")
+    return v
+
+
+def _out_shape(e) -> tuple[int, ...]:
+    return tuple(e.value.shape)
+
+
+def _emit(e, op) -> SSAValue:
+    return e.emit(op).results[0]
+
+
+# -- elementwise, from the dialect's TORCH_FNS ----------------------------------------------------
+def _unary_converter(op_cls):
+    def conv(e, x, *rest, inplace=False, out=None, **kw):
+        if rest or inplace or out is not None or kw:
+            raise Unsupported(f"extra arguments {rest or kw}")
+        return _emit(e, op_cls(_tensor(x)))
+
+    return conv
+
+
+def _binary_converter(op_cls):
+    def conv(e, a, b, *rest, alpha=1, out=None, rounding_mode=None):
+        if rest or alpha != 1 or out is not None or rounding_mode is not None:
+            raise Unsupported("alpha, out= or rounding_mode")
+        if not isinstance(a, SSAValue) and not isinstance(b, SSAValue):
+            raise Unsupported("no tensor operand")
+        if isinstance(a, Number):
+            a = e.const(a, b)
+        if isinstance(b, Number):
+            b = e.const(b, a)
+        return _emit(e, op_cls(_tensor(a), _tensor(b)))
+
+    return conv
+
+
+for _cls in UNARY_OPS:
+    if _cls not in (GeluOp, PowOp):
+        converts(*_cls.TORCH_FNS)(_unary_converter(_cls))
+for _cls in BINARY_OPS:
+    converts(*_cls.TORCH_FNS)(_binary_converter(_cls))
+
+
+@converts(*GeluOp.TORCH_FNS, "gelu")
+def _gelu(e, x, approximate="none"):
+    return _emit(e, GeluOp(_tensor(x), approximate))
+
+
+@converts(*PowOp.TORCH_FNS)
+def _pow(e, x, exponent):
+    if not isinstance(exponent, Number) or isinstance(exponent, bool):
+        raise Unsupported("only scalar exponents")
+    return _emit(e, PowOp(_tensor(x), float(exponent)))
+
+
+@converts(nn.SiLU, nn.ReLU, nn.Tanh, nn.Sigmoid, nn.GELU)
+def _activation_module(e, mod, x):
+    fn = {nn.SiLU: F.silu, nn.ReLU: torch.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigmoid}.get(type(mod))
+    if fn is None:
+        return _gelu(e, x, mod.approximate)
+    return CONVERTERS[fn](e, x)
+
+
+# -- casts and identities -------------------------------------------------------------------------
+def _convert_to(e, x) -> SSAValue:
+    x = _tensor(x)
+    want = xdsl_dtype(e.value.dtype)
+    if x.type.element_type == want:
+        return x
+    return _emit(e, ConvertOp(x, want))
+
+
+@converts("to", "type", "type_as", "float", "half", "bfloat16", "double")
+def _to(e, x, *args, **kwargs):
+    src = e.arg_value(0)
+    if isinstance(src, torch.Tensor) and src.device != e.value.device:
+        raise Unsupported(f"moves a tensor from {src.device} to {e.value.device}")
+    return _convert_to(e, x)
+
+
+@converts("contiguous", "clone", "detach", torch.clone, torch.detach, nn.Identity)
+def _identity(e, x, *args, **kwargs):
+    if isinstance(x, nn.Module):  # nn.Identity
+        x = args[0]
+    return _tensor(x)
+
+
+@converts(nn.Dropout)
+def _dropout_module(e, mod, x):
+    if mod.training and mod.p > 0:
+        raise Unsupported("dropout in training mode")
+    return _tensor(x)
+
+
+@converts(F.dropout, "dropout")
+def _dropout(e, x, p=0.5, training=True, inplace=False):
+    if training and p > 0:
+        raise Unsupported("dropout in training mode")
+    return _tensor(x)
+
+
+# -- reorganize / shuffle / broadcast -------------------------------------------------------------
+@converts(
+    "view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "view_as", "reshape_as",
+    torch.reshape, torch.flatten, torch.unflatten, torch.unsqueeze, torch.squeeze,
+)  # fmt: skip
+def _reshape(e, x, *args, **kwargs):
+    if len(args) == 1 and isinstance(args[0], torch.dtype) or "dtype" in kwargs:
+        raise Unsupported("view(dtype) reinterprets bits")
+    x = _tensor(x)
+    shape = _out_shape(e)
+    return x if shape_of(x) == shape else _emit(e, ReshapeOp(x, shape))
+
+
+@converts("expand", "expand_as", "broadcast_to", torch.broadcast_to)
+def _expand(e, x, *args, **kwargs):
+    x = _tensor(x)
+    shape = _out_shape(e)
+    return x if shape_of(x) == shape else _emit(e, BroadcastOp(x, shape))
+
+
+def _permute(e, x: SSAValue, perm: Sequence[int]) -> SSAValue:
+    perm = [normalize_dim(p, len(perm)) for p in perm]
+    return x if perm == sorted(perm) else _emit(e, PermuteOp(x, perm))
+
+
+@converts("transpose", "swapaxes", "swapdims", torch.transpose, torch.swapaxes)
+def _transpose(e, x, d0, d1):
+    x = _tensor(x)
+    r = len(shape_of(x))
+    perm = list(range(r))
+    a, b = normalize_dim(d0, r), normalize_dim(d1, r)
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permute(e, x, perm)
+
+
+@converts("t", torch.t)
+def _t(e, x):
+    x = _tensor(x)
+    return _permute(e, x, list(range(len(shape_of(x))))[::-1])
+
+
+@converts("permute", torch.permute)
+def _permute_conv(e, x, *dims, **kwargs):
+    dims = kwargs.get("dims", dims)
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = dims[0]
+    return _permute(e, _tensor(x), list(dims))
+
+
+@converts(builtins.getattr)
+def _getattr(e, x, name):
+    x = _tensor(x)
+    r = len(shape_of(x))
+    if name == "T":
+        return _permute(e, x, list(range(r))[::-1])
+    if name == "mT":
+        return _permute(e, x, [*range(r - 2), r - 1, r - 2])
+    raise Unsupported(f"attribute {name}")
+
+
+def _slice(e, x, dim, start, end, step=1) -> SSAValue:
+    n = shape_of(x)[dim]
+    s, t, _ = slice(start, end, step).indices(n)
+    if s == 0 and t >= n and step == 1:
+        return x
+    return _emit(e, SliceOp(x, dim, start if start is not None else 0, end if end is not None else n, step or 1))
+
+
+@converts(operator.getitem)
+def _getitem(e, x, idx):
+    if isinstance(x, (tuple, list)):
+        return x[idx]
+    x = _tensor(x)
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    if any(isinstance(i, (SSAValue, torch.Tensor, list)) or (isinstance(i, bool)) for i in idx):
+        raise Unsupported("advanced (tensor / list / bool) indexing")
+    rank = len(shape_of(x))
+    used = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if used > rank:
+        raise Unsupported("too many indices")
+    expanded: list[Any] = []
+    for i in idx:
+        if i is Ellipsis:
+            expanded.extend([slice(None)] * (rank - used))
+        else:
+            expanded.append(i)
+    dim = 0
+    for i in expanded:
+        if i is None:
+            continue
+        if isinstance(i, slice):
+            if i.step is not None and i.step < 1:
+                raise Unsupported("negative or zero step")
+            x = _slice(e, x, dim, i.start, i.stop, i.step or 1)
+        elif isinstance(i, int):
+            n = shape_of(x)[dim]
+            k = i % n if -n <= i < n else None
+            if k is None:
+                raise Unsupported(f"index {i} out of range")
+            x = _slice(e, x, dim, k, k + 1)
+        else:
+            raise Unsupported(f"index {i!r}")
+        dim += 1
+    shape = _out_shape(e)
+    return x if shape_of(x) == shape else _emit(e, ReshapeOp(x, shape))
+
+
+@converts("narrow", torch.narrow)
+def _narrow(e, x, dim, start, length):
+    x = _tensor(x)
+    d = normalize_dim(dim, len(shape_of(x)))
+    return _slice(e, x, d, start, start + length)
+
+
+@converts("select", torch.select)
+def _select(e, x, dim, index):
+    x = _tensor(x)
+    d = normalize_dim(dim, len(shape_of(x)))
+    n = shape_of(x)[d]
+    x = _slice(e, x, d, index % n, index % n + 1)
+    return _emit(e, ReshapeOp(x, _out_shape(e)))
+
+
+@converts(torch.cat, torch.concat, torch.concatenate, "cat")
+def _cat(e, tensors, dim=0, *, axis=None):
+    dim = axis if axis is not None else dim
+    xs = [_tensor(t) for t in tensors if not (isinstance(t, SSAValue) and 0 in shape_of(t))]
+    if not xs:
+        raise Unsupported("all inputs are empty")
+    if len(xs) == 1:
+        return xs[0]
+    return _emit(e, CatOp(xs, normalize_dim(dim, len(shape_of(xs[0])))))
+
+
+@converts(torch.stack, "stack")
+def _stack(e, tensors, dim=0):
+    xs = [_tensor(t) for t in tensors]
+    shape = _out_shape(e)
+    d = normalize_dim(dim, len(shape))
+    parts = [_emit(e, ReshapeOp(x, [*shape[:d], 1, *shape[d + 1 :]])) for x in xs]
+    return parts[0] if len(parts) == 1 else _emit(e, CatOp(parts, d))
+
+
+@converts("split", torch.split, "chunk", torch.chunk, "unbind", torch.unbind, "tensor_split")
+def _split(e, x, *args, dim=0, **kwargs):
+    x = _tensor(x)
+    if args and len(args) > 1:
+        dim = args[1]
+    d = normalize_dim(kwargs.get("dim", dim), len(shape_of(x)))
+    outs, start = [], 0
+    for v in e.value:
+        n = v.shape[d] if v.dim() == len(shape_of(x)) else 1
+        part = _slice(e, x, d, start, start + n)
+        if tuple(v.shape) != shape_of(part):
+            part = _emit(e, ReshapeOp(part, tuple(v.shape)))
+        outs.append(part)
+        start += n
+    return tuple(outs)
+
+
+# -- reductions -----------------------------------------------------------------------------------
+def _reduce(op_cls):
+    def conv(e, x, dim=None, keepdim=False, *, dtype=None, axis=None, out=None):
+        x = _tensor(x)
+        if out is not None or isinstance(dim, (str,)):
+            raise Unsupported("out= or named dims")
+        dim = axis if axis is not None else dim
+        if dtype is not None:
+            x = _emit(e, ConvertOp(x, xdsl_dtype(dtype))) if x.type.element_type != xdsl_dtype(dtype) else x
+        rank = len(shape_of(x))
+        dims = list(range(rank)) if dim is None or dim == [] or dim == () else ([dim] if isinstance(dim, int) else list(dim))
+        return _emit(e, op_cls(x, dims, bool(keepdim)))
+
+    return conv
+
+
+converts(torch.sum, "sum")(_reduce(ReduceSumOp))
+converts(torch.mean, "mean")(_reduce(ReduceMeanOp))
+converts(torch.amax, "amax")(_reduce(ReduceMaxOp))
+
+
+@converts(torch.max, "max")
+def _max(e, x, *args, **kwargs):
+    if not isinstance(x, SSAValue):
+        raise Unsupported("max of a non-tensor")
+    if isinstance(e.value, torch.Tensor) and not args and not kwargs:  # full reduction
+        return _emit(e, ReduceMaxOp(x, list(range(len(shape_of(x)))), False))
+    if len(args) == 1 and isinstance(args[0], SSAValue):
+        return CONVERTERS[torch.maximum](e, x, args[0])
+    raise Unsupported("max along a dim returns indices")
+
+
+# -- matmul, linear, softmax, norms, attention, embedding ----------------------------------------
+@converts(torch.matmul, operator.matmul, "matmul", "__matmul__", torch.bmm, "bmm", torch.mm, "mm")
+def _matmul(e, a, b):
+    a, b = _tensor(a), _tensor(b)
+    if len(shape_of(a)) < 2 or len(shape_of(b)) < 2:
+        raise Unsupported("matmul with a 1-D operand")
+    return _emit(e, MatmulOp(a, b))
+
+
+@converts(F.linear, torch._C._nn.linear)
+def _linear(e, x, weight, bias=None):
+    return _emit(e, LinearOp(_tensor(x), _tensor(weight, "weight"), _tensor(bias, "bias") if bias is not None else None))
+
+
+@converts(nn.Linear)
+def _linear_module(e, mod, x):
+    w = e.param(f"{e.node.target}.weight", mod.weight)
+    b = e.param(f"{e.node.target}.bias", mod.bias) if mod.bias is not None else None
+    return _emit(e, LinearOp(_tensor(x), w, b))
+
+
+@converts(torch.softmax, F.softmax, "softmax", torch._C._nn.softmax if hasattr(torch._C._nn, "softmax") else "softmax")
+def _softmax(e, x, dim=None, *args, dtype=None, _stacklevel=3, **kwargs):
+    x = _tensor(x)
+    if dim is None:
+        raise Unsupported("softmax without dim")
+    if args and isinstance(args[0], torch.dtype):
+        dtype = args[0]
+    if dtype is not None and x.type.element_type != xdsl_dtype(dtype):
+        x = _emit(e, ConvertOp(x, xdsl_dtype(dtype)))
+    return _emit(e, SoftmaxOp(x, dim))
+
+
+@converts(nn.Softmax)
+def _softmax_module(e, mod, x):
+    return _softmax(e, x, mod.dim)
+
+
+def _last_dim_only(x: SSAValue, normalized_shape) -> None:
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if ns != shape_of(x)[-1:]:
+        raise Unsupported(f"normalized_shape {ns} is not the last dim")
+
+
+@converts(F.layer_norm, torch.layer_norm)
+def _layer_norm(e, x, normalized_shape, weight=None, bias=None, eps=1e-5, *rest):
+    x = _tensor(x)
+    _last_dim_only(x, normalized_shape)
+    if weight is None or bias is None:
+        raise Unsupported("layer_norm without weight and bias")
+    return _emit(e, LayerNormOp(x, _tensor(weight), _tensor(bias), eps))
+
+
+@converts(nn.LayerNorm)
+def _layer_norm_module(e, mod, x):
+    if mod.weight is None or mod.bias is None:
+        raise Unsupported("LayerNorm without affine weight and bias")
+    w = e.param(f"{e.node.target}.weight", mod.weight)
+    b = e.param(f"{e.node.target}.bias", mod.bias)
+    return _layer_norm(e, x, mod.normalized_shape, w, b, mod.eps)
+
+
+def _default_eps(x: SSAValue) -> float:
+    from ..dialects.types import dtype_of
+
+    return torch.finfo(dtype_of(x)).eps
+
+
+if hasattr(F, "rms_norm"):
+
+    @converts(F.rms_norm)
+    def _rms_norm(e, x, normalized_shape, weight=None, eps=None):
+        x = _tensor(x)
+        _last_dim_only(x, normalized_shape)
+        if weight is None:
+            raise Unsupported("rms_norm without weight")
+        return _emit(e, RMSNormOp(x, _tensor(weight), _default_eps(x) if eps is None else eps))
+
+    @converts(nn.RMSNorm)
+    def _rms_norm_module(e, mod, x):
+        if mod.weight is None:
+            raise Unsupported("RMSNorm without weight")
+        return _rms_norm(e, x, mod.normalized_shape, e.param(f"{e.node.target}.weight", mod.weight), mod.eps)
+
+
+@converts(F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+def _sdpa(e, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if dropout_p:
+        raise Unsupported("attention dropout")
+    mask = _tensor(attn_mask, "attn_mask") if attn_mask is not None else None
+    return _emit(e, SDPAOp(_tensor(q), _tensor(k), _tensor(v), mask, bool(is_causal), scale, bool(enable_gqa)))
+
+
+@converts(F.embedding)
+def _embedding(e, idx, weight, padding_idx=None, max_norm=None, *rest, **kwargs):
+    if max_norm is not None:
+        raise Unsupported("embedding with max_norm renormalizes the weight")
+    return _emit(e, EmbeddingOp(_tensor(weight), _tensor(idx, "indices")))
+
+
+@converts(nn.Embedding)
+def _embedding_module(e, mod, idx):
+    if mod.max_norm is not None:
+        raise Unsupported("embedding with max_norm renormalizes the weight")
+    return _emit(e, EmbeddingOp(e.param(f"{e.node.target}.weight", mod.weight), _tensor(idx, "indices")))

@@ -1,0 +1,348 @@
+"""FX graph → `dl` IR: one `func.func @forward` with shapes and dtypes from a fake-tensor run.
+
+Every node's example value is computed first (FakeTensorMode, so nothing runs for real and no
+buffer is mutated). Nodes whose value holds no tensor (sizes, dtypes, asserts) are evaluated at
+compile time: the compiled module is specialized on its input signature. Tensor nodes go through
+the converter table (`converters.py`); a node it does not know, or whose ops the dialect's verifiers
+reject (an int or fp64 tensor, say), becomes an opaque `dl.torch_call` run by PyTorch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+from xdsl.builder import Builder
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.rewriter import InsertPoint
+from xdsl.utils.exceptions import VerifyException
+
+from ..dialects import ConstantOp, ParamOp, TorchCallOp
+from ..dialects.types import COMPUTE_DTYPES, has_xdsl_dtype, tensor_type, xdsl_dtype
+from ..errors import FrontendError
+from .capture import Captured, source_line
+from .converters import CONVERTERS, Unsupported, converter_key
+
+
+@dataclass
+class Imported:
+    """The IR of one specialization plus what runs beside it."""
+
+    module: ModuleOp
+    params: dict[str, torch.Tensor]  # dl.param name -> live tensor (parameters, buffers, constants)
+    calls: dict[str, Callable]  # dl.torch_call node -> fn(*tensors) -> tuple of tensors
+    sources: dict[str, str]  # SSA name hint / node name -> "file:line (code)"
+    arg_positions: list[int]  # placeholder index of each func argument
+    out_leaves: list  # per output leaf: ("value", result index) or ("const", python value)
+    out_spec: Any
+    notes: list[str] = field(default_factory=list)
+    param_placeholders: dict[int, str] = field(default_factory=dict)  # placeholder index -> param name
+
+
+def _safe_name(name: str) -> str:
+    name = "".join(c if c.isalnum() or c in "_.$-" else "_" for c in name)
+    return name if name and not name[0].isdigit() else f"v{name}"
+
+
+def _has_tensor(value: Any) -> bool:
+    return any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(value))
+
+
+def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Node, Any]:
+    """Run the graph on fake tensors; record every node's value."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    values: dict[torch.fx.Node, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            try:
+                out = super().run_node(n)
+            except Exception as e:  # noqa: BLE001
+                where = source_line(n)
+                raise FrontendError(
+                    f"cannot compute the shape of node '{n.name}' ({n.format_node()})"
+                    + (f" at {where}" if where else "")
+                    + f": {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                ) from e
+            values[n] = out
+            return out
+
+    fake_inputs = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in inputs]
+    with mode, torch.no_grad():
+        Recorder(gm).run(*fake_inputs)
+    return values
+
+
+class Emitter:
+    """What a converter sees: the FX node, its example output `value`, and ways to insert ops
+    (named after the node), scalar constants and parameters."""
+
+    def __init__(self, builder: Builder, importer: Importer):
+        self.builder = builder
+        self.importer = importer
+        self.node: torch.fx.Node | None = None
+        self.value: Any = None
+        self.inserted: list[Operation] = []
+
+    def arg_value(self, i: int) -> Any:
+        """The example value of the node's i-th positional argument."""
+        a = self.node.args[i]
+        return self.importer.values.get(a) if isinstance(a, torch.fx.Node) else a
+
+    def param(self, name: str, t: torch.Tensor) -> SSAValue:
+        imp = self.importer
+        return imp._emit_param(imp._param_name(name, t), t)
+
+    def emit(self, op: Operation) -> Operation:
+        self.builder.insert(op)
+        self.inserted.append(op)
+        if self.node is not None:
+            for r in op.results:
+                r.name_hint = _safe_name(self.node.name)
+        return op
+
+    def const(self, value: float, like: SSAValue | None = None) -> SSAValue:
+        elem = like.type.element_type if isinstance(like, SSAValue) and isinstance(like.type, TensorType) else None
+        if elem is None or not isinstance(like, SSAValue):
+            elem = xdsl_dtype(torch.float32)
+        return self.emit(ConstantOp(float(value), elem)).results[0]
+
+
+class Importer:
+    def __init__(self, captured: Captured, inputs: list):
+        self.captured = captured
+        self.gm = captured.gm
+        self.inputs = inputs
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.params: dict[str, torch.Tensor] = {}
+        self.param_ids: dict[int, str] = {}
+        self.calls: dict[str, Callable] = {}
+        self.sources: dict[str, str] = {}
+        self.notes: list[str] = []
+        self.values: dict[torch.fx.Node, Any] = {}
+
+    def run(self) -> Imported:
+        values = self.values = _example_values(self.gm, self.inputs)
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        arg_types, arg_positions, param_placeholders = [], [], {}
+        for i, (n, v) in enumerate(zip(placeholders, self.inputs)):
+            if isinstance(v, torch.nn.Parameter):  # dynamo lifts parameters to inputs: keep them as params
+                param_placeholders[i] = self._param_name(n.name, v)
+            elif isinstance(v, torch.Tensor):
+                if not has_xdsl_dtype(v.dtype):
+                    raise FrontendError(f"input '{n.target}' has dtype {v.dtype}, which dlblas_compiler does not support")
+                arg_types.append(tensor_type(v.shape, v.dtype))
+                arg_positions.append(i)
+        block = Block(arg_types=arg_types)
+        self.emitter = Emitter(Builder(InsertPoint.at_end(block)), self)
+        args = iter(block.args)
+        for i, (n, v) in enumerate(zip(placeholders, self.inputs)):
+            if i in param_placeholders:
+                self.env[n] = self._emit_param(param_placeholders[i], v)
+            elif isinstance(v, torch.Tensor):
+                arg = next(args)
+                arg.name_hint = _safe_name(str(n.target))
+                self.env[n] = arg
+            else:
+                self.env[n] = v
+        out_node = None
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                out_node = n
+                continue
+            self._convert(n, values[n])
+        leaves, spec = self.captured.output_leaves()
+        results, out_leaves = [], []
+        for leaf in leaves:
+            v = self.env[leaf] if isinstance(leaf, torch.fx.Node) else leaf
+            if isinstance(v, SSAValue):
+                out_leaves.append(("value", len(results)))
+                results.append(v)
+            else:
+                out_leaves.append(("const", v))
+        self.emitter.builder.insert(func.ReturnOp(*results))
+        fn = func.FuncOp("forward", (arg_types, [r.type for r in results]), Region(block))
+        module = ModuleOp([fn])
+        module.verify()
+        assert out_node is not None
+        return Imported(
+            module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes, param_placeholders
+        )
+
+    # -- parameters -------------------------------------------------------------------------
+    def _param_name(self, name: str, t: torch.Tensor) -> str:
+        if id(t) in self.param_ids:
+            return self.param_ids[id(t)]
+        base = name.removeprefix("L__self___").removeprefix("L_self_").replace("_modules_", ".").replace("_parameters_", ".")
+        base = base.strip("_") or "param"
+        name, k = base, 1
+        while name in self.params:
+            name, k = f"{base}_{k}", k + 1
+        self.params[name] = t
+        self.param_ids[id(t)] = name
+        return name
+
+    def _emit_param(self, name: str, t: torch.Tensor) -> SSAValue:
+        if not has_xdsl_dtype(t.dtype):
+            raise FrontendError(f"parameter '{name}' has dtype {t.dtype}, which dlblas_compiler does not support")
+        op = ParamOp(name, tensor_type(t.shape, t.dtype))
+        self.emitter.builder.insert(op)
+        op.result.name_hint = _safe_name(name.replace(".", "_"))
+        return op.result
+
+    # -- nodes --------------------------------------------------------------------------------
+    def _resolve(self, a: Any) -> Any:
+        return torch.fx.node.map_arg(a, lambda n: self.env[n]) if isinstance(a, (torch.fx.Node, tuple, list, dict)) else a
+
+    def _convert(self, n: torch.fx.Node, value: Any) -> None:
+        where = source_line(n)
+        if where:
+            self.sources[_safe_name(n.name)] = where
+        if n.op == "get_attr":
+            attr = self._get_attr(n.target)
+            if isinstance(attr, torch.Tensor):
+                self.env[n] = self._emit_param(self._param_name(n.target, attr), attr)
+            else:
+                self.env[n] = attr
+            return
+        if not _has_tensor(value):  # sizes, dtypes, asserts: known at compile time
+            self.env[n] = value
+            return
+        args, kwargs = self._resolve(n.args), self._resolve(n.kwargs)
+        if not _has_ssa((args, kwargs)):
+            # A tensor made from nothing (torch.arange, torch.ones...): recomputed by torch on every call.
+            self.env[n] = self._torch_call(n, value)
+            return
+        key = converter_key(n, self.gm)
+        conv = CONVERTERS.get(key)
+        reason = f"no converter for {_describe(n)}"
+        if conv is not None:
+            self.emitter.node, self.emitter.value, self.emitter.inserted = n, value, []
+            try:
+                if n.op == "call_module":
+                    out = conv(self.emitter, self.gm.get_submodule(n.target), *args, **kwargs)
+                else:
+                    out = conv(self.emitter, *args, **kwargs)
+                for op in self.emitter.inserted:
+                    op.verify()
+                self._check(n, out, value)
+                self.env[n] = out
+                return
+            except (Unsupported, VerifyException, TypeError, ValueError) as e:
+                reason = f"{_describe(n)}: {e}"
+                for op in reversed(self.emitter.inserted):
+                    op.detach()
+                    op.erase(safe_erase=False)
+            finally:
+                self.emitter.node = None
+        self.notes.append(f"torch_call {n.name}: {reason}")
+        self.env[n] = self._torch_call(n, value)
+
+    def _get_attr(self, target: str):
+        obj = self.gm
+        for part in target.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def _check(self, n: torch.fx.Node, out: Any, value: Any) -> None:
+        got, want = pytree.tree_leaves(out), pytree.tree_leaves(value)
+        if len(got) != len(want):
+            raise ValueError(f"converter produced {len(got)} values, torch {len(want)}")
+        for g, w in zip(got, want):
+            if isinstance(w, torch.Tensor):
+                if not isinstance(g, SSAValue) or not isinstance(g.type, TensorType):
+                    raise ValueError(f"converter produced {g!r} where torch produced a tensor")
+                if tuple(g.type.get_shape()) != tuple(w.shape) or g.type.element_type != xdsl_dtype(w.dtype):
+                    raise ValueError(f"converter produced {g.type}, torch {tuple(w.shape)} {w.dtype}")
+
+    def _torch_call(self, n: torch.fx.Node, value: Any) -> Any:
+        flat_in: list[SSAValue] = []
+
+        def slot(v):
+            if isinstance(v, SSAValue):
+                flat_in.append(v)
+                return _Slot(len(flat_in) - 1)
+            return v
+
+        args = pytree.tree_map(slot, self._resolve(n.args), is_leaf=lambda v: isinstance(v, SSAValue))
+        kwargs = pytree.tree_map(slot, self._resolve(n.kwargs), is_leaf=lambda v: isinstance(v, SSAValue))
+        target = self._callable(n)
+        leaves, spec = pytree.tree_flatten(value)
+        tensor_pos = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        for i in tensor_pos:
+            if not has_xdsl_dtype(leaves[i].dtype):
+                raise FrontendError(f"node '{n.name}' produces dtype {leaves[i].dtype}, which dlblas_compiler does not support")
+
+        def call(*tensors, _t=target, _a=args, _k=kwargs, _pos=tensor_pos):
+            fill = lambda v: tensors[v.index] if isinstance(v, _Slot) else v  # noqa: E731
+            a = pytree.tree_map(fill, _a, is_leaf=lambda v: isinstance(v, _Slot))
+            k = pytree.tree_map(fill, _k, is_leaf=lambda v: isinstance(v, _Slot))
+            out = pytree.tree_leaves(_t(*a, **k))
+            return tuple(out[i] for i in _pos)
+
+        name = _safe_name(n.name)
+        self.calls[name] = call
+        op = TorchCallOp(_qualname(n, self.gm), name, flat_in, [tensor_type(leaves[i].shape, leaves[i].dtype) for i in tensor_pos])
+        self.emitter.builder.insert(op)
+        for r in op.results:
+            r.name_hint = name
+        res = list(op.results)
+        out_leaves = [res[tensor_pos.index(i)] if i in tensor_pos else v for i, v in enumerate(leaves)]
+        return pytree.tree_unflatten(out_leaves, spec)
+
+    def _callable(self, n: torch.fx.Node) -> Callable:
+        if n.op == "call_function":
+            return n.target
+        if n.op == "call_module":
+            return self.gm.get_submodule(n.target)
+        name = n.target
+        return lambda self_, *a, **k: getattr(self_, name)(*a, **k)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    index: int
+
+
+def _has_ssa(value: Any) -> bool:
+    return any(isinstance(v, SSAValue) for v in pytree.tree_leaves(value, is_leaf=lambda v: isinstance(v, SSAValue)))
+
+
+def _describe(n: torch.fx.Node) -> str:
+    if n.op == "call_method":
+        return f"method .{n.target}()"
+    if n.op == "call_module":
+        return f"module {n.target}"
+    return f"function {_qualname_fn(n.target)}"
+
+
+def _qualname_fn(fn: Any) -> str:
+    mod = getattr(fn, "__module__", None) or "builtins"
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    return f"{mod}.{name}"
+
+
+def _qualname(n: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+    if n.op == "call_function":
+        return _qualname_fn(n.target)
+    if n.op == "call_module":
+        return _qualname_fn(type(gm.get_submodule(n.target)))
+    return f"torch.Tensor.{n.target}"
+
+
+def import_graph(captured: Captured, inputs: list) -> Imported:
+    """Import a captured graph for one set of placeholder values."""
+    for v in inputs:
+        if isinstance(v, torch.Tensor) and v.dtype not in COMPUTE_DTYPES and not has_xdsl_dtype(v.dtype):
+            raise FrontendError(f"an input has dtype {v.dtype}, which dlblas_compiler does not support")
+    return Importer(captured, inputs).run()

@@ -1,0 +1,60 @@
+"""Numerics policy: how outputs are compared with references, and the tolerance per dtype.
+
+Generated kernels accumulate in fp32 and cast once on store; the tolerances below bound
+‖out − ref‖ / ‖ref‖ against a reference computed in float64 from the same inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+REL_TOL: dict[torch.dtype, float] = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-5,
+    torch.float16: 5e-3,
+    torch.bfloat16: 2e-2,
+}
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return REL_TOL.get(dtype, 0.0)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; inf when NaN/Inf appear in one but not at the same places in the other."""
+    o, r = out.detach().to(torch.float64), ref.detach().to(torch.float64)
+    if o.shape != r.shape:
+        return float("inf")
+    bad_o, bad_r = ~torch.isfinite(o), ~torch.isfinite(r)
+    if not torch.equal(bad_o, bad_r) or not torch.equal(o[bad_o].nan_to_num(0.0), r[bad_r].nan_to_num(0.0)):
+        return float("inf")
+    o, r = o[~bad_o], r[~bad_r]
+    if o.numel() == 0:
+        return 0.0
+    den = r.norm().item()
+    num = (o - r).norm().item()
+    return num / den if den > 0 else num
+
+
+def compare(outs, refs) -> str | None:
+    """None when every output is within its dtype's tolerance of the reference, else a message."""
+    outs, refs = list(outs), list(refs)
+    if len(outs) != len(refs):
+        return f"{len(outs)} outputs vs {len(refs)} expected"
+    worst = None
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        if not isinstance(r, torch.Tensor):
+            if o != r:
+                return f"output {i}: {o!r} vs {r!r}"
+            continue
+        if o.dtype != r.dtype or o.shape != r.shape:
+            return f"output {i}: {o.dtype}{tuple(o.shape)} vs expected {r.dtype}{tuple(r.shape)}"
+        err, tol = rel_error(o, r), tolerance(r.dtype)
+        if not r.is_floating_point():
+            if not torch.equal(o, r):
+                return f"output {i}: integer tensors differ"
+        elif err > tol and (worst is None or err > worst[1]):
+            worst = (i, err, tol)
+    if worst:
+        return f"output {worst[0]}: relative error {worst[1]:.3g} > tolerance {worst[2]:.1g}"
+    return None

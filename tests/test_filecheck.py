@@ -1,0 +1,14 @@
+"""Runs the lit/filecheck IR tests under tests/filecheck (dl-opt in xdsl-opt style)."""
+
+import os
+import subprocess
+import sys
+
+
+def test_lit_filecheck_suite():
+    here = os.path.join(os.path.dirname(__file__), "filecheck")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit", "-v", here], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert "Failed" not in proc.stdout.split("Testing Time")[-1]

@@ -1,0 +1,72 @@
+"""Pass pipeline: stage names, IR at every stage, dumps, verification, per-pass checking."""
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+from xdsl.parser import Parser
+from xdsl.passes import ModulePass
+
+import dlblas_compiler as dc
+from dlblas_compiler.dialects import ConstantOp, make_context
+from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
+
+
+@dc.register_pass
+@dataclass(frozen=True)
+class BreakConstantsPass(ModulePass):
+    """A deliberately wrong pass: doubles every scalar constant."""
+
+    name = "test-break-constants"
+
+    def apply(self, ctx, op):
+        for o in list(op.walk()):
+            if isinstance(o, ConstantOp):
+                new = ConstantOp(o.scalar * 2 + 1, o.result.type.element_type)
+                o.parent.insert_op_before(new, o)
+                o.result.replace_all_uses_with(new.result)
+                o.parent.erase_op(o)
+
+
+def _block():
+    cfg = BlockConfig()
+    return randomize_(LlamaBlock(cfg)).eval(), llama_block_inputs(cfg, 1, 6)
+
+
+def test_ir_at_every_stage_and_dumps(tmp_path):
+    model, inputs = _block()
+    cm = dc.compile(model, backend="reference", dump_ir=str(tmp_path), pipeline="cse,classify")
+    cm(*inputs)
+    assert cm.passes == ["input", "after:cse", "after:classify"]
+    assert 'kind = "one-to-one"' in cm.ir("after:classify")
+    assert "kind =" not in cm.ir("before:classify")
+    assert cm.ir("final") == cm.ir("after:classify")
+    files = sorted(os.listdir(tmp_path))
+    assert files == ["00-input.mlir", "01-after-cse.mlir", "02-after-classify.mlir"]
+    for f in files:
+        Parser(make_context(), open(tmp_path / f).read()).parse_module().verify()
+    with pytest.raises(KeyError, match="stages are"):
+        cm.ir("after:nothing")
+
+
+def test_check_each_pass_names_the_pass_that_broke_the_result():
+    model, inputs = _block()
+    cm = dc.compile(model, backend="reference", pipeline="cse,test-break-constants,classify", check_each_pass=True)
+    with pytest.raises(dc.CompileError, match="pass 'test-break-constants' changed the result"):
+        cm(*inputs)
+
+
+def test_unknown_pass_lists_known_ones():
+    model, inputs = _block()
+    cm = dc.compile(model, backend="reference", pipeline="cse,no-such-pass")
+    with pytest.raises(ValueError, match="known passes: .*classify"):
+        cm(*inputs)
+
+
+def test_default_pipeline_runs_and_matches_eager():
+    model, inputs = _block()
+    cm = dc.compile(model, backend="reference", check_each_pass=True)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+    assert cm.passes[0] == "input" and len(cm.passes) == len(dc.DEFAULT_PIPELINE.split(",")) + 1
