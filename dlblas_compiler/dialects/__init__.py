@@ -6,7 +6,7 @@ from xdsl.dialects.func import Func
 from xdsl.ir import Dialect
 
 from .compute import *  # noqa: F403
-from .compute import COMPUTE_OPS
+from .compute import COMPUTE_OPS, ReduceOp
 from .elementwise import *  # noqa: F403
 from .elementwise import BINARY_OPS, ELEMENTWISE_OPS, UNARY_OPS, BinaryOp, UnaryOp
 from .layout import *  # noqa: F403
@@ -33,6 +33,7 @@ __all__ = [
     "UNARY_OPS",
     "BINARY_OPS",
     "UnaryOp",
+    "ReduceOp",
     "BinaryOp",
     "Mapping",
     "MappingKind",

@@ -233,20 +233,25 @@ class RMSNormOp(IRDLOperation):
 
     Default (Llama): the normalized value is cast to x's dtype, then scaled by the weight, so the result
     dtype is promote(x, weight). With `scale_in_f32` (Gemma): scaled in fp32, then cast to x's dtype.
+    Without a weight (after the weight was folded into a following matmul) y = normalized, in x's dtype.
     """
 
     name = "dl.rms_norm"
     input = operand_def(DLFloatTensor)
-    weight = operand_def(DLFloatTensor)
+    weight = opt_operand_def(DLFloatTensor)
     result = result_def(DLFloatTensor)
     eps = prop_def(FloatAttr)
     offset = prop_def(FloatAttr, _float(0.0))
     scale_in_f32 = prop_def(BoolAttr, _bool(False))
     traits = traits_def(Pure(), MANY_TO_MANY)
-    assembly_format = "$input `,` $weight attr-dict `:` `(` type($input) `,` type($weight) `)` `->` type($result)"
+    assembly_format = (
+        "$input (`weight` $weight^)? attr-dict `:` type($input) (`,` type($weight)^)? `->` type($result)"
+    )
     irdl_options = (ParsePropInAttrDict(),)
 
-    def __init__(self, x: SSAValue, w: SSAValue, eps: float, offset: float = 0.0, scale_in_f32: bool = False):
+    def __init__(
+        self, x: SSAValue, w: SSAValue | None, eps: float, offset: float = 0.0, scale_in_f32: bool = False
+    ):
         super().__init__(
             operands=[x, w],
             result_types=[TensorType(self.result_elem(x, w, scale_in_f32), shape_of(x))],
@@ -254,8 +259,8 @@ class RMSNormOp(IRDLOperation):
         )
 
     @staticmethod
-    def result_elem(x: SSAValue, w: SSAValue, scale_in_f32: bool) -> Attribute:
-        return elem_of(x) if scale_in_f32 else promote([elem_of(x), elem_of(w)], [1, 1])
+    def result_elem(x: SSAValue, w: SSAValue | None, scale_in_f32: bool) -> Attribute:
+        return elem_of(x) if scale_in_f32 or w is None else promote([elem_of(x), elem_of(w)], [1, 1])
 
     @property
     def attrs(self) -> tuple[float, float, bool]:
@@ -267,13 +272,15 @@ class RMSNormOp(IRDLOperation):
         if self.result.type != want:
             raise VerifyException(f"dl.rms_norm: result should be {want}, got {self.result.type}")
 
-    def reference(self, x, w):
+    def reference(self, x, w=None):
         return rms_norm_reference(x, w, *self.attrs)
 
 
 def rms_norm_reference(x, w, eps: float, offset: float = 0.0, scale_in_f32: bool = False):
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if w is None:
+        return normed.to(x.dtype)
     if scale_in_f32:
         return (normed * (w.float() + offset)).to(x.dtype)
     return (w + offset if offset else w) * normed.to(x.dtype)
@@ -286,7 +293,7 @@ class AddRMSNormOp(IRDLOperation):
     name = "dl.add_rms_norm"
     input = operand_def(DLFloatTensor)
     residual = operand_def(DLFloatTensor)
-    weight = operand_def(DLFloatTensor)
+    weight = opt_operand_def(DLFloatTensor)
     normed = result_def(DLFloatTensor)
     sum = result_def(DLFloatTensor)
     eps = prop_def(FloatAttr)
@@ -294,14 +301,19 @@ class AddRMSNormOp(IRDLOperation):
     scale_in_f32 = prop_def(BoolAttr, _bool(False))
     traits = traits_def(Pure(), MANY_TO_MANY)
     assembly_format = (
-        "$input `,` $residual `,` $weight attr-dict `:` `(` type($input) `,` type($residual) `,` type($weight) `)`"
+        "$input `,` $residual (`weight` $weight^)? attr-dict `:` type($input) `,` type($residual) (`,` type($weight)^)?"
         " `->` `(` type($normed) `,` type($sum) `)`"
     )
     irdl_options = (ParsePropInAttrDict(),)
 
-    def __init__(self, x: SSAValue, r: SSAValue, w: SSAValue, eps: float, offset: float = 0.0, scale_in_f32: bool = False):
+    def __init__(
+        self, x: SSAValue, r: SSAValue, w: SSAValue | None, eps: float, offset: float = 0.0, scale_in_f32: bool = False
+    ):
         s = TensorType(promote([elem_of(x), elem_of(r)], [1, 1]), broadcast_shapes(shape_of(x), shape_of(r)))
-        normed = TensorType(s.element_type if scale_in_f32 else promote([s.element_type, elem_of(w)], [1, 1]), s.get_shape())
+        if w is None or scale_in_f32:
+            normed = TensorType(s.element_type, s.get_shape())
+        else:
+            normed = TensorType(promote([s.element_type, elem_of(w)], [1, 1]), s.get_shape())
         super().__init__(
             operands=[x, r, w],
             result_types=[normed, s],
@@ -317,7 +329,7 @@ class AddRMSNormOp(IRDLOperation):
             raise VerifyException(f"dl.add_rms_norm: input {self.input.type} and residual {self.residual.type} must match")
         _check_row_param(self, self.input, self.weight, "weight")
 
-    def reference(self, x, r, w):
+    def reference(self, x, r, w=None):
         s = x + r
         return rms_norm_reference(s, w, *self.attrs), s
 

@@ -9,6 +9,7 @@ reject (an int or fp64 tensor, say), becomes an opaque `dl.torch_call` run by Py
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,8 +47,11 @@ class Imported:
 
 
 def _safe_name(name: str) -> str:
+    """A valid xDSL SSA name (xDSL drops a trailing `_<digits>`, so `_0` would become empty)."""
     name = "".join(c if c.isalnum() or c in "_.$-" else "_" for c in name)
-    return name if name and not name[0].isdigit() else f"v{name}"
+    if not name or name[0].isdigit() or not re.sub(r"_\d+$", "", name):
+        name = f"v{name}"
+    return name
 
 
 def _has_tensor(value: Any) -> bool:

@@ -31,8 +31,10 @@ builtin.module {
     %n12 = dl.silu %n11 : tensor<2x8x1xf32>
     %n13 = dl.gelu %n12 {approximate = "tanh"} : tensor<2x8x1xf32>
     %y = dl.mul %x, %n13 : (tensor<2x8x64xf32>, tensor<2x8x1xf32>) -> tensor<2x8x64xf32>
-    %nrm = dl.rms_norm %y, %w {eps = 1.000000e-06 : f64} : (tensor<2x8x64xf32>, tensor<64xf32>) -> tensor<2x8x64xf32>
-    %an, %as = dl.add_rms_norm %nrm, %x, %w {eps = 1.000000e-05 : f64, offset = 1.000000e+00 : f64, scale_in_f32 = true} : (tensor<2x8x64xf32>, tensor<2x8x64xf32>, tensor<64xf32>) -> (tensor<2x8x64xf32>, tensor<2x8x64xf32>)
+    %nrm0 = dl.rms_norm %y {eps = 1.000000e-06 : f64} : tensor<2x8x64xf32> -> tensor<2x8x64xf32>
+    %nrm = dl.rms_norm %nrm0 weight %w {eps = 1.000000e-06 : f64} : tensor<2x8x64xf32>, tensor<64xf32> -> tensor<2x8x64xf32>
+    %an0, %as0 = dl.add_rms_norm %nrm, %x {eps = 1.000000e-05 : f64} : tensor<2x8x64xf32>, tensor<2x8x64xf32> -> (tensor<2x8x64xf32>, tensor<2x8x64xf32>)
+    %an, %as = dl.add_rms_norm %an0, %as0 weight %w {eps = 1.000000e-05 : f64, offset = 1.000000e+00 : f64, scale_in_f32 = true} : tensor<2x8x64xf32>, tensor<2x8x64xf32>, tensor<64xf32> -> (tensor<2x8x64xf32>, tensor<2x8x64xf32>)
     %ln = dl.layer_norm %an, %w, %lb {eps = 1.000000e-05 : f64} : (tensor<2x8x64xf32>, tensor<64xf32>, tensor<64xf32>) -> tensor<2x8x64xf32>
     %l1 = dl.linear %ln, %lw bias %lb : tensor<2x8x64xf32>, tensor<64x64xf32>, tensor<64xf32> -> tensor<2x8x64xf32>
     %l2 = dl.linear %ln, %lw : tensor<2x8x64xf32>, tensor<64x64xf32> -> tensor<2x8x64xf32>

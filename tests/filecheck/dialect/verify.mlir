@@ -34,7 +34,7 @@ func.func @bad_dtype(%x: tensor<4x32xf64>) -> tensor<4x32xf64> {
 // -----
 
 func.func @bad_norm(%x: tensor<4x32xf32>, %w: tensor<16xf32>) -> tensor<4x32xf32> {
-  %0 = dl.rms_norm %x, %w {eps = 1.000000e-06 : f64} : (tensor<4x32xf32>, tensor<16xf32>) -> tensor<4x32xf32>
+  %0 = dl.rms_norm %x weight %w {eps = 1.000000e-06 : f64} : tensor<4x32xf32>, tensor<16xf32> -> tensor<4x32xf32>
   func.return %0 : tensor<4x32xf32>
 }
 // CHECK: dl.rms_norm: weight tensor<16xf32> must be rank-1 of size 32 (the last dim of tensor<4x32xf32>)

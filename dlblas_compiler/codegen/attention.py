@@ -1,0 +1,238 @@
+"""The attention template: flash attention (online softmax, exp2) for a `dl.sdpa` region.
+
+q [B, Hq, S, D], k/v [B, Hk, L, D], GQA (Hq a multiple of Hk), causal (top-left aligned, as torch's
+is_causal) and/or an additive float or boolean mask broadcast to [B, Hq, S, L]. The views that
+produce q/k/v (head reshapes and transposes) and those that consume the output (transpose back and
+merge heads) are fused as strides, so the kernel reads projections and writes [B, S, H*D] directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+from xdsl.ir import Operation, SSAValue
+
+from ..dialects import FusedOp, PermuteOp, ReshapeOp, SDPAOp
+from ..dialects.types import dtype_of, shape_of
+from ..tuning.space import SearchSpace
+from .kernel import TL_DTYPE, Kernel, Writer, cdiv
+from .views import VIEW_OPS, Layout, view_chain
+
+
+@dataclass
+class AttentionPlan:
+    sdpa: SDPAOp
+    chains: dict[str, tuple[SSAValue, list[Operation]]]  # q/k/v/mask -> (region input, view chain)
+    out_chain: list[Operation]  # views from the sdpa result to the region output
+
+    @property
+    def output(self) -> SSAValue:
+        return self.out_chain[-1].results[0] if self.out_chain else self.sdpa.result
+
+
+def _chain_to_input(v: SSAValue, inside: set, inputs: list[SSAValue]) -> tuple[SSAValue, list[Operation]] | None:
+    chain = []
+    while v.owner in inside:
+        op = v.owner
+        if not isinstance(op, VIEW_OPS):
+            return None
+        chain.append(op)
+        v = op.operands[0]
+    return (v, chain[::-1]) if v in inputs else None
+
+
+def out_layout(chain: list[Operation], final_shape: tuple[int, ...]) -> Layout | None:
+    """Where the sdpa result's elements land in a contiguous buffer of the final view's shape."""
+    lay = Layout.contiguous(final_shape)
+    for op in reversed(chain):
+        src = tuple(op.operands[0].type.get_shape())
+        if isinstance(op, ReshapeOp):
+            try:
+                t = lay.meta().view(src)
+            except RuntimeError:
+                return None
+            lay = Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        elif isinstance(op, PermuteOp):
+            inv = [0] * len(op.permutation)
+            for i, p in enumerate(op.permutation):
+                inv[p] = i
+            t = lay.meta().permute(inv)
+            lay = Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        else:
+            return None
+    return lay
+
+
+def analyze(ops: list[Operation], inputs: list[SSAValue]) -> AttentionPlan | str:
+    sdpas = [o for o in ops if isinstance(o, SDPAOp)]
+    if len(sdpas) != 1 or not all(isinstance(o, VIEW_OPS) for o in ops if o is not sdpas[0]):
+        return "an attention region is one sdpa plus views"
+    op = sdpas[0]
+    inside = set(ops)
+    q, k, v = (shape_of(x) for x in (op.query, op.key, op.value))
+    if len(q) != 4:
+        return f"attention needs [B, H, S, D] operands, got {q}"
+    d = q[-1]
+    if d not in (16, 32, 64, 128, 256) or v[-1] != d:
+        return f"head dim {d} (value dim {v[-1]}): the template takes 16..256, powers of two, equal dims"
+    if min(q[2], k[2]) < 1:
+        return "empty sequence"
+    chains = {}
+    for name, val in (("q", op.query), ("k", op.key), ("v", op.value), ("mask", op.mask)):
+        if val is None:
+            continue
+        found = _chain_to_input(val, inside, inputs)
+        if found is None:
+            return f"{name} is not a region input read through views"
+        base, chain = found
+        if view_chain(Layout.contiguous(shape_of(base)), chain) is None:
+            return f"the views producing {name} need a copy"
+        chains[name] = found
+    out_chain, cur = [], op.result
+    while True:
+        users = [u.operation for u in cur.uses if u.operation in inside]
+        if not users:
+            break
+        if len(users) != 1 or not cur.has_one_use():
+            return "the attention output is used twice inside the region"
+        out_chain.append(users[0])
+        cur = users[0].results[0]
+    if out_layout(out_chain, shape_of(cur)) is None:
+        return "the views of the output need a copy"
+    return AttentionPlan(op, chains, out_chain)
+
+
+def source(name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype) -> str:
+    w = Writer()
+    w("@triton.jit")
+    w(f"def {name}(")
+    w.indent()
+    w("q_ptr, k_ptr, v_ptr, m_ptr, o_ptr,")
+    w("sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,")
+    w("sm_b, sm_h, sm_s, sm_l, so_b, so_h, so_s, so_d,")
+    w("H, S, L, GROUPS, qk_scale,")
+    w("D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
+    w.dedent()
+    w("):")
+    w.indent()
+    w("pid_m = tl.program_id(0)")
+    w("bh = tl.program_id(1)")
+    w("b = bh // H")
+    w("h = bh % H")
+    w("hk = h // GROUPS")
+    w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    w("rd = tl.arange(0, D)")
+    w("mmask = rm < S")
+    w("q = tl.load(q_ptr + b * sq_b + h * sq_h + rm[:, None] * sq_s + rd[None, :] * sq_d, mask=mmask[:, None], other=0.0)")
+    w("m_i = tl.full((BLOCK_M,), float('-inf'), tl.float32)")
+    w("l_i = tl.zeros((BLOCK_M,), tl.float32)")
+    w("acc = tl.zeros((BLOCK_M, D), tl.float32)")
+    w("k_base = k_ptr + b * sk_b + hk * sk_h")
+    w("v_base = v_ptr + b * sv_b + hk * sv_h")
+    w("hi = tl.minimum(L, (pid_m + 1) * BLOCK_M)" if causal else "hi = L")
+    w("for start in range(0, hi, BLOCK_N):")
+    w.indent()
+    w("rn = start + tl.arange(0, BLOCK_N)")
+    w("nmask = rn < L")
+    w("kt = tl.load(k_base + rn[None, :] * sk_s + rd[:, None] * sk_d, mask=nmask[None, :], other=0.0)")
+    w("s = tl.dot(q, kt) * qk_scale")
+    w("keep = nmask[None, :] & mmask[:, None]")
+    if causal:
+        w("keep = keep & (rn[None, :] <= rm[:, None])")
+    if has_mask:
+        w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
+        if mask_bool:
+            w("keep = keep & (mv != 0)")
+        else:
+            w("s = s + mv.to(tl.float32) * 1.4426950408889634")
+    w("s = tl.where(keep, s, float('-inf'))")
+    w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
+    w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
+    w("p = tl.exp2(s - m_safe[:, None])")
+    w("alpha = tl.exp2(m_i - m_safe)")
+    w("l_i = l_i * alpha + tl.sum(p, axis=1)")
+    w("vt = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d, mask=nmask[:, None], other=0.0)")
+    w("acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)")
+    w("m_i = m_new")
+    w.dedent()
+    w("out = acc / tl.where(mmask, l_i, 1.0)[:, None]")
+    w(f"tl.store(o_ptr + b * so_b + h * so_h + rm[:, None] * so_s + rd[None, :] * so_d, out.to({TL_DTYPE[out_dtype]}), mask=mmask[:, None])")
+    w.dedent()
+    return w.text()
+
+
+def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
+    op = plan.sdpa
+    args = list(fused.block.args)
+    b, hq, s, d = shape_of(op.query)
+    hk, l_ = shape_of(op.key)[1], shape_of(op.key)[2]
+    groups = hq // hk
+    has_mask = op.mask is not None
+    mask_bool = has_mask and dtype_of(op.mask) == torch.bool
+    src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result))
+    strides, idx = [], {}
+    for key in ("q", "k", "v", "mask"):
+        if key not in plan.chains:
+            strides += [0, 0, 0, 0]
+            continue
+        base, chain = plan.chains[key]
+        idx[key] = args.index(base)
+        lay = view_chain(Layout.contiguous(shape_of(base)), chain)
+        target = (b, hq, s, l_) if key == "mask" else None
+        if target is not None:
+            lay = lay.broadcast_to(target)
+        strides += [*lay.strides]
+        if lay.offset:
+            idx[key] = (idx[key], lay.offset)
+    out_val = plan.output
+    out_shape, out_dtype = shape_of(out_val), dtype_of(out_val)
+    olay = out_layout(plan.out_chain, out_shape)
+    offsets = {k: v[1] for k, v in idx.items() if isinstance(v, tuple)}
+    idx = {k: (v[0] if isinstance(v, tuple) else v) for k, v in idx.items()}
+    qk_scale = op.softmax_scale * 1.4426950408889634
+    elem = dtype_of(op.query).itemsize
+    smem = _smem()
+    space = SearchSpace(
+        {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]},
+        {
+            "no block much larger than S": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(s)),
+            "no block much larger than L": lambda c: c["BLOCK_N"] <= max(16, triton.next_power_of_2(l_)),
+            "shared memory": lambda c: (c["BLOCK_M"] + 2 * c["BLOCK_N"]) * d * elem * c["num_stages"] <= smem,
+            "registers": lambda c: c["BLOCK_M"] * (d + c["BLOCK_N"]) <= 96 * 32 * c["num_warps"],
+        },
+        default={"BLOCK_M": 16 if s <= 16 else 64 if s <= 64 else 128, "BLOCK_N": 64 if l_ >= 64 else 16 if l_ <= 16 else 32,
+                 "num_warps": 4 if d <= 64 or s <= 16 else 8, "num_stages": 2},  # fmt: skip
+    )
+
+    def ptr(tensors, key):
+        t = tensors[idx[key]]
+        return t.view(-1)[offsets[key]:] if key in offsets else t
+
+    def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
+        q = ptr(tensors, "q")
+        out = torch.empty(out_shape, dtype=out_dtype, device=q.device)
+        m = ptr(tensors, "mask") if has_mask else q
+        grid = (cdiv(s, config["BLOCK_M"]), b * hq)
+        kernel[grid](
+            q, ptr(tensors, "k"), ptr(tensors, "v"), m, out, *strides, *olay.strides, hq, s, l_, groups, qk_scale,
+            D=d, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+            num_warps=config["num_warps"], num_stages=config["num_stages"],
+        )  # fmt: skip
+        return [out]
+
+    causal_frac = 0.5 if op.causal else 1.0
+    flops = 4.0 * b * hq * s * l_ * d * causal_frac
+    nbytes = (b * hq * s * d * 2 + 2 * b * hk * l_ * d) * elem
+    return Kernel(name, src, space, launch, str(fused), {"S": s, "L": l_, "D": d, "H": hq}, flops, nbytes)
+
+
+def _smem() -> int:
+    if torch.cuda.is_available():
+        return int(getattr(torch.cuda.get_device_properties(0), "shared_memory_per_block_optin", 232448))
+    return 232448
+
+
+__all__ = ["AttentionPlan", "analyze", "build", "math"]

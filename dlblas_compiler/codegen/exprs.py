@@ -1,0 +1,76 @@
+"""Triton expressions for the ops a kernel computes in registers, shared by the row and GEMM templates.
+
+Values are fp32 tensors in registers. `Emitter.value(op)` writes the statements for one op and returns
+the name of its result; every op's arithmetic lives in one place: elementwise ops carry their own
+Triton expression in the dialect (`op.triton(...)`); the composite row ops (norms, softmax) are here.
+A cast to a narrower dtype rounds (x.to(bf16).to(fp32)) so results follow the eager rounding points.
+"""
+
+from __future__ import annotations
+
+from xdsl.ir import SSAValue
+
+from ..dialects import (
+    BinaryOp,
+    ConstantOp,
+    ConvertOp,
+    GluOp,
+    UnaryOp,
+)
+from ..dialects.types import dtype_of
+from .kernel import TL_DTYPE, Writer
+
+GLU_EXPR = {
+    "silu": "{g} * tl.sigmoid({g})",
+    "gelu": "0.5 * {g} * (1.0 + tl.erf({g} * 0.7071067811865476))",
+    "gelu_tanh": "0.5 * {g} * (1.0 + (2.0 * tl.sigmoid(2.0 * (0.7978845608028654 * ({g} + 0.044715 * {g} * {g} * {g}))) - 1.0))",
+}
+
+
+def round_to(expr: str, v: SSAValue) -> str:
+    """Round an fp32 expression to v's dtype (no-op for fp32)."""
+    dt = dtype_of(v)
+    return expr if TL_DTYPE[dt] == "tl.float32" else f"{expr}.to({TL_DTYPE[dt]}).to(tl.float32)"
+
+
+class Names:
+    """SSA value -> register name, with fresh temporaries."""
+
+    def __init__(self):
+        self.names: dict[SSAValue, str] = {}
+        self.count = 0
+
+    def fresh(self, hint: str = "t") -> str:
+        self.count += 1
+        return f"{hint}{self.count}"
+
+    def __getitem__(self, v: SSAValue) -> str:
+        return self.names[v]
+
+    def __setitem__(self, v: SSAValue, name: str) -> None:
+        self.names[v] = name
+
+    def __contains__(self, v: SSAValue) -> bool:
+        return v in self.names
+
+
+def emit_pointwise(w: Writer, names: Names, op) -> bool:
+    """Write one elementwise op (unary, binary, convert, constant, glu). False if `op` is not one."""
+    if isinstance(op, ConstantOp):
+        names[op.result] = op.triton()
+        return True
+    if isinstance(op, UnaryOp):
+        expr = op.triton(names[op.input])
+    elif isinstance(op, BinaryOp):
+        expr = op.triton(names[op.lhs], names[op.rhs])
+    elif isinstance(op, ConvertOp):
+        expr = names[op.input]
+    elif isinstance(op, GluOp):
+        g = names[op.gate]
+        expr = f"({GLU_EXPR[op.act.data].format(g=g)}) * {names[op.up]}"
+    else:
+        return False
+    t = names.fresh("v")
+    w(f"{t} = {round_to(expr, op.results[0]) if isinstance(op, ConvertOp) else expr}")
+    names[op.results[0]] = t
+    return True

@@ -1,0 +1,473 @@
+"""The GEMM template: Y = x @ W^T over [*rows, K] x [N, K], with slots.
+
+Prologue: RMSNorm statistics accumulated in the K loop (sum of squares of the A tiles already loaded)
+and applied to the accumulator after it (rows scaled by rsqrt(mean + eps); a norm weight that was not
+folded into W scales the A tile). Epilogue: everything the planner attached to Y, computed on the fp32
+tile before one store per output: bias, elementwise ops with other tensors (residual add, ...),
+column slices (one GEMM for q/k/v), reshapes splitting the columns into heads and permutes (written
+straight into [B, H, S, D]), rotary on head columns (partner column gathered within the tile), and a
+gated activation of two column halves computed as two accumulators sharing the A tile (dual GEMM).
+
+Index model: every epilogue value is a view of Y's tile: a column range [lo, hi) of one accumulator
+("stream"), the split of those columns into static dims, and a permutation from its logical dims to the
+canonical order (row dims..., column dims...). Addresses of outputs and operands are strides in that
+canonical order, so one formula serves every layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import triton
+from xdsl.ir import Operation, SSAValue
+
+from ..dialects import (
+    BinaryOp,
+    ConstantOp,
+    ConvertOp,
+    FusedOp,
+    GluOp,
+    LinearOp,
+    PermuteOp,
+    ReshapeOp,
+    RMSNormOp,
+    RotaryOp,
+    SliceOp,
+    UnaryOp,
+)
+from ..dialects.types import dtype_of, numel, shape_of
+from ..tuning.space import SearchSpace
+from .exprs import Names, emit_pointwise, round_to
+from .kernel import TL_DTYPE, Kernel, Writer, cdiv
+from .views import Layout
+
+POINTWISE = (UnaryOp, BinaryOp, ConvertOp, GluOp, ConstantOp)
+
+
+@dataclass(frozen=True)
+class Cols:
+    """A value's view of the tile: stream, column range, column split and logical→canonical permutation."""
+
+    stream_lo: int  # absolute column of Y where this value's columns start (which accumulator)
+    lo: int  # first grid column of the value (relative to its stream)
+    hi: int
+    split: tuple[int, ...]
+    perm: tuple[int, ...]  # logical dim i is canonical dim perm[i]
+
+    def space(self) -> tuple:
+        return (self.lo, self.hi, self.split)
+
+
+@dataclass
+class GemmPlan:
+    linear: LinearOp
+    norm: RMSNormOp | None
+    rows: tuple[int, ...]
+    k: int
+    n: int  # columns of W
+    info: dict[SSAValue, Cols] = field(default_factory=dict)
+    epilogue: list[Operation] = field(default_factory=list)
+    streams: list[int] = field(default_factory=lambda: [0])  # absolute Y column offsets of the accumulators
+    grid_n: int = 0
+    rotary_dims: set[int] = field(default_factory=set)
+
+
+def _split_cols(c: Cols, old: tuple[int, ...], new: tuple[int, ...], nrow: int) -> Cols | None:
+    """A reshape that keeps the row dims and regroups the (canonically ordered) column dims."""
+    if c.perm != tuple(range(len(c.perm))) or tuple(old[:nrow]) != tuple(new[:nrow]) or len(new) <= nrow:
+        return None
+    if numel(new[nrow:]) != numel(old[nrow:]):
+        return None
+    split = tuple(new[nrow:])
+    return Cols(c.stream_lo, c.lo, c.hi, split, tuple(range(len(new))))
+
+
+def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
+    linears = [o for o in ops if isinstance(o, LinearOp)]
+    if len(linears) != 1:
+        return "a GEMM region has exactly one linear"
+    lin = linears[0]
+    inside = set(ops)
+    norm = lin.input.owner if isinstance(lin.input.owner, RMSNormOp) and lin.input.owner in inside else None
+    x = norm.input if norm else lin.input
+    if x.owner in inside or x not in inputs:
+        return "the GEMM's A operand must be a region input"
+    if norm is not None and (norm.weight is not None and norm.weight.owner in inside):
+        return "the norm weight must be a region input"
+    xs = shape_of(x)
+    if len(xs) < 2 or any(d < 1 for d in xs):
+        return f"linear input {xs}: need rank >= 2 and non-empty dims"
+    if lin.bias is not None and lin.bias.owner in inside:
+        return "bias must be a region input"
+    rows, k = tuple(xs[:-1]), xs[-1]
+    n = shape_of(lin.weight)[0]
+    nrow = len(rows)
+    plan = GemmPlan(lin, norm, rows, k, n)
+    plan.info[lin.result] = Cols(0, 0, n, (n,), tuple(range(nrow + 1)))
+    for o in ops:
+        if o is lin or o is norm:
+            continue
+        if isinstance(o, ConstantOp):
+            continue
+        why = _epilogue_op(plan, o, inside, nrow)
+        if why:
+            return why
+        plan.epilogue.append(o)
+    # streams: a pointwise op combining values from different column ranges of Y
+    pairs = set()
+    for o in plan.epilogue:
+        tile = [v for v in o.operands if v in plan.info]
+        if isinstance(o, (BinaryOp, GluOp)) and len(tile) == 2:
+            a, b = (plan.info[v].lo + plan.info[v].stream_lo for v in tile)
+            if a != b:
+                pairs.add((a, b))
+    if pairs:
+        offsets = sorted({p for pair in pairs for p in pair})
+        widths = {plan.info[v].hi - plan.info[v].lo for v in plan.info if v is not lin.result}
+        if len(offsets) != 2 or len(widths) != 1:
+            return "only two column halves of equal width can be combined (dual GEMM)"
+        w = widths.pop()
+        if offsets[1] - offsets[0] < w:
+            return "combined column ranges overlap"
+        if any(u.operation not in inside or not isinstance(u.operation, SliceOp) for u in lin.result.uses):
+            return "a dual GEMM's output is used whole"
+        plan.streams, plan.grid_n = offsets, w
+        for v, c in list(plan.info.items()):
+            if v is lin.result:
+                continue
+            start = c.lo + c.stream_lo
+            base = max(o for o in offsets if o <= start)
+            if start - base + (c.hi - c.lo) > w:
+                return "a column range crosses the two halves"
+            plan.info[v] = Cols(base, start - base, start - base + (c.hi - c.lo), c.split, c.perm)
+    else:
+        plan.grid_n = n
+    for o in plan.epilogue:
+        if isinstance(o, RotaryOp):
+            c = plan.info[o.input]
+            d = c.split[-1]
+            if c.lo % d or d & (d - 1) or d > 256:
+                return f"rotary head dim {d} (column offset {c.lo}) does not tile: it must be a power of two <= 256"
+            plan.rotary_dims.add(d)
+    return plan
+
+
+def _epilogue_op(plan: GemmPlan, o: Operation, inside: set, nrow: int) -> str | None:
+    ins = [v for v in o.operands if v in plan.info]
+    outside = [v for v in o.operands if v not in plan.info and not isinstance(v.owner, ConstantOp)]
+    if not ins:
+        return f"{o.name} does not read the GEMM's tile"
+    if any(v.owner in inside for v in outside):
+        return f"{o.name} reads a value the epilogue cannot compute"
+    c = plan.info[ins[0]]
+    shp = shape_of(ins[0])
+    if isinstance(o, SliceOp):
+        dim, start, end, step = o.bounds()
+        if step != 1 or dim != len(shp) - 1 or len(c.split) != 1 or c.perm[-1] != nrow:
+            return "only a slice of undivided columns (last dim) fuses"
+        plan.info[o.result] = Cols(c.stream_lo, c.lo + start, c.lo + end, (end - start,), c.perm)
+        return None
+    if isinstance(o, ReshapeOp):
+        nc = _split_cols(c, shp, shape_of(o.result), nrow)
+        if nc is None:
+            return "a reshape that mixes row and column dims"
+        plan.info[o.result] = nc
+        return None
+    if isinstance(o, PermuteOp):
+        plan.info[o.result] = Cols(c.stream_lo, c.lo, c.hi, c.split, tuple(c.perm[p] for p in o.permutation))
+        return None
+    if isinstance(o, RotaryOp):
+        if o.input not in plan.info or o.cos in plan.info or o.sin in plan.info:
+            return "rotary must rotate the tile with external cos/sin"
+        if c.perm[-1] != nrow + len(c.split) - 1:
+            return "rotary must act on the innermost column dim"
+        plan.info[o.result] = c
+        return None
+    if isinstance(o, POINTWISE):
+        for v in ins[1:]:
+            c2 = plan.info[v]
+            if (c2.hi - c2.lo, c2.split, c2.perm) != (c.hi - c.lo, c.split, c.perm):
+                return f"{o.name} combines differently shaped views of the tile"
+        for v in outside:
+            vs, rs = shape_of(v), shape_of(o.results[0])
+            if len(vs) > len(rs) or any(a not in (1, b) for a, b in zip(vs[::-1], rs[::-1])):
+                return f"{o.name} operand {vs} does not broadcast to {rs}"
+        if shape_of(o.results[0]) != shp:
+            return f"{o.name} changes the tile's shape"
+        plan.info[o.results[0]] = c
+        return None
+    return f"{o.name} cannot run in a GEMM epilogue"
+
+
+# -- emission --------------------------------------------------------------------------------------
+
+
+def _canonical_strides(shape: tuple[int, ...], c: Cols, logical: tuple[int, ...]) -> list[int]:
+    """Strides, in canonical dim order, of a contiguous tensor of `shape` broadcast to `logical`."""
+    lay = Layout.contiguous(shape).broadcast_to(logical)
+    canon = [0] * len(logical)
+    for i, p in enumerate(c.perm):
+        canon[p] = lay.strides[i]
+    return canon
+
+
+class GemmEmitter:
+    def __init__(self, plan: GemmPlan, fused: FusedOp, name: str):
+        self.plan, self.fused, self.name = plan, fused, name
+        self.args = list(fused.block.args)
+        self.outputs = list(fused.yielded.values)
+        self.names = Names()
+        self.ext: list[tuple[SSAValue, Cols, SSAValue]] = []  # (region input, view it is read as, reader's value)
+        self.spaces: dict[tuple, str] = {}
+
+    def source(self) -> str:
+        p, w = self.plan, Writer()
+        nrow = len(p.rows)
+        ns = len(p.streams)
+        lin = p.linear
+        has_bias = lin.bias is not None
+        norm_w = p.norm is not None and p.norm.weight is not None
+        for o in p.epilogue:  # external operands, each read through the view of its reader's result
+            for v in o.operands:
+                if v not in p.info and not isinstance(v.owner, ConstantOp):
+                    self.ext.append((v, p.info[o.results[0]], o.results[0]))
+        args = ["x_ptr", "w_ptr"] + (["bias_ptr"] if has_bias else []) + (["nw_ptr"] if norm_w else [])
+        args += [f"e{j}_ptr" for j in range(len(self.ext))] + [f"out{k}_ptr" for k in range(len(self.outputs))]
+        args += ["M"] + [f"R{d}" for d in range(1, nrow)]
+        for j in range(len(self.ext)):
+            args += [f"e{j}_s{d}" for d in range(len(self.ext[j][1].perm))]
+        for k, r in enumerate(self.outputs):
+            args += [f"o{k}_s{d}" for d in range(len(p.info[r].perm))]
+        w("@triton.jit")
+        w(f"def {self.name}(")
+        w.indent()
+        w(", ".join(args) + ",")
+        w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
+        w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,")
+        w.dedent()
+        w("):")
+        w.indent()
+        w("pid = tl.program_id(0)")
+        w("num_m = tl.cdiv(M, BLOCK_M)")
+        w("num_n = tl.cdiv(GRID_N, BLOCK_N)")
+        w("group = GROUP_M * num_n")
+        w("first_m = (pid // group) * GROUP_M")
+        w("size_m = min(num_m - first_m, GROUP_M)")
+        w("pid_m = first_m + (pid % group) % size_m")
+        w("pid_n = (pid % group) // size_m")
+        w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+        w("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
+        w("rk = tl.arange(0, BLOCK_K)")
+        w("mmask = rm < M")
+        w("nmask = rn < GRID_N")
+        w("a_ptrs = x_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]")
+        for s, off in enumerate(p.streams):
+            w(f"b{s}_ptrs = w_ptr + (rn.to(tl.int64) + {off})[None, :] * K + rk[:, None]")
+            w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+        if p.norm is not None:
+            w("ss = tl.zeros((BLOCK_M,), dtype=tl.float32)")
+        w("for k0 in range(0, K, BLOCK_K):")
+        w.indent()
+        w("kmask = (k0 + rk) < K")
+        w("a = tl.load(a_ptrs, mask=mmask[:, None] & kmask[None, :], other=0.0)")
+        if p.norm is not None:
+            w("af = a.to(tl.float32)")
+            w("ss += tl.sum(af * af, axis=1)")
+            if norm_w:
+                _, offset, _ = p.norm.attrs
+                w(f"nw = tl.load(nw_ptr + k0 + rk, mask=kmask, other=0.0).to(tl.float32) + {offset!r}")
+                w("a = (af * nw[None, :]).to(a.dtype)")
+        for s in range(ns):
+            w(f"b{s} = tl.load(b{s}_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)")
+            w(f"acc{s} = tl.dot(a, b{s}, acc{s})")
+            w(f"b{s}_ptrs += BLOCK_K")
+        w("a_ptrs += BLOCK_K")
+        w.dedent()
+        if p.norm is not None:
+            eps = p.norm.attrs[0]
+            w(f"rs = tl.rsqrt(ss / K + {eps!r})")
+        for s, off in enumerate(p.streams):
+            if p.norm is not None:
+                w(f"acc{s} = acc{s} * rs[:, None]")
+            if has_bias:
+                w(f"acc{s} += tl.load(bias_ptr + rn + {off}, mask=nmask, other=0.0).to(tl.float32)[None, :]")
+            w(f"y{s} = {round_to(f'acc{s}', lin.result)}")
+        # row indices (canonical row dims)
+        rest = "rm"
+        for d in reversed(range(nrow)):
+            if d == 0:
+                w(f"i0 = {rest}")
+            else:
+                w(f"i{d} = {rest} % R{d}")
+                w(f"q{d} = {rest} // R{d}")
+                rest = f"q{d}"
+        names = self.names
+        for o in self.fused.block.ops:
+            if isinstance(o, ConstantOp):
+                names[o.result] = o.triton()
+        if len(p.streams) == 1:
+            names[lin.result] = "y0"
+        for u in lin.result.uses:
+            if isinstance(u.operation, SliceOp) and u.operation.result in p.info:
+                names[u.operation.result] = f"y{p.streams.index(p.info[u.operation.result].stream_lo)}"
+        ext_index = {(e[0], e[2]): j for j, e in enumerate(self.ext)}
+        for o in p.epilogue:
+            res = o.results[0]
+            if isinstance(o, (SliceOp, ReshapeOp, PermuteOp)):
+                if res not in names:
+                    names[res] = names[o.operands[0]]
+                continue
+            loaded = {v: self._load_ext(w, ext_index[(v, res)]) for v in o.operands if (v, res) in ext_index}
+            for v, t in loaded.items():
+                names[v] = t
+            if isinstance(o, RotaryOp):
+                self._rotary(w, o)
+            else:
+                emit_pointwise(w, names, o)
+            for v in loaded:
+                names.names.pop(v)
+        for k, r in enumerate(self.outputs):
+            c = p.info[r]
+            idx, member = self._space(w, c)
+            addr = " + ".join(f"({e}) * o{k}_s{d}" for d, e in enumerate(idx))
+            dt = TL_DTYPE[dtype_of(r)]
+            w(f"tl.store(out{k}_ptr + {addr}, {names[r]}.to({dt}), mask=mmask[:, None] & {member})")
+        w.dedent()
+        return w.text()
+
+    def _space(self, w: Writer, c: Cols) -> tuple[list[str], str]:
+        """Canonical index expressions ([BLOCK_M,1] rows, [1,BLOCK_N] columns) and the column membership."""
+        key = c.space()
+        nrow = len(self.plan.rows)
+        rows = [f"i{d}[:, None]" for d in range(nrow)]
+        if key not in self.spaces:
+            j = len(self.spaces)
+            self.spaces[key] = f"c{j}"
+            w(f"c{j} = rn - {c.lo}")
+            w(f"m{j} = ((rn >= {c.lo}) & (rn < {c.hi}) & nmask)[None, :]")
+            inner = 1
+            for d in reversed(range(len(c.split))):
+                size = c.split[d]
+                w(f"c{j}_{d} = (c{j} // {inner}) % {size}" if inner > 1 else f"c{j}_{d} = c{j} % {size}")
+                inner *= size
+        j = self.spaces[key][1:]
+        cols = [f"c{j}_{d}[None, :]" for d in range(len(c.split))]
+        return rows + cols, f"m{j}"
+
+    def _load_ext(self, w: Writer, j: int) -> str:
+        v, c, _ = self.ext[j]
+        idx, member = self._space(w, c)
+        addr = " + ".join(f"({e}) * e{j}_s{d}" for d, e in enumerate(idx))
+        t = self.names.fresh("e")
+        w(f"{t} = tl.load(e{j}_ptr + {addr}, mask=mmask[:, None] & {member}, other=0.0).to(tl.float32)")
+        return t
+
+    def _rotary(self, w: Writer, o: RotaryOp) -> None:
+        c = self.plan.info[o.input]
+        rd = o.dim
+        idx, member = self._space(w, c)
+        dcol = idx[-1]
+        x = self.names[o.input]
+        cos, sin = self.names[o.cos], self.names[o.sin]
+        names = self.names
+        delta, sg, t = names.fresh("dl"), names.fresh("sg"), names.fresh("rot")
+        if o.layout.data == "half":
+            h = rd // 2
+            w(f"{delta} = tl.where({dcol} < {h}, {h}, -{h})")
+            w(f"{sg} = tl.where({dcol} < {h}, -1.0, 1.0)")
+        else:
+            w(f"{delta} = tl.where({dcol} % 2 == 0, 1, -1)")
+            w(f"{sg} = tl.where({dcol} % 2 == 0, -1.0, 1.0)")
+        w(f"{delta} = tl.where({dcol} < {rd}, {delta}, 0)")
+        part = names.fresh("pt")
+        src = f"tl.minimum(tl.maximum(tl.arange(0, BLOCK_N)[None, :] + {delta}, 0), BLOCK_N - 1)"
+        w(f"{part} = tl.gather({x}, tl.broadcast_to({src}, [BLOCK_M, BLOCK_N]), axis=1)")
+        w(f"{t} = tl.where({dcol} < {rd}, {x} * {cos} + {sg} * {part} * {sin}, {x})")
+        names[o.result] = t
+
+
+def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
+    em = GemmEmitter(plan, fused, name)
+    src = em.source()
+    m = numel(plan.rows)
+    ext_strides: list[int] = []
+    for v, c, res in em.ext:
+        ext_strides += _canonical_strides(shape_of(v), c, shape_of(res))
+    out_shapes = [shape_of(r) for r in em.outputs]
+    out_dtypes = [dtype_of(r) for r in em.outputs]
+    out_strides: list[int] = []
+    for r in em.outputs:
+        out_strides += _canonical_strides(shape_of(r), plan.info[r], shape_of(r))
+    args = list(fused.block.args)
+    lin = plan.linear
+    x_arg = args.index(plan.norm.input if plan.norm else lin.input)
+    w_arg = args.index(lin.weight)
+    pre = [x_arg, w_arg]
+    if lin.bias is not None:
+        pre.append(args.index(lin.bias))
+    if plan.norm is not None and plan.norm.weight is not None:
+        pre.append(args.index(plan.norm.weight))
+    ext_args = [args.index(v) for v, _, _ in em.ext]
+    row_sizes = list(plan.rows[1:])
+    ns = len(plan.streams)
+    gn, k = plan.grid_n, plan.k
+    elem = dtype_of(lin.input).itemsize
+    rot = max(plan.rotary_dims) if plan.rotary_dims else 16
+    smem_limit = _smem_limit()
+    space = SearchSpace(
+        {
+            "BLOCK_M": [16, 32, 64, 128],
+            "BLOCK_N": [16, 32, 64, 128, 256],
+            "BLOCK_K": [32, 64, 128],
+            "GROUP_M": [1, 8],
+            "num_warps": [4, 8],
+            "num_stages": [2, 3, 4, 5],
+        },
+        {
+            "rotary heads fit the tile": lambda c: c["BLOCK_N"] % rot == 0,
+            "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
+            "no block much larger than N": lambda c: c["BLOCK_N"] <= max(rot, triton.next_power_of_2(gn)),
+            "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
+            "shared memory": lambda c: (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"]
+            <= smem_limit,
+            "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32,
+            "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
+        },
+        default=_default_config(m, gn, k, rot, ns),
+    )
+
+    def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
+        dev = tensors[x_arg].device
+        outs = [torch.empty(s, dtype=dt, device=dev) for s, dt in zip(out_shapes, out_dtypes)]
+        grid = (cdiv(m, config["BLOCK_M"]) * cdiv(gn, config["BLOCK_N"]),)
+        kernel[grid](
+            *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, m, *row_sizes, *ext_strides, *out_strides,
+            K=k, GRID_N=gn, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
+            GROUP_M=config["GROUP_M"], num_warps=config["num_warps"], num_stages=config["num_stages"],
+        )  # fmt: skip
+        return outs
+
+    flops = 2.0 * m * k * gn * ns
+    nbytes = (m * k + plan.n * k) * elem + sum(numel(s) * dt.itemsize for s, dt in zip(out_shapes, out_dtypes))
+    nbytes += sum(numel(shape_of(v)) * dtype_of(v).itemsize for v, _, _ in em.ext)
+    return Kernel(name, src, space, launch, str(fused), {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes)
+
+
+def _default_config(m: int, n: int, k: int, rot: int, ns: int) -> dict:
+    bm = 16 if m <= 16 else 64 if m <= 256 else 128
+    bn = max(rot, 64 if m <= 16 else 128)
+    if ns == 2 and bm == 128:
+        bm = 64
+    return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": 64 if k >= 64 else 32, "GROUP_M": 8 if m > bm else 1,
+            "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3}  # fmt: skip
+
+
+def _smem_limit() -> int:
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return int(getattr(props, "shared_memory_per_block_optin", 232448))
+    return 232448
+
+
+__all__ = ["GemmPlan", "analyze", "build"]

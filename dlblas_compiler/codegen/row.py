@@ -1,0 +1,350 @@
+"""The generic row template: elementwise chains, broadcasts, row reductions and the row composites
+(rms_norm, add_rms_norm, layer_norm, softmax, rotary, glu) over an iteration space [*rows, N].
+
+One program handles BLOCK_M rows with the whole last dim N in registers (BLOCK_N = next power of two,
+masked), accumulating in fp32. Region inputs may be read through view chains (reshape, permute,
+slice, broadcast) that the planner fused as index maps: each becomes an offset and per-dim strides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import triton
+from xdsl.ir import Operation, SSAValue
+
+from ..dialects import (
+    AddRMSNormOp,
+    BinaryOp,
+    ConstantOp,
+    ConvertOp,
+    FusedOp,
+    GluOp,
+    LayerNormOp,
+    ReduceMaxOp,
+    ReduceMeanOp,
+    ReduceOp,
+    ReduceSumOp,
+    RMSNormOp,
+    RotaryOp,
+    SoftmaxOp,
+    UnaryOp,
+    YieldOp,
+)
+from ..dialects.types import dtype_of, numel, shape_of
+from ..tuning.space import SearchSpace, pow2
+from .exprs import Names, emit_pointwise, round_to
+from .kernel import TL_DTYPE, Kernel, Writer, cdiv
+from .views import VIEW_OPS, Layout, view_chain
+
+MAX_N = 32768
+POINTWISE = (UnaryOp, BinaryOp, ConvertOp, ConstantOp, GluOp)
+ROW_OPS = (RMSNormOp, AddRMSNormOp, LayerNormOp, SoftmaxOp, RotaryOp)
+
+
+@dataclass
+class Leaf:
+    """A region input as a compute op reads it: through a view chain, broadcast to a target shape."""
+
+    arg: int  # index of the region input
+    chain: list[Operation]
+    value: SSAValue  # the SSA value the compute op reads (end of the chain)
+
+
+@dataclass
+class RowPlan:
+    iter_shape: tuple[int, ...]
+    ops: list[Operation]  # compute ops in order
+    leaves: dict[SSAValue, Leaf] = field(default_factory=dict)
+    outputs: list[SSAValue] = field(default_factory=list)
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        return self.iter_shape[:-1]
+
+    @property
+    def n(self) -> int:
+        return self.iter_shape[-1]
+
+
+def _full(shape: tuple[int, ...], it: tuple[int, ...]) -> bool:
+    return shape == it
+
+
+def _rowwise(shape: tuple[int, ...], it: tuple[int, ...]) -> bool:
+    return shape == (*it[:-1], 1) or shape == it[:-1]
+
+
+def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
+    """A RowPlan if the row template can compute these ops (given the region's inputs), else why not."""
+    inside = set(ops)
+    produced = {r: o for o in ops for r in o.results}
+    compute = [o for o in ops if not isinstance(o, VIEW_OPS)]
+    if not compute:
+        return "a region of views only: nothing to compute"
+    for o in compute:
+        if not isinstance(o, POINTWISE + ROW_OPS + (ReduceOp,)):
+            return f"{o.name} is not a row op"
+    candidates = [r for o in compute for r in o.results if not isinstance(o, ConstantOp)]
+    it = max((shape_of(r) for r in candidates), key=lambda s: (numel(s), len(s)))
+    if not it or it[-1] > MAX_N or it[-1] < 1:
+        return f"the row length {it[-1] if it else 0} is outside 1..{MAX_N}"
+    plan = RowPlan(it, compute)
+    for o in ops:
+        if isinstance(o, VIEW_OPS):
+            src = o.operands[0]
+            if src in produced and not isinstance(produced[src], VIEW_OPS):
+                return f"{o.name} of a computed value (only region inputs may be read through views)"
+    for o in compute:
+        for r in o.results:
+            s = shape_of(r)
+            if isinstance(o, ConstantOp):
+                continue
+            if not (_full(s, it) or _rowwise(s, it)):
+                return f"{o.name} produces {s}, neither the row space {it} nor one value per row"
+            if isinstance(o, ReduceOp) and (o.axes != (len(shape_of(o.input)) - 1,) or shape_of(o.input) != it):
+                return f"{o.name} reduces dims {list(o.axes)}, not the last dim of the row space"
+            if isinstance(o, SoftmaxOp) and o.axis != len(it) - 1:
+                return "dl.softmax not along the last dim"
+        if isinstance(o, ROW_OPS) and shape_of(o.operands[0]) != it:
+            return f"{o.name} input {shape_of(o.operands[0])} is not the row space {it}"
+        if isinstance(o, RotaryOp):
+            if o.input in produced and not isinstance(produced[o.input], VIEW_OPS):
+                return "dl.rotary of a computed value (it must read its input from memory)"
+        for v in o.operands:
+            if v in produced and not isinstance(produced[v], VIEW_OPS):
+                continue
+            if isinstance(v.owner, ConstantOp):
+                continue
+            chain, base = [], v
+            while base in produced:
+                chain.append(produced[base])
+                base = produced[base].operands[0]
+            chain.reverse()
+            if base not in inputs:
+                return f"operand of {o.name} comes from outside the region without being an input"
+            vs = shape_of(v)
+            lead_ok = all(a in (1, b) for a, b in zip(vs[-2::-1], it[-2::-1])) if len(vs) > 1 else True
+            last_ok = not vs or vs[-1] in (1, it[-1]) or (isinstance(o, RotaryOp) and v in (o.cos, o.sin))
+            if len(vs) > len(it) or not lead_ok or not last_ok:
+                return f"{o.name} operand {vs} does not broadcast to the row space {it}"
+            lay = view_chain(Layout.contiguous(shape_of(base)), chain)
+            if lay is None:
+                return "a fused reshape would need a copy"
+            plan.leaves[v] = Leaf(inputs.index(base), chain, v)
+    ext = [r for o in ops for r in o.results if any(u.operation not in inside for u in r.uses)]
+    for r in ext:
+        if isinstance(r.owner, VIEW_OPS):
+            return "a view is a region output"
+    plan.outputs = ext
+    return plan
+
+
+# -- emission --------------------------------------------------------------------------------------
+
+
+def _reduce(w: Writer, names: Names, kind: str, x: str, n: int) -> str:
+    t = names.fresh("r")
+    if kind == "sum":
+        w(f"{t} = tl.sum(tl.where(mask, {x}, 0.0), axis=1)[:, None]")
+    elif kind == "mean":
+        w(f"{t} = tl.sum(tl.where(mask, {x}, 0.0), axis=1)[:, None] / {n}")
+    else:
+        w(f"{t} = tl.max(tl.where(mask, {x}, float('-inf')), axis=1)[:, None]")
+        w(f"{t} = tl.where(tl.sum(tl.where(mask & ({x} != {x}), 1, 0), axis=1)[:, None] > 0, float('nan'), {t})")
+    return t
+
+
+def _rms(w: Writer, names: Names, x: str, eps: float, n: int) -> str:
+    ms = _reduce(w, names, "mean", f"{x} * {x}", n)
+    t = names.fresh("nrm")
+    w(f"{t} = {x} * tl.rsqrt({ms} + {eps!r})")
+    return t
+
+
+def _scale(w: Writer, names: Names, op, normed: str, x: SSAValue, weight: str | None, result: SSAValue) -> str:
+    eps, offset, in_f32 = op.attrs
+    t = names.fresh("y")
+    if weight is None:
+        w(f"{t} = {normed}")
+    elif in_f32:
+        w(f"{t} = {normed} * ({weight} + {offset!r})")
+    else:
+        wexpr = f"({weight} + {offset!r})" if offset else weight
+        w(f"{t} = {round_to(normed, x)} * {wexpr}")
+    return t
+
+
+class RowEmitter:
+    def __init__(self, plan: RowPlan, inputs: list[SSAValue], name: str):
+        self.plan, self.inputs, self.name = plan, inputs, name
+        self.names = Names()
+
+    def source(self) -> str:
+        p = self.plan
+        w = Writer()
+        nrow = len(p.rows)
+        ins = [f"in{i}" for i in range(len(self.inputs))]
+        outs = [f"out{i}" for i in range(len(p.outputs))]
+        leaf_args = []
+        for j, _ in enumerate(p.leaves):
+            leaf_args += [f"off{j}"] + [f"s{j}_{d}" for d in range(nrow + 1)]
+        out_args = [f"o{k}_{d}" for k in range(len(outs)) for d in range(nrow + 1)]
+        row_sizes = [f"R{d}" for d in range(nrow)]
+        args = ins + outs + ["n_rows"] + row_sizes + leaf_args + out_args
+        w("@triton.jit")
+        w(f"def {self.name}(")
+        w.indent()
+        w(", ".join(args) + ",")
+        w("N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
+        w.dedent()
+        w("):")
+        w.indent()
+        w("rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)")
+        w("cols = tl.arange(0, BLOCK_N)")
+        w("rmask = rows < n_rows")
+        w("cmask = cols < N")
+        w("mask = rmask[:, None] & cmask[None, :]")
+        rest = "rows"
+        for d in reversed(range(nrow)):
+            if d == 0:
+                w(f"i0 = {rest}")
+            else:
+                w(f"i{d} = {rest} % R{d}")
+                w(f"q{d} = {rest} // R{d}")
+                rest = f"q{d}"
+        n = p.n
+        for j, (v, leaf) in enumerate(p.leaves.items()):
+            base = " + ".join([f"off{j}"] + [f"i{d} * s{j}_{d}" for d in range(nrow)])
+            w(f"b{j} = {base}")
+            last = shape_of(v)[-1] if len(shape_of(v)) == len(p.iter_shape) else (shape_of(v)[-1:] or (1,))[0]
+            if last == 1:
+                w(f"x{j} = tl.load(in{leaf.arg} + b{j}[:, None], mask=rmask[:, None], other=0.0).to(tl.float32)")
+            else:
+                m = "mask" if last == n else f"rmask[:, None] & (cols < {last})[None, :]"
+                w(f"x{j} = tl.load(in{leaf.arg} + b{j}[:, None] + cols[None, :] * s{j}_{nrow}, mask={m}, other=0.0).to(tl.float32)")
+            self.names[v] = f"x{j}"
+        leaf_index = {v: j for j, v in enumerate(p.leaves)}
+        for op in p.ops:
+            self._op(w, op, n, nrow, leaf_index)
+        for k, r in enumerate(p.outputs):
+            base = " + ".join([f"i{d} * o{k}_{d}" for d in range(nrow)]) or "0"
+            val = self.names[r]
+            dt = TL_DTYPE[dtype_of(r)]
+            if len(shape_of(r)) and shape_of(r)[-1] == n and shape_of(r) == p.iter_shape:
+                w(f"tl.store(out{k} + ({base})[:, None] + cols[None, :] * o{k}_{nrow}, tl.broadcast_to({val}, [BLOCK_M, BLOCK_N]).to({dt}), mask=mask)")
+            else:
+                w(f"tl.store(out{k} + ({base})[:, None], tl.broadcast_to({val}, [BLOCK_M, 1]).to({dt}), mask=rmask[:, None])")
+        w.dedent()
+        return w.text()
+
+    def _op(self, w: Writer, op: Operation, n: int, nrow: int, leaf_index: dict) -> None:
+        names = self.names
+        if emit_pointwise(w, names, op):
+            return
+        if isinstance(op, ReduceOp):
+            kind = {ReduceSumOp: "sum", ReduceMeanOp: "mean", ReduceMaxOp: "max"}[type(op)]
+            names[op.result] = _reduce(w, names, kind, names[op.input], n)
+        elif isinstance(op, RMSNormOp):
+            x = names[op.input]
+            normed = _rms(w, names, x, op.attrs[0], n)
+            names[op.result] = _scale(w, names, op, normed, op.input, names[op.weight] if op.weight else None, op.result)
+        elif isinstance(op, AddRMSNormOp):
+            s = names.fresh("s")
+            w(f"{s} = {round_to(f'{names[op.input]} + {names[op.residual]}', op.sum)}")
+            names[op.sum] = s
+            normed = _rms(w, names, s, op.attrs[0], n)
+            names[op.normed] = _scale(w, names, op, normed, op.sum, names[op.weight] if op.weight else None, op.normed)
+        elif isinstance(op, LayerNormOp):
+            x = names[op.input]
+            mu = _reduce(w, names, "mean", x, n)
+            xc = names.fresh("xc")
+            w(f"{xc} = tl.where(mask, {x} - {mu}, 0.0)")
+            var = _reduce(w, names, "mean", f"{xc} * {xc}", n)
+            t = names.fresh("ln")
+            w(f"{t} = {xc} * tl.rsqrt({var} + {op.eps.value.data!r}) * {names[op.weight]} + {names[op.bias]}")
+            names[op.result] = t
+        elif isinstance(op, SoftmaxOp):
+            x = names[op.input]
+            m = _reduce(w, names, "max", x, n)
+            e = names.fresh("e")
+            w(f"{e} = tl.where(mask, tl.exp({x} - {m}), 0.0)")
+            s = _reduce(w, names, "sum", e, n)
+            t = names.fresh("sm")
+            w(f"{t} = {e} / {s}")
+            names[op.result] = t
+        elif isinstance(op, RotaryOp):
+            j = leaf_index[op.input]
+            rd = op.dim
+            x = names[op.input]
+            pc, sg, t = names.fresh("pc"), names.fresh("sg"), names.fresh("rot")
+            if op.layout.data == "half":
+                h = rd // 2
+                w(f"{pc} = tl.where(cols < {h}, cols + {h}, cols - {h})")
+                w(f"{sg} = tl.where(cols < {h}, -1.0, 1.0)")
+            else:
+                w(f"{pc} = cols ^ 1")
+                w(f"{sg} = tl.where(cols % 2 == 0, -1.0, 1.0)")
+            w(f"{pc} = tl.where(cols < {rd}, {pc}, cols)")
+            xp = names.fresh("xp")
+            arg = self.plan.leaves[op.input].arg
+            w(f"{xp} = tl.load(in{arg} + b{j}[:, None] + {pc}[None, :] * s{j}_{nrow}, mask=mask, other=0.0).to(tl.float32)")
+            c, s = names[op.cos], names[op.sin]
+            w(f"{t} = tl.where((cols < {rd})[None, :], {x} * {c} + {sg}[None, :] * {xp} * {s}, {x})")
+            names[op.result] = t
+        else:
+            raise AssertionError(f"row template cannot emit {op.name}")
+
+
+def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
+    inputs = list(fused.block.args)
+    plan.outputs = yielded(fused)
+    src = RowEmitter(plan, inputs, name).source()
+    it, n = plan.iter_shape, plan.n
+    nrow = len(plan.rows)
+    block_n = triton.next_power_of_2(n)
+    leaf_args: list[int] = []
+    for leaf in plan.leaves.values():
+        base = Layout.contiguous(shape_of(inputs[leaf.arg]))
+        lay = view_chain(base, leaf.chain)
+        vs = shape_of(leaf.value)
+        lay = lay.broadcast_to((*it[:-1], vs[-1] if vs else 1))
+        leaf_args += [lay.offset, *lay.strides]
+    out_shapes = [shape_of(r) for r in plan.outputs]
+    out_dtypes = [dtype_of(r) for r in plan.outputs]
+    out_args: list[int] = []
+    for shp in out_shapes:
+        st = Layout.contiguous(shp).strides
+        out_args += list(st) if len(shp) == nrow + 1 else [*st, 0]
+    n_rows = numel(plan.rows)
+    space = SearchSpace(
+        {"BLOCK_M": pow2(1, 16), "num_warps": [1, 2, 4, 8, 16]},
+        {
+            "registers": lambda c: c["BLOCK_M"] * block_n <= 16384,
+            "warps fit the block": lambda c: c["num_warps"] * 32 <= max(32, c["BLOCK_M"] * block_n // 2),
+        },
+        default={"BLOCK_M": max(1, min(16, 2048 // block_n)), "num_warps": 4 if block_n <= 2048 else 8},
+    )
+    row_sizes = list(plan.rows)
+
+    def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
+        dev = tensors[0].device if tensors else torch.device("cpu")
+        outs = [torch.empty(s, dtype=dt, device=dev) for s, dt in zip(out_shapes, out_dtypes)]
+        bm = config["BLOCK_M"]
+        kernel[(cdiv(n_rows, bm),)](
+            *tensors, *outs, n_rows, *row_sizes, *leaf_args, *out_args,
+            N=n, BLOCK_M=bm, BLOCK_N=block_n, num_warps=config["num_warps"],
+        )  # fmt: skip
+        return outs
+
+    nbytes = sum(numel(shape_of(a)) * dtype_of(a).itemsize for a in inputs) + sum(
+        numel(s) * dt.itemsize for s, dt in zip(out_shapes, out_dtypes)
+    )
+    return Kernel(name, src, space, launch, str(fused), {"rows": n_rows, "N": n}, bytes=nbytes)
+
+
+def yielded(fused: FusedOp) -> list[SSAValue]:
+    y = fused.block.last_op
+    assert isinstance(y, YieldOp)
+    return list(y.values)

@@ -1,0 +1,120 @@
+"""Index maps: how reorganize/shuffle/broadcast ops become strides, offsets and index arithmetic.
+
+A `Layout` says where element i of a logical tensor lives: offset + sum(i_k * strides_k). View chains
+(reshape, permute, slice, broadcast) are applied with torch's own view rules on meta tensors, so what
+is a view here is exactly what is a view in PyTorch; a reshape that would need a copy is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from xdsl.ir import Operation
+
+from ..dialects import BroadcastOp, PermuteOp, ReshapeOp, SliceOp
+
+VIEW_OPS = (ReshapeOp, PermuteOp, SliceOp, BroadcastOp)
+
+
+@dataclass(frozen=True)
+class Layout:
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    @staticmethod
+    def contiguous(shape: Sequence[int]) -> Layout:
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.append(acc)
+            acc *= max(s, 1)
+        return Layout(tuple(shape), tuple(reversed(strides)), 0)
+
+    @staticmethod
+    def of(t: torch.Tensor) -> Layout:
+        return Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+    def meta(self) -> torch.Tensor:
+        base = torch.empty(self.offset + _span(self), device="meta")
+        return base.as_strided(self.shape, self.strides, self.offset)
+
+    def apply(self, op: Operation) -> Layout | None:
+        """The layout of `op`'s result when its input has this layout, or None if it needs a copy."""
+        t = self.meta()
+        try:
+            if isinstance(op, ReshapeOp):
+                v = t.view(tuple(op.result.type.get_shape()))
+            elif isinstance(op, PermuteOp):
+                v = t.permute(op.permutation)
+            elif isinstance(op, SliceOp):
+                dim, start, end, step = op.bounds()
+                v = t[(slice(None),) * dim + (slice(start, end, step),)]
+            elif isinstance(op, BroadcastOp):
+                v = t.expand(tuple(op.result.type.get_shape()))
+            else:
+                return None
+        except RuntimeError:
+            return None
+        return Layout(tuple(v.shape), tuple(v.stride()), v.storage_offset())
+
+    def broadcast_to(self, shape: Sequence[int]) -> Layout:
+        """Right-aligned broadcast: new leading dims and size-1 dims get stride 0."""
+        pad = len(shape) - len(self.shape)
+        strides = [0] * pad + [0 if s == 1 and t != 1 else st for s, st, t in zip(self.shape, self.strides, shape[pad:])]
+        return Layout(tuple(shape), tuple(strides), self.offset)
+
+
+def _span(layout: Layout) -> int:
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(layout.shape, layout.strides) if s > 0)
+
+
+def view_chain(layout: Layout, ops: Sequence[Operation]) -> Layout | None:
+    for op in ops:
+        layout = layout.apply(op)
+        if layout is None:
+            return None
+    return layout
+
+
+@dataclass(frozen=True)
+class Unflatten:
+    """Recover a value's multi-index from a flat position p in the space it was viewed from.
+
+    For a view (offset, strides, shape) of a contiguous space whose non-broadcast dims nest (each
+    stride is a multiple of the next smaller stride times that dim's size), position p holds element
+    i with i_k = ((p - offset) // strides_k) % shape_k, and p belongs to the view exactly when
+    p - offset == sum(i_k * strides_k) and p >= offset.
+    """
+
+    layout: Layout
+
+    @staticmethod
+    def build(layout: Layout) -> Unflatten | None:
+        dims = sorted((st, s) for s, st in zip(layout.shape, layout.strides) if s > 1)
+        for (st1, s1), (st2, _) in zip(dims, dims[1:]):
+            if st1 <= 0 or st2 % st1 or st2 < st1 * s1:
+                return None
+        if dims and dims[0][0] <= 0:
+            return None
+        return Unflatten(layout)
+
+    def index_exprs(self, p: str) -> list[str]:
+        rel = f"({p} - {self.layout.offset})" if self.layout.offset else p
+        out = []
+        for s, st in zip(self.layout.shape, self.layout.strides):
+            if s == 1:
+                out.append("0")
+            elif st == 1:
+                out.append(f"({rel} % {s})")
+            else:
+                out.append(f"(({rel} // {st}) % {s})")
+        return out
+
+    def member_expr(self, p: str, idx: list[str]) -> str:
+        rel = f"({p} - {self.layout.offset})" if self.layout.offset else p
+        terms = [f"{i} * {st}" for i, st, s in zip(idx, self.layout.strides, self.layout.shape) if s > 1]
+        recon = " + ".join(terms) if terms else "0"
+        cond = f"({rel} == {recon})"
+        return f"({cond} & ({p} >= {self.layout.offset}))" if self.layout.offset else cond

@@ -1,0 +1,208 @@
+"""`algebraic`: rewrites by mathematical properties that cut work or expose fusion.
+
+- hoist parameters and scalar constants to the top of the function (they have no operands), so later
+  rewrites may read any weight anywhere;
+- horizontal fusion: linears that share their input (q/k/v, gate/up) become one linear over the
+  concatenated weight, followed by slices of its output (one pass over the activations, one GEMM);
+- FlashNorm: when a normalized value feeds only linears, (x*r*g) @ W^T = (x*r) @ (W*g)^T, so the norm
+  weight folds into the weight and the norm left is a pure per-row scale (fusable into the GEMM);
+- scalar chains: (x*a)*b = x*(a*b), (x+a)+b = x+(a+b), x*1 = x, x+0 = x;
+- layout: reshape(reshape(x)) = reshape(x), permute(permute(x)) = permute(x), no-op reshapes/permutes.
+Weight-only subexpressions (dl.cat / dl.mul of parameters) are evaluated once at load time by the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from ..dialects import (
+    AddOp,
+    AddRMSNormOp,
+    CatOp,
+    ConstantOp,
+    LinearOp,
+    MulOp,
+    ParamOp,
+    PermuteOp,
+    ReshapeOp,
+    RMSNormOp,
+    SliceOp,
+)
+from .match import operand_pairs, producer, scalar, set_name, shape
+from .registry import register_pass
+
+
+def is_constant(v: SSAValue) -> bool:
+    """v depends only on parameters and constants (a weight-only expression)."""
+    op = v.owner
+    if not isinstance(op, Operation):
+        return False
+    if isinstance(op, (ParamOp, ConstantOp)):
+        return True
+    return isinstance(op, (CatOp, MulOp, AddOp, SliceOp)) and all(is_constant(o) for o in op.operands)
+
+
+def hoist_constants(fn: func.FuncOp) -> None:
+    block = fn.body.block
+    first = block.first_op
+    for op in list(block.ops):
+        if isinstance(op, (ParamOp, ConstantOp)) and op is not first:
+            op.detach()
+            block.insert_op_before(op, first)
+
+
+def horizontal_linears(fn: func.FuncOp) -> None:
+    """Merge linears sharing one input and constant weights into one linear + slices."""
+    groups: dict[tuple, list[LinearOp]] = {}
+    for op in fn.body.block.ops:
+        if isinstance(op, LinearOp) and is_constant(op.weight) and (op.bias is None or is_constant(op.bias)):
+            key = (op.input, op.bias is None, op.weight.type.element_type)
+            groups.setdefault(key, []).append(op)
+    for ops in groups.values():
+        if len(ops) < 2:
+            continue
+        first = ops[0]
+        b = Rewriter()
+        ip = InsertPoint.before(first)
+        w = CatOp([o.weight for o in ops], 0)
+        b.insert_op(w, ip)
+        bias = None
+        if first.bias is not None:
+            bias = CatOp([o.bias for o in ops], 0)
+            b.insert_op(bias, ip)
+        fused = LinearOp(first.input, w.result, bias.result if bias else None)
+        fused.result.name_hint = "_".join(filter(None, (o.result.name_hint for o in ops)))[:60] or None
+        b.insert_op(fused, ip)
+        start = 0
+        last = len(shape(fused.result)) - 1
+        for o in ops:
+            n = shape(o.result)[-1]
+            part = SliceOp(fused.result, last, start, start + n)
+            set_name(part.result, o.result)
+            b.insert_op(part, ip)
+            o.result.replace_all_uses_with(part.result)
+            start += n
+        for o in ops:
+            o.detach()
+            o.erase()
+
+
+def fold_norm_weights(fn: func.FuncOp) -> None:
+    """FlashNorm: move a norm's weight into the constant weights of the linears it feeds."""
+    for op in list(fn.body.block.ops):
+        if not isinstance(op, (RMSNormOp, AddRMSNormOp)) or op.weight is None:
+            continue
+        normed = op.result if isinstance(op, RMSNormOp) else op.normed
+        users = [u.operation for u in normed.uses]
+        if not users or not all(
+            isinstance(u, LinearOp) and u.input == normed and is_constant(u.weight) for u in users
+        ):
+            continue
+        x = op.input
+        if op.weight.type.element_type != x.type.element_type:
+            continue  # dropping the weight would change the linear's input dtype
+        eps, offset, in_f32 = op.attrs
+        b = Rewriter()
+        g = op.weight
+        if offset:
+            one = ConstantOp(offset, g.type.element_type)
+            g_eff = AddOp(g, one.result)
+            b.insert_op([one, g_eff], InsertPoint.before(op))
+            g = g_eff.result
+        if isinstance(op, RMSNormOp):
+            new = RMSNormOp(x, None, eps)
+            new_normed = new.result
+        else:
+            new = AddRMSNormOp(x, op.residual, None, eps)
+            new_normed = new.normed
+            set_name(new.sum, op.sum)
+            op.sum.replace_all_uses_with(new.sum)
+        set_name(new_normed, normed)
+        b.insert_op(new, InsertPoint.before(op))
+        for u in users:
+            scaled = MulOp(u.weight, g)
+            b.insert_op(scaled, InsertPoint.before(u))
+            u.operands = [u.operands[0], scaled.result, *u.operands[2:]]
+        normed.replace_all_uses_with(new_normed)
+        op.detach()
+        op.erase()
+
+
+class FoldScalarChains(RewritePattern):
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter):
+        if not isinstance(op, (MulOp, AddOp)):
+            return
+        unit = 1.0 if isinstance(op, MulOp) else 0.0
+        for x, c in operand_pairs(op):
+            k = scalar(c)
+            if k is None:
+                continue
+            if k == unit and x.type == op.result.type:
+                rewriter.replace(op, [], [x])
+                return
+            inner = producer(x, type(op))
+            if inner is None or not x.has_one_use():
+                continue
+            for y, c2 in operand_pairs(inner):
+                k2 = scalar(c2)
+                if k2 is None or len(shape(c2)) or y.type != op.result.type:
+                    continue
+                merged = ConstantOp(k * k2 if isinstance(op, MulOp) else k + k2, c.type.element_type)
+                new = type(op)(y, merged.result)
+                set_name(new.result, op.result)
+                rewriter.replace(op, [merged, new])
+                return
+
+
+class FoldLayout(RewritePattern):
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter):
+        if isinstance(op, ReshapeOp):
+            if op.input.type == op.result.type:
+                rewriter.replace(op, [], [op.input])
+            elif (inner := producer(op.input, ReshapeOp)) is not None:
+                new = ReshapeOp(inner.input, shape(op.result))
+                set_name(new.result, op.result)
+                rewriter.replace(op, new)
+        elif isinstance(op, PermuteOp):
+            p = op.permutation
+            if p == tuple(range(len(p))):
+                rewriter.replace(op, [], [op.input])
+            elif (inner := producer(op.input, PermuteOp)) is not None:
+                q = inner.permutation
+                composed = [q[i] for i in p]
+                new = PermuteOp(inner.input, composed)
+                set_name(new.result, op.result)
+                rewriter.replace(op, new)
+
+
+@register_pass
+@dataclass(frozen=True)
+class AlgebraicPass(ModulePass):
+    """Math-property rewrites: horizontal linear fusion, FlashNorm weight folding, scalar and layout folding."""
+
+    name = "algebraic"
+    horizontal: bool = True
+    fold_norm_weight: bool = True
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for fn in [o for o in op.ops if isinstance(o, func.FuncOp)]:
+            hoist_constants(fn)
+            if self.horizontal:
+                horizontal_linears(fn)
+            if self.fold_norm_weight:
+                fold_norm_weights(fn)
+        PatternRewriteWalker(GreedyRewritePatternApplier([FoldScalarChains(), FoldLayout()])).rewrite_module(op)

@@ -1,0 +1,253 @@
+"""`fuse`: the fusion planner. Groups ops into `dl.fused` regions, each of which becomes one kernel.
+
+Patterns are tried by priority (built-ins: attention, norm → GEMM → epilogue, then generic row
+regions); each claims a set of unclaimed ops around an anchor. The generic pattern is DNNFusion's:
+seeded at one-to-one ops and grown along producer/consumer edges that the legality table below allows
+and the row template can implement. A region must stay convex (no path leaves it and comes back).
+
+Legality (producer kind, consumer kind) → rule; "template" means only a template that supports the
+combination may fuse it (norm statistics in a GEMM prologue, rotary in a GEMM epilogue, ...).
+Profitability is explicit: fusing saves writing and re-reading every intermediate; the only
+recomputation a template does is the norm statistics per GEMM column tile (K reads of A already made
+by the tile, 1/(2*BLOCK_N) of the GEMM's flops), so legal fusions are always taken, except a lone GEMM,
+which gains nothing from fusion and is marked `profile` so the tuner measures it against cuBLAS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, StringAttr, UnitAttr
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from ..dialects import (
+    AddOp,
+    AddRMSNormOp,
+    ConstantOp,
+    FusedOp,
+    LinearOp,
+    ParamOp,
+    RMSNormOp,
+    TorchCallOp,
+    YieldOp,
+)
+from ..dialects.traits import MappingKind, kind_of
+from .algebraic import is_constant
+from .match import producer, set_name
+from .patterns import PATTERNS, FusionPattern, patterns_by_priority
+from .registry import register_pass
+
+K = MappingKind
+LEGALITY: dict[tuple[MappingKind, MappingKind], str] = {
+    (K.ONE_TO_ONE, K.ONE_TO_ONE): "fuse",
+    (K.ONE_TO_ONE, K.MANY_TO_MANY): "fuse: row template (row reductions, norms, softmax)",
+    (K.MANY_TO_MANY, K.ONE_TO_ONE): "fuse: row template, or a GEMM / attention epilogue",
+    (K.MANY_TO_MANY, K.MANY_TO_MANY): "template only (norm statistics in a GEMM prologue)",
+    (K.ONE_TO_MANY, K.ONE_TO_ONE): "fuse as an index map (broadcast recomputed per use)",
+    (K.REORGANIZE, K.ONE_TO_ONE): "fuse as an index map on the region's input",
+    (K.SHUFFLE, K.ONE_TO_ONE): "fuse as an index map on the region's input",
+    (K.ONE_TO_ONE, K.REORGANIZE): "fuse as an index map on a GEMM / attention output",
+    (K.ONE_TO_ONE, K.SHUFFLE): "fuse as an index map on a GEMM / attention output",
+    (K.OPAQUE, K.ONE_TO_ONE): "never: opaque ops run in PyTorch",
+    (K.ONE_TO_ONE, K.OPAQUE): "never: opaque ops run in PyTorch",
+}
+
+
+def rule(producer_kind: MappingKind | None, consumer_kind: MappingKind | None) -> str:
+    if K.OPAQUE in (producer_kind, consumer_kind):
+        return "never: opaque ops run in PyTorch"
+    return LEGALITY.get((producer_kind, consumer_kind), "template only")
+
+
+@dataclass
+class RegionPlan:
+    pattern: FusionPattern
+    ops: list[Operation]
+    profile: bool = False
+
+
+@dataclass
+class Plan:
+    """What the planner knows while it runs; patterns read it to decide what is still free."""
+
+    block: Block
+    order: dict[Operation, int]
+    claimed: dict[Operation, int] = field(default_factory=dict)
+    regions: list[RegionPlan] = field(default_factory=list)
+    not_fused: list[str] = field(default_factory=list)
+
+    def free(self, op: Operation) -> bool:
+        return op.parent is self.block and op not in self.claimed and not _never_fused(op)
+
+    def claim(self, pattern: FusionPattern, ops: list[Operation], profile: bool = False) -> bool:
+        ops = sorted(set(ops), key=self.order.__getitem__)
+        if not ops or not all(self.free(o) for o in ops) or not self._convex(ops):
+            return False
+        rid = len(self.regions)
+        self.regions.append(RegionPlan(pattern, ops, profile))
+        for o in ops:
+            self.claimed[o] = rid
+        return True
+
+    def _convex(self, ops: list[Operation]) -> bool:
+        """No path from the region through an outside op back into the region."""
+        inside = set(ops)
+        first = min(self.order[o] for o in ops)
+        frontier = [u.operation for o in ops for r in o.results for u in r.uses if u.operation not in inside]
+        seen: set[Operation] = set()
+        while frontier:
+            op = frontier.pop()
+            if op in seen or op.parent is not self.block:
+                continue
+            seen.add(op)
+            if self.order[op] < first:
+                continue
+            for r in op.results:
+                for u in r.uses:
+                    if u.operation in inside:
+                        return False
+                    frontier.append(u.operation)
+        return True
+
+
+def _never_fused(op: Operation) -> bool:
+    if isinstance(op, (ParamOp, ConstantOp, TorchCallOp, FusedOp, func.ReturnOp)):
+        return True
+    return all(is_constant(r) for r in op.results) if op.results else False
+
+
+def split_add_rms_norm(block: Block, notes: list[str]) -> None:
+    """add_rms_norm(linear(..), r) whose normed value feeds only linears → add (GEMM epilogue) + rms_norm
+    (next GEMM's prologue): zero extra kernels instead of one."""
+    for op in list(block.ops):
+        if not isinstance(op, AddRMSNormOp):
+            continue
+        gemm_in = any(producer(v, LinearOp) is not None and v.has_one_use() for v in (op.input, op.residual))
+        users = [u.operation for u in op.normed.uses]
+        if not gemm_in or not users or not all(isinstance(u, LinearOp) and u.input == op.normed for u in users):
+            continue
+        eps, offset, in_f32 = op.attrs
+        add = AddOp(op.input, op.residual)
+        norm = RMSNormOp(add.result, op.weight, eps, offset, in_f32)
+        if norm.result.type != op.normed.type or add.result.type != op.sum.type:
+            continue
+        set_name(add.result, op.sum)
+        set_name(norm.result, op.normed)
+        Rewriter.insert_op([add, norm], InsertPoint.before(op))
+        op.sum.replace_all_uses_with(add.result)
+        op.normed.replace_all_uses_with(norm.result)
+        op.detach()
+        op.erase()
+        notes.append(f"split add_rms_norm %{add.result.name_hint}: the add joins the GEMM epilogue, the norm the next prologue")
+
+
+def materialize(plan: Plan) -> list[FusedOp]:
+    """Replace each planned region by a dl.fused op, then re-sort the block topologically."""
+    fused_ops = [_build_region(region, rid) for rid, region in enumerate(plan.regions)]
+    for region in plan.regions:
+        for o in reversed(region.ops):
+            o.detach()
+            o.erase()
+    topo_sort(plan.block)
+    return fused_ops
+
+
+def topo_sort(block: Block) -> None:
+    """Order ops by dependencies (and keep side-effecting ops in their order), else as they were."""
+    ops = list(block.ops)
+    pos = {o: i for i, o in enumerate(ops)}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(ops)
+    for o in ops:
+        for v in o.operands:
+            if isinstance(v.owner, Operation) and v.owner in pos:
+                graph.add_edge(v.owner, o)
+    effects = [o for o in ops if isinstance(o, (TorchCallOp, func.ReturnOp))]
+    graph.add_edges_from(zip(effects, effects[1:]))
+    order = list(nx.lexicographical_topological_sort(graph, key=pos.__getitem__))
+    for o in ops:
+        o.detach()
+    for o in order:
+        block.add_op(o)
+
+
+def _build_region(region: RegionPlan, rid: int) -> FusedOp:
+    inside = set(region.ops)
+    inputs: list[SSAValue] = []
+    for o in region.ops:
+        for v in o.operands:
+            if v.owner in inside or v in inputs or isinstance(v.owner, ConstantOp):
+                continue
+            inputs.append(v)
+    body = Block(arg_types=[v.type for v in inputs])
+    mapping: dict[SSAValue, SSAValue] = dict(zip(inputs, body.args))
+    for v, a in zip(inputs, body.args):
+        if v.name_hint:
+            a.name_hint = v.name_hint
+    for o in region.ops:
+        for v in o.operands:
+            c = v.owner
+            if isinstance(c, ConstantOp) and v not in mapping:
+                clone = c.clone()
+                body.add_op(clone)
+                mapping[v] = clone.result
+        clone = o.clone(value_mapper=mapping)
+        body.add_op(clone)
+        for old, new in zip(o.results, clone.results):
+            mapping[old] = new
+            if old.name_hint:
+                new.name_hint = old.name_hint
+    outputs = [r for o in region.ops for r in o.results if any(u.operation not in inside for u in r.uses)]
+    body.add_op(YieldOp(*[mapping[r] for r in outputs]))
+    name = f"{region.pattern.name}_{rid}"
+    fused = FusedOp(region.pattern.name, inputs, body, kernel=name)
+    if region.profile:
+        fused.attributes["profile"] = UnitAttr()
+    if not isinstance(region.pattern.lowering, str):
+        fused.attributes["lowering"] = StringAttr("callable")
+    for old, new in zip(outputs, fused.outputs):
+        if old.name_hint:
+            new.name_hint = old.name_hint
+        old.replace_all_uses_with(new)
+    # the fused op takes the place of the region's first op; materialize() re-sorts the block
+    region.ops[0].parent.insert_op_before(fused, region.ops[0])
+    return fused
+
+
+@register_pass
+@dataclass(frozen=True)
+class FusePass(ModulePass):
+    """Plan and build dl.fused regions (see the module docstring for the rules)."""
+
+    name = "fuse"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        from . import builtin_patterns  # noqa: F401  (registers the built-in patterns)
+
+        for fn in [o for o in op.ops if isinstance(o, func.FuncOp)]:
+            block = fn.body.block
+            notes: list[str] = []
+            split_add_rms_norm(block, notes)
+            plan = Plan(block, {o: i for i, o in enumerate(block.ops)})
+            plan.not_fused.extend(notes)
+            for pattern in patterns_by_priority():
+                for o in list(block.ops):
+                    if not plan.free(o):
+                        continue
+                    found = pattern.matcher(o, plan)
+                    if found:
+                        ops, profile = found if isinstance(found, tuple) else (found, False)
+                        if not plan.claim(pattern, ops, profile):
+                            plan.not_fused.append(f"{pattern.name} at {o.name} %{o.results[0].name_hint if o.results else ''}: region not convex or ops taken")
+            materialize(plan)
+            if plan.not_fused:
+                fn.attributes["fusion_notes"] = StringAttr("\n".join(plan.not_fused))
+
+
+def registered_patterns() -> list[str]:
+    return sorted(PATTERNS)

@@ -1,0 +1,77 @@
+"""Small helpers for matching `dl` subgraphs: producers, uses, scalar constants, commutative operands."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TypeVar
+
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Operation, SSAValue
+
+from ..dialects import BinaryOp, ConstantOp, ConvertOp, ReshapeOp
+
+OpT = TypeVar("OpT", bound=Operation)
+
+
+def producer(v: SSAValue | None, cls: type[OpT] | tuple[type[OpT], ...] = Operation) -> OpT | None:
+    """The op that defines `v`, if it is an instance of `cls`."""
+    if v is None:
+        return None
+    op = v.owner
+    return op if isinstance(op, Operation) and isinstance(op, cls) else None
+
+
+def scalar(v: SSAValue | None) -> float | None:
+    """The value of a scalar `dl.constant`, else None."""
+    op = producer(v, ConstantOp)
+    return op.scalar if op is not None else None
+
+
+def users(v: SSAValue) -> list[Operation]:
+    return [u.operation for u in v.uses]
+
+
+def only_user(v: SSAValue, cls: type[OpT] | tuple[type[OpT], ...] = Operation) -> OpT | None:
+    """The single op using `v` (once), if it is an instance of `cls`."""
+    if not v.has_one_use():
+        return None
+    op = v.get_unique_use().operation
+    return op if isinstance(op, cls) else None
+
+
+def single_use(*values: SSAValue) -> bool:
+    return all(v.has_one_use() for v in values)
+
+
+def operand_pairs(op: BinaryOp) -> Iterator[tuple[SSAValue, SSAValue]]:
+    """(a, b) and, for commutative ops, (b, a)."""
+    yield op.lhs, op.rhs
+    if op.COMMUTATIVE:
+        yield op.rhs, op.lhs
+
+
+def strip_convert(v: SSAValue) -> SSAValue:
+    """The value before a `dl.convert` (if any)."""
+    c = producer(v, ConvertOp)
+    return c.input if c is not None else v
+
+
+def strip_reshape(v: SSAValue) -> SSAValue:
+    r = producer(v, ReshapeOp)
+    return r.input if r is not None else v
+
+
+def shape(v: SSAValue) -> tuple[int, ...]:
+    assert isinstance(v.type, TensorType)
+    return tuple(v.type.get_shape())
+
+
+def last_dim(v: SSAValue) -> int:
+    return len(shape(v)) - 1
+
+
+def set_name(new: SSAValue, like: SSAValue) -> SSAValue:
+    """Keep the user-facing SSA name of the value being replaced."""
+    if like.name_hint:
+        new.name_hint = like.name_hint
+    return new

@@ -1,0 +1,140 @@
+"""Fusion patterns: a pattern picks a set of ops around an anchor; a lowering implements the region.
+
+`register_fusion_pattern(name, pattern, lowering, priority)` is the public API. `pattern` is either
+  - a *DAG spec*: a function of placeholder operands returning `P.<op>(...)` expressions, e.g.
+        def ln_linear_gelu(x, w, b, W):
+            return P.gelu(P.linear(P.layer_norm(x, w, b), W))
+    matched exactly (op kinds and operand structure; a placeholder used twice must bind one value;
+    intermediate values must have no users outside the match), or
+  - a *matcher*: `fn(op, plan) -> list[Operation] | None`, given an unclaimed anchor op, returning the
+    ops of the region (the built-in patterns are matchers).
+`lowering` is the name of a codegen template ("gemm", "attention", "row") or a Python callable
+`fn(*inputs, **attrs) -> outputs` run on the region's input tensors (attrs: the region ops'
+properties, keyed `<op>_<property>`; e.g. `layer_norm_eps`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdsl.ir import Operation, SSAValue
+
+from ..dialects import ALL_OPS
+
+
+@dataclass
+class FusionPattern:
+    name: str
+    matcher: Callable[[Operation, Any], list[Operation] | None]
+    lowering: str | Callable
+    priority: int = 0
+    doc: str = ""
+
+
+PATTERNS: dict[str, FusionPattern] = {}
+
+
+def register_fusion_pattern(
+    name: str, pattern: Callable, lowering: str | Callable, priority: int = 0, doc: str = ""
+) -> FusionPattern:
+    """Register a fusion pattern (higher priority is tried first; built-ins use 10..100)."""
+    params = list(inspect.signature(pattern).parameters)
+    is_matcher = params[:2] == ["op", "plan"]
+    matcher = pattern if is_matcher else DagPattern(pattern).match
+    fp = FusionPattern(name, matcher, lowering, priority, doc or (pattern.__doc__ or "").strip())
+    PATTERNS[name] = fp
+    return fp
+
+
+def unregister_fusion_pattern(name: str) -> None:
+    PATTERNS.pop(name, None)
+
+
+def patterns_by_priority() -> list[FusionPattern]:
+    return sorted(PATTERNS.values(), key=lambda p: -p.priority)
+
+
+# -- DAG specs -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    name: str
+
+
+@dataclass(frozen=True)
+class Node:
+    op: type[Operation]
+    operands: tuple
+    props: tuple = ()
+
+
+class _OpBuilder:
+    """`P.<short name>(*operands, **props)`: a pattern node for the dl op `dl.<short name>`."""
+
+    def __init__(self):
+        self._ops = {o.name.removeprefix("dl."): o for o in ALL_OPS}
+
+    def __getattr__(self, short: str):
+        op = self._ops.get(short)
+        if op is None:
+            raise AttributeError(f"no dl op named dl.{short}")
+        return lambda *operands, **props: Node(op, operands, tuple(sorted(props.items())))
+
+
+P = _OpBuilder()
+
+
+@dataclass
+class DagPattern:
+    fn: Callable
+    root: Node = field(init=False)
+
+    def __post_init__(self):
+        names = list(inspect.signature(self.fn).parameters)
+        self.root = self.fn(*[Placeholder(n) for n in names])
+        if not isinstance(self.root, Node):
+            raise TypeError("a fusion pattern must return a P.<op>(...) expression")
+
+    def match(self, op: Operation, plan: Any) -> list[Operation] | None:
+        binding: dict[str, SSAValue] = {}
+        matched: list[Operation] = []
+        if not self._match(self.root, op, binding, matched):
+            return None
+        inner = {o for o in matched if o is not op}
+        for o in inner:  # intermediates are used only inside the match
+            if any(u.operation not in matched for r in o.results for u in r.uses):
+                return None
+        return matched
+
+    def _match(self, node: Node, op: Operation, binding: dict, matched: list) -> bool:
+        if type(op) is not node.op or len(op.operands) != len(node.operands):
+            return False
+        for key, want in node.props:
+            have = op.properties.get(key)
+            if have is None or _prop_value(have) != want:
+                return False
+        matched.append(op)
+        for pat, val in zip(node.operands, op.operands):
+            if isinstance(pat, Placeholder):
+                if binding.setdefault(pat.name, val) is not val:
+                    return False
+            elif isinstance(pat, Node):
+                owner = val.owner
+                if not isinstance(owner, Operation) or not self._match(pat, owner, binding, matched):
+                    return False
+            else:
+                raise TypeError(f"bad pattern operand {pat!r}")
+        return True
+
+
+def _prop_value(attr) -> Any:
+    for getter in (lambda a: a.data, lambda a: a.value.data):
+        try:
+            return getter(attr)
+        except AttributeError:
+            continue
+    return attr

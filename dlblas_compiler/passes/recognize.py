@@ -1,0 +1,432 @@
+"""`recognize`: raise decomposed subgraphs to the dialect's composite ops.
+
+Patterns (each robust to the spellings real model code uses):
+  rms_norm      x * rsqrt(mean(x^2) + eps) * w, with or without the fp32 upcast / downcast, x.pow(2) or
+                x*x, rsqrt / 1/sqrt / x/sqrt, the weight before or after the cast, Gemma's (1 + w)
+  add_rms_norm  a residual add feeding an rms_norm (both outputs stay live)
+  rotary        x*cos + rotate(x)*sin: half-split (rotate_half) and interleaved (GPT-J) layouts, and
+                partial rotary cat(rotary(x[..., :rd]), x[..., rd:])
+  glu           act(gate) * up with act = silu / gelu / gelu-tanh (SwiGLU, GeGLU)
+  softmax       exp(x - max(x)) / sum(exp(x - max(x))) (and without the max)
+  sdpa          softmax(q k^T * scale + mask) v, with repeat_kv'd k/v seen as GQA
+Every rewrite keeps the replaced value's type, so IR around it is untouched; the intermediate ops of a
+match must have no other users, else the match is refused (nothing is computed twice).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+
+from ..dialects import (
+    AddOp,
+    AddRMSNormOp,
+    BroadcastOp,
+    CatOp,
+    ConvertOp,
+    DivOp,
+    ExpOp,
+    GeluOp,
+    GluOp,
+    MatmulOp,
+    MulOp,
+    NegOp,
+    ParamOp,
+    PermuteOp,
+    PowOp,
+    ReciprocalOp,
+    ReduceMaxOp,
+    ReduceMeanOp,
+    ReduceSumOp,
+    ReshapeOp,
+    RMSNormOp,
+    RotaryOp,
+    RsqrtOp,
+    SDPAOp,
+    SiluOp,
+    SliceOp,
+    SoftmaxOp,
+    SqrtOp,
+    SubOp,
+)
+from .match import last_dim, only_user, operand_pairs, producer, scalar, set_name, shape, single_use, strip_convert
+from .registry import register_pass
+
+# -- rms_norm -------------------------------------------------------------------------------------
+
+
+def _mean_square_plus_eps(a: SSAValue, xf: SSAValue) -> float | None:
+    """eps if a = mean(xf^2, -1, keepdim) + eps (single-use chain)."""
+    add = producer(a, AddOp)
+    if add is None:
+        return None
+    for m, c in operand_pairs(add):
+        eps = scalar(c)
+        mean = producer(m, ReduceMeanOp)
+        if eps is None or mean is None or mean.axes != (last_dim(xf),) or not mean.keep:
+            continue
+        sq = producer(mean.input, (PowOp, MulOp))
+        if isinstance(sq, PowOp) and (sq.input != xf or sq.value != 2.0):
+            continue
+        if isinstance(sq, MulOp) and not (sq.lhs == xf and sq.rhs == xf):
+            continue
+        if sq is None or not single_use(mean.input, m):
+            continue
+        return eps
+    return None
+
+
+def _inv_rms(r: SSAValue, xf: SSAValue) -> float | None:
+    """eps if r = 1 / sqrt(mean(xf^2) + eps), spelled rsqrt(.), reciprocal(sqrt(.)), 1/sqrt(.), (.)**-0.5."""
+    if not r.has_one_use():
+        return None
+    op = producer(r, (RsqrtOp, ReciprocalOp, DivOp, PowOp))
+    if isinstance(op, RsqrtOp):
+        return _mean_square_plus_eps(op.input, xf)
+    if isinstance(op, PowOp) and op.value == -0.5:
+        return _mean_square_plus_eps(op.input, xf)
+    root = None
+    if isinstance(op, ReciprocalOp):
+        root = op.input
+    elif isinstance(op, DivOp) and scalar(op.lhs) == 1.0:
+        root = op.rhs
+    sq = producer(root, SqrtOp)
+    if sq is None or not root.has_one_use():
+        return None
+    return _mean_square_plus_eps(sq.input, xf)
+
+
+def _normalized(op: MulOp | DivOp) -> tuple[SSAValue, float] | None:
+    """(xf, eps) if `op` computes xf * inv_rms(xf) or xf / sqrt(mean(xf^2) + eps)."""
+    if isinstance(op, MulOp):
+        for xf, r in operand_pairs(op):
+            eps = _inv_rms(r, xf)
+            if eps is not None:
+                return xf, eps
+        return None
+    sq = producer(op.rhs, SqrtOp)
+    if sq is None or not op.rhs.has_one_use():
+        return None
+    eps = _mean_square_plus_eps(sq.input, op.lhs)
+    return (op.lhs, eps) if eps is not None else None
+
+
+def _weight(v: SSAValue) -> tuple[SSAValue, float] | None:
+    """(w, offset) for a rank-1 weight spelled w, w.float() or (1 + w)."""
+    add = producer(v, AddOp)
+    if add is not None:
+        for c, w in operand_pairs(add):
+            if scalar(c) == 1.0 and len(shape(w)) == 1:
+                return w, 1.0
+        return None
+    return (v, 0.0) if len(shape(v)) == 1 else None
+
+
+class RecognizeRMSNorm(RewritePattern):
+    def match_and_rewrite(self, op, rewriter: PatternRewriter):
+        if not isinstance(op, (MulOp, DivOp)):
+            return
+        found = _normalized(op)
+        if found is None:
+            return
+        xf, eps = found
+        n = op.result
+        x0 = strip_convert(xf)
+        down = only_user(n, ConvertOp)
+        v = down.result if down is not None else n
+        wmul = only_user(v, MulOp)
+        weight = None
+        if wmul is not None:
+            other = wmul.rhs if wmul.lhs == v else wmul.lhs
+            weight = _weight(other)
+            if weight is not None and not (other == weight[0] or other.has_one_use()):
+                weight = None
+        if weight is None:
+            final, x_in, w, offset, in_f32 = v, (x0 if down is not None else xf), None, 0.0, False
+        else:
+            final = wmul.result
+            up_cast = only_user(final, ConvertOp) if down is None else None
+            if down is not None:  # Llama: scale after the cast
+                x_in, w, offset, in_f32 = x0, weight[0], weight[1], False
+            elif up_cast is not None:  # Gemma: scale in fp32, then cast
+                final, x_in, w, offset, in_f32 = up_cast.result, x0, strip_convert(weight[0]), weight[1], True
+            else:
+                x_in, w, offset, in_f32 = xf, weight[0], weight[1], False
+        if down is not None and down.result.type.element_type != x0.type.element_type:
+            return
+        new = RMSNormOp(x_in, w, eps, offset, in_f32)
+        if new.result.type != final.type:
+            return
+        set_name(new.result, final)
+        rewriter.replace(final.owner, new)
+
+
+class RecognizeAddRMSNorm(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: RMSNormOp, rewriter: PatternRewriter):
+        add = producer(op.input, AddOp)
+        if add is None or op.weight is None or shape(add.lhs) != shape(add.rhs):
+            return
+        if add.lhs.type != add.rhs.type:
+            return
+        eps, offset, in_f32 = op.attrs
+        new = AddRMSNormOp(add.lhs, add.rhs, op.weight, eps, offset, in_f32)
+        if new.normed.type != op.result.type or new.sum.type != add.result.type:
+            return
+        w_def = producer(op.weight, ParamOp)
+        if not _dominates(op.weight, add) and w_def is None:
+            return
+        set_name(new.normed, op.result)
+        set_name(new.sum, add.result)
+        if not _dominates(op.weight, add):  # a parameter read after the add: read it before instead
+            w_def.detach()
+            rewriter.insert_op(w_def, InsertPoint.before(add))
+        rewriter.insert_op(new, InsertPoint.before(add))
+        rewriter.replace_all_uses_with(add.result, new.sum)
+        rewriter.replace(op, [], [new.normed])
+        rewriter.erase(add)
+
+
+def _dominates(v: SSAValue, op) -> bool:
+    """v is defined before `op` in the same block (or is a block argument of it)."""
+    owner = v.owner
+    if not isinstance(owner, Operation):
+        return True
+    return owner.parent is op.parent and owner.parent.get_operation_index(owner) < op.parent.get_operation_index(op)
+
+
+# -- rotary ----------------------------------------------------------------------------------------
+
+
+def _slice_of(v: SSAValue, x: SSAValue, start: int, end: int, step: int = 1) -> bool:
+    s = producer(v, SliceOp)
+    return s is not None and s.input == x and s.bounds() == (last_dim(x), start, end, step)
+
+
+def _rotated(rot: SSAValue, x: SSAValue) -> str | None:
+    """The layout if rot = rotate_half(x) or rotate_every_two(x) along the last dim."""
+    d = shape(x)[-1]
+    cat = producer(rot, CatOp)
+    if cat is not None and len(cat.inputs) == 2 and cat.axis == last_dim(x):
+        neg = producer(cat.inputs[0], NegOp)
+        if neg is not None and _slice_of(neg.input, x, d // 2, d) and _slice_of(cat.inputs[1], x, 0, d // 2):
+            return "half"
+    flat = producer(rot, ReshapeOp)  # stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+    if flat is not None and shape(rot) == shape(x):
+        cat = producer(flat.input, CatOp)
+        if cat is not None and len(cat.inputs) == 2 and cat.axis == len(shape(flat.input)) - 1:
+            a, b = (producer(i, ReshapeOp) for i in cat.inputs)
+            neg = producer(a.input, NegOp) if a is not None else None
+            if neg is not None and b is not None and _slice_of(neg.input, x, 1, d, 2) and _slice_of(b.input, x, 0, d, 2):
+                return "interleaved"
+    return None
+
+
+class RecognizeRotary(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: AddOp, rewriter: PatternRewriter):
+        for m1, m2 in operand_pairs(op):
+            a, b = producer(m1, MulOp), producer(m2, MulOp)
+            if a is None or b is None or not single_use(m1, m2):
+                continue
+            for x, cos in operand_pairs(a):
+                for rot, sin in operand_pairs(b):
+                    layout = _rotated(rot, x)
+                    if layout is None or not rot.has_one_use():
+                        continue
+                    new = RotaryOp(x, cos, sin, layout)
+                    try:
+                        new.verify()
+                    except Exception:  # noqa: BLE001 - cos/sin do not broadcast like rotary needs
+                        continue
+                    if new.result.type != op.result.type:
+                        continue
+                    set_name(new.result, op.result)
+                    rewriter.replace(op, new)
+                    return
+
+
+class RecognizePartialRotary(RewritePattern):
+    """cat(rotary(x[..., :rd]), x[..., rd:]) -> rotary(x, rotary_dim=rd)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: CatOp, rewriter: PatternRewriter):
+        if len(op.inputs) != 2 or op.axis != len(shape(op.result)) - 1:
+            return
+        rot = producer(op.inputs[0], RotaryOp)
+        if rot is None or not op.inputs[0].has_one_use() or rot.dim != shape(rot.input)[-1]:
+            return
+        head = producer(rot.input, SliceOp)
+        if head is None:
+            return
+        x = head.input
+        rd, d = shape(rot.input)[-1], shape(x)[-1]
+        if not (_slice_of(rot.input, x, 0, rd) and _slice_of(op.inputs[1], x, rd, d)):
+            return
+        new = RotaryOp(x, rot.cos, rot.sin, rot.layout.data, rd)
+        if new.result.type != op.result.type:
+            return
+        set_name(new.result, op.result)
+        rewriter.replace(op, new)
+
+
+# -- glu, softmax ----------------------------------------------------------------------------------
+
+
+class RecognizeGlu(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: MulOp, rewriter: PatternRewriter):
+        for a, up in operand_pairs(op):
+            act = producer(a, (SiluOp, GeluOp))
+            if act is None or not a.has_one_use() or shape(act.input) != shape(up) or shape(up) != shape(op.result):
+                continue
+            kind = "silu" if isinstance(act, SiluOp) else ("gelu_tanh" if act.approximate.data == "tanh" else "gelu")
+            new = GluOp(act.input, up, kind)
+            if new.result.type != op.result.type:
+                continue
+            set_name(new.result, op.result)
+            rewriter.replace(op, new)
+            return
+
+
+class RecognizeSoftmax(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: DivOp, rewriter: PatternRewriter):
+        e, s = op.lhs, op.rhs
+        exp, total = producer(e, ExpOp), producer(s, ReduceSumOp)
+        if exp is None or total is None or total.input != e or not total.keep or len(total.axes) != 1:
+            return
+        dim = total.axes[0]
+        if e.uses.get_length() != 2 or not s.has_one_use():
+            return
+        x = exp.input
+        sub = producer(x, SubOp)
+        if sub is not None:
+            mx = producer(sub.rhs, ReduceMaxOp)
+            if mx is not None and mx.input == sub.lhs and mx.axes == (dim,) and mx.keep and single_use(x):
+                if sub.rhs.has_one_use() and sub.lhs.uses.get_length() == 2:
+                    x = sub.lhs
+        new = SoftmaxOp(x, dim)
+        if new.result.type != op.result.type:
+            return
+        set_name(new.result, op.result)
+        rewriter.replace(op, new)
+
+
+# -- attention --------------------------------------------------------------------------------------
+
+
+def _unrepeat_kv(v: SSAValue) -> tuple[SSAValue, int]:
+    """(kv, groups) when v = repeat_kv(kv, groups) = reshape(broadcast(reshape(kv))), else (v, 1)."""
+    outer = producer(v, ReshapeOp)
+    bc = producer(outer.input, BroadcastOp) if outer else None
+    inner = producer(bc.input, ReshapeOp) if bc else None
+    if inner is None:
+        return v, 1
+    kv = inner.input
+    b, hk, s, d = (shape(kv) + (None,) * 4)[:4] if len(shape(kv)) == 4 else (None,) * 4
+    if b is None or shape(inner.result) != (b, hk, 1, s, d):
+        return v, 1
+    g = shape(bc.result)[2]
+    if shape(bc.result) != (b, hk, g, s, d) or shape(v) != (b, hk * g, s, d):
+        return v, 1
+    return kv, g
+
+
+def _scaled_scores(s: SSAValue) -> tuple[SSAValue, float] | None:
+    """(q @ k^T value, scale) for s = qk * c, qk / c or qk."""
+    op = producer(s, (MulOp, DivOp))
+    if isinstance(op, MulOp):
+        for qk, c in operand_pairs(op):
+            if scalar(c) is not None and producer(qk, MatmulOp) and qk.has_one_use():
+                return qk, scalar(c)
+    if isinstance(op, DivOp) and scalar(op.rhs) and producer(op.lhs, MatmulOp) and op.lhs.has_one_use():
+        return op.lhs, 1.0 / scalar(op.rhs)
+    if producer(s, MatmulOp):
+        return s, 1.0
+    return None
+
+
+class RecognizeAttention(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: MatmulOp, rewriter: PatternRewriter):
+        p, v = op.lhs, op.rhs
+        probs = strip_convert(p)
+        sm = producer(probs, SoftmaxOp)
+        if sm is None or sm.axis != len(shape(probs)) - 1 or not single_use(p, probs) or len(shape(v)) != 4:
+            return
+        s = strip_convert(sm.input)
+        if s != sm.input and not single_use(sm.input):
+            return
+        mask = None
+        add = producer(s, AddOp)
+        if add is not None and s.has_one_use():
+            for sc, m in operand_pairs(add):
+                if _scaled_scores(sc) is not None and sc.has_one_use():
+                    s, mask = sc, m
+                    break
+        found = _scaled_scores(s)
+        if found is None or not s.has_one_use():
+            return
+        qk, scale = found
+        mm = producer(qk, MatmulOp)
+        q, kt = mm.lhs, mm.rhs
+        tr = producer(kt, PermuteOp)
+        r = len(shape(q))
+        if tr is None or tr.permutation != (*range(r - 2), r - 1, r - 2) or not kt.has_one_use() or r != 4:
+            return
+        k, gk = _unrepeat_kv(tr.input)
+        v0, gv = _unrepeat_kv(v)
+        if gk != gv:
+            k, v0, gk = tr.input, v, 1
+        if q.type.element_type != k.type.element_type or op.result.type.element_type != q.type.element_type:
+            return
+        new = SDPAOp(q, k, v0, mask, False, scale, gk > 1)
+        try:
+            new.verify()
+        except Exception:  # noqa: BLE001 - e.g. a mask that does not broadcast
+            return
+        if new.result.type != op.result.type or (gk == 1 and shape(k) != shape(tr.input)):
+            return
+        if math.isnan(scale) or scale <= 0:
+            return
+        set_name(new.result, op.result)
+        rewriter.replace(op, new)
+
+
+RECOGNIZERS: list[type[RewritePattern]] = [
+    RecognizeRMSNorm,
+    RecognizeRotary,
+    RecognizePartialRotary,
+    RecognizeGlu,
+    RecognizeSoftmax,
+    RecognizeAttention,
+]
+
+
+@register_pass
+@dataclass(frozen=True)
+class RecognizePass(ModulePass):
+    """Raise decomposed norms, rotary, gated activations, softmax and attention to composite ops."""
+
+    name = "recognize"
+    add_rms_norm: bool = True
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        patterns = [p() for p in RECOGNIZERS]
+        PatternRewriteWalker(GreedyRewritePatternApplier(patterns)).rewrite_module(op)
+        if self.add_rms_norm:
+            PatternRewriteWalker(RecognizeAddRMSNorm()).rewrite_module(op)
