@@ -132,7 +132,7 @@ def source(name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: 
     w("acc = tl.zeros((BLOCK_M, D), tl.float32)")
     w("k_base = k_ptr + b * sk_b + hk * sk_h")
     w("v_base = v_ptr + b * sv_b + hk * sv_h")
-    w("hi = tl.minimum(L, (pid_m + 1) * BLOCK_M)" if causal else "hi = L")
+    w("hi = (pid_m + 1) * BLOCK_M" if causal else "hi = L")  # causal: keys past the diagonal are skipped
     w("for start in range(0, hi, BLOCK_N):")
     w.indent()
     w("rn = start + tl.arange(0, BLOCK_N)")

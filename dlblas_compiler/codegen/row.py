@@ -272,7 +272,7 @@ class RowEmitter:
             w(f"{e} = tl.where(mask, tl.exp({x} - {m}), 0.0)")
             s = _reduce(w, names, "sum", e, n)
             t = names.fresh("sm")
-            w(f"{t} = {e} / {s}")
+            w(f"{t} = {e} / tl.where(rmask[:, None], {s}, 1.0)")
             names[op.result] = t
         elif isinstance(op, RotaryOp):
             j = leaf_index[op.input]

@@ -193,8 +193,8 @@ class RecognizeAddRMSNorm(RewritePattern):
         set_name(new.sum, add.result)
         if not _dominates(op.weight, add):  # a parameter read after the add: read it before instead
             w_def.detach()
-            rewriter.insert_op(w_def, InsertPoint.before(add))
-        rewriter.insert_op(new, InsertPoint.before(add))
+            rewriter.insert(w_def, InsertPoint.before(add))
+        rewriter.insert(new, InsertPoint.before(add))
         rewriter.replace_all_uses_with(add.result, new.sum)
         rewriter.replace(op, [], [new.normed])
         rewriter.erase(add)

@@ -1,0 +1,37 @@
+"""Tuning: search spaces, search policies (grid, random, Bayesian), the profiler and the persistent cache."""
+
+from .cache import CacheEntry, CacheKey, DeviceFingerprint, TuneCache, bucket, default_path, device_fingerprint
+from .policies import POLICIES, Progress, Trial, TuneResult, bayes, grid, random
+from .profiler import TuningCheckError, as_outputs, benchmark, make_objective
+from .space import Config, SearchSpace, pow2
+from .tuner import TUNE_MODES, TuneMode, TuneOutcome, TuningError, default_cache, tune
+
+__all__ = [
+    "Config",
+    "SearchSpace",
+    "pow2",
+    "POLICIES",
+    "Progress",
+    "Trial",
+    "TuneResult",
+    "grid",
+    "random",
+    "bayes",
+    "benchmark",
+    "make_objective",
+    "as_outputs",
+    "TuningCheckError",
+    "CacheKey",
+    "CacheEntry",
+    "DeviceFingerprint",
+    "TuneCache",
+    "bucket",
+    "default_path",
+    "device_fingerprint",
+    "TUNE_MODES",
+    "TuneMode",
+    "TuneOutcome",
+    "TuningError",
+    "default_cache",
+    "tune",
+]

@@ -1,0 +1,218 @@
+"""Search policies: exhaustive grid, random sampling, and Bayesian optimisation (optuna TPE).
+
+Every policy has the signature `policy(space, objective, budget, patience, seed, progress) -> TuneResult`.
+`objective(config)` returns seconds and may raise: a raising config is recorded as a failed trial and can never
+win. Only valid configs (see `SearchSpace.violations`) are ever passed to the objective, each at most once.
+`budget` caps the number of objective evaluations; `patience` stops the search once that many evaluations in a
+row have not improved the best time.
+"""
+
+from __future__ import annotations
+
+import math
+import random as _random
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .space import Config, SearchSpace
+
+Objective = Callable[[Config], float]
+
+
+class Progress(Protocol):
+    """Receives the search's state after each objective evaluation."""
+
+    def update(self, done: int, best: float | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One evaluated config: its time in seconds, or the error that made it fail."""
+
+    config: Config
+    time: float | None
+    error: str | None = None
+
+
+@dataclass
+class TuneResult:
+    """The outcome of a search. `best_config`/`best_time` are None when every evaluated config failed."""
+
+    best_config: Config | None
+    best_time: float | None
+    trials: list[Trial] = field(default_factory=list)
+    evaluations: int = 0
+
+    @property
+    def failures(self) -> list[Trial]:
+        return [t for t in self.trials if t.error is not None]
+
+
+class _Search:
+    """Book-keeping shared by the policies: memo of evaluated configs, budget, patience, best, progress."""
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        objective: Objective,
+        budget: int | None,
+        patience: int | None,
+        progress: Progress | None,
+    ) -> None:
+        self.space, self.objective, self.progress = space, objective, progress
+        self.limit = space.size() if budget is None else min(budget, space.size())
+        self.patience = patience
+        self.memo: dict[tuple[Any, ...], Trial] = {}
+        self.trials: list[Trial] = []
+        self.best: Trial | None = None
+        self.stale = 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.trials) >= self.limit or (self.patience is not None and self.stale >= self.patience)
+
+    def evaluate(self, config: Config) -> Trial:
+        """Time a valid config once; a config seen before is answered from the memo."""
+        key = self.space.key(config)
+        if key in self.memo:
+            return self.memo[key]
+        try:
+            seconds = float(self.objective(dict(config)))
+            error = None if math.isfinite(seconds) else f"non-finite time {seconds}"
+            trial = Trial(dict(config), seconds if error is None else None, error)
+        except Exception as e:  # a failing candidate is a result, not a crash
+            trial = Trial(dict(config), None, f"{type(e).__name__}: {e}")
+        self.memo[key] = trial
+        self.trials.append(trial)
+        if trial.time is not None and (self.best is None or trial.time < self.best.time):
+            self.best, self.stale = trial, 0
+        else:
+            self.stale += 1
+        if self.progress is not None:
+            self.progress.update(len(self.trials), self.best.time if self.best else None)
+        return trial
+
+    def result(self) -> TuneResult:
+        best = self.best
+        return TuneResult(
+            best.config if best else None, best.time if best else None, list(self.trials), len(self.trials)
+        )
+
+
+def grid(
+    space: SearchSpace,
+    objective: Objective,
+    budget: int | None = None,
+    patience: int | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> TuneResult:
+    """Every valid config in grid order (the first `budget` of them when capped)."""
+    search = _Search(space, objective, budget, patience, progress)
+    for config in space.configs():
+        if search.done:
+            break
+        search.evaluate(config)
+    return search.result()
+
+
+def random(
+    space: SearchSpace,
+    objective: Objective,
+    budget: int | None = None,
+    patience: int | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> TuneResult:
+    """Valid configs in a seeded random order, without replacement."""
+    search = _Search(space, objective, budget, patience, progress)
+    configs = list(space.configs())
+    _random.Random(seed).shuffle(configs)
+    for config in configs:
+        if search.done:
+            break
+        search.evaluate(config)
+    return search.result()
+
+
+@contextmanager
+def _quiet_optuna():
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield optuna
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+def _distribution(optuna, choices: tuple[Any, ...]):
+    """The distribution of a parameter's choice index: ordinal when the choices are ascending numbers (so TPE
+    sees that BLOCK 32 is next to 64), categorical otherwise."""
+    numeric = all(isinstance(c, int | float) and not isinstance(c, bool) for c in choices)
+    if numeric and list(choices) == sorted(choices):
+        return optuna.distributions.IntDistribution(0, len(choices) - 1)
+    return optuna.distributions.CategoricalDistribution(list(range(len(choices))))
+
+
+def bayes(
+    space: SearchSpace,
+    objective: Objective,
+    budget: int | None = None,
+    patience: int | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+    max_misses: int = 16,
+) -> TuneResult:
+    """Bayesian optimisation with optuna's (constrained, multivariate) TPE sampler through ask/tell.
+
+    Proposals that violate a constraint are told to the study as infeasible without calling the objective,
+    and so are configs whose evaluation failed; proposals already evaluated are answered from the memo and do
+    not count against the budget. After `max_misses` proposals in a row brought nothing new, a random unseen
+    valid config is enqueued so the search always makes progress.
+    """
+    search = _Search(space, objective, budget, patience, progress)
+    if search.done:
+        return search.result()
+    varying = {n: c for n, c in space.params.items() if len(c) > 1}
+    fixed = {n: c[0] for n, c in space.params.items() if len(c) == 1}
+    rng = _random.Random(seed)
+    with _quiet_optuna() as optuna:
+        dists = {n: _distribution(optuna, c) for n, c in varying.items()}
+        sampler = optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=max(4, min(10, search.limit // 5)), multivariate=True, constant_liar=False
+        )
+        study = optuna.create_study(direction="minimize", sampler=sampler)
+        study.enqueue_trial({n: space.params[n].index(v) for n, v in space.default().items() if n in varying})
+        misses = 0
+        while not search.done:
+            if misses >= max_misses:
+                unseen = [c for c in space.configs() if space.key(c) not in search.memo]
+                study.enqueue_trial({n: space.params[n].index(rng.choice(unseen)[n]) for n in varying})
+                misses = 0
+            trial = study.ask(dists)
+            config = {**fixed, **{n: varying[n][i] for n, i in trial.params.items()}}
+            config = {n: config[n] for n in space.params}
+            violated = space.violations(config)
+            if violated:
+                for name in violated:
+                    trial.set_constraint(name, 1.0)
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                misses += 1
+                continue
+            seen = space.key(config) in search.memo
+            result = search.evaluate(config)
+            misses = misses + 1 if seen else 0
+            if result.time is None:
+                trial.set_constraint("failed", 1.0)
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(trial, result.time)
+    return search.result()
+
+
+Policy = Callable[..., TuneResult]
+POLICIES: dict[str, Policy] = {"grid": grid, "random": random, "bayes": bayes}

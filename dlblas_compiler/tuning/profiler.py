@@ -1,0 +1,97 @@
+"""Timing candidates, and the objective that checks a candidate's outputs before it may be timed."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import DLError
+from ..numerics import compare
+from .policies import Objective
+from .space import Config
+
+_MAX_CPU_SAMPLES = 1000
+
+
+class TuningCheckError(DLError):
+    """A candidate's outputs differ from the reference: it is recorded as a failed trial and cannot win."""
+
+
+def _is_cuda(device: str | torch.device | None) -> bool:
+    if device is None:
+        return torch.cuda.is_available()
+    return str(device).startswith("cuda")
+
+
+def benchmark(
+    fn: Callable[..., Any],
+    arg_sets: Sequence[tuple] | None = None,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+    device: str | torch.device | None = None,
+) -> float:
+    """Median seconds of one call of `fn`, calling it in turn with each argument tuple of `arg_sets` (or with
+    no arguments) so that several input buffers rotate and the L2 cache does not flatter small shapes.
+
+    On CUDA (`device` None means "if available") this is `triton.testing.do_bench`, which also clears L2 before
+    each call; elsewhere (CPU, the Triton interpreter) a `time.perf_counter` loop: warm-up for `warmup_ms`,
+    then time single calls for `rep_ms` (at least 3) and take the median.
+    """
+    calls = itertools.cycle(list(arg_sets) if arg_sets else [()])
+
+    def call() -> None:
+        fn(*next(calls))
+
+    if _is_cuda(device):
+        from triton.testing import do_bench
+
+        return do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median") / 1e3
+    clock = time.perf_counter
+    call()
+    end = clock() + warmup_ms / 1e3
+    while clock() < end:
+        call()
+    samples: list[float] = []
+    end = clock() + rep_ms / 1e3
+    while len(samples) < 3 or (clock() < end and len(samples) < _MAX_CPU_SAMPLES):
+        start = clock()
+        call()
+        samples.append(clock() - start)
+    return statistics.median(samples)
+
+
+def as_outputs(value: Any) -> tuple[Any, ...]:
+    """A candidate's or reference's result as a tuple of outputs (a lone tensor becomes a 1-tuple)."""
+    return tuple(value) if isinstance(value, list | tuple) else (value,)
+
+
+def make_objective(
+    build: Callable[[Config], Callable[..., Any]],
+    reference_outputs: Any = None,
+    arg_sets: Sequence[tuple] | None = None,
+    *,
+    device: str | torch.device | None = None,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+) -> Objective:
+    """The objective `config -> seconds` for a kernel: `build(config)` gives the candidate callable (taking one
+    tuple of `arg_sets`, or nothing); it is run once on the first argument set and its outputs compared with
+    `reference_outputs` by `numerics.compare` (a mismatch raises `TuningCheckError`), then benchmarked.
+    Errors from building or running propagate, and the policy records them as failures."""
+    refs = None if reference_outputs is None else as_outputs(reference_outputs)
+    first = tuple(arg_sets[0]) if arg_sets else ()
+
+    def objective(config: Config) -> float:
+        run = build(config)
+        if refs is not None:
+            problem = compare(as_outputs(run(*first)), refs)
+            if problem is not None:
+                raise TuningCheckError(f"outputs differ from the reference: {problem}")
+        return benchmark(run, arg_sets, warmup_ms, rep_ms, device)
+
+    return objective

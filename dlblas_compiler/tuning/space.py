@@ -1,0 +1,128 @@
+"""Search spaces: named parameters with their choices, and named constraints that reject invalid configs."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+Config = dict[str, Any]
+Constraint = Callable[[Config], bool]
+
+
+def pow2(lo: int, hi: int) -> list[int]:
+    """The powers of two p with lo <= p <= hi, ascending: pow2(16, 128) == [16, 32, 64, 128]."""
+    if lo < 1 or hi < lo:
+        raise ValueError(f"pow2({lo}, {hi}): need 1 <= lo <= hi")
+    p = 1 << (lo - 1).bit_length()
+    out = []
+    while p <= hi:
+        out.append(p)
+        p <<= 1
+    return out
+
+
+class SearchSpace:
+    """A grid of configs (the product of each parameter's choices) minus those a constraint rejects.
+
+    Parameters keep their declaration order, and choices their listed order; `configs()` walks the grid in
+    that order (last parameter fastest). Constraints are named so a rejected config can say why. Spaces are
+    immutable: `narrow` returns a new one.
+    """
+
+    def __init__(
+        self,
+        params: Mapping[str, Sequence[Any]],
+        constraints: Mapping[str, Constraint] | None = None,
+        default: Config | None = None,
+    ) -> None:
+        self.params: dict[str, tuple[Any, ...]] = {}
+        for name, choices in params.items():
+            choices = tuple(choices)
+            if not choices:
+                raise ValueError(f"parameter {name!r} has no choices")
+            if len(set(choices)) != len(choices):
+                raise ValueError(f"parameter {name!r} repeats a choice: {choices}")
+            self.params[name] = choices
+        self.constraints: dict[str, Constraint] = dict(constraints or {})
+        self._default = dict(default) if default is not None else None
+        if self._default is not None and self._default.keys() != self.params.keys():
+            raise ValueError(f"default {self._default} must set exactly the parameters {list(self.params)}")
+        self._valid: list[tuple[Any, ...]] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.params)
+
+    def key(self, config: Config) -> tuple[Any, ...]:
+        """A hashable identity of a config (its values in parameter order)."""
+        return tuple(config[name] for name in self.params)
+
+    def violations(self, config: Config) -> list[str]:
+        """Why `config` is not in this space: unknown/missing parameters, values not among the choices, and
+        the names of the constraints it fails. Empty when the config is valid."""
+        if config.keys() != self.params.keys():
+            return [f"parameters {sorted(config)} != {sorted(self.params)}"]
+        why = [f"{n}={config[n]!r} not in {list(c)}" for n, c in self.params.items() if config[n] not in c]
+        if why:
+            return why
+        return [name for name, ok in self.constraints.items() if not ok(config)]
+
+    def is_valid(self, config: Config) -> bool:
+        return not self.violations(config)
+
+    def __contains__(self, config: Config) -> bool:
+        return self.is_valid(config)
+
+    def _valid_keys(self) -> list[tuple[Any, ...]]:
+        if self._valid is None:
+            names, checks = list(self.params), list(self.constraints.values())
+            self._valid = [
+                values
+                for values in itertools.product(*self.params.values())
+                if all(ok(dict(zip(names, values, strict=True))) for ok in checks)
+            ]
+        return self._valid
+
+    def configs(self) -> Iterator[Config]:
+        """Every valid config, in the deterministic grid order."""
+        names = list(self.params)
+        for values in self._valid_keys():
+            yield dict(zip(names, values, strict=True))
+
+    def size(self) -> int:
+        """The number of valid configs."""
+        return len(self._valid_keys())
+
+    def default(self) -> Config:
+        """The declared default if it is valid here, else the first valid config."""
+        if self._default is not None and self.is_valid(self._default):
+            return dict(self._default)
+        valid = self._valid_keys()
+        if not valid:
+            raise ValueError(f"search space has no valid config: {self}")
+        return dict(zip(self.params, valid[0], strict=True))
+
+    def narrow(self, **fixed: Any) -> SearchSpace:
+        """A new space with some parameters fixed (a single value) or restricted (a list/tuple/set of values,
+        kept in this space's order). Constraints and the default carry over."""
+        params = dict(self.params)
+        for name, value in fixed.items():
+            if name not in params:
+                raise ValueError(f"narrow: unknown parameter {name!r} (have {list(params)})")
+            wanted = set(value) if isinstance(value, list | tuple | set | frozenset) else {value}
+            unknown = wanted - set(params[name])
+            if unknown:
+                raise ValueError(f"narrow: {name}={sorted(unknown, key=repr)} not among {list(params[name])}")
+            params[name] = tuple(c for c in params[name] if c in wanted)
+        return SearchSpace(params, self.constraints, self._default)
+
+    def fingerprint(self) -> str:
+        """A short hash of the parameters, their choices and the constraint names (part of the cache key)."""
+        text = repr((sorted(self.params.items()), sorted(self.constraints)))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{n}={list(c)}" for n, c in self.params.items())
+        return f"SearchSpace({params}; constraints={list(self.constraints)})"

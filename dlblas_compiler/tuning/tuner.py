@@ -1,0 +1,175 @@
+"""`tune`: the cache lookup, search and bookkeeping the compiler runs for each kernel and shape bucket."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import DLError
+from .cache import CacheEntry, CacheKey, TuneCache, default_path
+from .policies import POLICIES, Progress, TuneResult
+from .profiler import make_objective
+from .space import Config, SearchSpace
+
+
+class TuningError(DLError):
+    """No candidate config of a kernel built, ran and matched the reference."""
+
+
+@dataclass(frozen=True)
+class TuneMode:
+    """How hard to search: a policy, and a budget of `fraction` of the valid space clamped to [floor, cap]."""
+
+    policy: str
+    fraction: float
+    cap: int | None
+    floor: int
+    patience: int | None
+
+    def budget(self, size: int) -> int:
+        n = math.ceil(self.fraction * size)
+        if self.cap is not None:
+            n = min(n, self.cap)
+        return min(size, max(n, self.floor))
+
+
+TUNE_MODES: dict[str, TuneMode | None] = {
+    "none": None,  # the space's default config, no timing
+    "quick": TuneMode("bayes", fraction=0.12, cap=24, floor=8, patience=8),
+    "full": TuneMode("grid", fraction=1.0, cap=None, floor=0, patience=None),
+}
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """The chosen config and its time, the default config's time (seconds; None when not timed), the number
+    of trials behind the choice, whether it came from the cache, and the search itself when one ran."""
+
+    config: Config
+    time: float | None
+    default_time: float | None
+    trials: int
+    from_cache: bool
+    result: TuneResult | None = None
+
+
+_caches: dict[Path, TuneCache] = {}
+
+
+def default_cache() -> TuneCache:
+    """The process-wide cache at the default path (see `cache.default_path`)."""
+    path = default_path()
+    if path not in _caches:
+        _caches[path] = TuneCache(path)
+    return _caches[path]
+
+
+class _Bar:
+    def __init__(self, bar: Any, task: Any) -> None:
+        self.bar, self.task = bar, task
+
+    def update(self, done: int, best: float | None) -> None:
+        self.bar.update(self.task, completed=done, best="-" if best is None else _format_seconds(best))
+
+
+def _format_seconds(s: float) -> str:
+    return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+@contextmanager
+def _progress(name: str, total: int, enabled: bool) -> Iterator[Progress | None]:
+    """A rich progress bar (trials done / budget, best so far) on a terminal; nothing otherwise."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as RichProgress
+
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:
+        yield None
+        return
+    columns = (
+        TextColumn("tuning {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("best {task.fields[best]}"),
+        TimeElapsedColumn(),
+    )
+    with RichProgress(*columns, console=console) as bar:
+        yield _Bar(bar, bar.add_task(name, total=total, best="-"))
+
+
+def tune(
+    name: str,
+    source_hash: str,
+    space: SearchSpace,
+    build: Callable[[Config], Callable[..., Any]],
+    shape_key: Mapping[str, Any],
+    dtypes: Iterable[Any],
+    device: str | torch.device,
+    reference: Any = None,
+    policy: str | None = None,
+    budget: int | None = None,
+    patience: int | None = None,
+    cache: TuneCache | None = None,
+    progress: bool = True,
+    *,
+    mode: str = "quick",
+    arg_sets: Sequence[tuple] | None = None,
+    token_dims: Iterable[str] = (),
+    seed: int = 0,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+) -> TuneOutcome:
+    """Pick the fastest valid config of kernel `name` for this shape bucket, dtypes and device.
+
+    `build(config)` returns a callable that runs the candidate (on `arg_sets[i]` when given, else on no
+    arguments) and returns its outputs; `reference` (the outputs for the first argument set, or a zero-arg
+    callable producing them; None skips the check) is what each candidate must match to be eligible.
+    `mode` ("none", "quick", "full", see `TUNE_MODES`) sets the policy, budget and patience; explicit
+    `policy`/`budget`/`patience` override it. `token_dims` names the token-count dims of `shape_key`, which
+    the cache key buckets to powers of two. The `cache` (default: `default_cache()`) is consulted first: a hit
+    runs nothing. Otherwise the search runs, the default config is timed too (for the gain report) and the
+    result is stored. Raises `TuningError` when every candidate failed.
+    """
+    if mode not in TUNE_MODES:
+        raise ValueError(f"unknown tune mode {mode!r}; expected one of {list(TUNE_MODES)}")
+    settings = TUNE_MODES[mode]
+    if settings is None:
+        return TuneOutcome(space.default(), None, None, 0, False)
+    policy = policy or settings.policy
+    if policy not in POLICIES:
+        raise ValueError(f"unknown tuning policy {policy!r}; expected one of {list(POLICIES)}")
+    search = POLICIES[policy]
+    budget = settings.budget(space.size()) if budget is None else budget
+    patience = settings.patience if patience is None else patience
+    cache = default_cache() if cache is None else cache
+    key = CacheKey.make(name, source_hash, shape_key, dtypes, device, space.fingerprint(), token_dims)
+    hit = cache.get(key)
+    if hit is not None and space.is_valid(hit.config):
+        return TuneOutcome(hit.config, hit.time, hit.default_time, hit.trials, True)
+
+    refs = reference() if callable(reference) else reference
+    objective = make_objective(build, refs, arg_sets, device=device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    with _progress(name, min(budget, space.size()), progress) as bar:
+        result = search(space, objective, budget, patience, seed, bar)
+    if result.best_config is None or result.best_time is None:
+        errors = sorted({t.error for t in result.failures if t.error})
+        raise TuningError(f"{name}: all {result.evaluations} candidate configs failed: " + "; ".join(errors[:3]))
+
+    default = space.default()
+    timed = next((t for t in result.trials if t.config == default), None)
+    if timed is not None:
+        default_time = timed.time
+    else:
+        try:
+            default_time = objective(default)
+        except Exception:  # the default failing is reported as "no default time", not an error
+            default_time = None
+    cache.put(key, CacheEntry(result.best_config, result.best_time, default_time, result.evaluations))
+    return TuneOutcome(result.best_config, result.best_time, default_time, result.evaluations, False, result)

@@ -1,0 +1,192 @@
+"""Generated kernels against a float64 torch reference, on ragged shapes.
+
+CPU: the same Triton kernels under the interpreter (`interpret` backend), fp32 and fp16 (the interpreter
+computes bf16 dots wrongly). GPU (marker `gpu`, run by bench/check_gpu.py on the device machine):
+`triton` backend in fp16 and bf16. Tolerances: relative error ‖out−ref‖/‖ref‖ in float64 below
+dlblas_compiler.numerics.REL_TOL (fp32 1e-5, fp16 5e-3, bf16 2e-2). Every run uses fresh random
+inputs (never zeros); kernel outputs are freshly allocated, and a failed launch would fall back to the
+reference with a warning, which these tests turn into an error.
+"""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dlblas_compiler as dc
+from dlblas_compiler.models import BlockConfig, LlamaBlock, RMSNorm, llama_block_inputs, randomize_, rotate_half
+from dlblas_compiler.numerics import rel_error, tolerance
+
+CPU = [("interpret", torch.float32), ("interpret", torch.float16)]
+GPU = [pytest.param("triton", dt, marks=pytest.mark.gpu) for dt in (torch.float16, torch.bfloat16)]
+CASES = CPU + GPU
+
+
+def _device(backend):
+    return "cuda" if backend == "triton" else "cpu"
+
+
+def _run(model, args, backend, dtype, kwargs=None, expect_regions=None, tol_scale=1.0):
+    kwargs = kwargs or {}
+    dev = _device(backend)
+    model = model.to(device=dev, dtype=dtype).eval()
+    args = [a.to(dev) if a.is_floating_point() is False else a.to(device=dev, dtype=dtype) for a in args]
+    cm = dc.compile(model, backend=backend, cuda_graphs=False)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="dlblas_compiler")
+        out = cm(*args, **kwargs)
+        ref = model.to(torch.float64)(*[a.double() if a.is_floating_point() else a for a in args], **kwargs)
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    for o, r in zip(outs, refs):
+        assert o.dtype == dtype
+        err = rel_error(o, r)
+        assert err <= tolerance(dtype) * tol_scale, f"relative error {err:.3g} (dtype {dtype})"
+    if expect_regions is not None:
+        report = cm.report()
+        for pattern, count in expect_regions.items():
+            assert report.count(f"] {pattern}:") == count, report
+    return cm
+
+
+def _x(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+# -- row template -----------------------------------------------------------------------------------
+
+
+class AddNorm(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.norm = RMSNorm(n, 1e-5)
+
+    def forward(self, x, r):
+        s = x + r
+        return self.norm(s), s
+
+
+class Chain(nn.Module):
+    def forward(self, x, w, b):
+        y = torch.tanh(x * w + b) - 0.5 * F.gelu(x) / (1.0 + x.abs())
+        return torch.sigmoid(y) * F.silu(y), y.mean(-1)
+
+
+class Softmaxes(nn.Module):
+    def forward(self, x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True), torch.softmax(x * 0.5, dim=-1)
+
+
+class Rotary(nn.Module):
+    def __init__(self, rotary_dim=None, interleaved=False):
+        super().__init__()
+        self.rd, self.inter = rotary_dim, interleaved
+
+    def forward(self, x, cos, sin):
+        def rot(t):
+            if self.inter:
+                return torch.stack((-t[..., 1::2], t[..., ::2]), dim=-1).flatten(-2)
+            return rotate_half(t)
+
+        if self.rd is None:
+            return x * cos + rot(x) * sin
+        xr, xp = x[..., : self.rd], x[..., self.rd :]
+        return torch.cat((xr * cos + rot(xr) * sin, xp), dim=-1)
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+def test_row_add_rmsnorm_ragged(backend, dtype):
+    _run(randomize_(AddNorm(200)), [_x(3, 7, 200), _x(3, 7, 200, seed=1)], backend, dtype, expect_regions={"row": 1})
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+def test_row_elementwise_chain_and_reduction(backend, dtype):
+    _run(Chain(), [_x(5, 37), _x(37, seed=1), _x(5, 1, seed=2)], backend, dtype, expect_regions={"row": 1})
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+def test_row_softmax_both_spellings(backend, dtype):
+    cm = _run(Softmaxes(), [_x(6, 3, 45) * 3], backend, dtype)
+    assert cm.ir("after:recognize").count("dl.softmax") == 2
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+@pytest.mark.parametrize("rd,inter", [(None, False), (8, False), (None, True)])
+def test_row_rotary_layouts(backend, dtype, rd, inter):
+    b, h, s, d = 2, 3, 5, 16
+    ang = _x(s, (rd or d) // 2, seed=3)
+    rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
+    cm = _run(Rotary(rd, inter), [_x(b, h, s, d), rep(ang.cos()), rep(ang.sin())], backend, dtype)
+    assert "dl.rotary" in cm.ir("after:recognize")
+
+
+# -- gemm template ----------------------------------------------------------------------------------
+
+
+class LinearEpilogue(nn.Module):
+    def __init__(self, k, n, bias):
+        super().__init__()
+        self.lin = nn.Linear(k, n, bias=bias)
+
+    def forward(self, x, res):
+        return res + F.gelu(self.lin(x), approximate="tanh") * 2.0
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemm_bias_activation_residual_ragged(backend, dtype, bias):
+    _run(randomize_(LinearEpilogue(70, 45, bias)), [_x(2, 9, 70), _x(2, 9, 45, seed=1)], backend, dtype,
+         expect_regions={"gemm": 1})  # fmt: skip
+
+
+class NormGLU(nn.Module):
+    def __init__(self, h, i, act):
+        super().__init__()
+        self.norm = RMSNorm(h, 1e-6)
+        self.gate = nn.Linear(h, i, bias=False)
+        self.up = nn.Linear(h, i, bias=False)
+        self.act = act
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.act(self.gate(h)) * self.up(h)
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+@pytest.mark.parametrize("act", [F.silu, F.gelu])
+def test_gemm_norm_prologue_dual_glu(backend, dtype, act):
+    cm = _run(randomize_(NormGLU(48, 72, act)), [_x(11, 48)], backend, dtype, expect_regions={"gemm": 1})
+    final = cm.ir()
+    assert "dl.rms_norm" in final and "dl.glu" in final and final.count("dl.linear") == 1
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+@pytest.mark.parametrize("tokens", [1, 7, 33])
+def test_llama_block_five_kernels(backend, dtype, tokens):
+    cfg = BlockConfig()
+    x, cos, sin = llama_block_inputs(cfg, 1, tokens)
+    cm = _run(randomize_(LlamaBlock(cfg)), [x, cos, sin], backend, dtype,
+              expect_regions={"gemm": 4, "attention": 1, "row": 0})  # fmt: skip
+    kernels = [k for k in cm._spec().executor.kernel_summaries() if k["impl"] == "kernel"]
+    assert len(kernels) == 5
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+def test_attention_explicit_softmax_with_mask(backend, dtype):
+    cfg = BlockConfig(attention="explicit")
+    x, cos, sin = llama_block_inputs(cfg, 2, 9)
+    cm = _run(randomize_(LlamaBlock(cfg)), [x, cos, sin], backend, dtype, expect_regions={"attention": 1})
+    assert "mask" in cm.ir("after:recognize")
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+def test_hf_llama_decoder_layer(backend, dtype):
+    from .hf import llama_layer_and_inputs
+
+    layer, args, kwargs = llama_layer_and_inputs(tokens=6)
+    dev = _device(backend)
+    kwargs["position_embeddings"] = tuple(t.to(device=dev, dtype=dtype) for t in kwargs["position_embeddings"])
+    _run(layer, list(args), backend, dtype, kwargs, expect_regions={"gemm": 4, "attention": 1})

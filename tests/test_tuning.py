@@ -1,0 +1,384 @@
+"""Tuning: search spaces, policies on a synthetic objective with a known optimum, the profiler and `tune`."""
+
+import dataclasses
+import math
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from dlblas_compiler.tuning import (
+    POLICIES,
+    TUNE_MODES,
+    SearchSpace,
+    TuneCache,
+    TuningCheckError,
+    TuningError,
+    bayes,
+    benchmark,
+    grid,
+    make_objective,
+    pow2,
+    random,
+    tune,
+)
+
+# ---------------------------------------------------------------- a matmul-like space with a known optimum
+
+SMEM_BYTES = 24 * 1024
+
+
+def matmul_space() -> SearchSpace:
+    return SearchSpace(
+        {
+            "BLOCK_M": pow2(16, 256),
+            "BLOCK_N": pow2(16, 256),
+            "BLOCK_K": pow2(16, 128),
+            "num_warps": [1, 2, 4, 8],
+            "num_stages": [1, 2, 3, 4, 5],
+        },
+        {
+            "smem": lambda c: (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * c["num_stages"] * 2 <= SMEM_BYTES,
+            "warps": lambda c: c["BLOCK_M"] * c["BLOCK_N"] >= 512 * c["num_warps"],
+        },
+    )
+
+
+def synthetic_time(c) -> float:
+    """A smooth bowl in log2 of the block sizes (with an M/N interaction); unique minimum in the space above."""
+    lm, ln, lk, lw = (math.log2(c[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"))
+    d = 0.30 * (lm - 6) ** 2 + 0.25 * (ln - 7) ** 2 + 0.2 * (lk - 5) ** 2 + 0.15 * (lw - 2) ** 2
+    d += 0.06 * (c["num_stages"] - 3) ** 2 + 0.1 * abs(lm + ln - 13)
+    return 1e-4 * (1 + d)
+
+
+OPTIMUM = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
+
+
+class Recorder:
+    """An objective that records every call, and every config that should never have reached it."""
+
+    def __init__(self, space, fn=synthetic_time, fail=lambda c: False):
+        self.space, self.fn, self.fail = space, fn, fail
+        self.calls: Counter = Counter()
+        self.invalid: list = []
+
+    def __call__(self, config):
+        self.calls[self.space.key(config)] += 1
+        if not self.space.is_valid(config):
+            self.invalid.append(config)
+        if self.fail(config):
+            raise RuntimeError(f"out of resources for {config}")
+        return self.fn(config)
+
+
+@pytest.fixture(scope="module")
+def space():
+    return matmul_space()
+
+
+@pytest.fixture(scope="module")
+def exhaustive(space):
+    return min(synthetic_time(c) for c in space.configs())
+
+
+# ---------------------------------------------------------------- spaces
+
+
+def test_pow2():
+    assert pow2(16, 128) == [16, 32, 64, 128]
+    assert pow2(3, 20) == [4, 8, 16]
+    assert pow2(1, 1) == [1]
+    with pytest.raises(ValueError):
+        pow2(0, 8)
+
+
+def test_space_filters_by_constraints(space):
+    valid = list(space.configs())
+    assert len(valid) == space.size() == 492  # of a 2000-config grid
+    brute = [c for c in _product(space.params) if all(ok(c) for ok in space.constraints.values())]
+    assert valid == brute  # same configs, same (grid) order
+    assert valid[0] == {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 1, "num_stages": 1}
+    assert OPTIMUM in space
+    big = {**OPTIMUM, "BLOCK_M": 256, "BLOCK_N": 256, "num_stages": 5}
+    assert space.violations(big) == ["smem"]
+    assert space.violations({**OPTIMUM, "BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 8}) == ["warps"]
+    assert space.violations({**OPTIMUM, "BLOCK_K": 48})[0].startswith("BLOCK_K=48 not in")
+    assert "parameters" in space.violations({"BLOCK_M": 64})[0]
+
+
+def _product(params):
+    import itertools
+
+    names = list(params)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*params.values())]
+
+
+def test_narrow(space):
+    fixed = space.narrow(num_stages=2, num_warps=[8, 4])
+    assert fixed.params["num_stages"] == (2,)
+    assert fixed.params["num_warps"] == (4, 8)  # the space's order, not the argument's
+    assert fixed.constraints.keys() == space.constraints.keys()
+    assert all(c["num_stages"] == 2 and c["num_warps"] in (4, 8) for c in fixed.configs())
+    assert fixed.size() == sum(1 for c in space.configs() if c["num_stages"] == 2 and c["num_warps"] in (4, 8))
+    assert space.params["num_stages"] == (1, 2, 3, 4, 5)  # the original is untouched
+    assert fixed.fingerprint() != space.fingerprint()
+    with pytest.raises(ValueError, match="unknown parameter"):
+        space.narrow(BLOCK_Q=16)
+    with pytest.raises(ValueError, match="not among"):
+        space.narrow(BLOCK_K=48)
+
+
+def test_default_is_declared_when_valid_else_first_valid():
+    s = SearchSpace({"A": [1, 2, 4], "B": [1, 2]}, {"a_ge_b": lambda c: c["A"] >= c["B"]}, default={"A": 4, "B": 2})
+    assert s.default() == {"A": 4, "B": 2}
+    assert s.narrow(A=[1, 2]).default() == {"A": 1, "B": 1}  # the declared default was narrowed away
+    assert SearchSpace({"A": [2, 1]}).default() == {"A": 2}
+    with pytest.raises(ValueError, match="no valid config"):
+        SearchSpace({"A": [1]}, {"never": lambda c: False}).default()
+    with pytest.raises(ValueError):
+        SearchSpace({"A": [1, 1]})
+
+
+def test_large_space_is_fast():
+    s = SearchSpace(
+        {"M": pow2(16, 256), "N": pow2(16, 256), "K": pow2(16, 256), "w": [1, 2, 4, 8], "s": [1, 2, 3, 4, 5, 6]},
+        {"tile": lambda c: c["M"] * c["N"] <= 128 * 256},
+    )
+    start = time.perf_counter()
+    n = s.size()
+    assert len(list(s.configs())) == n and 2000 < n < 3000
+    assert len(list(s.narrow(w=4).configs())) == n // 4
+    assert time.perf_counter() - start < 1.0
+
+
+# ---------------------------------------------------------------- policies
+
+
+def test_grid_finds_the_exact_optimum(space, exhaustive):
+    obj = Recorder(space)
+    r = grid(space, obj, budget=None, patience=None, seed=0, progress=None)
+    assert r.best_config == OPTIMUM and r.best_time == exhaustive
+    assert r.evaluations == len(r.trials) == space.size() == len(obj.calls)
+    assert not obj.invalid
+
+
+def test_bayes_within_3_percent_with_20_percent_of_the_evaluations(space, exhaustive):
+    budget = space.size() // 5
+    obj = Recorder(space)
+    r = bayes(space, obj, budget=budget, patience=None, seed=0, progress=None)
+    assert r.evaluations <= budget and sum(obj.calls.values()) == r.evaluations
+    assert r.best_time <= 1.03 * exhaustive
+    assert not obj.invalid, "a config violating a constraint reached the objective"
+    assert max(obj.calls.values()) == 1, "a config was timed twice"
+    # the same budget spent at random does worse on this objective
+    assert random(space, synthetic_time, budget=budget, seed=0).best_time > r.best_time
+
+
+def test_bayes_is_deterministic_for_a_seed(space):
+    runs = [bayes(space, synthetic_time, budget=24, seed=s) for s in (7, 7, 8)]
+    assert [t.config for t in runs[0].trials] == [t.config for t in runs[1].trials]
+    assert [t.config for t in runs[0].trials] != [t.config for t in runs[2].trials]
+
+
+def test_random_respects_budget_without_replacement(space):
+    obj = Recorder(space)
+    r = random(space, obj, budget=50, seed=3)
+    assert r.evaluations == len(r.trials) == 50 == len(obj.calls)
+    assert max(obj.calls.values()) == 1 and not obj.invalid
+    assert r.best_time == min(t.time for t in r.trials)
+    assert [t.config for t in r.trials] != list(space.configs())[:50]  # shuffled, not the grid's order
+
+
+@pytest.mark.parametrize("name", ["grid", "random", "bayes"])
+def test_failing_configs_are_recorded_and_never_win(space, name):
+    # the true optimum and everything with num_warps == 4 "fail to compile"
+    obj = Recorder(space, fail=lambda c: c["num_warps"] == 4)
+    r = POLICIES[name](space, obj, budget=120, patience=None, seed=1, progress=None)
+    assert r.failures, "no failure was recorded"
+    assert all(t.time is None and "RuntimeError: out of resources" in t.error for t in r.failures)
+    assert all(t.error is None and t.time > 0 for t in r.trials if t.config["num_warps"] != 4)
+    assert r.best_config["num_warps"] != 4
+    assert r.best_time == min(t.time for t in r.trials if t.time is not None)
+    assert not obj.invalid
+
+
+def test_all_failing_gives_no_best(space):
+    r = random(space, Recorder(space, fail=lambda c: True), budget=10, seed=0)
+    assert r.best_config is None and r.best_time is None and len(r.failures) == 10
+
+
+@pytest.mark.parametrize("name", ["grid", "random", "bayes"])
+def test_patience_stops_early(space, name):
+    # every config after the first evaluated one is slower: the best never improves
+    order: list = []
+
+    def worse_and_worse(config):
+        order.append(config)
+        return float(len(order))
+
+    r = POLICIES[name](space, worse_and_worse, budget=None, patience=5, seed=0, progress=None)
+    assert r.evaluations == 6 and r.best_config == order[0]
+
+
+def test_bayes_serves_duplicates_from_the_memo():
+    # a tiny space: TPE keeps proposing configs it has seen; each is timed once and all are eventually seen
+    s = SearchSpace({"A": [1, 2, 3], "B": [1, 2, 4, 8]}, {"no_3_8": lambda c: (c["A"], c["B"]) != (3, 8)})
+    obj = Recorder(s, fn=lambda c: abs(c["A"] - 2) + abs(math.log2(c["B"]) - 1) + 1.0)
+    r = bayes(s, obj, budget=None, seed=0)
+    assert r.evaluations == s.size() == 11 == len(obj.calls)
+    assert max(obj.calls.values()) == 1 and not obj.invalid
+    assert r.best_config == {"A": 2, "B": 2}
+
+
+def test_progress_sees_every_evaluation(space):
+    seen = []
+
+    class Log:
+        def update(self, done, best):
+            seen.append((done, best))
+
+    r = random(space, synthetic_time, budget=8, seed=0, progress=Log())
+    assert [d for d, _ in seen] == list(range(1, 9))
+    assert seen[-1][1] == r.best_time
+    assert all(b1 >= b2 for (_, b1), (_, b2) in zip(seen, seen[1:], strict=False))
+
+
+# ---------------------------------------------------------------- profiler
+
+
+def test_benchmark_cpu_median_and_rotation():
+    used = []
+
+    def fn(x):
+        used.append(id(x))
+        time.sleep(0.002)
+
+    sets = [(torch.randn(4),) for _ in range(3)]
+    t = benchmark(fn, sets, warmup_ms=5, rep_ms=20, device="cpu")
+    assert 0.002 <= t < 0.05
+    assert set(used) == {id(s[0]) for s in sets}
+    assert benchmark(lambda: None, warmup_ms=1, rep_ms=2, device="cpu") > 0
+
+
+def test_make_objective_checks_outputs_before_timing():
+    x = torch.randn(64, 64)
+    ref = torch.relu(x)
+    good = make_objective(lambda c: lambda a: torch.relu(a), ref, [(x,)], device="cpu", warmup_ms=1, rep_ms=2)
+    assert good({}) > 0
+    wrong = make_objective(lambda c: lambda a: torch.relu(a) * 1.01, ref, [(x,)], device="cpu")
+    with pytest.raises(TuningCheckError, match="relative error"):
+        wrong({})
+
+
+# ---------------------------------------------------------------- tune
+
+
+def _tiny_kernel_space():
+    return SearchSpace(
+        {"BLOCK": pow2(16, 128), "num_warps": [2, 4]}, {"warps": lambda c: c["BLOCK"] >= 16 * c["num_warps"]}
+    )
+
+
+def _builder(x, calls, fast=lambda c: False, wrong=lambda c: False):
+    """Candidates compute relu(x); `wrong` ones return garbage at once, the others sleep 1 ms unless `fast`."""
+
+    def build(config):
+        calls.append(config)
+        if wrong(config):
+            return lambda: torch.zeros_like(x)
+
+        def run():
+            if not fast(config):
+                time.sleep(0.001)
+            return torch.relu(x)
+
+        return run
+
+    return build
+
+
+def _tune(build, shape, cache, source_hash="h", **kw):
+    """`tune` of a relu kernel on CPU with short timings."""
+    kw = {"progress": False, "warmup_ms": 1, "rep_ms": 3, **kw}
+    return tune("relu", source_hash, _tiny_kernel_space(), build, shape, [torch.float32], "cpu", cache=cache, **kw)
+
+
+def test_tune_caches_and_hits_with_zero_evaluations(tmp_path):
+    x = torch.randn(32, 32)
+    cache, calls = TuneCache(tmp_path / "tune.sqlite"), []
+    space = _tiny_kernel_space()
+    build = _builder(x, calls, fast=lambda c: c == {"BLOCK": 64, "num_warps": 4})
+    kw = {"reference": torch.relu(x), "mode": "full", "token_dims": ("M",)}
+    first = _tune(build, {"M": 13, "N": 32}, cache, "h1", **kw)
+    assert not first.from_cache and first.config == {"BLOCK": 64, "num_warps": 4}
+    assert first.trials == space.size() and first.default_time is not None and first.time < first.default_time
+    assert len(cache) == 1
+    calls.clear()
+    again = _tune(build, {"M": 16, "N": 32}, cache, "h1", **kw)  # same bucket
+    assert again.from_cache and calls == []
+    assert again == dataclasses.replace(first, from_cache=True, result=None)
+    changed = _tune(build, {"M": 16, "N": 32}, cache, "h2", **kw)  # new kernel source
+    assert not changed.from_cache and calls
+    calls.clear()
+    _tune(build, {"M": 17, "N": 32}, cache, "h1", **kw)  # next bucket
+    assert calls
+
+
+def test_tune_never_chooses_a_wrong_candidate(tmp_path):
+    x = torch.randn(32, 32)
+    wrong = {"BLOCK": 32, "num_warps": 2}
+    calls: list = []
+    build = _builder(x, calls, wrong=lambda c: c == wrong)
+    out = _tune(build, {"M": 32}, TuneCache(tmp_path / "c.sqlite"), reference=lambda: torch.relu(x), policy="grid")
+    assert wrong in calls and out.config != wrong
+    failed = [t for t in out.result.trials if t.error]
+    assert [t.config for t in failed] == [wrong] and "TuningCheckError" in failed[0].error
+
+
+def test_tune_raises_when_every_candidate_fails(tmp_path):
+    x = torch.randn(8)
+    cache = TuneCache(tmp_path / "c.sqlite")
+    with pytest.raises(TuningError, match="all 5 candidate configs failed"):
+        _tune(_builder(x, [], wrong=lambda c: True), {"M": 8}, cache, reference=torch.relu(x), mode="full")
+    assert len(cache) == 0
+
+
+def test_tune_none_does_no_timing(tmp_path):
+    cache, calls = TuneCache(tmp_path / "c.sqlite"), []
+    space = _tiny_kernel_space()
+    out = _tune(_builder(torch.randn(4), calls), {"M": 4}, cache, mode="none")
+    assert out.config == space.default() and out.time is None and out.trials == 0 and not out.from_cache
+    assert calls == [] and len(cache) == 0
+
+
+def test_tune_settles_an_implementation_choice(tmp_path):
+    # profile-driven choices are spaces too: categorical (non-numeric) choices, timed and remembered
+    x = torch.randn(16, 16)
+    delay = {"fused": 0.0, "unfused": 0.002, "library": 0.001}
+    space = SearchSpace({"impl": ["unfused", "fused", "library"]}, default={"impl": "unfused"})
+
+    def build(config):
+        def run():
+            time.sleep(delay[config["impl"]])
+            return torch.relu(x)
+
+        return run
+
+    cache = TuneCache(tmp_path / "c.sqlite")
+    kw = {"reference": torch.relu(x), "cache": cache, "progress": False, "warmup_ms": 1, "rep_ms": 5}
+    out = tune("region3:impl", "h", space, build, {"M": 16}, [torch.float32], "cpu", policy="bayes", **kw)
+    assert out.config == {"impl": "fused"} and out.trials == 3 and out.default_time > 0.002
+    assert tune("region3:impl", "h", space, build, {"M": 16}, [torch.float32], "cpu", **kw).from_cache
+
+
+def test_quick_mode_budget():
+    quick = TUNE_MODES["quick"]
+    assert quick.policy == "bayes" and quick.patience == 8
+    assert quick.budget(500) == 24 and quick.budget(100) == 12 and quick.budget(20) == 8 and quick.budget(5) == 5
+    assert TUNE_MODES["full"].budget(500) == 500 and TUNE_MODES["none"] is None
+    with pytest.raises(ValueError, match="unknown tune mode"):
+        tune("k", "h", _tiny_kernel_space(), lambda c: None, {}, [], "cpu", mode="fast")
+    with pytest.raises(ValueError, match="unknown tuning policy"):
+        tune("k", "h", _tiny_kernel_space(), lambda c: None, {}, [], "cpu", policy="anneal")
