@@ -68,9 +68,17 @@ class Specialization:
     compile_seconds: float
     notes: list[str] = field(default_factory=list)
 
+    direct: bool = False  # the graph's inputs are exactly the call's positional arguments
+    single: bool = False  # the output is one tensor
+
     def __call__(self, args: tuple, kwargs: dict) -> Any:
-        flat = self.captured.flatten(args, kwargs)
-        outs = self.executor([flat[i] for i in self.imported.arg_positions])
+        if self.direct and not kwargs:
+            outs = self.executor(list(args))
+        else:
+            flat = self.captured.flatten(args, kwargs)
+            outs = self.executor([flat[i] for i in self.imported.arg_positions])
+        if self.single:
+            return outs[0]
         values = [outs[x] if kind == "value" else x for kind, x in self.imported.out_leaves]
         return self.captured.unflatten(values, self.imported.out_spec)
 
@@ -98,7 +106,10 @@ class CompiledModule(torch.nn.Module):
         self._last: Specialization | None = None
 
     def forward(self, *args, **kwargs):
-        key = signature_of(args, kwargs)
+        if not kwargs and all(type(a) is torch.Tensor for a in args):  # the common case, without pytree
+            key = tuple((a.shape, a.dtype, a.device) for a in args)
+        else:
+            key = signature_of(args, kwargs)
         spec = self._specs.get(key)
         if spec is None:
             spec = self._specs[key] = self._specialize(args, kwargs)
@@ -116,9 +127,14 @@ class CompiledModule(torch.nn.Module):
             check = self._checker(imported, captured, args, kwargs, flat)
         result = run_pipeline(imported.module, self.options.pipeline, self.options.dump_ir, check)
         executor = build_executor(result.module, imported, self.options)
-        return Specialization(
+        spec = Specialization(
             captured, imported, result, executor, time.perf_counter() - t0, [*captured.notes, *imported.notes]
         )
+        spec.direct = not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
+        spec.direct = spec.direct and all(f is a for f, a in zip(flat, args))
+        spec.single = imported.out_leaves == [("value", 0)] and captured.out_spec is None
+        spec.single = spec.single and imported.out_spec == pytree.tree_flatten(object())[1]
+        return spec
 
     def _checker(self, imported: Imported, captured: Captured, args, kwargs, flat):
         from .runtime.reference import run_reference

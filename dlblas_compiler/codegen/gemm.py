@@ -37,10 +37,11 @@ from ..dialects import (
     UnaryOp,
 )
 from ..dialects.types import dtype_of, numel, shape_of
+from ..dialects import YieldOp
 from ..tuning.space import SearchSpace
 from .exprs import Names, emit_pointwise, round_to
 from .kernel import TL_DTYPE, Kernel, Writer, cdiv
-from .views import Layout
+from .views import VIEW_OPS, Layout, view_chain
 
 POINTWISE = (UnaryOp, BinaryOp, ConvertOp, GluOp, ConstantOp)
 
@@ -71,6 +72,19 @@ class GemmPlan:
     streams: list[int] = field(default_factory=lambda: [0])  # absolute Y column offsets of the accumulators
     grid_n: int = 0
     rotary_dims: set[int] = field(default_factory=set)
+    input_views: list[Operation] = field(default_factory=list)  # views of operands, fused as strides
+
+
+def input_view(v: SSAValue, inside: set, inputs: list[SSAValue]) -> tuple[SSAValue, list[Operation]] | None:
+    """(region input, view chain) that `v` is read through, if its layout is a view (no copy)."""
+    chain = []
+    while v.owner in inside and isinstance(v.owner, VIEW_OPS):
+        chain.append(v.owner)
+        v = v.owner.operands[0]
+    lay = view_chain(Layout.contiguous(shape_of(v)), chain[::-1]) if v in inputs else None
+    if lay is None or lay.offset:
+        return None
+    return v, chain[::-1]
 
 
 def _split_cols(c: Cols, old: tuple[int, ...], new: tuple[int, ...], nrow: int) -> Cols | None:
@@ -106,9 +120,12 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
     plan = GemmPlan(lin, norm, rows, k, n)
     plan.info[lin.result] = Cols(0, 0, n, (n,), tuple(range(nrow + 1)))
     for o in ops:
-        if o is lin or o is norm:
+        if o is lin or o is norm or isinstance(o, ConstantOp):
             continue
-        if isinstance(o, ConstantOp):
+        if isinstance(o, VIEW_OPS) and o.operands[0] not in plan.info:
+            if input_view(o.results[0], inside, inputs) is None:
+                return "a view of an operand must read a region input"
+            plan.input_views.append(o)
             continue
         why = _epilogue_op(plan, o, inside, nrow)
         if why:
@@ -158,7 +175,7 @@ def _epilogue_op(plan: GemmPlan, o: Operation, inside: set, nrow: int) -> str | 
     outside = [v for v in o.operands if v not in plan.info and not isinstance(v.owner, ConstantOp)]
     if not ins:
         return f"{o.name} does not read the GEMM's tile"
-    if any(v.owner in inside for v in outside):
+    if any(v.owner in inside and not isinstance(v.owner, VIEW_OPS) for v in outside):
         return f"{o.name} reads a value the epilogue cannot compute"
     c = plan.info[ins[0]]
     shp = shape_of(ins[0])
@@ -203,9 +220,9 @@ def _epilogue_op(plan: GemmPlan, o: Operation, inside: set, nrow: int) -> str | 
 # -- emission --------------------------------------------------------------------------------------
 
 
-def _canonical_strides(shape: tuple[int, ...], c: Cols, logical: tuple[int, ...]) -> list[int]:
-    """Strides, in canonical dim order, of a contiguous tensor of `shape` broadcast to `logical`."""
-    lay = Layout.contiguous(shape).broadcast_to(logical)
+def _canonical_strides(lay: Layout | tuple[int, ...], c: Cols, logical: tuple[int, ...]) -> list[int]:
+    """Strides, in canonical dim order, of a layout (or a contiguous shape) broadcast to `logical`."""
+    lay = (lay if isinstance(lay, Layout) else Layout.contiguous(lay)).broadcast_to(logical)
     canon = [0] * len(logical)
     for i, p in enumerate(c.perm):
         canon[p] = lay.strides[i]
@@ -234,7 +251,7 @@ class GemmEmitter:
                     self.ext.append((v, p.info[o.results[0]], o.results[0]))
         args = ["x_ptr", "w_ptr"] + (["bias_ptr"] if has_bias else []) + (["nw_ptr"] if norm_w else [])
         args += [f"e{j}_ptr" for j in range(len(self.ext))] + [f"out{k}_ptr" for k in range(len(self.outputs))]
-        args += ["M"] + [f"R{d}" for d in range(1, nrow)]
+        args += ["ws_ptr", "cnt_ptr", "M"] + [f"R{d}" for d in range(1, nrow)]
         for j in range(len(self.ext)):
             args += [f"e{j}_s{d}" for d in range(len(self.ext[j][1].perm))]
         for k, r in enumerate(self.outputs):
@@ -244,11 +261,12 @@ class GemmEmitter:
         w.indent()
         w(", ".join(args) + ",")
         w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
-        w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,")
+        w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,")
         w.dedent()
         w("):")
         w.indent()
         w("pid = tl.program_id(0)")
+        w("pid_k = tl.program_id(1)")
         w("num_m = tl.cdiv(M, BLOCK_M)")
         w("num_n = tl.cdiv(GRID_N, BLOCK_N)")
         w("group = GROUP_M * num_n")
@@ -261,13 +279,14 @@ class GemmEmitter:
         w("rk = tl.arange(0, BLOCK_K)")
         w("mmask = rm < M")
         w("nmask = rn < GRID_N")
-        w("a_ptrs = x_ptr + rm.to(tl.int64)[:, None] * K + rk[None, :]")
+        w("k_lo = pid_k * K_SPLIT")
+        w("a_ptrs = x_ptr + rm.to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
         for s, off in enumerate(p.streams):
-            w(f"b{s}_ptrs = w_ptr + (rn.to(tl.int64) + {off})[None, :] * K + rk[:, None]")
+            w(f"b{s}_ptrs = w_ptr + (rn.to(tl.int64) + {off})[None, :] * K + (k_lo + rk)[:, None]")
             w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         if p.norm is not None:
             w("ss = tl.zeros((BLOCK_M,), dtype=tl.float32)")
-        w("for k0 in range(0, K, BLOCK_K):")
+        w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
         w.indent()
         w("kmask = (k0 + rk) < K")
         w("a = tl.load(a_ptrs, mask=mmask[:, None] & kmask[None, :], other=0.0)")
@@ -283,6 +302,13 @@ class GemmEmitter:
             w(f"acc{s} = tl.dot(a, b{s}, acc{s})")
             w(f"b{s}_ptrs += BLOCK_K")
         w("a_ptrs += BLOCK_K")
+        w.dedent()
+        self._split_k(w)
+        w("if last:")
+        w.indent()
+        w("if SPLIT_K > 1:")
+        w.indent()
+        self._reduce_partials(w)
         w.dedent()
         if p.norm is not None:
             eps = p.norm.attrs[0]
@@ -334,7 +360,45 @@ class GemmEmitter:
             dt = TL_DTYPE[dtype_of(r)]
             w(f"tl.store(out{k}_ptr + {addr}, {names[r]}.to({dt}), mask=mmask[:, None] & {member})")
         w.dedent()
+        w.dedent()
         return w.text()
+
+    def _split_k(self, w: Writer) -> None:
+        """Split-K: each of SPLIT_K programs of a tile stores its partial sums; the last to finish
+        (an acq_rel counter per tile) reduces them, resets the counter and runs the epilogue."""
+        p = self.plan
+        ns = len(p.streams)
+        w("if SPLIT_K > 1:")
+        w.indent()
+        w("tiles = num_m * num_n")
+        w("offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+        for s in range(ns):
+            w(f"tl.store(ws_ptr + ((pid_k * tiles + pid) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, acc{s})")
+        if p.norm is not None:
+            w(f"ss_ws = ws_ptr + SPLIT_K * tiles * {ns} * BLOCK_M * BLOCK_N")
+            w("tl.store(ss_ws + (pid_k * tiles + pid) * BLOCK_M + tl.arange(0, BLOCK_M), ss)")
+        w('last = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == SPLIT_K - 1')
+        w.dedent()
+        w("else:")
+        w.indent()
+        w("last = True")
+        w.dedent()
+
+    def _reduce_partials(self, w: Writer) -> None:
+        p = self.plan
+        ns = len(p.streams)
+        for s in range(ns):
+            w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+        if p.norm is not None:
+            w("ss = tl.zeros((BLOCK_M,), dtype=tl.float32)")
+        w("for j in range(SPLIT_K):")
+        w.indent()
+        for s in range(ns):
+            w(f'acc{s} += tl.load(ws_ptr + ((j * tiles + pid) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")')
+        if p.norm is not None:
+            w('ss += tl.load(ss_ws + (j * tiles + pid) * BLOCK_M + tl.arange(0, BLOCK_M), cache_modifier=".cg")')
+        w.dedent()
+        w("tl.atomic_xchg(cnt_ptr + pid, 0)")
 
     def _space(self, w: Writer, c: Cols) -> tuple[list[str], str]:
         """Canonical index expressions ([BLOCK_M,1] rows, [1,BLOCK_N] columns) and the column membership."""
@@ -391,15 +455,20 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     em = GemmEmitter(plan, fused, name)
     src = em.source()
     m = numel(plan.rows)
+    args = list(fused.block.args)
+    inside = set(region_ops_of(fused))
     ext_strides: list[int] = []
+    ext_args: list[int] = []
     for v, c, res in em.ext:
-        ext_strides += _canonical_strides(shape_of(v), c, shape_of(res))
+        base, chain = input_view(v, inside, args)
+        lay = view_chain(Layout.contiguous(shape_of(base)), chain)
+        ext_strides += _canonical_strides(lay, c, shape_of(res))
+        ext_args.append(args.index(base))
     out_shapes = [shape_of(r) for r in em.outputs]
     out_dtypes = [dtype_of(r) for r in em.outputs]
     out_strides: list[int] = []
     for r in em.outputs:
         out_strides += _canonical_strides(shape_of(r), plan.info[r], shape_of(r))
-    args = list(fused.block.args)
     lin = plan.linear
     x_arg = args.index(plan.norm.input if plan.norm else lin.input)
     w_arg = args.index(lin.weight)
@@ -408,7 +477,6 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         pre.append(args.index(lin.bias))
     if plan.norm is not None and plan.norm.weight is not None:
         pre.append(args.index(plan.norm.weight))
-    ext_args = [args.index(v) for v, _, _ in em.ext]
     row_sizes = list(plan.rows[1:])
     ns = len(plan.streams)
     gn, k = plan.grid_n, plan.k
@@ -420,6 +488,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             "BLOCK_M": [16, 32, 64, 128],
             "BLOCK_N": [16, 32, 64, 128, 256],
             "BLOCK_K": [32, 64, 128],
+            "SPLIT_K": [1, 2, 4, 8],
             "GROUP_M": [1, 8],
             "num_warps": [4, 8],
             "num_stages": [2, 3, 4, 5],
@@ -429,6 +498,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
             "no block much larger than N": lambda c: c["BLOCK_N"] <= max(rot, triton.next_power_of_2(gn)),
             "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
+            "split K only for few row blocks and long K": lambda c: c["SPLIT_K"] == 1
+            or (m <= 64 and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]),
             "shared memory": lambda c: (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"]
             <= smem_limit,
             "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32,
@@ -436,15 +507,25 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         },
         default=_default_config(m, gn, k, rot, ns),
     )
+    counters: dict[torch.device, torch.Tensor] = {}
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         dev = tensors[x_arg].device
         outs = [torch.empty(s, dtype=dt, device=dev) for s, dt in zip(out_shapes, out_dtypes)]
-        grid = (cdiv(m, config["BLOCK_M"]) * cdiv(gn, config["BLOCK_N"]),)
-        kernel[grid](
-            *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, m, *row_sizes, *ext_strides, *out_strides,
-            K=k, GRID_N=gn, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-            GROUP_M=config["GROUP_M"], num_warps=config["num_warps"], num_stages=config["num_stages"],
+        bm, bn, bk, sk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
+        tiles = cdiv(m, bm) * cdiv(gn, bn)
+        k_split = cdiv(cdiv(k, sk), bk) * bk
+        if sk > 1:
+            ws = torch.empty(sk * tiles * (ns * bm * bn + bm), dtype=torch.float32, device=dev)
+            cnt = counters.get(dev)
+            if cnt is None or cnt.numel() < tiles:  # zeroed once; the last program of each tile resets its counter
+                cnt = counters[dev] = torch.zeros(max(tiles, cdiv(m, 16) * cdiv(gn, 16)), dtype=torch.int32, device=dev)
+        else:
+            ws = cnt = outs[0]
+        kernel[(tiles, sk)](
+            *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, ws, cnt, m, *row_sizes, *ext_strides,
+            *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
+            K_SPLIT=k_split, num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
 
@@ -454,13 +535,23 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     return Kernel(name, src, space, launch, str(fused), {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes)
 
 
+def region_ops_of(fused: FusedOp) -> list[Operation]:
+    return [o for o in fused.block.ops if not isinstance(o, YieldOp)]
+
+
 def _default_config(m: int, n: int, k: int, rot: int, ns: int) -> dict:
+    """A reasonable untuned config: decode shapes stream the weight with more programs (split-K)."""
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
     bn = max(rot, 64 if m <= 16 else 128)
     if ns == 2 and bm == 128:
         bm = 64
-    return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": 64 if k >= 64 else 32, "GROUP_M": 8 if m > bm else 1,
-            "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3}  # fmt: skip
+    bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
+    tiles = -(-m // bm) * -(-n // bn)
+    split = 1
+    while m <= 64 and tiles * split < 132 and k // (split * 2) >= 4 * bk and split < 8:
+        split *= 2
+    return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 8 if m > bm else 1,
+            "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3 if m > 16 else 4}  # fmt: skip
 
 
 def _smem_limit() -> int:

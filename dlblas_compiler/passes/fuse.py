@@ -37,6 +37,7 @@ from ..dialects import (
     YieldOp,
 )
 from ..dialects.traits import MappingKind, kind_of
+from ..codegen.views import VIEW_OPS
 from .algebraic import is_constant
 from .match import producer, set_name
 from .patterns import PATTERNS, FusionPattern, patterns_by_priority
@@ -146,6 +147,32 @@ def split_add_rms_norm(block: Block, notes: list[str]) -> None:
         notes.append(f"split add_rms_norm %{add.result.name_hint}: the add joins the GEMM epilogue, the norm the next prologue")
 
 
+def sink_views(plan: Plan) -> None:
+    """Move a view (reshape, permute, slice, broadcast) whose users all sit in one region into that
+    region, when its template can read the operand through the view's strides."""
+    from ..codegen.lower import TEMPLATES
+    from .builtin_patterns import external_inputs
+
+    changed = True
+    while changed:
+        changed = False
+        for op in reversed(list(plan.block.ops)):
+            if not isinstance(op, VIEW_OPS) or not plan.free(op):
+                continue
+            rids = {plan.claimed.get(u.operation) for u in op.results[0].uses}
+            if len(rids) != 1 or None in rids:
+                continue
+            region = plan.regions[rids.pop()]
+            template = region.pattern.lowering
+            if template not in TEMPLATES:
+                continue
+            trial = sorted([*region.ops, op], key=plan.order.__getitem__)
+            if not isinstance(TEMPLATES[template][0](trial, external_inputs(trial)), str) and plan._convex(trial):
+                region.ops = trial
+                plan.claimed[op] = plan.regions.index(region)
+                changed = True
+
+
 def materialize(plan: Plan) -> list[FusedOp]:
     """Replace each planned region by a dl.fused op, then re-sort the block topologically."""
     fused_ops = [_build_region(region, rid) for rid, region in enumerate(plan.regions)]
@@ -244,6 +271,7 @@ class FusePass(ModulePass):
                         ops, profile = found if isinstance(found, tuple) else (found, False)
                         if not plan.claim(pattern, ops, profile):
                             plan.not_fused.append(f"{pattern.name} at {o.name} %{o.results[0].name_hint if o.results else ''}: region not convex or ops taken")
+            sink_views(plan)
             materialize(plan)
             if plan.not_fused:
                 fn.attributes["fusion_notes"] = StringAttr("\n".join(plan.not_fused))

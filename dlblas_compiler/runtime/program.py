@@ -1,11 +1,13 @@
 """The Program: a compiled specialization as a flat list of steps over a value table.
 
-Steps are kernel launches (one per `dl.fused` region), torch references (ops left unfused, which
-includes cuBLAS for a lone GEMM the tuner preferred there) and torch calls. Weight-only expressions
-(concatenated / norm-folded weights) are evaluated once and re-evaluated when a source parameter is
-modified in place. A region whose kernel fails to build or launch falls back to its reference with one
-warning naming the region and the cause (an error under strict=True). On CUDA the whole Program can
-be captured once in a CUDA graph and replayed while the input signature matches.
+Steps are kernel launches (one per `dl.fused` region), torch references (ops left unfused) and torch
+calls. Weight-only expressions (concatenated or norm-folded weights) are evaluated once and again
+whenever a source parameter is modified in place. A region whose kernel fails to build or launch
+falls back to its reference with one warning naming the region and the cause (an error under
+strict=True). Tuning runs on the first call, on the real inputs: each kernel's config is searched,
+then the kernel is timed against the region's reference (cuBLAS for a lone GEMM), and both choices are
+remembered in the persistent cache. On CUDA the whole Program is captured once in a CUDA graph and
+replayed while the input signature matches.
 """
 
 from __future__ import annotations
@@ -26,24 +28,112 @@ from ..codegen.lower import CallableLowering, LoweringError, lower_region, regio
 from ..dialects import ConstantOp, FusedOp, ParamOp, TorchCallOp
 from ..errors import CompileError
 from ..passes.algebraic import is_constant
-from .reference import DLReference
+from ..tuning import SearchSpace, TuningError, tune
+
+TOKEN_DIMS = ("M", "rows", "S", "L")
 
 
 @dataclass
 class KernelChoice:
-    """What runs a region: its kernel and config, or its reference (and why)."""
+    """What runs a region: its kernel and config, or its reference, and what tuning measured."""
 
     region: str
     pattern: str
-    kernel: Kernel | None
-    config: dict | None
-    impl: str  # "kernel", "reference", "callable"
+    impl: str = "reference"  # "kernel", "reference" or "callable"
+    config: dict | None = None
     reason: str = ""
     time: float | None = None
     default_time: float | None = None
     reference_time: float | None = None
     trials: int = 0
     from_cache: bool = False
+
+
+def _run_ops(ops: list[Operation], env: dict[SSAValue, Any]) -> None:
+    """Execute ops by their torch references (constants as Python scalars)."""
+    for op in ops:
+        if isinstance(op, ConstantOp):
+            env[op.result] = op.scalar
+            continue
+        out = op.reference(*[env[o] for o in op.operands])
+        for r, val in zip(op.results, out if isinstance(out, tuple) else (out,)):
+            env[r] = val
+
+
+@dataclass
+class RegionStep:
+    """One `dl.fused` region: its kernel launch, or its reference."""
+
+    choice: KernelChoice
+    ins: list[int]
+    outs: list[int]
+    reference: Callable[[list], list]
+    kernel: Kernel | None = None
+    compiled: Callable | None = None
+    interpret: bool = False
+    strict: bool = False
+    callable_fn: Callable | None = None
+    checked: bool = False
+
+    def launch(self, tensors: list, config: dict) -> list:
+        if self.interpret:
+            with interpreted_stdlib():
+                return self.kernel.launch(self.compiled, tensors, config)
+        return self.kernel.launch(self.compiled, tensors, config)
+
+    def __call__(self, env: list) -> None:
+        tensors = [t if not isinstance(t, torch.Tensor) or t.is_contiguous() else t.contiguous() for t in (env[i] for i in self.ins)]
+        impl = self.choice.impl
+        if impl == "callable":
+            res = _as_tuple(self.callable_fn(*tensors))
+        elif impl == "reference":
+            res = self.reference(tensors)
+        elif self.checked:
+            res = self.launch(tensors, self.choice.config)
+        else:
+            try:
+                res = self.launch(tensors, self.choice.config)
+                self.checked = True
+            except Exception as e:  # noqa: BLE001 - the first launch compiles; a failure falls back
+                msg = f"region {self.choice.region}: kernel launch failed ({type(e).__name__}: {_first_line(e)})"
+                if self.strict:
+                    raise CompileError(msg) from e
+                warnings.warn(f"dlblas_compiler: {msg}; using its reference", stacklevel=2)
+                self.choice.impl, self.choice.reason = "reference", msg
+                res = self.reference(tensors)
+        for s, val in zip(self.outs, res):
+            env[s] = val
+
+    def tune(self, tensors: list, mode: str, progress: bool) -> None:
+        """Search the kernel's config, then keep the kernel only if it beats the region's reference."""
+        k, c = self.kernel, self.choice
+        dev, dtypes = tensors[0].device, [t.dtype for t in tensors]
+        ref_out: list = []
+
+        def ref() -> list:  # the tuner asks for it only on a cache miss
+            if not ref_out:
+                with torch.no_grad():
+                    ref_out.extend(self.reference(tensors))
+            return ref_out
+
+        try:
+            out = tune(k.name, k.hash, k.space, lambda cfg: (lambda: self.launch(tensors, cfg)), k.shape_key, dtypes,
+                       dev, ref, mode=mode, token_dims=TOKEN_DIMS, progress=progress)  # fmt: skip
+        except TuningError as e:
+            if self.strict:
+                raise CompileError(f"region {c.region}: {e}") from e
+            warnings.warn(f"dlblas_compiler: region {c.region}: no config worked ({e}); using its reference", stacklevel=3)
+            c.impl, c.reason = "reference", str(e)
+            return
+        c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
+        impls = SearchSpace({"impl": ["kernel", "reference"]}, default={"impl": "kernel"})
+        run = {"kernel": lambda: self.launch(tensors, c.config), "reference": lambda: self.reference(tensors)}
+        pick = tune(f"{k.name}:impl", k.hash, impls, lambda cfg: run[cfg["impl"]], k.shape_key, dtypes, dev, ref,
+                    policy="grid", budget=2, mode=mode, token_dims=TOKEN_DIMS, progress=False)  # fmt: skip
+        c.impl = pick.config["impl"]
+        c.reference_time = pick.time if c.impl == "reference" else None
+        if c.impl == "reference":
+            c.reason = "the reference (torch / cuBLAS) measured faster"
 
 
 @dataclass
@@ -55,11 +145,13 @@ class Program:
     consts: list[tuple[int, Callable[[], torch.Tensor], list[torch.Tensor]]]
     choices: list[KernelChoice] = field(default_factory=list)
     cuda_graphs: bool = False
+    tune_mode: str = "none"
+    tuned: bool = False
     _const_versions: list[tuple] | None = None
+    _const_values: list[torch.Tensor] | None = None
     _graph: Any = None
     _static_in: list[torch.Tensor] | None = None
     _static_out: tuple | None = None
-    _const_values: list[torch.Tensor] | None = None
 
     def _refresh_consts(self) -> list[torch.Tensor]:
         versions = [tuple(t._version for t in srcs) for _, _, srcs in self.consts]
@@ -67,21 +159,32 @@ class Program:
             with torch.no_grad():
                 self._const_values = [fn() for _, fn, _ in self.consts]
             self._const_versions = versions
-            self._graph = None  # captured pointers may be stale
+            self._graph = None  # a capture holds the old buffers
         return self._const_values
 
-    def run(self, inputs: list[torch.Tensor]) -> tuple:
+    def _env(self, inputs: list) -> list:
         env: list[Any] = [None] * self.nslots
         for (slot, _, _), value in zip(self.consts, self._refresh_consts()):
             env[slot] = value
         for slot, x in zip(self.inputs, inputs):
-            env[slot] = x if not isinstance(x, torch.Tensor) or x.is_contiguous() else x.contiguous()
+            env[slot] = x.contiguous() if isinstance(x, torch.Tensor) and not x.is_contiguous() else x
+        return env
+
+    def run(self, inputs: list) -> tuple:
+        env = self._env(inputs)
+        if not self.tuned and self.tune_mode != "none":
+            self.tuned = True
+            for step in self.steps:
+                if isinstance(step, RegionStep) and step.kernel is not None and step.choice.impl == "kernel":
+                    step.tune([env[i] for i in step.ins], self.tune_mode, progress=True)
+                step(env)
+            return tuple(env[s] for s in self.outputs)
         for step in self.steps:
             step(env)
         return tuple(env[s] for s in self.outputs)
 
-    def __call__(self, inputs: list[torch.Tensor]) -> tuple:
-        if not self.cuda_graphs or torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+    def __call__(self, inputs: list) -> tuple:
+        if not self.cuda_graphs or (torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in inputs)):
             return self.run(inputs)
         self._refresh_consts()
         if self._graph is None:
@@ -93,13 +196,13 @@ class Program:
         self._graph.replay()
         return tuple(o.clone() for o in self._static_out)
 
-    def _capture(self, inputs: list[torch.Tensor]) -> None:
+    def _capture(self, inputs: list) -> None:
         self._static_in = [x.detach().clone().contiguous() for x in inputs]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(stream):
-                self.run(self._static_in)  # warm up: compiles kernels, settles the allocator
+                self.run(self._static_in)  # warm up: tunes and compiles kernels, settles the allocator
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
@@ -114,10 +217,8 @@ class Program:
         out = []
         for c in self.choices:
             d = {"name": c.region, "pattern": c.pattern, "impl": c.impl, "config": c.config or {}}
-            if c.reason:
-                d["reason"] = c.reason
-            for k in ("time", "default_time", "reference_time"):
-                if getattr(c, k) is not None:
+            for k in ("reason", "time", "default_time", "reference_time"):
+                if getattr(c, k):
                     d[k] = getattr(c, k)
             d["trials"], d["from_cache"] = c.trials, c.from_cache
             out.append(d)
@@ -125,17 +226,16 @@ class Program:
 
 
 class Builder:
+    """Turns a lowered module into a Program."""
+
     def __init__(self, module: ModuleOp, imported, options):
-        self.module, self.imported, self.options = module, imported, options
+        self.imported, self.options = imported, options
         self.fn = next(o for o in module.walk() if isinstance(o, func.FuncOp))
         self.slots: dict[SSAValue, int] = {}
         self.interpret = options.backend == "interpret"
-        self.reference = DLReference(imported.params, imported.calls)
 
     def slot(self, v: SSAValue) -> int:
-        if v not in self.slots:
-            self.slots[v] = len(self.slots)
-        return self.slots[v]
+        return self.slots.setdefault(v, len(self.slots))
 
     def build(self) -> Program:
         block = self.fn.body.block
@@ -150,49 +250,36 @@ class Builder:
             elif isinstance(op, ConstantOp):
                 steps.append(_const_step(self.slot(op.result), op.scalar))
             elif isinstance(op, ParamOp) or (op.results and all(is_constant(r) for r in op.results)):
-                for r in op.results:
-                    consts.append((self.slot(r), *self._const_eval(r)))
+                consts.extend((self.slot(r), *self._const_eval(r)) for r in op.results)
             elif isinstance(op, FusedOp):
-                step, choice = self._region(op)
+                step = self._region(op)
                 steps.append(step)
-                choices.append(choice)
+                choices.append(step.choice)
             elif isinstance(op, TorchCallOp):
                 steps.append(self._torch_call(op))
             else:
                 steps.append(self._reference(op))
+        tune_mode = self.options.tune if self.options.backend == "triton" else "none"
         cuda_graphs = self.options.cuda_graphs and self.options.backend == "triton"
-        return Program(inputs, outputs, steps, len(self.slots), consts, choices, cuda_graphs)
+        return Program(inputs, outputs, steps, len(self.slots), consts, choices, cuda_graphs, tune_mode)
 
-    # -- steps ---------------------------------------------------------------------------------------
     def _const_eval(self, v: SSAValue) -> tuple[Callable[[], torch.Tensor], list[torch.Tensor]]:
         """A function computing a weight-only value from the live parameters, and those parameters."""
         ops: list[Operation] = []
-        params: list[torch.Tensor] = []
 
         def visit(x: SSAValue):
-            op = x.owner
-            if op in ops:
-                return
-            for o in op.operands:
-                visit(o)
-            ops.append(op)
-            if isinstance(op, ParamOp):
-                params.append(self.imported.params[op.pname])
+            if x.owner not in ops:
+                for o in x.owner.operands:
+                    visit(o)
+                ops.append(x.owner)
 
         visit(v)
         table = self.imported.params
+        params = [table[o.pname] for o in ops if isinstance(o, ParamOp)]
 
         def compute() -> torch.Tensor:
-            env: dict[SSAValue, Any] = {}
-            for op in ops:
-                if isinstance(op, ParamOp):
-                    env[op.result] = table[op.pname]
-                elif isinstance(op, ConstantOp):
-                    env[op.result] = op.scalar
-                else:
-                    out = op.reference(*[env[o] for o in op.operands])
-                    for r, val in zip(op.results, out if isinstance(out, tuple) else (out,)):
-                        env[r] = val
+            env: dict[SSAValue, Any] = {o.result: table[o.pname] for o in ops if isinstance(o, ParamOp)}
+            _run_ops([o for o in ops if not isinstance(o, ParamOp)], env)
             out = env[v]
             return out.contiguous() if isinstance(out, torch.Tensor) else out
 
@@ -204,12 +291,8 @@ class Builder:
         ref = op.reference
 
         def step(env):
-            out = ref(*[env[i] for i in ins])
-            if len(outs) == 1:
-                env[outs[0]] = out
-            else:
-                for s, val in zip(outs, out):
-                    env[s] = val
+            for s, val in zip(outs, _as_tuple(ref(*[env[i] for i in ins]))):
+                env[s] = val
 
         return step
 
@@ -224,109 +307,49 @@ class Builder:
 
         return step
 
-    def _region_reference(self, fused: FusedOp) -> Callable[[list], list]:
-        ops = region_ops(fused)
-        args = list(fused.block.args)
-        yielded = list(fused.yielded.values)
-
-        def run(tensors: list) -> list:
-            env: dict[SSAValue, Any] = dict(zip(args, tensors))
-            for op in ops:
-                if isinstance(op, ConstantOp):
-                    env[op.result] = op.scalar
-                    continue
-                out = op.reference(*[env[o] for o in op.operands])
-                for r, val in zip(op.results, out if isinstance(out, tuple) else (out,)):
-                    env[r] = val
-            return [env[v] for v in yielded]
-
-        return run
-
-    def _region(self, fused: FusedOp) -> tuple[Callable, KernelChoice]:
+    def _region(self, fused: FusedOp) -> RegionStep:
         ins = [self.slot(v) for v in fused.inputs]
         outs = [self.slot(r) for r in fused.outputs]
         name = fused.kernel.data if fused.kernel else fused.pattern.data
-        reference = self._region_reference(fused)
-        choice = KernelChoice(name, fused.pattern.data, None, None, "reference")
+        ops, args, yielded = region_ops(fused), list(fused.block.args), list(fused.yielded.values)
+
+        def reference(tensors: list) -> list:
+            env: dict[SSAValue, Any] = dict(zip(args, tensors))
+            _run_ops(ops, env)
+            return [env[v] for v in yielded]
+
+        step = RegionStep(KernelChoice(name, fused.pattern.data), ins, outs, reference, interpret=self.interpret,
+                          strict=self.options.strict)  # fmt: skip
         try:
             lowered = lower_region(fused)
         except LoweringError as e:
-            return self._fallback(ins, outs, reference, choice, str(e)), choice
+            self._fall_back(step, str(e))
+            return step
         if isinstance(lowered, CallableLowering):
-            choice.impl = "callable"
-            fn, attrs = lowered.fn, lowered.attrs
-
-            def call(env):
-                res = fn(*[env[i] for i in ins], **attrs)
-                for s, val in zip(outs, _as_tuple(res)):
-                    env[s] = val
-
-            return call, choice
-        kernel = lowered
-        choice.kernel = kernel
+            step.choice.impl = "callable"
+            step.callable_fn = lambda *t, _f=lowered.fn, _a=lowered.attrs: _f(*t, **_a)
+            return step
+        step.kernel = lowered
         if self.options.dump_ir:
             os.makedirs(self.options.dump_ir, exist_ok=True)
-            with open(os.path.join(self.options.dump_ir, f"{kernel.name}.py"), "w") as f:
-                f.write(kernel.file_text())
+            with open(os.path.join(self.options.dump_ir, f"{lowered.name}.py"), "w") as f:
+                f.write(lowered.file_text())
         try:
-            compiled = kernel.compiled(self.interpret)
+            step.compiled = lowered.compiled(self.interpret)
         except Exception as e:  # noqa: BLE001
-            return self._fallback(ins, outs, reference, choice, f"compile: {type(e).__name__}: {e}"), choice
-        choice.config = kernel.space.default()
-        choice.impl = "kernel"
+            self._fall_back(step, f"region {name}: kernel source does not compile ({type(e).__name__}: {e})")
+            return step
+        step.choice.impl, step.choice.config = "kernel", lowered.space.default()
         if "profile" in fused.attributes and self.options.tune == "none" and not self.interpret:
-            choice.impl, choice.reason = "reference", "a lone GEMM: cuBLAS unless tuning measures otherwise"
-        state = {"checked": False}
-        strict = self.options.strict
-        if self.interpret:
-            run_kernel = kernel.launch
-
-            def run(fn, tensors, config):
-                with interpreted_stdlib():
-                    return run_kernel(fn, tensors, config)
-
-        else:
-            run = kernel.launch
-
-        def launch(env):
-            tensors = [env[i] for i in ins]
-            tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
-            if choice.impl != "kernel":
-                res = reference(tensors)
-            elif state["checked"]:
-                res = run(compiled, tensors, choice.config)
-            else:
-                try:
-                    res = run(compiled, tensors, choice.config)
-                    state["checked"] = True
-                except Exception as e:  # noqa: BLE001 - first launch compiles; a failure falls back
-                    msg = f"region {name}: kernel launch failed ({type(e).__name__}: {_first_line(e)})"
-                    if strict:
-                        raise CompileError(msg) from e
-                    warnings.warn(f"dlblas_compiler: {msg}; using its reference", stacklevel=2)
-                    choice.impl, choice.reason = "reference", msg
-                    res = reference(tensors)
-            for s, val in zip(outs, res):
-                env[s] = val
-
-        self._pending_tune.append((fused, choice, reference, ins))
-        return launch, choice
-
-    def _fallback(self, ins, outs, reference, choice: KernelChoice, why: str) -> Callable:
-        if self.options.strict:
-            raise CompileError(why)
-        if not why.startswith("region"):
-            why = f"region {choice.region}: {why}"
-        warnings.warn(f"dlblas_compiler: {why}; using its reference", stacklevel=4)
-        choice.impl, choice.reason = "reference", why
-
-        def step(env):
-            for s, val in zip(outs, reference([env[i] for i in ins])):
-                env[s] = val
-
+            step.choice.impl = "reference"
+            step.choice.reason = "a lone GEMM runs on cuBLAS unless tuning measures the kernel faster"
         return step
 
-    _pending_tune: list = []
+    def _fall_back(self, step: RegionStep, why: str) -> None:
+        if self.options.strict:
+            raise CompileError(why)
+        warnings.warn(f"dlblas_compiler: {why}; using its reference", stacklevel=5)
+        step.choice.impl, step.choice.reason = "reference", why
 
 
 def _as_tuple(x) -> tuple:
@@ -346,8 +369,4 @@ def _first_line(e: BaseException) -> str:
 
 
 def build_program(module: ModuleOp, imported, options) -> Program:
-    b = Builder(module, imported, options)
-    b._pending_tune = []
-    program = b.build()
-    program.pending_tune = b._pending_tune
-    return program
+    return Builder(module, imported, options).build()

@@ -1,0 +1,161 @@
+"""The blocks the benchmarks time, at Llama-3-8B dims, with their roofline floor.
+
+Each `make_<block>(M, dtype, device)` returns (module, args, kwargs, bytes, flops): bytes are the fewest
+a kernel must move (inputs read once, outputs written once), flops the useful arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dlblas_compiler.models import RMSNorm, randomize_, rope_cos_sin, rotate_half
+
+H, I, HQ, HK, D = 4096, 14336, 32, 8, 128
+EPS = 1e-5
+
+
+class AddRMSNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = RMSNorm(H, EPS)
+
+    def forward(self, x, residual):
+        s = x + residual
+        return self.norm(s), s
+
+
+class SwiGLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj = nn.Linear(H, I, bias=False)
+        self.up_proj = nn.Linear(H, I, bias=False)
+        self.down_proj = nn.Linear(I, H, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class NormQKVRope(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = RMSNorm(H, EPS)
+        self.q_proj = nn.Linear(H, HQ * D, bias=False)
+        self.k_proj = nn.Linear(H, HK * D, bias=False)
+        self.v_proj = nn.Linear(H, HK * D, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        h = self.norm(x)
+        q = self.q_proj(h).view(b, s, HQ, D).transpose(1, 2)
+        k = self.k_proj(h).view(b, s, HK, D).transpose(1, 2)
+        v = self.v_proj(h).view(b, s, HK, D).transpose(1, 2)
+        c, sn = cos[None, None], sin[None, None]
+        return q * c + rotate_half(q) * sn, k * c + rotate_half(k) * sn, v
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def _randn(*shape, dtype, device, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype=dtype, device=device)
+
+
+def make_add_rmsnorm(m, dtype, device):
+    mod = randomize_(AddRMSNorm()).to(device=device, dtype=dtype).eval()
+    x, r = _randn(1, m, H, dtype=dtype, device=device, seed=1), _randn(1, m, H, dtype=dtype, device=device, seed=2)
+    e = dtype.itemsize
+    return mod, (x, r), {}, (4 * m * H + H) * e, 4 * m * H
+
+
+def make_swiglu(m, dtype, device):
+    mod = randomize_(SwiGLU()).to(device=device, dtype=dtype).eval()
+    x = _randn(1, m, H, dtype=dtype, device=device, seed=1)
+    e = dtype.itemsize
+    return mod, (x,), {}, (3 * H * I + 2 * m * H + 0) * e, 2 * m * H * I * 3
+
+
+def make_norm_qkv_rope(m, dtype, device):
+    mod = randomize_(NormQKVRope()).to(device=device, dtype=dtype).eval()
+    x = _randn(1, m, H, dtype=dtype, device=device, seed=1)
+    cos, sin = rope_cos_sin(m, D, 500000.0, dtype, device)
+    n = (HQ + 2 * HK) * D
+    e = dtype.itemsize
+    return mod, (x, cos, sin), {}, (H * n + m * H + m * n + 2 * m * D) * e, 2 * m * H * n
+
+
+def make_attention(m, dtype, device):
+    q = _randn(1, HQ, m, D, dtype=dtype, device=device, seed=1)
+    k = _randn(1, HK, m, D, dtype=dtype, device=device, seed=2)
+    v = _randn(1, HK, m, D, dtype=dtype, device=device, seed=3)
+    e = dtype.itemsize
+    return Attention(), (q, k, v), {}, (2 * HQ * m * D + 2 * HK * m * D) * e, 4 * HQ * m * m * D / 2
+
+
+def hf_llama_config(layers: int = 1):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(
+        hidden_size=H, intermediate_size=I, num_attention_heads=HQ, num_key_value_heads=HK, head_dim=D,
+        num_hidden_layers=layers, vocab_size=128256, rms_norm_eps=EPS, rope_theta=500000.0, max_position_embeddings=8192,
+    )  # fmt: skip
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def make_layer(m, dtype, device):
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    cfg = hf_llama_config()
+    with torch.device(device):
+        layer = LlamaDecoderLayer(cfg, 0)
+    layer = randomize_(layer).to(dtype=dtype).eval()
+    x = _randn(1, m, H, dtype=dtype, device=device, seed=1)
+    cos, sin = LlamaRotaryEmbedding(cfg, device=device)(x, torch.arange(m, device=device)[None])
+    n_qkv = (HQ + 2 * HK) * D
+    weights = H * n_qkv + HQ * D * H + 3 * H * I + 2 * H
+    e = dtype.itemsize
+    flops = 2 * m * (H * n_qkv + HQ * D * H + 3 * H * I) + 4 * HQ * m * m * D / 2
+    return layer, (x,), {"position_embeddings": (cos, sin), "attention_mask": None}, (weights + 2 * m * H) * e, flops
+
+
+def make_model(m, dtype, device, layers: int = 2):
+    from transformers import LlamaForCausalLM
+
+    cfg = hf_llama_config(layers)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    model = randomize_(model, scale=0.3).to(dtype=dtype).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, m), generator=torch.Generator().manual_seed(1)).to(device)
+    n_qkv = (HQ + 2 * HK) * D
+    per_layer = H * n_qkv + HQ * D * H + 3 * H * I + 2 * H
+    weights = layers * per_layer + 2 * cfg.vocab_size * H
+    e = dtype.itemsize
+    flops = layers * 2 * m * (H * n_qkv + HQ * D * H + 3 * H * I) + 2 * m * H * cfg.vocab_size
+    return model, (ids,), {"use_cache": False}, weights * e + m * cfg.vocab_size * e, flops
+
+
+BLOCKS = {
+    "add_rmsnorm": make_add_rmsnorm,
+    "swiglu_mlp": make_swiglu,
+    "norm_qkv_rope": make_norm_qkv_rope,
+    "attention": make_attention,
+    "decoder_layer": make_layer,
+    "llama_2layer": make_model,
+}
+
+CEILINGS = {"H100": (3.0e12, 709e12), "H200": (4.25e12, 687e12)}
+
+
+def floor_us(gpu_name: str, nbytes: float, flops: float) -> float:
+    bw, fl = next((v for k, v in CEILINGS.items() if k in gpu_name), CEILINGS["H100"])
+    return max(nbytes / bw, flops / fl) * 1e6
+
+
+__all__ = ["BLOCKS", "floor_us", "math"]

@@ -1,0 +1,161 @@
+"""One benchmark run: correctness first, then GPU time and call time of every mode, per block and M.
+
+    python bench/run.py --out OUT [--blocks a,b] [--tokens 1,16,128,2048] [--modes ...] [--tune quick]
+
+Modes: eager, inductor (torch.compile default), max-autotune (with CUDA graphs), max-autotune-no-cudagraphs,
+ours (dlblas_compiler, tuned, CUDA graphs), ours-nocg (same kernels, no CUDA graphs).
+GPU time: the call captured in a CUDA graph and replayed, L2 cleared before each replay (do_bench median):
+what the GPU spends. Call time: one Python call as a user makes it (do_bench median). Every mode's output is
+compared with a float64 reference (relative error ‖out−ref‖/‖ref‖). Results are appended to OUT/results.json
+as they come, so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+from torch.utils import _pytree as pytree
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import dlblas_compiler as dc  # noqa: E402
+from blocks import BLOCKS, floor_us  # noqa: E402
+from dlblas_compiler.numerics import rel_error  # noqa: E402
+
+MODES = ["eager", "inductor", "max-autotune", "max-autotune-no-cudagraphs", "ours", "ours-nocg"]
+
+
+def leaves(out):
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def do_bench(fn) -> float:
+    from triton.testing import do_bench as tb
+
+    return tb(fn, warmup=25, rep=100, return_mode="median") * 1e3  # µs
+
+
+def gpu_time(fn) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    t = do_bench(g.replay)
+    del g
+    return t
+
+
+def make_fn(mode: str, mod, args, kwargs, tune: str):
+    """(callable, compile seconds, compiled object)."""
+    t0 = time.perf_counter()
+    if mode == "eager":
+        return (lambda: mod(*args, **kwargs)), 0.0, None
+    if mode.startswith("ours"):
+        cm = dc.compile(mod, backend="triton", tune=tune, cuda_graphs=(mode == "ours"))
+        cm(*args, **kwargs)
+        torch.cuda.synchronize()
+        return (lambda: cm(*args, **kwargs)), time.perf_counter() - t0, cm
+    torch._dynamo.reset()
+    cmode = None if mode == "inductor" else mode
+    fn = torch.compile(mod, mode=cmode, dynamic=False)
+    fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    return (lambda: fn(*args, **kwargs)), time.perf_counter() - t0, fn
+
+
+def bench_one(block: str, m: int, modes: list[str], tune: str, dtype) -> list[dict]:
+    gpu = torch.cuda.get_device_name()
+    mod, args, kwargs, nbytes, flops = BLOCKS[block](m, dtype, "cuda")
+    floor = floor_us(gpu, nbytes, flops)
+    with torch.no_grad():
+        ref_mod = copy.deepcopy(mod).double()
+        dargs = pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, (args, kwargs))
+        ref = leaves(ref_mod(*dargs[0], **dargs[1]))
+        del ref_mod
+    rows = []
+    for mode in modes:
+        row = {"block": block, "M": m, "mode": mode, "floor_us": floor, "gpu": gpu}
+        try:
+            with torch.no_grad():
+                fn, compile_s, obj = make_fn(mode, mod, args, kwargs, tune)
+                out = leaves(fn())
+                row["rel_err"] = max(rel_error(o, r) for o, r in zip(out, ref))
+                row["compile_s"] = compile_s
+                row["call_us"] = do_bench(fn)
+                if mode not in ("max-autotune", "ours"):  # these replay their own CUDA graphs: GPU time is
+                    row["gpu_us"] = gpu_time(fn)  # that of the same kernels without them (the -no-cudagraphs mode)
+                if mode.startswith("ours"):
+                    kernels = obj._spec().executor.kernel_summaries()
+                    row["kernels"] = [{k: v for k, v in d.items() if k in ("name", "impl", "config", "time", "default_time", "reference_time", "reason")} for d in kernels]
+                    if mode == "ours":
+                        t0 = time.perf_counter()
+                        warm = dc.compile(mod, backend="triton", tune=tune)
+                        warm(*args, **kwargs)
+                        torch.cuda.synchronize()
+                        row["warm_compile_s"] = time.perf_counter() - t0
+                        del warm
+            del fn, obj
+        except Exception as e:  # noqa: BLE001 - one failing mode must not end the run
+            row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            traceback.print_exc()
+        rows.append(row)
+        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if k != "kernels"}), flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+    del mod, args, kwargs
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--blocks", default=",".join(BLOCKS))
+    p.add_argument("--tokens", default="1,16,128,2048")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--tune", default="quick")
+    p.add_argument("--dtype", default="bfloat16")
+    a = p.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "results.json")
+    results = json.load(open(path)) if os.path.exists(path) else {"runs": []}
+    import transformers
+    import triton
+
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "dtype": a.dtype,
+        "tune": a.tune,
+    }
+    print(json.dumps(meta), flush=True)
+    run = {"meta": meta, "rows": []}
+    results["runs"].append(run)
+    for block in a.blocks.split(","):
+        for m in [int(t) for t in a.tokens.split(",")]:
+            run["rows"] += bench_one(block, m, a.modes.split(","), a.tune, getattr(torch, a.dtype))
+            with open(path, "w") as f:
+                json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

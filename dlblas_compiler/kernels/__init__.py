@@ -1,0 +1,101 @@
+"""The operator library (DLBlas style): a registry of implementations with symbolic signatures, and kernels.
+
+Three ways to use a kernel:
+
+    op = get_op("topk_gating", (logits, 2)); op(logits, 2)      # matched, chosen (timed on CUDA) and cached
+    from dlblas_compiler.kernels.gating import topk_gating        # from its module
+    dlblas_compiler.kernels.topk_gating(logits, 2)                # from this package
+
+Importing this package does not import triton: kernel modules load on first use (an attribute below, get_op or
+list_ops), so TRITON_INTERPRET=1 (the Triton interpreter, for CPU tensors) may still be set after
+`import dlblas_compiler`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .registry import (
+    BUILTIN_MODULES,
+    DTYPES,
+    Binding,
+    ChoiceKey,
+    Constraint,
+    KernelUnsupported,
+    OpImpl,
+    OpMatchError,
+    Optional,
+    Scalar,
+    Sig,
+    Tensor,
+    choice_key,
+    cuda_timer,
+    divisible,
+    get_op,
+    in_range,
+    list_ops,
+    load_builtin_ops,
+    match_impls,
+    min_capability,
+    register_op,
+    same_dtype,
+    select_impl,
+    where,
+)
+
+_KERNELS = {
+    "Routing": "gating",
+    "expert_capacity": "gating",
+    "topk_gating": "gating",
+    "topk_gating_reference": "gating",
+    "fused_moe": "moe",
+    "fused_moe_reference": "moe",
+    "moe_align_block_size": "moe",
+    "fp8_gemm": "fp8",
+    "fp8_gemm_reference": "fp8",
+    "quantize_fp8": "fp8",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _KERNELS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_KERNELS])
+
+
+__all__ = [
+    "BUILTIN_MODULES",
+    "DTYPES",
+    "Binding",
+    "ChoiceKey",
+    "Constraint",
+    "KernelUnsupported",
+    "OpImpl",
+    "OpMatchError",
+    "Optional",
+    "Scalar",
+    "Sig",
+    "Tensor",
+    "choice_key",
+    "cuda_timer",
+    "divisible",
+    "get_op",
+    "in_range",
+    "list_ops",
+    "load_builtin_ops",
+    "match_impls",
+    "min_capability",
+    "register_op",
+    "same_dtype",
+    "select_impl",
+    "where",
+    *_KERNELS,
+]
