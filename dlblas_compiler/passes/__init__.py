@@ -4,6 +4,6 @@ from . import algebraic, classify, fuse, recognize  # noqa: F401  (registers the
 from .pipeline import PipelineResult, run_pipeline
 from .registry import PASSES, parse_pipeline, register_pass
 
-DEFAULT_PIPELINE = "canonicalize,recognize,algebraic,cse,dce,classify,fuse"
+DEFAULT_PIPELINE = "canonicalize,cse,recognize,algebraic,cse,dce,classify,fuse"
 
 __all__ = ["PASSES", "DEFAULT_PIPELINE", "PipelineResult", "parse_pipeline", "register_pass", "run_pipeline"]

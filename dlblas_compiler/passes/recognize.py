@@ -316,9 +316,8 @@ class RecognizeSoftmax(RewritePattern):
         sub = producer(x, SubOp)
         if sub is not None:
             mx = producer(sub.rhs, ReduceMaxOp)
-            if mx is not None and mx.input == sub.lhs and mx.axes == (dim,) and mx.keep and single_use(x):
-                if sub.rhs.has_one_use() and sub.lhs.uses.get_length() == 2:
-                    x = sub.lhs
+            if mx is not None and mx.input == sub.lhs and mx.axes == (dim,) and mx.keep and single_use(x, sub.rhs):
+                x = sub.lhs
         new = SoftmaxOp(x, dim)
         if new.result.type != op.result.type:
             return
