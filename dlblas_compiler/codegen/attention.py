@@ -127,37 +127,56 @@ def source(name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: 
     w("rd = tl.arange(0, D)")
     w("mmask = rm < S")
     w("q = tl.load(q_ptr + b * sq_b + h * sq_h + rm[:, None] * sq_s + rd[None, :] * sq_d, mask=mmask[:, None], other=0.0)")
+    w("q = (q.to(tl.float32) * qk_scale).to(q.dtype)  # scores come out in log2 units")
     w("m_i = tl.full((BLOCK_M,), float('-inf'), tl.float32)")
     w("l_i = tl.zeros((BLOCK_M,), tl.float32)")
     w("acc = tl.zeros((BLOCK_M, D), tl.float32)")
     w("k_base = k_ptr + b * sk_b + hk * sk_h")
     w("v_base = v_ptr + b * sv_b + hk * sv_h")
-    w("hi = (pid_m + 1) * BLOCK_M" if causal else "hi = L")  # causal: keys past the diagonal are skipped
-    w("for start in range(0, hi, BLOCK_N):")
-    w.indent()
-    w("rn = start + tl.arange(0, BLOCK_N)")
-    w("nmask = rn < L")
-    w("kt = tl.load(k_base + rn[None, :] * sk_s + rd[:, None] * sk_d, mask=nmask[None, :], other=0.0)")
-    w("s = tl.dot(q, kt) * qk_scale")
-    w("keep = nmask[None, :] & mmask[:, None]")
-    if causal:
-        w("keep = keep & (rn[None, :] <= rm[:, None])")
+    # blocks entirely below the diagonal (or before L's ragged tail) need no mask
     if has_mask:
-        w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
-        if mask_bool:
-            w("keep = keep & (mv != 0)")
+        w("full = 0")
+    elif causal:
+        w("full = tl.minimum(pid_m * BLOCK_M, L) // BLOCK_N * BLOCK_N")
+    else:
+        w("full = L // BLOCK_N * BLOCK_N")
+    w("hi = (pid_m + 1) * BLOCK_M" if causal else "hi = L")
+    for masked in (False, True):
+        w("for start in range(0, full, BLOCK_N):" if not masked else "for start in range(full, hi, BLOCK_N):")
+        w.indent()
+        w("rn = start + tl.arange(0, BLOCK_N)")
+        if masked:
+            w("nmask = rn < L")
+            w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d, mask=nmask[:, None], other=0.0)")
         else:
-            w("s = s + mv.to(tl.float32) * 1.4426950408889634")
-    w("s = tl.where(keep, s, float('-inf'))")
-    w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
-    w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
-    w("p = tl.exp2(s - m_safe[:, None])")
-    w("alpha = tl.exp2(m_i - m_safe)")
-    w("l_i = l_i * alpha + tl.sum(p, axis=1)")
-    w("vt = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d, mask=nmask[:, None], other=0.0)")
-    w("acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)")
-    w("m_i = m_new")
-    w.dedent()
+            w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d)")
+        w("s = tl.dot(q, tl.trans(k))")
+        if masked:
+            w("keep = nmask[None, :] & mmask[:, None]")
+            if causal:
+                w("keep = keep & (rn[None, :] <= rm[:, None])")
+            if has_mask:
+                w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
+                if mask_bool:
+                    w("keep = keep & (mv != 0)")
+                else:
+                    w("s = s + mv.to(tl.float32) * 1.4426950408889634")
+            w("s = tl.where(keep, s, float('-inf'))")
+        w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
+        if masked:
+            w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
+        else:
+            w("m_safe = m_new")
+        w("p = tl.exp2(s - m_safe[:, None])")
+        w("alpha = tl.exp2(m_i - m_safe)")
+        w("l_i = l_i * alpha + tl.sum(p, axis=1)")
+        if masked:
+            w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d, mask=nmask[:, None], other=0.0)")
+        else:
+            w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d)")
+        w("acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)")
+        w("m_i = m_new")
+        w.dedent()
     w("out = acc / tl.where(mmask, l_i, 1.0)[:, None]")
     w(f"tl.store(o_ptr + b * so_b + h * so_h + rm[:, None] * so_s + rd[None, :] * so_d, out.to({TL_DTYPE[out_dtype]}), mask=mmask[:, None])")
     w.dedent()

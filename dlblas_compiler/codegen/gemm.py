@@ -262,6 +262,7 @@ class GemmEmitter:
         w(", ".join(args) + ",")
         w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
         w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,")
+        w("STATS_LOAD: tl.constexpr,")
         w.dedent()
         w("):")
         w.indent()
@@ -291,7 +292,10 @@ class GemmEmitter:
         w("kmask = (k0 + rk) < K")
         w("a = tl.load(a_ptrs, mask=mmask[:, None] & kmask[None, :], other=0.0)")
         if p.norm is not None:
-            w("af = a.to(tl.float32)")
+            w("if STATS_LOAD:  # a second load of the tile, so the dot's operand stays in shared memory")
+            w("    af = tl.load(a_ptrs, mask=mmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)")
+            w("else:")
+            w("    af = a.to(tl.float32)")
             w("ss += tl.sum(af * af, axis=1)")
             if norm_w:
                 _, offset, _ = p.norm.attrs
@@ -489,6 +493,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             "BLOCK_N": [16, 32, 64, 128, 256],
             "BLOCK_K": [32, 64, 128],
             "SPLIT_K": [1, 2, 4, 8],
+            "STATS_LOAD": [0, 1] if plan.norm is not None else [0],
             "GROUP_M": [1, 8],
             "num_warps": [4, 8],
             "num_stages": [2, 3, 4, 5],
@@ -525,7 +530,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         kernel[(tiles, sk)](
             *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, ws, cnt, m, *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
-            K_SPLIT=k_split, num_warps=config["num_warps"], num_stages=config["num_stages"],
+            K_SPLIT=k_split, STATS_LOAD=config["STATS_LOAD"], num_warps=config["num_warps"],
+            num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
 
@@ -550,7 +556,8 @@ def _default_config(m: int, n: int, k: int, rot: int, ns: int) -> dict:
     split = 1
     while m <= 64 and tiles * split < 132 and k // (split * 2) >= 4 * bk and split < 8:
         split *= 2
-    return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 8 if m > bm else 1,
+    return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split, "STATS_LOAD": 0,
+            "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3 if m > 16 else 4}  # fmt: skip
 
 

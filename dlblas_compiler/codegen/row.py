@@ -76,6 +76,18 @@ def _rowwise(shape: tuple[int, ...], it: tuple[int, ...]) -> bool:
     return shape == (*it[:-1], 1) or shape == it[:-1]
 
 
+def _stores_full(shape: tuple[int, ...], it: tuple[int, ...]) -> bool:
+    """An output with a value per column (else one value per row)."""
+    return bool(shape) and shape[-1] == it[-1] and not (shape == it[:-1] and shape != it)
+
+
+def _broadcast(shape: tuple[int, ...], it: tuple[int, ...]) -> bool:
+    """A value computed once per row space element after broadcasting (recomputed where replicated)."""
+    if len(shape) > len(it) or (shape and shape[-1] not in (1, it[-1])):
+        return False
+    return all(a in (1, b) for a, b in zip(shape[::-1], it[::-1]))
+
+
 def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
     """A RowPlan if the row template can compute these ops (given the region's inputs), else why not."""
     inside = set(ops)
@@ -101,8 +113,8 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
             s = shape_of(r)
             if isinstance(o, ConstantOp):
                 continue
-            if not (_full(s, it) or _rowwise(s, it)):
-                return f"{o.name} produces {s}, neither the row space {it} nor one value per row"
+            if not (_full(s, it) or _rowwise(s, it) or _broadcast(s, it)):
+                return f"{o.name} produces {s}, which does not broadcast to the row space {it}"
             if isinstance(o, ReduceOp) and (o.axes != (len(shape_of(o.input)) - 1,) or shape_of(o.input) != it):
                 return f"{o.name} reduces dims {list(o.axes)}, not the last dim of the row space"
             if isinstance(o, SoftmaxOp) and o.axis != len(it) - 1:
@@ -216,7 +228,7 @@ class RowEmitter:
                 rest = f"q{d}"
         n = p.n
         for j, (v, leaf) in enumerate(p.leaves.items()):
-            base = " + ".join([f"off{j}"] + [f"i{d} * s{j}_{d}" for d in range(nrow)])
+            base = " + ".join([f"off{j}", "rows * 0"] + [f"i{d} * s{j}_{d}" for d in range(nrow)])
             w(f"b{j} = {base}")
             last = shape_of(v)[-1] if len(shape_of(v)) == len(p.iter_shape) else (shape_of(v)[-1:] or (1,))[0]
             if last == 1:
@@ -229,10 +241,10 @@ class RowEmitter:
         for op in p.ops:
             self._op(w, op, n, nrow, leaf_index)
         for k, r in enumerate(p.outputs):
-            base = " + ".join([f"i{d} * o{k}_{d}" for d in range(nrow)]) or "0"
+            base = " + ".join([f"i{d} * o{k}_{d}" for d in range(nrow)]) or "rows * 0"
             val = self.names[r]
             dt = TL_DTYPE[dtype_of(r)]
-            if len(shape_of(r)) and shape_of(r)[-1] == n and shape_of(r) == p.iter_shape:
+            if _stores_full(shape_of(r), p.iter_shape):
                 w(f"tl.store(out{k} + ({base})[:, None] + cols[None, :] * o{k}_{nrow}, tl.broadcast_to({val}, [BLOCK_M, BLOCK_N]).to({dt}), mask=mask)")
             else:
                 w(f"tl.store(out{k} + ({base})[:, None], tl.broadcast_to({val}, [BLOCK_M, 1]).to({dt}), mask=rmask[:, None])")
@@ -315,8 +327,10 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     out_dtypes = [dtype_of(r) for r in plan.outputs]
     out_args: list[int] = []
     for shp in out_shapes:
-        st = Layout.contiguous(shp).strides
-        out_args += list(st) if len(shp) == nrow + 1 else [*st, 0]
+        if not _stores_full(shp, it) and len(shp) == len(it) - 1:  # a reduction without keepdim
+            out_args += [*Layout.contiguous(shp).strides, 0]
+        else:  # broadcast strides: replicated rows write the same (identical) values
+            out_args += list(Layout.contiguous(shp).broadcast_to((*it[:-1], shp[-1] if shp else 1)).strides)
     n_rows = numel(plan.rows)
     space = SearchSpace(
         {"BLOCK_M": pow2(1, 16), "num_warps": [1, 2, 4, 8, 16]},

@@ -93,8 +93,10 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
 def _dynamo_capture(model, args, kwargs, symbolic_failure: str) -> Captured:
     import torch._dynamo
 
+    # Every input signature is exported afresh; dynamo's per-frame recompile limit must not stop the 9th.
+    limits = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 << 20}
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), torch._dynamo.config.patch(limits):
             warnings.simplefilter("ignore")
             result = torch._dynamo.export(model, aten_graph=False, assume_static_by_default=True)(*args, **kwargs)
     except Exception as e:  # noqa: BLE001
