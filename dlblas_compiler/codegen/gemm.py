@@ -163,9 +163,9 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
     for o in plan.epilogue:
         if isinstance(o, RotaryOp):
             c = plan.info[o.input]
-            d = c.split[-1]
-            if c.lo % d or d & (d - 1) or d > 256:
-                return f"rotary head dim {d} (column offset {c.lo}) does not tile: it must be a power of two <= 256"
+            d, rd = c.split[-1], o.dim
+            if c.lo % d or d & (d - 1) or d > 256 or rd & (rd - 1) or d % rd:
+                return f"rotary on head dim {d} (rotary dim {rd}, column offset {c.lo}) does not tile: powers of two <= 256"
             plan.rotary_dims.add(d)
     return plan
 
@@ -424,34 +424,44 @@ class GemmEmitter:
         return rows + cols, f"m{j}"
 
     def _load_ext(self, w: Writer, j: int) -> str:
-        v, c, _ = self.ext[j]
+        v, c, res = self.ext[j]
         idx, member = self._space(w, c)
         addr = " + ".join(f"({e}) * e{j}_s{d}" for d, e in enumerate(idx))
+        mask = f"mmask[:, None] & {member}"
+        logical, own = shape_of(res), shape_of(v)
+        own = (1,) * (len(logical) - len(own)) + own
+        for i, (a, b) in enumerate(zip(own, logical)):
+            if a not in (1, b):  # a narrower operand (partial rotary's cos/sin): no reads past its end
+                mask += f" & ({idx[c.perm[i]]} < {a})"
         t = self.names.fresh("e")
-        w(f"{t} = tl.load(e{j}_ptr + {addr}, mask=mmask[:, None] & {member}, other=0.0).to(tl.float32)")
+        w(f"{t} = tl.load(e{j}_ptr + {addr}, mask={mask}, other=0.0).to(tl.float32)")
         return t
 
     def _rotary(self, w: Writer, o: RotaryOp) -> None:
+        """Rotate head columns in registers: the tile is reshaped so each rotation pair lands in one
+        axis of size 2 (split), rotated, and joined back. Heads of D columns start at tile boundaries
+        (BLOCK_N % D == 0); with partial rotary only the first rotary_dim columns of a head change."""
         c = self.plan.info[o.input]
-        rd = o.dim
-        idx, member = self._space(w, c)
-        dcol = idx[-1]
-        x = self.names[o.input]
-        cos, sin = self.names[o.cos], self.names[o.sin]
+        d, rd = c.split[-1], o.dim
+        _, _ = self._space(w, c)
+        x, cos, sin = self.names[o.input], self.names[o.cos], self.names[o.sin]
         names = self.names
-        delta, sg, t = names.fresh("dl"), names.fresh("sg"), names.fresh("rot")
-        if o.layout.data == "half":
-            h = rd // 2
-            w(f"{delta} = tl.where({dcol} < {h}, {h}, -{h})")
-            w(f"{sg} = tl.where({dcol} < {h}, -1.0, 1.0)")
-        else:
-            w(f"{delta} = tl.where({dcol} % 2 == 0, 1, -1)")
-            w(f"{sg} = tl.where({dcol} % 2 == 0, -1.0, 1.0)")
-        w(f"{delta} = tl.where({dcol} < {rd}, {delta}, 0)")
-        part = names.fresh("pt")
-        src = f"tl.minimum(tl.maximum(tl.arange(0, BLOCK_N)[None, :] + {delta}, 0), BLOCK_N - 1)"
-        w(f"{part} = tl.gather({x}, tl.broadcast_to({src}, [BLOCK_M, BLOCK_N]), axis=1)")
-        w(f"{t} = tl.where({dcol} < {rd}, {x} * {cos} + {sg} * {part} * {sin}, {x})")
+        grp = f"BLOCK_N // {rd}"  # rotation groups of rd columns per tile row
+        if o.layout.data == "half":  # pairs (j, j + rd/2) of each group
+            shape, perm = f"[BLOCK_M, {grp}, 2, {rd // 2}]", "[0, 1, 3, 2]"
+        else:  # pairs (2j, 2j + 1)
+            shape, perm = f"[BLOCK_M, {grp}, {rd // 2}, 2]", "[0, 1, 2, 3]"
+        parts = {}
+        for v, tag in ((x, "x"), (cos, "c"), (sin, "s")):
+            a, b = names.fresh(tag), names.fresh(tag)
+            w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, BLOCK_N]), {shape}), {perm}))")
+            parts[tag] = (a, b)
+        (x1, x2), (c1, c2), (s1, s2) = parts["x"], parts["c"], parts["s"]
+        t = names.fresh("rot")
+        w(f"{t} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")
+        if rd < d:  # partial rotary: the columns past rotary_dim in each head pass through
+            dcol = self._space(w, c)[0][-1]
+            w(f"{t} = tl.where({dcol} < {rd}, {t}, {x})")
         names[o.result] = t
 
 

@@ -19,11 +19,17 @@ TEMPLATES: dict[str, tuple[Callable, Callable]] = {
 
 @dataclass
 class CallableLowering:
-    """A user pattern lowered to a Python callable: fn(*inputs, **attrs) -> output(s)."""
+    """A user pattern lowered to a Python callable: fn(*inputs, **attrs), or fn(**named, **attrs)."""
 
     name: str
     fn: Callable
     attrs: dict
+    arg_names: list[str] | None = None  # for DAG patterns: the placeholder each region input binds
+
+    def __call__(self, *tensors):
+        if self.arg_names is None:
+            return self.fn(*tensors, **self.attrs)
+        return self.fn(**dict(zip(self.arg_names, tensors)), **self.attrs)
 
 
 class LoweringError(Exception):
@@ -47,7 +53,13 @@ def lower_region(fused: FusedOp) -> Kernel | CallableLowering:
             short = o.name.removeprefix("dl.")
             for k, v in o.properties.items():
                 attrs[f"{short}_{k}"] = _py(v)
-        return CallableLowering(name, lowering, attrs)
+        names = None
+        if pattern is not None and pattern.dag is not None:
+            root = fused.yielded.values[0].owner
+            binding = pattern.dag.bind(root) or {}
+            by_value = {v: k for k, v in binding.items()}
+            names = [by_value.get(a, f"arg{i}") for i, a in enumerate(fused.block.args)]
+        return CallableLowering(name, lowering, attrs, names)
     if lowering not in TEMPLATES:
         raise LoweringError(f"region {name}: no template named {lowering!r} (have {sorted(TEMPLATES)})")
     analyze, build = TEMPLATES[lowering]

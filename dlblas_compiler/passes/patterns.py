@@ -8,9 +8,10 @@
     intermediate values must have no users outside the match), or
   - a *matcher*: `fn(op, plan) -> list[Operation] | None`, given an unclaimed anchor op, returning the
     ops of the region (the built-in patterns are matchers).
-`lowering` is the name of a codegen template ("gemm", "attention", "row") or a Python callable
-`fn(*inputs, **attrs) -> outputs` run on the region's input tensors (attrs: the region ops'
-properties, keyed `<op>_<property>`; e.g. `layer_norm_eps`).
+`lowering` is the name of a codegen template ("gemm", "attention", "row") or a Python callable run on
+the region's input tensors: for a DAG spec, `fn(**placeholders, **attrs)` (tensors by placeholder
+name); for a matcher, `fn(*inputs, **attrs)`. attrs are the region ops' properties, keyed
+`<op>_<property>`, e.g. `layer_norm_eps`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class FusionPattern:
     lowering: str | Callable
     priority: int = 0
     doc: str = ""
+    dag: DagPattern | None = None
 
 
 PATTERNS: dict[str, FusionPattern] = {}
@@ -43,8 +45,9 @@ def register_fusion_pattern(
     """Register a fusion pattern (higher priority is tried first; built-ins use 10..100)."""
     params = list(inspect.signature(pattern).parameters)
     is_matcher = params[:2] == ["op", "plan"]
-    matcher = pattern if is_matcher else DagPattern(pattern).match
-    fp = FusionPattern(name, matcher, lowering, priority, doc or (pattern.__doc__ or "").strip())
+    dag = None if is_matcher else DagPattern(pattern)
+    matcher = pattern if dag is None else dag.match
+    fp = FusionPattern(name, matcher, lowering, priority, doc or (pattern.__doc__ or "").strip(), dag)
     PATTERNS[name] = fp
     return fp
 
@@ -98,6 +101,15 @@ class DagPattern:
         self.root = self.fn(*[Placeholder(n) for n in names])
         if not isinstance(self.root, Node):
             raise TypeError("a fusion pattern must return a P.<op>(...) expression")
+
+    @property
+    def names(self) -> list[str]:
+        return list(inspect.signature(self.fn).parameters)
+
+    def bind(self, op: Operation) -> dict[str, SSAValue] | None:
+        """The values the placeholders bind to when the pattern's root matches `op`."""
+        binding: dict[str, SSAValue] = {}
+        return binding if self._match(self.root, op, binding, []) else None
 
     def match(self, op: Operation, plan: Any) -> list[Operation] | None:
         binding: dict[str, SSAValue] = {}

@@ -327,7 +327,7 @@ class Builder:
             return step
         if isinstance(lowered, CallableLowering):
             step.choice.impl = "callable"
-            step.callable_fn = lambda *t, _f=lowered.fn, _a=lowered.attrs: _f(*t, **_a)
+            step.callable_fn = lowered
             return step
         step.kernel = lowered
         if self.options.dump_ir:

@@ -1,0 +1,68 @@
+"""Check generated kernels config by config on the GPU: every output against an fp32 reference of its region.
+
+    python bench/check_configs.py
+
+For each block and M, each listed config of each region's kernel is launched on the same inputs and every
+output is compared with the region's reference computed in float32 (relative error, and the share of
+elements off by more than 5% of the output's RMS). A config-dependent error points at the kernel, not at
+rounding.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import dlblas_compiler as dc  # noqa: E402
+from blocks import BLOCKS  # noqa: E402
+from dlblas_compiler.numerics import rel_error  # noqa: E402
+from dlblas_compiler.runtime.program import RegionStep  # noqa: E402
+
+GEMM = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, SPLIT_K=1, STATS_LOAD=0, GROUP_M=8, num_warps=w, num_stages=s)
+        for bm, bn, w, s in [(64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 8, 3), (128, 128, 4, 3), (128, 128, 8, 3),
+                             (128, 128, 8, 4), (128, 256, 8, 3)]]  # fmt: skip
+ATTN = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+        for bm, bn, w, s in [(32, 128, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 4, 2), (128, 128, 8, 3)]]  # fmt: skip
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    for block, m in [("norm_qkv_rope", 2048), ("norm_qkv_rope", 128), ("swiglu_mlp", 2048), ("attention", 128),
+                     ("attention", 2048)]:  # fmt: skip
+        mod, args, kwargs, _, _ = BLOCKS[block](m, torch.bfloat16, "cuda")
+        cm = dc.compile(mod, backend="triton", tune="none", cuda_graphs=False)
+        with torch.no_grad():
+            cm(*args, **kwargs)
+            prog = cm._spec().executor
+            env_inputs = []
+            # rerun the program step by step to capture each region's inputs
+            env = prog._env(list(args))
+            for s in prog.steps:
+                if isinstance(s, RegionStep) and s.kernel is not None:
+                    env_inputs.append((s, [env[i] for i in s.ins]))
+                s(env)
+            for step, tensors in env_inputs:
+                ref = step.reference([t.float() if t.is_floating_point() else t for t in tensors])
+                configs = GEMM if step.choice.pattern == "gemm" else ATTN if step.choice.pattern == "attention" else [step.choice.config]
+                for cfg in configs:
+                    if not step.kernel.space.is_valid(cfg):
+                        continue
+                    outs = step.launch(tensors, cfg)
+                    errs = []
+                    for o, r in zip(outs, ref):
+                        rms = r.float().pow(2).mean().sqrt()
+                        bad = ((o.float() - r.float()).abs() > 0.05 * rms).float().mean().item()
+                        errs.append(f"{rel_error(o, r):.1e}/{bad:.1%}")
+                    short = {k: v for k, v in cfg.items() if k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
+                    print(f"{block:14s} M={m:5d} {step.choice.region:12s} {short} " + " ".join(errs), flush=True)
+        del cm, mod
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
