@@ -23,18 +23,27 @@ from blocks import BLOCKS  # noqa: E402
 from dlblas_compiler.numerics import rel_error  # noqa: E402
 from dlblas_compiler.runtime.program import RegionStep  # noqa: E402
 
-GEMM = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, SPLIT_K=1, STATS_LOAD=0, GROUP_M=8, num_warps=w, num_stages=s)
-        for bm, bn, w, s in [(64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 8, 3), (128, 128, 4, 3), (128, 128, 8, 3),
-                             (128, 128, 8, 4), (128, 256, 8, 3)]]  # fmt: skip
+GEMM = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=w, num_stages=s)
+        for bm, bn, w, s in [(64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 8, 3), (128, 128, 4, 3),
+                             (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 3)]]  # fmt: skip
 ATTN = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
         for bm, bn, w, s in [(32, 128, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 4, 2), (128, 128, 8, 3)]]  # fmt: skip
 
 
 def main() -> None:
     torch.manual_seed(0)
-    for block, m in [("norm_qkv_rope", 2048), ("norm_qkv_rope", 128), ("swiglu_mlp", 2048), ("attention", 128),
-                     ("attention", 2048)]:  # fmt: skip
-        mod, args, kwargs, _, _ = BLOCKS[block](m, torch.bfloat16, "cuda")
+    cases = [("norm_qkv_rope", 2048), ("norm_qkv_rope", 128), ("swiglu_mlp", 2048), ("attention", 128), ("attention", 2048)]
+    if len(sys.argv) > 1:
+        cases = [(b, int(m)) for b, m in (c.split(":") for c in sys.argv[1].split(","))]
+    for block, m in cases:
+        if block == "llama_block":  # the small block of the GPU tests, in fp16
+            from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
+
+            cfg = BlockConfig()
+            mod = randomize_(LlamaBlock(cfg)).to("cuda", torch.float16).eval()
+            args, kwargs = llama_block_inputs(cfg, 1, m, torch.float16, "cuda"), {}
+        else:
+            mod, args, kwargs, _, _ = BLOCKS[block](m, torch.bfloat16, "cuda")
         cm = dc.compile(mod, backend="triton", tune="none", cuda_graphs=False)
         with torch.no_grad():
             cm(*args, **kwargs)
@@ -48,7 +57,9 @@ def main() -> None:
                 s(env)
             for step, tensors in env_inputs:
                 ref = step.reference([t.float() if t.is_floating_point() else t for t in tensors])
-                configs = GEMM if step.choice.pattern == "gemm" else ATTN if step.choice.pattern == "attention" else [step.choice.config]
+                configs = [step.choice.config]
+                if block != "llama_block":
+                    configs = GEMM if step.choice.pattern == "gemm" else ATTN if step.choice.pattern == "attention" else configs
                 for cfg in configs:
                     if not step.kernel.space.is_valid(cfg):
                         continue

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 import triton
+import triton.language as tl
 from xdsl.ir import Operation, SSAValue
 
 from ..dialects import (
@@ -40,6 +41,7 @@ from ..dialects.types import dtype_of, numel, shape_of
 from ..dialects import YieldOp
 from ..tuning.space import SearchSpace
 from .exprs import Names, emit_pointwise, round_to
+from ..kernels.common import launch as launch_lib
 from .kernel import TL_DTYPE, Kernel, Writer, cdiv
 from .views import VIEW_OPS, Layout, view_chain
 
@@ -251,7 +253,7 @@ class GemmEmitter:
                     self.ext.append((v, p.info[o.results[0]], o.results[0]))
         args = ["x_ptr", "w_ptr"] + (["bias_ptr"] if has_bias else []) + (["nw_ptr"] if norm_w else [])
         args += [f"e{j}_ptr" for j in range(len(self.ext))] + [f"out{k}_ptr" for k in range(len(self.outputs))]
-        args += ["ws_ptr", "cnt_ptr", "M"] + [f"R{d}" for d in range(1, nrow)]
+        args += ["ws_ptr", "cnt_ptr", "rs_ptr", "M"] + [f"R{d}" for d in range(1, nrow)]
         for j in range(len(self.ext)):
             args += [f"e{j}_s{d}" for d in range(len(self.ext[j][1].perm))]
         for k, r in enumerate(self.outputs):
@@ -262,7 +264,6 @@ class GemmEmitter:
         w(", ".join(args) + ",")
         w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
         w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,")
-        w("STATS_LOAD: tl.constexpr,")
         w.dedent()
         w("):")
         w.indent()
@@ -285,28 +286,22 @@ class GemmEmitter:
         for s, off in enumerate(p.streams):
             w(f"b{s}_ptrs = w_ptr + (rn.to(tl.int64) + {off})[None, :] * K + (k_lo + rk)[:, None]")
             w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
-        if p.norm is not None:
-            w("ss = tl.zeros((BLOCK_M,), dtype=tl.float32)")
         w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
         w.indent()
         w("kmask = (k0 + rk) < K")
         w("a = tl.load(a_ptrs, mask=mmask[:, None] & kmask[None, :], other=0.0)")
-        if p.norm is not None:
-            w("if STATS_LOAD:  # a second load of the tile, so the dot's operand stays in shared memory")
-            w("    af = tl.load(a_ptrs, mask=mmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)")
-            w("else:")
-            w("    af = a.to(tl.float32)")
-            w("ss += tl.sum(af * af, axis=1)")
-            if norm_w:
+        if norm_w:
                 _, offset, _ = p.norm.attrs
                 w(f"nw = tl.load(nw_ptr + k0 + rk, mask=kmask, other=0.0).to(tl.float32) + {offset!r}")
-                w("a = (af * nw[None, :]).to(a.dtype)")
+                w("a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
         for s in range(ns):
             w(f"b{s} = tl.load(b{s}_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)")
             w(f"acc{s} = tl.dot(a, b{s}, acc{s})")
             w(f"b{s}_ptrs += BLOCK_K")
         w("a_ptrs += BLOCK_K")
         w.dedent()
+        # Epilogue layout changes go through shared memory; make every warp leave the K loop first.
+        w("tl.debug_barrier()")
         self._split_k(w)
         w("if last:")
         w.indent()
@@ -314,9 +309,8 @@ class GemmEmitter:
         w.indent()
         self._reduce_partials(w)
         w.dedent()
-        if p.norm is not None:
-            eps = p.norm.attrs[0]
-            w(f"rs = tl.rsqrt(ss / K + {eps!r})")
+        if p.norm is not None:  # the rows' rsqrt(mean(x^2) + eps), computed by `row_rms` (see build)
+            w("rs = tl.load(rs_ptr + rm, mask=mmask, other=0.0)")
         for s, off in enumerate(p.streams):
             if p.norm is not None:
                 w(f"acc{s} = acc{s} * rs[:, None]")
@@ -378,9 +372,6 @@ class GemmEmitter:
         w("offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
         for s in range(ns):
             w(f"tl.store(ws_ptr + ((pid_k * tiles + pid) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, acc{s})")
-        if p.norm is not None:
-            w(f"ss_ws = ws_ptr + SPLIT_K * tiles * {ns} * BLOCK_M * BLOCK_N")
-            w("tl.store(ss_ws + (pid_k * tiles + pid) * BLOCK_M + tl.arange(0, BLOCK_M), ss)")
         w('last = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == SPLIT_K - 1')
         w.dedent()
         w("else:")
@@ -393,14 +384,10 @@ class GemmEmitter:
         ns = len(p.streams)
         for s in range(ns):
             w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
-        if p.norm is not None:
-            w("ss = tl.zeros((BLOCK_M,), dtype=tl.float32)")
         w("for j in range(SPLIT_K):")
         w.indent()
         for s in range(ns):
             w(f'acc{s} += tl.load(ws_ptr + ((j * tiles + pid) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")')
-        if p.norm is not None:
-            w('ss += tl.load(ss_ws + (j * tiles + pid) * BLOCK_M + tl.arange(0, BLOCK_M), cache_modifier=".cg")')
         w.dedent()
         w("tl.atomic_xchg(cnt_ptr + pid, 0)")
 
@@ -503,7 +490,6 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             "BLOCK_N": [16, 32, 64, 128, 256],
             "BLOCK_K": [32, 64, 128],
             "SPLIT_K": [1, 2, 4, 8],
-            "STATS_LOAD": [0, 1] if plan.norm is not None else [0],
             "GROUP_M": [1, 8],
             "num_warps": [4, 8],
             "num_stages": [2, 3, 4, 5],
@@ -523,6 +509,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         default=_default_config(m, gn, k, rot, ns),
     )
     counters: dict[torch.device, torch.Tensor] = {}
+    has_norm = plan.norm is not None
+    eps = plan.norm.attrs[0] if has_norm else 0.0
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         dev = tensors[x_arg].device
@@ -537,11 +525,15 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
                 cnt = counters[dev] = torch.zeros(max(tiles, cdiv(m, 16) * cdiv(gn, 16)), dtype=torch.int32, device=dev)
         else:
             ws = cnt = outs[0]
+        if has_norm:  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
+            rs = torch.empty(m, dtype=torch.float32, device=dev)
+            launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, triton.next_power_of_2(k)), ROWS=RMS_ROWS)
+        else:
+            rs = outs[0]
         kernel[(tiles, sk)](
-            *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, ws, cnt, m, *row_sizes, *ext_strides,
+            *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, ws, cnt, rs, m, *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
-            K_SPLIT=k_split, STATS_LOAD=config["STATS_LOAD"], num_warps=config["num_warps"],
-            num_stages=config["num_stages"],
+            K_SPLIT=k_split, num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
 
@@ -549,6 +541,27 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     nbytes = (m * k + plan.n * k) * elem + sum(numel(s) * dt.itemsize for s, dt in zip(out_shapes, out_dtypes))
     nbytes += sum(numel(shape_of(v)) * dtype_of(v).itemsize for v, _, _ in em.ext)
     return Kernel(name, src, space, launch, str(fused), {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes)
+
+
+RMS_ROWS = 4
+
+
+@triton.jit
+def row_rms(x_ptr, rs_ptr, M, K, eps, K_BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """rs[m] = rsqrt(mean(x[m, :]^2) + eps) in fp32, for the GEMM epilogue that applies the RMSNorm.
+
+    The statistics were first accumulated in the GEMM's K loop from the A tiles it loads; on H200 with
+    Triton 3.6 that gave config-dependent wrong rows (0.4-68% of outputs with 8-warp or 256-wide tiles,
+    bench/check_configs.py), so they come from this pass over x (M*K reads, no normalized copy written).
+    """
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, K_BLOCK)
+    acc = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
+    for k0 in range(0, K, K_BLOCK):
+        mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
+        v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc += v * v
+    tl.store(rs_ptr + rows, tl.rsqrt(tl.sum(acc, axis=1) / K + eps), mask=rows < M)
 
 
 def region_ops_of(fused: FusedOp) -> list[Operation]:
@@ -566,7 +579,7 @@ def _default_config(m: int, n: int, k: int, rot: int, ns: int) -> dict:
     split = 1
     while m <= 64 and tiles * split < 132 and k // (split * 2) >= 4 * bk and split < 8:
         split *= 2
-    return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split, "STATS_LOAD": 0,
+    return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3 if m > 16 else 4}  # fmt: skip
 
