@@ -89,6 +89,10 @@ class RandomRow(nn.Module):
         self.plan = plan
 
     def forward(self, x, w):
+        vals = self.values(x, w)
+        return vals[-1], vals[len(vals) // 2]
+
+    def values(self, x, w):
         vals = [x]
         for kind, i, j in self.plan:
             a = vals[i % len(vals)]
@@ -104,7 +108,7 @@ class RandomRow(nn.Module):
                 vals.append(a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5))
             else:
                 vals.append(torch.softmax(a, dim=-1))
-        return vals[-1], vals[len(vals) // 2]
+        return vals
 
 
 steps = st.lists(
@@ -129,5 +133,9 @@ def test_random_row_programs_fused_equal_eager(plan, rows, n, seed):
         warnings.filterwarnings("error", message="dlblas_compiler")
         out = cm(x, w)
     ref = model(x.double(), w.double())
+    # forward-error bound: fp32 rounding relative to the largest intermediate (cancellation, as in
+    # x - mean(x) of an already centred x, makes a purely relative bound meaningless)
+    scale = max(v.abs().max().item() for v in model.values(x.double(), w.double()))
     for o, r in zip(out, ref):
-        assert rel_error(o, r) < 1e-5, (plan, rows, n)
+        err = (o.double() - r).abs().max().item()
+        assert err <= 1e-5 * scale + 1e-6, (plan, rows, n, err, scale)

@@ -7,8 +7,7 @@ Three ways to use a kernel:
     dlblas_compiler.kernels.topk_gating(logits, 2)                # from this package
 
 Importing this package does not import triton: kernel modules load on first use (an attribute below, get_op or
-list_ops), so TRITON_INTERPRET=1 (the Triton interpreter, for CPU tensors) may still be set after
-`import dlblas_compiler`.
+list_ops). On CPU tensors the kernels run under the Triton interpreter (see kernels/common.py).
 """
 
 from __future__ import annotations

@@ -1,33 +1,39 @@
 """Helpers shared by the library's Triton kernels.
 
-On CPU the kernels run under the Triton interpreter. Triton 3.6 decides interpreted-vs-compiled when a function
-is decorated with `@triton.jit`, and that includes triton.language's own jit helpers (`tl.zeros`, `tl.sum`, ...)
-decorated at `import triton`: so `TRITON_INTERPRET=1` must be in the environment before triton is first
-imported. A kernel launched on CPU tensors without it raises `KernelUnsupported` saying so.
+The kernels are decorated once, at import (compiled kernels, unless TRITON_INTERPRET=1 was set before triton was
+first imported). `launch` runs them on CUDA tensors as they are, and on CPU tensors through the Triton
+interpreter: an interpreted twin of the kernel, launched while triton.language's own jit helpers (`tl.sum`,
+`tl.cumsum`, ...) are swapped for interpreted twins (`codegen.kernel.interpreted_stdlib`, shared with the
+compiler's generated kernels). Triton 3.6 fixes compiled-vs-interpreted when a function is decorated, so without
+this a CPU launch would depend on the environment and the import order of the whole process.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .registry import KernelUnsupported
-
 FLOAT_DTYPES = ("f16", "bf16", "f32")
 
+_TWINS: dict[Any, Any] = {}  # compiled kernel -> its interpreted twin
 
-def require_launchable(kernel: Any, device: torch.device, op: str) -> None:
-    """Raise KernelUnsupported unless `kernel` can run on `device` (CUDA, or any device under the interpreter)."""
+
+def launch(kernel: Any, grid: Sequence[int], device: torch.device, *args: Any, **kwargs: Any) -> None:
+    """`kernel[grid](*args, **kwargs)` on CUDA; elsewhere under the Triton interpreter."""
     if device.type == "cuda":
+        kernel[grid](*args, **kwargs)
         return
     from triton.runtime.interpreter import InterpretedFunction
 
-    if not isinstance(kernel, InterpretedFunction):
-        raise KernelUnsupported(
-            f"{op}: tensors are on {device.type}; Triton kernels run there only under the interpreter: "
-            "set TRITON_INTERPRET=1 in the environment before triton is first imported"
-        )
+    from ..codegen.kernel import interpreted_stdlib
+
+    twin = kernel if isinstance(kernel, InterpretedFunction) else _TWINS.get(kernel)
+    if twin is None:
+        twin = _TWINS[kernel] = InterpretedFunction(kernel.fn)
+    with interpreted_stdlib():
+        twin[grid](*args, **kwargs)
 
 
 def next_pow2(n: int) -> int:

@@ -14,9 +14,9 @@ Semantics, computed in float32:
   are dropped (id -1, weight 0). Weights are renormalized before dropping, not after.
 
 Forward: one Triton kernel per block of tokens (softmax, top-k, renormalization, and the per-expert sums of
-probabilities and assignment counts the loss needs, by atomics), then with a capacity a one-program kernel that
-scans the tokens in order. Backward: one Triton kernel; gradients flow to logits through the kept weights and
-the loss's mean probabilities (the counts are piecewise constant).
+probabilities and assignment counts the loss needs, by atomics); with a capacity, a second kernel per block of
+tokens drops, from the per-block expert counts, the assignments past it. Backward: one Triton kernel; gradients
+flow to logits through the kept weights and the loss's mean probabilities (the counts are piecewise constant).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, next_pow2, require_launchable
+from .common import FLOAT_DTYPES, launch, next_pow2
 from .registry import Optional, Scalar, Sig, Tensor, in_range, register_op
 
 MAX_EXPERTS = 1024  # one program holds a block of tokens x all experts in registers
@@ -44,10 +44,10 @@ class Routing(NamedTuple):
 
 @triton.jit
 def _topk_gating_kernel(
-    logits_ptr, ids_ptr, weights_ptr, probs_ptr, prob_sum_ptr, count_ptr,
+    logits_ptr, ids_ptr, weights_ptr, probs_ptr, prob_sum_ptr, count_ptr, block_count_ptr,
     T, E, stride_t, stride_e,
     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
+    RENORMALIZE: tl.constexpr, STORE_BLOCK_COUNTS: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_E)
@@ -72,8 +72,10 @@ def _topk_gating_kernel(
         top_w = tl.where(slots[None, :] == j, best[:, None], top_w)
         top_i = tl.where(slots[None, :] == j, idx[:, None], top_i)
         q = tl.where(cols[None, :] == idx[:, None], -1.0, q)
-    chosen = (q == -1.0) & mask
-    tl.atomic_add(count_ptr + cols, tl.sum(chosen.to(tl.float32), axis=0), mask=col_ok)
+    chosen_count = tl.sum(((q == -1.0) & mask).to(tl.int32), axis=0)
+    tl.atomic_add(count_ptr + cols, chosen_count.to(tl.float32), mask=col_ok)
+    if STORE_BLOCK_COUNTS:  # for the capacity kernel: assignments per expert in this block of tokens
+        tl.store(block_count_ptr + tl.program_id(0) * E + cols, chosen_count, mask=col_ok)
     if RENORMALIZE:
         top_w = top_w / tl.sum(top_w, axis=1)[:, None]
     out = rows[:, None] * K + slots[None, :]
@@ -126,28 +128,27 @@ def _topk_gating_bwd_kernel(
 
 @triton.jit
 def _capacity_kernel(
-    ids_ptr, weights_ptr, out_ids_ptr, out_weights_ptr, T, capacity,
+    ids_ptr, weights_ptr, out_ids_ptr, out_weights_ptr, block_cumcount_ptr, T, E, capacity,
     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    """Copy ids/weights [T, K], dropping (-1, 0) each expert's assignments past `capacity` in token order. One
-    program scans the tokens block by block, carrying each expert's count of assignments so far."""
+    """Copy ids/weights [T, K], dropping (-1, 0) each expert's assignments past `capacity` in token order.
+    block_cumcount [blocks, E]: assignments per expert in the blocks of tokens up to and including each block."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_E)
-    taken = tl.zeros((BLOCK_E,), tl.int32)
-    for start in range(0, T, BLOCK_T):
-        rows = start + tl.arange(0, BLOCK_T)
-        row_ok = rows < T
-        routed = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)  # routed[t, e]: token t chose expert e
-        for j in tl.static_range(K):
-            idx = tl.load(ids_ptr + rows * K + j, mask=row_ok, other=-1)
-            routed += (cols[None, :] == idx[:, None]).to(tl.int32)
-        before = taken[None, :] + tl.cumsum(routed, axis=0) - routed  # assignments of earlier tokens
-        for j in tl.static_range(K):
-            idx = tl.load(ids_ptr + rows * K + j, mask=row_ok, other=-1)
-            keep = tl.sum(tl.where(cols[None, :] == idx[:, None], before, 0), axis=1) < capacity
-            w = tl.load(weights_ptr + rows * K + j, mask=row_ok, other=0.0)
-            tl.store(out_ids_ptr + rows * K + j, tl.where(keep, idx, -1), mask=row_ok)
-            tl.store(out_weights_ptr + rows * K + j, tl.where(keep, w, 0.0), mask=row_ok)
-        taken += tl.sum(routed, axis=0)
+    row_ok = rows < T
+    routed = tl.zeros((BLOCK_T, BLOCK_E), tl.int32)  # routed[t, e]: token t chose expert e
+    for j in tl.static_range(K):
+        idx = tl.load(ids_ptr + rows * K + j, mask=row_ok, other=-1)
+        routed += (cols[None, :] == idx[:, None]).to(tl.int32)
+    upto = tl.load(block_cumcount_ptr + pid * E + cols, mask=cols < E, other=0)
+    before = (upto - tl.sum(routed, axis=0))[None, :] + tl.cumsum(routed, axis=0) - routed  # earlier tokens'
+    for j in tl.static_range(K):
+        idx = tl.load(ids_ptr + rows * K + j, mask=row_ok, other=-1)
+        keep = tl.sum(tl.where(cols[None, :] == idx[:, None], before, 0), axis=1) < capacity
+        w = tl.load(weights_ptr + rows * K + j, mask=row_ok, other=0.0)
+        tl.store(out_ids_ptr + rows * K + j, tl.where(keep, idx, -1), mask=row_ok)
+        tl.store(out_weights_ptr + rows * K + j, tl.where(keep, w, 0.0), mask=row_ok)
 
 
 def _blocks(T: int, E: int) -> tuple[int, int]:
@@ -176,22 +177,11 @@ def _drop_torch(ids: torch.Tensor, weights: torch.Tensor, capacity: int) -> tupl
     return ids.masked_fill(~keep, -1), weights.masked_fill(~keep, 0)
 
 
-def _drop_triton(ids: torch.Tensor, weights: torch.Tensor, capacity: int, num_experts: int) -> tuple[torch.Tensor, ...]:
-    T, k = ids.shape
-    out_ids, out_weights = torch.empty_like(ids), torch.empty_like(weights)
-    block_e = next_pow2(num_experts)
-    block_t = min(next_pow2(T), max(1, 8192 // block_e))
-    _capacity_kernel[(1,)](
-        ids, weights, out_ids, out_weights, T, capacity, K=k, BLOCK_T=block_t, BLOCK_E=block_e, num_warps=8
-    )
-    return out_ids, out_weights
-
-
 def _route_triton(
-    logits: torch.Tensor, k: int, renormalize: bool, index_dtype: torch.dtype
+    logits: torch.Tensor, k: int, renormalize: bool, index_dtype: torch.dtype, capacity: int | None
 ) -> tuple[torch.Tensor, ...]:
-    """(probs f32 [T, E], ids [T, k], weights [T, k], prob_sum f32 [E], counts f32 [E]) from the kernel."""
-    require_launchable(_topk_gating_kernel, logits.device, "topk_gating")
+    """(probs f32 [T, E], ids [T, k] before dropping, prob_sum f32 [E], counts f32 [E], ids, weights [T, k])
+    from the kernels; the last two after dropping what exceeds the capacity."""
     T, E = logits.shape
     dev = logits.device
     probs = torch.empty(T, E, device=dev, dtype=torch.float32)
@@ -199,25 +189,39 @@ def _route_triton(
     weights = torch.empty(T, k, device=dev, dtype=logits.dtype)
     sums = torch.zeros(2, E, device=dev, dtype=torch.float32)
     block_t, block_e = _blocks(T, E)
-    _topk_gating_kernel[(triton.cdiv(T, block_t),)](
-        logits, ids, weights, probs, sums[0], sums[1], T, E, logits.stride(0), logits.stride(1),
+    grid = (triton.cdiv(T, block_t),)
+    block_counts = torch.empty(grid[0] if capacity is not None else 0, E, device=dev, dtype=torch.int32)
+    launch(
+        _topk_gating_kernel, grid, dev,
+        logits, ids, weights, probs, sums[0], sums[1], block_counts, T, E, logits.stride(0), logits.stride(1),
         K=k, BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=next_pow2(k), RENORMALIZE=renormalize,
-        num_warps=4,
+        STORE_BLOCK_COUNTS=capacity is not None, num_warps=4,
     )
-    return probs, ids, weights, sums[0], sums[1]
+    if capacity is None:
+        return probs, ids, sums[0], sums[1], ids, weights
+    kept_ids, kept_weights = torch.empty_like(ids), torch.empty_like(weights)
+    block_cumcounts = torch.cumsum(block_counts, 0, dtype=torch.int32)
+    launch(
+        _capacity_kernel, grid, dev,
+        ids, weights, kept_ids, kept_weights, block_cumcounts, T, E, capacity,
+        K=k, BLOCK_T=block_t, BLOCK_E=block_e, num_warps=4,
+    )
+    return probs, ids, sums[0], sums[1], kept_ids, kept_weights
 
 
 def _route_torch(
-    logits: torch.Tensor, k: int, renormalize: bool, index_dtype: torch.dtype
+    logits: torch.Tensor, k: int, renormalize: bool, index_dtype: torch.dtype, capacity: int | None
 ) -> tuple[torch.Tensor, ...]:
-    """The forward kernel's outputs computed by torch, in float64 for float64 logits: with it, gradcheck checks the
+    """_route_triton's outputs computed by torch, in float64 for float64 logits: with it, gradcheck checks the
     backward kernel in float64."""
     probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     top_w, ids = torch.topk(probs, k, dim=-1)
     if renormalize:
         top_w = top_w / top_w.sum(-1, keepdim=True)
     counts = torch.bincount(ids.reshape(-1), minlength=logits.shape[1]).to(probs.dtype)
-    return probs, ids.to(index_dtype), top_w.to(logits.dtype), probs.sum(0), counts
+    ids, top_w = ids.to(index_dtype), top_w.to(logits.dtype)
+    kept = (ids, top_w) if capacity is None else _drop_torch(ids, top_w, capacity)
+    return probs, ids, probs.sum(0), counts, *kept
 
 
 class _TopKGating(torch.autograd.Function):
@@ -232,33 +236,29 @@ class _TopKGating(torch.autograd.Function):
         use_triton: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         T, E = logits.shape
+        capacity = None if capacity_factor is None else expert_capacity(T, k, E, capacity_factor)
         route = _route_triton if use_triton else _route_torch
-        probs, ids, weights, prob_sum, counts = route(logits, k, renormalize, index_dtype)
+        probs, ids, prob_sum, counts, kept_ids, kept_weights = route(
+            logits, k, renormalize, index_dtype, capacity
+        )
         aux = counts.dot(prob_sum) * (E / T**2)
-        out_ids, out_weights = ids, weights
-        if capacity_factor is not None:
-            capacity = expert_capacity(T, k, E, capacity_factor)
-            if use_triton:
-                out_ids, out_weights = _drop_triton(ids, weights, capacity, E)
-            else:
-                out_ids, out_weights = _drop_torch(ids, weights, capacity)
-        ctx.save_for_backward(probs, ids, None if capacity_factor is None else out_ids, counts)
+        ctx.save_for_backward(probs, ids, None if capacity is None else kept_ids, counts)
         ctx.renormalize, ctx.logits_dtype = renormalize, logits.dtype
-        ctx.mark_non_differentiable(out_ids)
+        ctx.mark_non_differentiable(kept_ids)
         ctx.set_materialize_grads(False)
-        return out_ids, out_weights, aux
+        return kept_ids, kept_weights, aux
 
     @staticmethod
     def backward(
         ctx: Any, _d_ids: torch.Tensor | None, d_weights: torch.Tensor | None, d_aux: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         probs, ids, kept_ids, counts = ctx.saved_tensors
-        require_launchable(_topk_gating_bwd_kernel, probs.device, "topk_gating backward")
         T, E = probs.shape
         d_logits = torch.empty(T, E, device=probs.device, dtype=ctx.logits_dtype)
         block_t, block_e = _blocks(T, E)
         unused = probs  # stands in for the pointer of an absent input
-        _topk_gating_bwd_kernel[(triton.cdiv(T, block_t),)](
+        launch(
+            _topk_gating_bwd_kernel, (triton.cdiv(T, block_t),), probs.device,
             probs, ids, unused if kept_ids is None else kept_ids, counts,
             unused if d_weights is None else d_weights.contiguous(), unused if d_aux is None else d_aux,
             d_logits, T, E, E / T**2, d_logits.stride(0), d_logits.stride(1),

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, dot_precision, next_pow2, require_launchable
+from .common import FLOAT_DTYPES, dot_precision, launch, next_pow2
 from .registry import Optional, Scalar, Sig, Tensor, register_op, same_dtype, where
 
 
@@ -204,7 +204,6 @@ def fused_moe(
     _check_shapes(x, gate, up, w_down, topk_ids, topk_weights)
     if gate.stride() != up.stride():  # the kernel indexes both with one set of strides
         gate, up = gate.contiguous(), up.contiguous()
-    require_launchable(_moe_gemm_kernel, x.device, "fused_moe")
     T, H = x.shape
     E, inter, _ = gate.shape
     k = topk_ids.shape[1]
@@ -218,14 +217,16 @@ def fused_moe(
     weights = topk_weights.reshape(-1)
 
     h = torch.empty(num_pairs, inter, device=x.device, dtype=x.dtype)
-    _moe_gemm_kernel[(num_blocks * triton.cdiv(inter, gate_up_cfg["BLOCK_N"]),)](
+    launch(
+        _moe_gemm_kernel, (num_blocks * triton.cdiv(inter, gate_up_cfg["BLOCK_N"]),), x.device,
         x, gate, up, h, weights, sorted_pairs, block_expert, num_pairs, inter, H, num_blocks,
         x.stride(0), x.stride(1), gate.stride(0), gate.stride(1), gate.stride(2), h.stride(0), h.stride(1),
         A_ROW_DIV=k, SWIGLU=True, MUL_WEIGHT=False, EVEN_K=H % gate_up_cfg["BLOCK_K"] == 0, PRECISION=precision,
         BLOCK_M=cfg["BLOCK_M"], **gate_up_cfg,
     )
     y = torch.empty(num_pairs, H, device=x.device, dtype=x.dtype)
-    _moe_gemm_kernel[(num_blocks * triton.cdiv(H, down_cfg["BLOCK_N"]),)](
+    launch(
+        _moe_gemm_kernel, (num_blocks * triton.cdiv(H, down_cfg["BLOCK_N"]),), x.device,
         h, w_down, w_down, y, weights, sorted_pairs, block_expert, num_pairs, H, inter, num_blocks,
         h.stride(0), h.stride(1), w_down.stride(0), w_down.stride(1), w_down.stride(2), y.stride(0), y.stride(1),
         A_ROW_DIV=1, SWIGLU=False, MUL_WEIGHT=True, EVEN_K=inter % down_cfg["BLOCK_K"] == 0, PRECISION=precision,
@@ -234,8 +235,9 @@ def fused_moe(
     if out is None:
         out = torch.empty_like(x)
     block_h = min(next_pow2(H), 1024)
-    _moe_sum_kernel[(T, triton.cdiv(H, block_h))](
-        y, topk_ids.contiguous(), out, H, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h, num_warps=4
+    launch(
+        _moe_sum_kernel, (T, triton.cdiv(H, block_h)), x.device,
+        y, topk_ids.contiguous(), out, H, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h, num_warps=4,
     )
     return out
 

@@ -137,7 +137,7 @@ class Tensor:
             raise _Mismatch(f"arg {i} dtype is {dtype_name(arg.dtype)}, expected one of {', '.join(self.dtypes)}")
         if self.contiguous and not arg.is_contiguous():
             raise _Mismatch(f"arg {i} is not contiguous")
-        dims: list[str | int | None] = [d for d in self.dims if d is not ...]  # type: ignore[misc]
+        dims: list[str | int | None] = [d for d in self.dims if not isinstance(d, EllipsisType)]
         if ... in self.dims:
             if arg.dim() < len(dims):
                 raise _Mismatch(f"arg {i} has rank {arg.dim()}, expected at least {len(dims)} {self.shape_str()}")
@@ -146,16 +146,16 @@ class Tensor:
         elif arg.dim() != len(dims):
             raise _Mismatch(f"arg {i} has rank {arg.dim()}, expected {len(dims)} {self.shape_str()}")
         for d, (sym, size) in enumerate(zip(dims, arg.shape, strict=True)):
-            where = f"arg {i} dim {d}"
+            pos = f"arg {i} dim {d}"
             if sym is None or sym in token_syms:
                 binding.token_dims.add((i, d))
             if sym is None:
                 continue
             if isinstance(sym, int):
                 if size != sym:
-                    raise _Mismatch(f"{where} is {size}, expected {sym}")
+                    raise _Mismatch(f"{pos} is {size}, expected {sym}")
                 continue
-            _bind_symbol(binding, sym, size, where)
+            _bind_symbol(binding, sym, size, pos)
 
 
 class Scalar:
@@ -400,8 +400,8 @@ class OpImpl:
 _REGISTRY: dict[str, list[OpImpl]] = {}
 _CHOICES: dict[ChoiceKey, str] = {}  # -> implementation name
 
-# Modules whose import registers ops; loaded on the first get_op/list_ops, so that importing the registry does
-# not import triton (TRITON_INTERPRET must be set before that, see kernels/common.py). Append to add a library.
+# Modules whose import registers ops; loaded on the first get_op/list_ops, so that importing the registry (and
+# dlblas_compiler) does not import triton. Append a module name to add a library.
 BUILTIN_MODULES: list[str] = [f"{__package__}.{m}" for m in ("gating", "moe", "fp8")]
 
 
