@@ -16,10 +16,12 @@ REL_TOL: dict[torch.dtype, float] = {
 }
 
 
-# An element is an outlier when it is off by more than this fraction of the reference's RMS; a result
-# may have at most MAX_OUTLIERS of them. Rounding spreads error over all elements; a wrong kernel
-# (a race, a bad index) concentrates it, which a norm-wise tolerance alone can let through.
+# An element is an outlier when it is off by more than OUTLIER x the reference's RMS plus LOCAL x its own
+# magnitude (a reference computed in the same low precision carries rounding proportional to each value);
+# a result may have at most MAX_OUTLIERS of them. Rounding spreads error over all elements; a wrong
+# kernel (a race, a bad index) concentrates it, which a norm-wise tolerance alone can let through.
 OUTLIER: dict[torch.dtype, float] = {torch.float64: 1e-8, torch.float32: 1e-3, torch.float16: 0.02, torch.bfloat16: 0.05}
+LOCAL: dict[torch.dtype, float] = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 0.01, torch.bfloat16: 0.03}
 MAX_OUTLIERS = 1e-3
 
 
@@ -28,13 +30,15 @@ def tolerance(dtype: torch.dtype) -> float:
 
 
 def outlier_fraction(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Share of finite elements off by more than OUTLIER[dtype] times the reference's RMS."""
+    """Share of finite elements off by more than OUTLIER x RMS(ref) + LOCAL x |ref| (per dtype)."""
     o, r = out.detach().to(torch.float64), ref.detach().to(torch.float64)
     ok = torch.isfinite(r) & torch.isfinite(o)
     if not ok.any():
         return 0.0
-    rms = r[ok].pow(2).mean().sqrt().item() or 1.0
-    return ((o[ok] - r[ok]).abs() > OUTLIER.get(ref.dtype, 0.0) * rms).double().mean().item()
+    o, r = o[ok], r[ok]
+    rms = r.pow(2).mean().sqrt().item() or 1.0
+    bound = OUTLIER.get(ref.dtype, 0.0) * rms + LOCAL.get(ref.dtype, 0.0) * r.abs()
+    return ((o - r).abs() > bound).double().mean().item()
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -75,7 +79,7 @@ def compare(outs, refs) -> str | None:
             worst = (i, err, tol)
         bad = outlier_fraction(o, r)
         if bad > MAX_OUTLIERS:
-            return f"output {i}: {bad:.2%} of elements off by more than {OUTLIER[r.dtype]:g} x RMS (relative error {err:.3g})"
+            return f"output {i}: {bad:.2%} of elements off by more than {OUTLIER[r.dtype]:g} x RMS + {LOCAL[r.dtype]:g} x |value| (relative error {err:.3g})"
     if worst:
         return f"output {worst[0]}: relative error {worst[1]:.3g} > tolerance {worst[2]:.1g}"
     return None

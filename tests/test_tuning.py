@@ -382,3 +382,19 @@ def test_quick_mode_budget():
         tune("k", "h", _tiny_kernel_space(), lambda c: None, {}, [], "cpu", mode="fast")
     with pytest.raises(ValueError, match="unknown tuning policy"):
         tune("k", "h", _tiny_kernel_space(), lambda c: None, {}, [], "cpu", policy="anneal")
+
+
+def test_compare_flags_concentrated_errors_but_not_low_precision_rounding():
+    """A reference in bf16 rounds each value; a kernel that computes more precisely must still pass, while a
+    kernel that gets 1% of the rows badly wrong (a race) must fail even though its norm-wise error is small."""
+    from dlblas_compiler.numerics import compare
+
+    g = torch.Generator().manual_seed(0)
+    exact = torch.randn(256, 512, generator=g, dtype=torch.float64) * torch.rand(256, 1, generator=g, dtype=torch.float64) ** 4 * 30
+    ref_bf16 = exact.to(torch.bfloat16)  # heavy-tailed values, each rounded to bf16
+    precise = (exact + exact * 1e-3 * torch.randn(exact.shape, generator=g, dtype=torch.float64)).to(torch.bfloat16)
+    assert compare([precise], [ref_bf16]) is None
+    broken = precise.clone()
+    broken[:3] = broken[:3] * 0.5  # three rows wrong
+    msg = compare([broken], [ref_bf16])
+    assert msg is not None and "elements off" in msg
