@@ -77,7 +77,12 @@ def markdown(table: dict) -> str:
     return "\n".join(out)
 
 
+def _time(md: dict, mode: str, metric: str) -> float | None:
+    return gpu_of(md, mode) if metric == "gpu" else md.get(mode, {}).get("call_us")
+
+
 def plots(table: dict, out_dir: str) -> list[str]:
+    """speedup_gpu.png and speedup_call.png: ours over eager and over the best Inductor mode, per block."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,29 +91,30 @@ def plots(table: dict, out_dir: str) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     blocks = list(dict.fromkeys(b for b, _ in table))
-    fig, axes = plt.subplots(1, len(blocks), figsize=(4.2 * len(blocks), 3.6), squeeze=False)
-    for ax, block in zip(axes[0], blocks):
-        ms = sorted(m for b, m in table if b == block)
-        for label, num in (("eager", lambda md: gpu_of(md, "eager")),
-                           ("best Inductor", lambda md: min([g for c in INDUCTOR if (g := gpu_of(md, c))] or [None]))):  # fmt: skip
-            ys = []
-            for m in ms:
-                md = table[(block, m)]["modes"]
-                ours, base = gpu_of(md, "ours"), num(md)
-                ys.append(base / ours if ours and base else float("nan"))
-            ax.plot(ms, ys, marker="o", label=f"vs {label}")
-        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ms, [str(m) for m in ms])
-        ax.set_title(block)
-        ax.set_xlabel("tokens (M)")
-        ax.set_ylabel("speedup of ours (GPU time)")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "speedup_gpu.png")
-    fig.savefig(path, dpi=110)
-    paths.append(path)
-    plt.close(fig)
+    for metric, what in (("gpu", "GPU time"), ("call", "call time")):
+        fig, axes = plt.subplots(1, len(blocks), figsize=(4.2 * len(blocks), 3.6), squeeze=False)
+        for ax, block in zip(axes[0], blocks):
+            ms = sorted(m for b, m in table if b == block)
+            for label, modes in (("eager", ["eager"]), ("best Inductor", INDUCTOR)):
+                ys = []
+                for m in ms:
+                    md = table[(block, m)]["modes"]
+                    ours = _time(md, "ours", metric)
+                    base = [t for c in modes if (t := _time(md, c, metric))]
+                    ys.append(min(base) / ours if ours and base else float("nan"))
+                ax.plot(ms, ys, marker="o", label=f"vs {label}")
+            ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ms, [str(m) for m in ms])
+            ax.set_title(block)
+            ax.set_xlabel("tokens (M)")
+            ax.set_ylabel(f"speedup of ours ({what})")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"speedup_{metric}.png")
+        fig.savefig(path, dpi=110)
+        paths.append(path)
+        plt.close(fig)
     return paths
 
 

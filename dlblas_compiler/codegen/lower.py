@@ -52,7 +52,8 @@ def lower_region(fused: FusedOp) -> Kernel | CallableLowering:
                 continue
             short = o.name.removeprefix("dl.")
             for k, v in o.properties.items():
-                attrs[f"{short}_{k}"] = _py(v)
+                if k != "operandSegmentSizes":
+                    attrs[f"{short}_{k}"] = _py(v)
         names = None
         if pattern is not None and pattern.dag is not None:
             root = fused.yielded.values[0].owner
