@@ -147,6 +147,27 @@ def split_add_rms_norm(block: Block, notes: list[str]) -> None:
         notes.append(f"split add_rms_norm %{add.result.name_hint}: the add joins the GEMM epilogue, the norm the next prologue")
 
 
+def explain_unfused(plan: Plan) -> None:
+    """Record, for every op left outside a region, the rule or template limit that kept it out."""
+    from ..codegen import row
+    from .builtin_patterns import external_inputs
+
+    for op in plan.block.ops:
+        if op in plan.claimed or isinstance(op, (ParamOp, ConstantOp, func.ReturnOp)):
+            continue
+        if op.results and all(is_constant(r) for r in op.results):
+            continue  # weight-only: evaluated once at load time
+        name = f"{op.name} %{op.results[0].name_hint or ''}" if op.results else op.name
+        if isinstance(op, TorchCallOp):
+            why = rule(K.OPAQUE, K.ONE_TO_ONE)
+        elif isinstance(op, VIEW_OPS):
+            why = "a view between regions: torch returns it without a copy"
+        else:
+            res = row.analyze([op], external_inputs([op]))
+            why = res if isinstance(res, str) else "no pattern claimed it"
+        plan.not_fused.append(f"not fused: {name}: {why}")
+
+
 def sink_views(plan: Plan) -> None:
     """Move a view (reshape, permute, slice, broadcast) whose users all sit in one region into that
     region, when its template can read the operand through the view's strides."""
@@ -272,6 +293,7 @@ class FusePass(ModulePass):
                         if not plan.claim(pattern, ops, profile):
                             plan.not_fused.append(f"{pattern.name} at {o.name} %{o.results[0].name_hint if o.results else ''}: region not convex or ops taken")
             sink_views(plan)
+            explain_unfused(plan)
             materialize(plan)
             if plan.not_fused:
                 fn.attributes["fusion_notes"] = StringAttr("\n".join(plan.not_fused))
