@@ -55,6 +55,7 @@ class Options:
     pipeline: str = DEFAULT_PIPELINE
     check_each_pass: bool = False
     strict: bool = False
+    check: bool | int = False  # True: compare every region with its reference on every call; N: the first N calls
 
 
 @dataclass
@@ -73,14 +74,23 @@ class Specialization:
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.direct and not kwargs:
+            flat = args
             outs = self.executor(list(args))
         else:
             flat = self.captured.flatten(args, kwargs)
             outs = self.executor([flat[i] for i in self.imported.arg_positions])
+        if self.imported.writes:
+            self._write_back(flat, outs)
         if self.single:
             return outs[0]
         values = [outs[x] if kind == "value" else x for kind, x in self.imported.out_leaves]
         return self.captured.unflatten(values, self.imported.out_spec)
+
+    def _write_back(self, flat, outs: tuple) -> None:
+        """Copy the final values of the inputs and buffers the model writes in place into them (eager semantics)."""
+        with torch.no_grad():
+            for kind, key, i in self.imported.writes:
+                (flat[key] if kind == "input" else self.imported.params[key]).copy_(outs[i])
 
 
 def _check_devices(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -139,15 +149,21 @@ class CompiledModule(torch.nn.Module):
     def _checker(self, imported: Imported, captured: Captured, args, kwargs, flat):
         from .runtime.reference import run_reference
 
-        with torch.no_grad():
-            expected = self.model(*args, **kwargs)
+        with torch.no_grad():  # eager on copies of the inputs; the buffers it writes or reassigns are put back
+            saved = [(m, k, b, b.clone()) for m in self.model.modules() for k, b in m._buffers.items() if b is not None]
+            a, k = pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
+            expected = self.model(*a, **k)
+            for mod, name, buf, value in saved:
+                mod._buffers[name] = buf
+                buf.copy_(value)
         exp_leaves = [v for v in pytree.tree_leaves(expected) if isinstance(v, torch.Tensor)]
         inputs = [flat[i] for i in imported.arg_positions]
+        n_out = len(exp_leaves)
 
         def check(module) -> str | None:
             with torch.no_grad():
                 got = run_reference(module, inputs, imported.params, imported.calls)
-            return compare(got, exp_leaves)
+            return compare(got[:n_out], exp_leaves)  # (the values written back follow the outputs)
 
         msg = check(imported.module)
         if msg:
@@ -170,8 +186,17 @@ class CompiledModule(torch.nn.Module):
         return self._spec().pipeline.ir(stage)
 
     def report(self, html: str | None = None) -> str:
-        """A readable summary: ops by mapping kind, regions, kernels, configs, fallbacks."""
-        return Report.build(self._spec(), self.options).render(html)
+        """A readable summary: ops by mapping kind, regions, kernels, configs, fallbacks (and, with
+        check=True, each region's worst relative error against its reference on the inputs seen)."""
+        spec = self._spec()
+        rep = Report.build(spec, self.options)
+        for k in getattr(spec.executor, "kernel_summaries", lambda: [])():
+            if k.get("check_calls"):
+                err, tol = k["check_error"], k["check_tolerance"]
+                verdict = "ok" if err <= tol else "EXCEEDS"
+                rep.notes.append(f"check {k['name']} ({k['impl']}): worst relative error {err:.3g} over "
+                                 f"{k['check_calls']} calls, tolerance {tol:g}: {verdict}")  # fmt: skip
+        return rep.render(html)
 
     @property
     def specializations(self) -> int:
@@ -187,18 +212,27 @@ def compile(  # noqa: A001 - the public name the design asks for
     pipeline: str | None = None,
     check_each_pass: bool = False,
     strict: bool = False,
+    check: bool | int = False,
 ) -> CompiledModule:
     """Compile `model` (an nn.Module or fx.GraphModule). Compilation happens on the first call.
 
     backend: "triton" (CUDA), "interpret" (the same Triton kernels on CPU), "reference" (torch
     reference of every op); None picks triton when CUDA is available, else reference.
+    strict: a region that fails to lower, compile, tune or launch raises CompileError instead of
+    falling back to its reference with a warning.
+    check: True compares every kernel's outputs with its region's reference on every call (N: the first
+    N calls), warns once per region above its dtype's tolerance and shows the worst error in report();
+    it runs each region twice and without CUDA graphs: a debugging mode (for the kernel backends; the
+    reference backend has nothing to compare).
     """
     backend = backend or default_backend()
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if tune not in TUNE_MODES:
         raise ValueError(f"tune must be one of {TUNE_MODES}, got {tune!r}")
+    if not isinstance(check, bool) and (not isinstance(check, int) or check < 0):
+        raise ValueError(f"check must be a bool or a number of calls >= 0, got {check!r}")
     if backend == "triton" and not torch.cuda.is_available():
         raise ValueError("backend='triton' needs a CUDA GPU; use 'interpret' (Triton on CPU) or 'reference'")
-    opts = Options(backend, tune, dump_ir, cuda_graphs, pipeline or DEFAULT_PIPELINE, check_each_pass, strict)
+    opts = Options(backend, tune, dump_ir, cuda_graphs, pipeline or DEFAULT_PIPELINE, check_each_pass, strict, check)
     return CompiledModule(model, opts)

@@ -24,6 +24,12 @@ class DLOptMain(xDSLOptMain):
         for name, factory in PASSES.items():
             self.register_pass(name, factory)
 
+    def register_all_targets(self):
+        super().register_all_targets()
+        from .codegen.target import TritonTarget
+
+        self.available_targets[TritonTarget.name] = lambda: TritonTarget
+
 
 def opt_main(argv: list[str] | None = None) -> int:
     DLOptMain(description="dl-opt: the dlblas_compiler IR optimizer", args=argv).run()
@@ -58,9 +64,40 @@ def demo(argv: list[str]) -> int:
     return 0
 
 
+def tune(argv: list[str]) -> int:
+    """Pre-tune a model's kernels for a list of token counts, filling the persistent tuning cache."""
+    import importlib
+
+    import torch
+
+    from . import compile as dl_compile
+
+    p = argparse.ArgumentParser(prog="dlblas-compiler tune", description=tune.__doc__)
+    p.add_argument("factory", help="module:function returning (model, args, kwargs, ...) for (tokens, dtype, device)")
+    p.add_argument("--tokens", default="1,16,128,2048", help="comma-separated token counts")
+    p.add_argument("--mode", default="quick", choices=["quick", "full"])
+    p.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("dlblas-compiler tune: tuning times kernels on a CUDA GPU, and none is available", file=sys.stderr)
+        return 1
+    mod_name, _, fn_name = args.factory.partition(":")
+    factory = getattr(importlib.import_module(mod_name), fn_name)
+    for m in (int(t) for t in args.tokens.split(",")):
+        model, call_args, call_kwargs = factory(m, getattr(torch, args.dtype), "cuda")[:3]
+        cm = dl_compile(model, backend="triton", tune=args.mode)
+        with torch.no_grad():
+            cm(*call_args, **call_kwargs)
+        print(f"tokens={m}")
+        for k in cm._spec().executor.kernel_summaries():
+            t = f"{k['time'] * 1e6:.1f} µs" if k.get("time") else "-"
+            print(f"  {k['name']:16s} {k['impl']:9s} {t:>10s} {'(cached)' if k.get('from_cache') else ''} {k['config']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"opt": opt_main, "demo": demo}
+    commands = {"opt": opt_main, "demo": demo, "tune": tune}
     if not argv or argv[0] not in commands:
         print(f"usage: dlblas-compiler {{{','.join(commands)}}} ...", file=sys.stderr)
         return 2

@@ -13,15 +13,18 @@ from typing import Any
 
 import torch
 
+from .api import CompiledModule
 from .api import compile as dl_compile
 
-COMPILATIONS: list[str] = []  # one entry per dynamo graph handed to the backend (graph breaks add more)
+# One CompiledModule per dynamo graph handed to the backend (graph breaks and dynamo's recompilations add
+# more); each counts its own specializations (one per input signature it was called with).
+COMPILATIONS: list[CompiledModule] = []
 
 
 def dlblas_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict | None = None, **kwargs):
     options = dict(options or {}, **kwargs)
     cm = dl_compile(gm, **options)
-    COMPILATIONS.append(gm.__class__.__name__)
+    COMPILATIONS.append(cm)
 
     def run(*args):
         return cm(*args)

@@ -5,6 +5,9 @@ import re
 import subprocess
 import sys
 
+import pytest
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(__file__))
 
 
@@ -38,3 +41,9 @@ def test_opt_runs_passes(tmp_path):
     p = _run("opt", str(src), "-p", "cse,classify", "--print-between-passes")
     assert p.returncode == 0, p.stderr
     assert "IR after cse:" in p.stdout and 'kind = "one-to-one"' in p.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the command tunes for real")
+def test_tune_needs_a_gpu_and_says_so():
+    p = _run("tune", "dlblas_compiler.models:BlockConfig", "--tokens", "1")
+    assert p.returncode == 1 and "CUDA GPU" in p.stderr

@@ -18,7 +18,7 @@ from xdsl.ir import Operation, SSAValue
 from ..dialects import FusedOp, PermuteOp, ReshapeOp, SDPAOp
 from ..dialects.types import dtype_of, shape_of
 from ..tuning.space import SearchSpace
-from .kernel import TL_DTYPE, Kernel, Writer, cdiv
+from .kernel import TL_DTYPE, Kernel, Writer, cdiv, wide_indices
 from .views import VIEW_OPS, Layout, view_chain
 
 
@@ -105,7 +105,9 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> AttentionPlan | str
     return AttentionPlan(op, chains, out_chain)
 
 
-def source(name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype) -> str:
+def source(
+    name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, wide: bool = False
+) -> str:
     w = Writer()
     w("@triton.jit")
     w(f"def {name}(")
@@ -124,6 +126,8 @@ def source(name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: 
     w("h = bh % H")
     w("hk = h // GROUPS")
     w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    if wide:  # batch * stride and row * stride pass 2^31
+        w("b, h, hk, rm = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64), rm.to(tl.int64)")
     w("rd = tl.arange(0, D)")
     w("mmask = rm < S")
     w("q = tl.load(q_ptr + b * sq_b + h * sq_h + rm[:, None] * sq_s + rd[None, :] * sq_d, mask=mmask[:, None], other=0.0)")
@@ -144,7 +148,7 @@ def source(name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: 
     for masked in (False, True):
         w("for start in range(0, full, BLOCK_N):" if not masked else "for start in range(full, hi, BLOCK_N):")
         w.indent()
-        w("rn = start + tl.arange(0, BLOCK_N)")
+        w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
         if masked:
             w("nmask = rn < L")
             w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d, mask=nmask[:, None], other=0.0)")
@@ -191,7 +195,8 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     groups = hq // hk
     has_mask = op.mask is not None
     mask_bool = has_mask and dtype_of(op.mask) == torch.bool
-    src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result))
+    wide = wide_indices([*args, *fused.yielded.values])
+    src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), wide)
     strides, idx = [], {}
     for key in ("q", "k", "v", "mask"):
         if key not in plan.chains:

@@ -42,7 +42,7 @@ from ..dialects import YieldOp
 from ..tuning.space import SearchSpace
 from .exprs import Names, emit_pointwise, round_to
 from ..kernels.common import launch as launch_lib
-from .kernel import TL_DTYPE, Kernel, Writer, cdiv
+from .kernel import TL_DTYPE, Kernel, Writer, cdiv, wide_indices
 from .views import VIEW_OPS, Layout, view_chain
 
 POINTWISE = (UnaryOp, BinaryOp, ConvertOp, GluOp, ConstantOp)
@@ -237,6 +237,7 @@ class GemmEmitter:
         self.args = list(fused.block.args)
         self.outputs = list(fused.yielded.values)
         self.names = Names()
+        self.wide = wide_indices([*self.args, *self.outputs])
         self.ext: list[tuple[SSAValue, Cols, SSAValue]] = []  # (region input, view it is read as, reader's value)
         self.spaces: dict[tuple, str] = {}
 
@@ -317,6 +318,9 @@ class GemmEmitter:
             if has_bias:
                 w(f"acc{s} += tl.load(bias_ptr + rn + {off}, mask=nmask, other=0.0).to(tl.float32)[None, :]")
             w(f"y{s} = {round_to(f'acc{s}', lin.result)}")
+        if self.wide:  # epilogue addresses (row * stride, head * stride) pass 2^31
+            w("rm = rm.to(tl.int64)")
+            w("rn = rn.to(tl.int64)")
         # row indices (canonical row dims)
         rest = "rm"
         for d in reversed(range(nrow)):
@@ -497,7 +501,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         {
             "rotary heads fit the tile": lambda c: c["BLOCK_N"] % rot == 0,
             "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
-            "no block much larger than N": lambda c: c["BLOCK_N"] <= max(rot, triton.next_power_of_2(gn)),
+            "no block much larger than N": lambda c: c["BLOCK_N"] <= max(16, rot, triton.next_power_of_2(gn)),
             "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
             "split K only for few row blocks and long K": lambda c: c["SPLIT_K"] == 1
             or (m <= 64 and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]),

@@ -21,9 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
+from ..dialects.types import numel, shape_of
 from ..tuning.space import SearchSpace
 
 _COMPILED: dict[tuple[str, bool], Callable] = {}
+
+# A kernel touching a tensor of this many elements or more computes its offsets in 64-bit integers
+# (int32 products such as row * stride would wrap); smaller ones keep the cheaper 32-bit arithmetic.
+INT32_LIMIT = 2**31
 
 HEADER = "import triton\nimport triton.language as tl\n\n"
 
@@ -60,6 +65,11 @@ def interpreted_stdlib():
 
 
 _TWINS: dict = {}
+
+
+def wide_indices(values) -> bool:
+    """Whether a kernel reading or writing these SSA tensors needs 64-bit index arithmetic."""
+    return any(numel(shape_of(v)) >= INT32_LIMIT for v in values)
 
 
 def source_hash(source: str) -> str:

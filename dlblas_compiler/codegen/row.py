@@ -35,7 +35,7 @@ from ..dialects import (
 from ..dialects.types import dtype_of, numel, shape_of
 from ..tuning.space import SearchSpace, pow2
 from .exprs import Names, emit_pointwise, round_to
-from .kernel import TL_DTYPE, Kernel, Writer, cdiv
+from .kernel import TL_DTYPE, Kernel, Writer, cdiv, wide_indices
 from .views import VIEW_OPS, Layout, view_chain
 
 MAX_N = 32768
@@ -189,8 +189,8 @@ def _scale(w: Writer, names: Names, op, normed: str, x: SSAValue, weight: str | 
 
 
 class RowEmitter:
-    def __init__(self, plan: RowPlan, inputs: list[SSAValue], name: str):
-        self.plan, self.inputs, self.name = plan, inputs, name
+    def __init__(self, plan: RowPlan, inputs: list[SSAValue], name: str, wide: bool = False):
+        self.plan, self.inputs, self.name, self.wide = plan, inputs, name, wide
         self.names = Names()
 
     def source(self) -> str:
@@ -214,7 +214,7 @@ class RowEmitter:
         w("):")
         w.indent()
         w("rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)")
-        w("cols = tl.arange(0, BLOCK_N)")
+        w("cols = tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if self.wide else ""))  # rows are always int64
         w("rmask = rows < n_rows")
         w("cmask = cols < N")
         w("mask = rmask[:, None] & cmask[None, :]")
@@ -312,7 +312,7 @@ class RowEmitter:
 def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     inputs = list(fused.block.args)
     plan.outputs = yielded(fused)
-    src = RowEmitter(plan, inputs, name).source()
+    src = RowEmitter(plan, inputs, name, wide_indices([*inputs, *plan.outputs])).source()
     it, n = plan.iter_shape, plan.n
     nrow = len(plan.rows)
     block_n = triton.next_power_of_2(n)

@@ -3,11 +3,16 @@ symbolic tracing cannot follow the code (tuple arguments, Python control flow on
 
 The result knows how to flatten a call's (args, kwargs) into the graph's placeholders and how to
 rebuild the call's output structure from the values of the output node's leaves.
+
+Tracing never changes the module: buffers are traced as graph values (so `self.count.add_(1)` is a node,
+not a write at trace time), and a buffer that forward reassigns (`self.count += 1`) is put back and the
+assignment recorded as `copy_` into the buffer, which the importer turns into a write-back.
 """
 
 from __future__ import annotations
 
 import inspect
+import operator
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -79,22 +84,95 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
             bound.apply_defaults()
             concrete = {k: v for k, v in bound.arguments.items() if not isinstance(v, torch.Tensor)}
             if all(v is None or isinstance(v, (bool, int, float, str, torch.dtype)) for v in concrete.values()):
-                tracer = torch.fx.Tracer()
-                tracer.record_stack_traces = True
-                graph = tracer.trace(model, concrete_args=concrete or None)
-                gm = torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
-                return Captured(gm, "symbolic_trace", signature=sig)
+                return Captured(_symbolic_trace(model, concrete), "symbolic_trace", signature=sig)
             failure = "an argument is a container (tuple, list or dict)"
         except Exception as e:  # noqa: BLE001 - any tracing failure sends us to dynamo
             failure = f"{type(e).__name__}: {_first_line(e)}"
     return _dynamo_capture(model, args, kwargs, failure)
 
 
+def _module_state(model: torch.nn.Module) -> dict[tuple[str, str], Any]:
+    """(module path, slot) -> value of every buffer, parameter and public plain attribute."""
+    state: dict[tuple[str, str], Any] = {}
+    for path, mod in model.named_modules(remove_duplicate=False):
+        state.update({(path, f"b:{k}"): v for k, v in mod._buffers.items()})
+        state.update({(path, f"p:{k}"): v for k, v in mod._parameters.items()})
+        state.update({(path, k): v for k, v in vars(mod).items() if not k.startswith("_")})
+    return state
+
+
+def _restore(model: torch.nn.Module, before: dict[tuple[str, str], Any]) -> dict[str, Any]:
+    """Undo what tracing did to the module: buffers and parameters reassigned, attributes set to proxies or
+    fake tensors. Returns {qualified name: the value tracing assigned}. (An attribute set to a plain
+    Python value stays: eager forward sets it too.)"""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    changed: dict[str, Any] = {}
+    for key, value in _module_state(model).items():
+        old = before.get(key, _MISSING)
+        path, slot = key
+        tensor_slot = slot[:2] in ("b:", "p:")
+        if old is value or not (tensor_slot or isinstance(value, (torch.fx.Proxy, FakeTensor))):
+            continue
+        mod, name = model.get_submodule(path), slot.removeprefix("b:").removeprefix("p:")
+        changed[f"{path}.{name}" if path else name] = value
+        if tensor_slot:
+            (mod._buffers if slot.startswith("b:") else mod._parameters)[name] = old
+        elif old is _MISSING:
+            object.__delattr__(mod, name)
+        else:
+            object.__setattr__(mod, name, old)
+    return changed
+
+
+_MISSING = object()
+
+
+class _InplaceProxy(torch.fx.Proxy):
+    """Records `a += b` as operator.iadd: a plain Proxy records `a = a + b`, losing the write to a's tensor."""
+
+
+def _inplace_method(op):
+    return lambda self, other: self.tracer.create_proxy("call_function", op, (self, other), {})
+
+
+for _op in (operator.iadd, operator.isub, operator.imul, operator.itruediv):
+    setattr(_InplaceProxy, f"__{_op.__name__}__", _inplace_method(_op))
+
+
+class _Tracer(torch.fx.Tracer):
+    def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
+        return _InplaceProxy(node, self)
+
+
+def _symbolic_trace(model: torch.nn.Module, concrete: dict) -> torch.fx.GraphModule:
+    """symbolic_trace with buffers as graph values; a reassigned buffer becomes a `copy_` into it."""
+    tracer = _Tracer()
+    tracer.record_stack_traces = True
+    tracer.proxy_buffer_attributes = True
+    before = _module_state(model)
+    try:
+        graph = tracer.trace(model, concrete_args=concrete or None)
+    finally:
+        changed = _restore(model, before)
+    buffers = dict(model.named_buffers(remove_duplicate=False))
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    for name, value in changed.items():
+        if name not in buffers or not isinstance(value, torch.fx.Proxy):
+            raise RuntimeError(f"forward assigns the module attribute '{name}'")
+        with graph.inserting_before(output):
+            graph.call_method("copy_", (graph.get_attr(name), value.node))
+    return torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+
+
 def _dynamo_capture(model, args, kwargs, symbolic_failure: str) -> Captured:
     import torch._dynamo
 
+    from .mutation import mutated_arg
+
     # Every input signature is exported afresh; dynamo's per-frame recompile limit must not stop the 9th.
     limits = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 << 20}
+    before = _module_state(model)
     try:
         with warnings.catch_warnings(), torch._dynamo.config.patch(limits):
             warnings.simplefilter("ignore")
@@ -104,7 +182,19 @@ def _dynamo_capture(model, args, kwargs, symbolic_failure: str) -> Captured:
             f"cannot trace {type(model).__name__}: torch.fx.symbolic_trace failed ({symbolic_failure}), "
             f"and dynamo failed: {_dynamo_reason(e)}"
         ) from e
+    finally:
+        changed = _restore(model, before)
     gm = result.graph_module
+    # dynamo's graph keeps in-place writes (x += 1 as operator.iadd); an assignment it cannot show is refused
+    targets = [mutated_arg(n, gm) for n in gm.graph.nodes]
+    written = {id(operator.attrgetter(t.target)(gm)) for t in targets if t is not None and t.op == "get_attr"}
+    states = dict(model.named_buffers(remove_duplicate=False)) | dict(model.named_parameters(remove_duplicate=False))
+    for name in changed:
+        if name not in states or id(states[name]) not in written:
+            raise FrontendError(
+                f"cannot capture {type(model).__name__}: forward assigns '{name}' (self.{name} = ...), which dynamo's "
+                "graph does not record; update it in place (copy_, +=) or return it"
+            )
     info = gm.graph._codegen.pytree_info
     return Captured(
         gm, "dynamo", in_spec=info.in_spec, out_spec=info.out_spec, notes=[f"symbolic_trace failed: {symbolic_failure}"]

@@ -5,6 +5,11 @@ buffer is mutated). Nodes whose value holds no tensor (sizes, dtypes, asserts) a
 compile time: the compiled module is specialized on its input signature. Tensor nodes go through
 the converter table (`converters.py`); a node it does not know, or whose ops the dialect's verifiers
 reject (an int or fp64 tensor, say), becomes an opaque `dl.torch_call` run by PyTorch.
+
+In-place ops are functionalized (`mutation.py`): the written tensor gets a new SSA value that later
+readers see, and the final value of a written graph input or module buffer is an extra result of
+`forward` that the compiled module copies back (`Imported.writes`). A write that other live tensors
+would observe through a view is refused with the op's source line.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.rewriter import InsertPoint
 from xdsl.utils.exceptions import VerifyException
 
-from ..dialects import ConstantOp, ParamOp, TorchCallOp
+from ..dialects import ConstantOp, ConvertOp, ParamOp, TorchCallOp
 from ..dialects.types import COMPUTE_DTYPES, has_xdsl_dtype, tensor_type, xdsl_dtype
 from ..errors import FrontendError
 from .capture import Captured, source_line
 from .converters import CONVERTERS, Unsupported, converter_key
+from .mutation import mutated_arg, out_of_place
 
 
 @dataclass
@@ -44,6 +50,9 @@ class Imported:
     out_spec: Any
     notes: list[str] = field(default_factory=list)
     param_placeholders: dict[int, str] = field(default_factory=dict)  # placeholder index -> param name
+    # in-place writes to copy back after each call: ("input", placeholder index, result index) or
+    # ("param", param name, result index); those results follow the outputs
+    writes: list[tuple[str, Any, int]] = field(default_factory=list)
 
 
 def _safe_name(name: str) -> str:
@@ -76,6 +85,8 @@ def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Nod
                     + (f" at {where}" if where else "")
                     + f": {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 ) from e
+            if n.op == "get_attr" and isinstance(out, torch.Tensor):  # fake, so views of it share its storage
+                out = mode.from_tensor(out, static_shapes=True)
             values[n] = out
             return out
 
@@ -132,9 +143,15 @@ class Importer:
         self.sources: dict[str, str] = {}
         self.notes: list[str] = []
         self.values: dict[torch.fx.Node, Any] = {}
+        # another name of a tensor (an in-place result, a second get_attr) -> the first node naming it
+        self.alias_base: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.written: dict[torch.fx.Node, SSAValue] = {}  # written input / get_attr node -> its final value
+        self.attr_nodes: dict[int, torch.fx.Node] = {}  # id of a module tensor -> the first get_attr of it
+        self.order: dict[torch.fx.Node, int] = {}
 
     def run(self) -> Imported:
         values = self.values = _example_values(self.gm, self.inputs)
+        self.order = {n: i for i, n in enumerate(self.gm.graph.nodes)}
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         arg_types, arg_positions, param_placeholders = [], [], {}
         for i, (n, v) in enumerate(zip(placeholders, self.inputs)):
@@ -174,14 +191,24 @@ class Importer:
                 results.append(v)
             else:
                 out_leaves.append(("const", v))
+        writes = []
+        for node, v in self.written.items():
+            if node.op == "placeholder":
+                i = placeholders.index(node)
+                writes.append(("param", param_placeholders[i], len(results)) if i in param_placeholders
+                              else ("input", i, len(results)))  # fmt: skip
+            else:
+                writes.append(("param", self._param_name(node.target, self._get_attr(node.target)), len(results)))
+            results.append(v)
         self.emitter.builder.insert(func.ReturnOp(*results))
         fn = func.FuncOp("forward", (arg_types, [r.type for r in results]), Region(block))
         module = ModuleOp([fn])
         module.verify()
         assert out_node is not None
         return Imported(
-            module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes, param_placeholders
-        )
+            module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
+            param_placeholders, writes,
+        )  # fmt: skip
 
     # -- parameters -------------------------------------------------------------------------
     def _param_name(self, name: str, t: torch.Tensor) -> str:
@@ -215,9 +242,18 @@ class Importer:
         if n.op == "get_attr":
             attr = self._get_attr(n.target)
             if isinstance(attr, torch.Tensor):
+                first = self.attr_nodes.setdefault(id(attr), n)
+                if first is not n:  # another name of the same tensor: writes to either update both
+                    self.alias_base[n] = self.alias_base.get(first, first)
+                    self.env[n] = self.env[first]
+                    return
                 self.env[n] = self._emit_param(self._param_name(n.target, attr), attr)
             else:
                 self.env[n] = attr
+            return
+        written = mutated_arg(n, self.gm)
+        if written is not None and isinstance(self.values.get(written), torch.Tensor):  # (n += 1 on an int is no write)
+            self._convert_inplace(n, value, written)
             return
         if not _has_tensor(value):  # sizes, dtypes, asserts: known at compile time
             self.env[n] = value
@@ -228,29 +264,90 @@ class Importer:
             self.env[n] = self._torch_call(n, value)
             return
         key = converter_key(n, self.gm)
-        conv = CONVERTERS.get(key)
-        reason = f"no converter for {_describe(n)}"
-        if conv is not None:
-            self.emitter.node, self.emitter.value, self.emitter.inserted = n, value, []
-            try:
-                if n.op == "call_module":
-                    out = conv(self.emitter, self.gm.get_submodule(n.target), *args, **kwargs)
-                else:
-                    out = conv(self.emitter, *args, **kwargs)
-                for op in self.emitter.inserted:
-                    op.verify()
-                self._check(n, out, value)
-                self.env[n] = out
-                return
-            except (Unsupported, VerifyException, TypeError, ValueError) as e:
-                reason = f"{_describe(n)}: {e}"
-                for op in reversed(self.emitter.inserted):
-                    op.detach()
-                    op.erase(safe_erase=False)
-            finally:
-                self.emitter.node = None
+        out, reason = self._try_converter(n, key, args, kwargs, value)
+        if out is not None:
+            self.env[n] = out
+            return
         self.notes.append(f"torch_call {n.name}: {reason}")
         self.env[n] = self._torch_call(n, value)
+
+    def _try_converter(self, n: torch.fx.Node, key: Any, args: Any, kwargs: Any, value: Any) -> tuple[Any, str]:
+        """(the converter's SSA value(s) for node n, "") or (None, why not)."""
+        conv = CONVERTERS.get(key)
+        if conv is None:
+            return None, f"no converter for {_describe(n)}"
+        self.emitter.node, self.emitter.value, self.emitter.inserted = n, value, []
+        try:
+            if n.op == "call_module":
+                out = conv(self.emitter, self.gm.get_submodule(n.target), *args, **kwargs)
+            else:
+                out = conv(self.emitter, *args, **kwargs)
+            for op in self.emitter.inserted:
+                op.verify()
+            self._check(n, out, value)
+            return out, ""
+        except (Unsupported, VerifyException, TypeError, ValueError) as e:
+            for op in reversed(self.emitter.inserted):
+                op.detach()
+                op.erase(safe_erase=False)
+            return None, f"{_describe(n)}: {e}"
+        finally:
+            self.emitter.node = None
+
+    # -- in-place ops -------------------------------------------------------------------------------
+    def _convert_inplace(self, n: torch.fx.Node, value: Any, written: torch.fx.Node) -> None:
+        """Functionalize `n`, which writes the tensor of `written`: compute the new value out of place and
+        make every name of that tensor (the node and earlier in-place results on it) see it."""
+        base = self.alias_base.get(written, written)
+        self._refuse_aliased_write(n, base)
+        new = self._written_value(n, written)
+        for node in [base, *(k for k, b in self.alias_base.items() if b is base)]:
+            self.env[node] = new
+        self.alias_base[n] = base
+        self.env[n] = new if isinstance(value, torch.Tensor) else value
+        if base.op in ("placeholder", "get_attr"):
+            self.written[base] = new
+
+    def _refuse_aliased_write(self, n: torch.fx.Node, base: torch.fx.Node) -> None:
+        """An in-place write that another live tensor sees through a view (or that writes a graph input or
+        module state through a view) cannot be functionalized by rebinding one name: refuse it clearly."""
+        storage = _storage(self.values.get(base))
+        if storage is None:
+            return
+        for m, v in self.values.items():
+            if m is base or m is n or self.alias_base.get(m) is base or self.order[m] > self.order[n]:
+                continue
+            if not isinstance(v, torch.Tensor) or _storage(v) != storage:
+                continue
+            if m.op in ("placeholder", "get_attr") or any(self.order[u] > self.order[n] for u in m.users):
+                where = source_line(n)
+                raise FrontendError(
+                    f"in-place {_describe(n)} (node '{n.name}'{', at ' + where if where else ''}) writes a tensor that "
+                    f"'{m.name}' shares: dlblas_compiler supports in-place writes only to tensors no other live view "
+                    "aliases; write it out of place (y = x.op(...))"
+                )
+
+    def _written_value(self, n: torch.fx.Node, written: torch.fx.Node) -> SSAValue:
+        """The new value of the written tensor: an out-of-place converter (cast back to the tensor's dtype),
+        a broadcast/cast for copy_, else a torch_call on a clone."""
+        old, want = self.env[written], self.values[written]
+        twin = (converter_key(n, self.gm), n.args, n.kwargs) if n.op == "call_module" else out_of_place(n)
+        src = n.args[1] if len(n.args) > 1 and isinstance(n.args[1], torch.fx.Node) else None
+        if n.op == "call_method" and n.target == "copy_" and src is not None and isinstance(self.env[src], SSAValue):
+            twin = ("expand_as", (n.args[1], written), {})
+        if twin is not None and isinstance(old, SSAValue):
+            key, args, kwargs = twin
+            args, kwargs = self._resolve(args), self._resolve(kwargs)
+            expect = _fake_like(want, self.values[src] if key == "expand_as" else None)
+            out, _ = self._try_converter(n, key, args, kwargs, expect)
+            if isinstance(out, SSAValue) and tuple(out.type.get_shape()) == tuple(want.shape):
+                if out.type.element_type != xdsl_dtype(want.dtype):
+                    op = ConvertOp(out, xdsl_dtype(want.dtype))
+                    self.emitter.builder.insert(op)
+                    op.result.name_hint = _safe_name(n.name)
+                    out = op.result
+                return out
+        return self._torch_call(n, want, clone=written)
 
     def _get_attr(self, target: str):
         obj = self.gm
@@ -269,17 +366,25 @@ class Importer:
                 if tuple(g.type.get_shape()) != tuple(w.shape) or g.type.element_type != xdsl_dtype(w.dtype):
                     raise ValueError(f"converter produced {g.type}, torch {tuple(w.shape)} {w.dtype}")
 
-    def _torch_call(self, n: torch.fx.Node, value: Any) -> Any:
+    def _torch_call(self, n: torch.fx.Node, value: Any, clone: torch.fx.Node | None = None) -> Any:
+        """`n` run by PyTorch. With `clone` (a node that `n` writes in place), the call writes a copy of
+        that tensor instead and returns the copy: its new value."""
         flat_in: list[SSAValue] = []
 
         def slot(v):
-            if isinstance(v, SSAValue):
-                flat_in.append(v)
-                return _Slot(len(flat_in) - 1)
+            if isinstance(v, (SSAValue, _Written)):
+                flat_in.append(v.value if isinstance(v, _Written) else v)
+                return _Slot(len(flat_in) - 1, isinstance(v, _Written))
             return v
 
-        args = pytree.tree_map(slot, self._resolve(n.args), is_leaf=lambda v: isinstance(v, SSAValue))
-        kwargs = pytree.tree_map(slot, self._resolve(n.kwargs), is_leaf=lambda v: isinstance(v, SSAValue))
+        def resolve(a):
+            if clone is None:
+                return self._resolve(a)
+            return torch.fx.node.map_arg(a, lambda m: _Written(self.env[m]) if m is clone else self.env[m])
+
+        leaf = lambda v: isinstance(v, (SSAValue, _Written))  # noqa: E731
+        args = pytree.tree_map(slot, resolve(n.args), is_leaf=leaf)
+        kwargs = pytree.tree_map(slot, resolve(n.kwargs), is_leaf=leaf)
         target = self._callable(n)
         leaves, spec = pytree.tree_flatten(value)
         tensor_pos = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
@@ -287,11 +392,22 @@ class Importer:
             if not has_xdsl_dtype(leaves[i].dtype):
                 raise FrontendError(f"node '{n.name}' produces dtype {leaves[i].dtype}, which dlblas_compiler does not support")
 
-        def call(*tensors, _t=target, _a=args, _k=kwargs, _pos=tensor_pos):
-            fill = lambda v: tensors[v.index] if isinstance(v, _Slot) else v  # noqa: E731
+        def call(*tensors, _t=target, _a=args, _k=kwargs, _pos=tensor_pos, _clone=clone is not None):
+            copies: dict[int, torch.Tensor] = {}
+
+            def fill(v):
+                if not isinstance(v, _Slot):
+                    return v
+                if v.written:
+                    return copies.setdefault(v.index, tensors[v.index].clone())
+                return tensors[v.index]
+
             a = pytree.tree_map(fill, _a, is_leaf=lambda v: isinstance(v, _Slot))
             k = pytree.tree_map(fill, _k, is_leaf=lambda v: isinstance(v, _Slot))
-            out = pytree.tree_leaves(_t(*a, **k))
+            out = _t(*a, **k)
+            if _clone:
+                return (next(iter(copies.values())),)
+            out = pytree.tree_leaves(out)
             return tuple(out[i] for i in _pos)
 
         name = _safe_name(n.name)
@@ -316,6 +432,27 @@ class Importer:
 @dataclass(frozen=True)
 class _Slot:
     index: int
+    written: bool = False  # the tensor the call writes in place (a copy is passed)
+
+
+@dataclass(frozen=True)
+class _Written:
+    value: SSAValue
+
+
+def _storage(v: Any) -> int | None:
+    if not isinstance(v, torch.Tensor):
+        return None
+    try:
+        return v.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _fake_like(want: torch.Tensor, src: Any) -> Any:
+    """The example value a converter of an in-place op's out-of-place twin should produce: `want`'s
+    shape, in the dtype the out-of-place op computes (the source's, for copy_)."""
+    return want if src is None else torch.empty(want.shape, dtype=src.dtype, device="meta")
 
 
 def _has_ssa(value: Any) -> bool:

@@ -65,6 +65,12 @@ from ..dialects import (
 from .match import last_dim, only_user, operand_pairs, producer, scalar, set_name, shape, single_use, strip_convert
 from .registry import register_pass
 
+def _discard(op: Operation) -> None:
+    """Drop a candidate op that will not be inserted: its operand uses would otherwise stay behind
+    (breaking single-use checks, and handing the rewriter an op without a block)."""
+    op.erase()
+
+
 # -- rms_norm -------------------------------------------------------------------------------------
 
 
@@ -169,7 +175,7 @@ class RecognizeRMSNorm(RewritePattern):
             return
         new = RMSNormOp(x_in, w, eps, offset, in_f32)
         if new.result.type != final.type:
-            return
+            return _discard(new)
         set_name(new.result, final)
         rewriter.replace(final.owner, new)
 
@@ -185,10 +191,10 @@ class RecognizeAddRMSNorm(RewritePattern):
         eps, offset, in_f32 = op.attrs
         new = AddRMSNormOp(add.lhs, add.rhs, op.weight, eps, offset, in_f32)
         if new.normed.type != op.result.type or new.sum.type != add.result.type:
-            return
+            return _discard(new)
         w_def = producer(op.weight, ParamOp)
         if not _dominates(op.weight, add) and w_def is None:
-            return
+            return _discard(new)
         set_name(new.normed, op.result)
         set_name(new.sum, add.result)
         if not _dominates(op.weight, add):  # a parameter read after the add: read it before instead
@@ -218,6 +224,8 @@ def _slice_of(v: SSAValue, x: SSAValue, start: int, end: int, step: int = 1) -> 
 
 def _rotated(rot: SSAValue, x: SSAValue) -> str | None:
     """The layout if rot = rotate_half(x) or rotate_every_two(x) along the last dim."""
+    if not shape(x):  # a scalar (a constant, a full reduction) has no dim to rotate
+        return None
     d = shape(x)[-1]
     cat = producer(rot, CatOp)
     if cat is not None and len(cat.inputs) == 2 and cat.axis == last_dim(x):
@@ -251,8 +259,10 @@ class RecognizeRotary(RewritePattern):
                     try:
                         new.verify()
                     except Exception:  # noqa: BLE001 - cos/sin do not broadcast like rotary needs
+                        _discard(new)
                         continue
                     if new.result.type != op.result.type:
+                        _discard(new)
                         continue
                     set_name(new.result, op.result)
                     rewriter.replace(op, new)
@@ -278,7 +288,7 @@ class RecognizePartialRotary(RewritePattern):
             return
         new = RotaryOp(x, rot.cos, rot.sin, rot.layout.data, rd)
         if new.result.type != op.result.type:
-            return
+            return _discard(new)
         set_name(new.result, op.result)
         rewriter.replace(op, new)
 
@@ -296,6 +306,7 @@ class RecognizeGlu(RewritePattern):
             kind = "silu" if isinstance(act, SiluOp) else ("gelu_tanh" if act.approximate.data == "tanh" else "gelu")
             new = GluOp(act.input, up, kind)
             if new.result.type != op.result.type:
+                _discard(new)
                 continue
             set_name(new.result, op.result)
             rewriter.replace(op, new)
@@ -320,7 +331,7 @@ class RecognizeSoftmax(RewritePattern):
                 x = sub.lhs
         new = SoftmaxOp(x, dim)
         if new.result.type != op.result.type:
-            return
+            return _discard(new)
         set_name(new.result, op.result)
         rewriter.replace(op, new)
 
@@ -397,11 +408,11 @@ class RecognizeAttention(RewritePattern):
         try:
             new.verify()
         except Exception:  # noqa: BLE001 - e.g. a mask that does not broadcast
-            return
+            return _discard(new)
         if new.result.type != op.result.type or (gk == 1 and shape(k) != shape(tr.input)):
-            return
+            return _discard(new)
         if math.isnan(scale) or scale <= 0:
-            return
+            return _discard(new)
         set_name(new.result, op.result)
         rewriter.replace(op, new)
 

@@ -2,11 +2,13 @@
 
 Steps are kernel launches (one per `dl.fused` region), torch references (ops left unfused) and torch
 calls. Weight-only expressions (concatenated or norm-folded weights) are evaluated once and again
-whenever a source parameter is modified in place. A region whose kernel fails to build or launch
-falls back to its reference with one warning naming the region and the cause (an error under
-strict=True). Tuning runs on the first call, on the real inputs: each kernel's config is searched,
-then the kernel is timed against the region's reference (cuBLAS for a lone GEMM), and both choices are
-remembered in the persistent cache. On CUDA the whole Program is captured once in a CUDA graph and
+whenever a source parameter is modified in place (its version counter moves) or gets new storage
+(`p.data = t`); writes through `p.data` bypass the version counter and are not seen by them. A
+region whose kernel fails to lower, compile, tune or launch (at any call) falls back to its reference
+with one warning naming the region and the cause (an error under strict=True); a region over empty
+tensors runs its reference silently. Tuning runs on the first call, on the real inputs: each kernel's
+config is searched, then the kernel is timed against the region's reference (cuBLAS for a lone GEMM),
+and both choices are remembered in the persistent cache. On CUDA the whole Program is captured once in a CUDA graph and
 replayed while the input signature matches.
 """
 
@@ -27,8 +29,9 @@ from ..codegen.kernel import Kernel, interpreted_stdlib
 from ..codegen.lower import CallableLowering, LoweringError, lower_region, region_ops
 from ..dialects import ConstantOp, FusedOp, ParamOp, TorchCallOp
 from ..errors import CompileError
+from ..numerics import rel_error, tolerance
 from ..passes.algebraic import is_constant
-from ..tuning import SearchSpace, TuningError, tune
+from ..tuning import SearchSpace, tune
 
 TOKEN_DIMS = ("M", "rows", "S", "L")
 
@@ -47,6 +50,9 @@ class KernelChoice:
     reference_time: float | None = None
     trials: int = 0
     from_cache: bool = False
+    check_error: float | None = None  # check=True: worst relative error against the reference so far
+    check_tolerance: float = 0.0
+    check_calls: int = 0
 
 
 def _run_ops(ops: list[Operation], env: dict[SSAValue, Any]) -> None:
@@ -62,7 +68,12 @@ def _run_ops(ops: list[Operation], env: dict[SSAValue, Any]) -> None:
 
 @dataclass
 class RegionStep:
-    """One `dl.fused` region: its kernel launch, or its reference."""
+    """One `dl.fused` region: its kernel launch (or user callable), or its reference.
+
+    A failure of the kernel or callable, at any call, switches the region to its reference with one
+    warning (a CompileError under strict=True). With `checks` calls left to check (-1: every call),
+    the reference also runs after the kernel and the worst relative error is kept in the choice.
+    """
 
     choice: KernelChoice
     ins: list[int]
@@ -73,7 +84,7 @@ class RegionStep:
     interpret: bool = False
     strict: bool = False
     callable_fn: Callable | None = None
-    checked: bool = False
+    checks: int = 0
 
     def launch(self, tensors: list, config: dict) -> list:
         if self.interpret:
@@ -81,31 +92,64 @@ class RegionStep:
                 return self.kernel.launch(self.compiled, tensors, config)
         return self.kernel.launch(self.compiled, tensors, config)
 
+    def fall_back(self, why: str, cause: BaseException | None = None) -> None:
+        """Run the reference from now on, with one warning naming the region and the cause (strict: raise)."""
+        if self.strict:
+            raise CompileError(why) from cause
+        warnings.warn(f"dlblas_compiler: {why}; using its reference", stacklevel=4)
+        self.choice.impl, self.choice.reason = "reference", why
+
     def __call__(self, env: list) -> None:
         tensors = [t if not isinstance(t, torch.Tensor) or t.is_contiguous() else t.contiguous() for t in (env[i] for i in self.ins)]
         impl = self.choice.impl
-        if impl == "callable":
-            res = _as_tuple(self.callable_fn(*tensors))
-        elif impl == "reference":
+        if impl == "reference":
             res = self.reference(tensors)
-        elif self.checked:
-            res = self.launch(tensors, self.choice.config)
         else:
             try:
-                res = self.launch(tensors, self.choice.config)
-                self.checked = True
-            except Exception as e:  # noqa: BLE001 - the first launch compiles; a failure falls back
-                msg = f"region {self.choice.region}: kernel launch failed ({type(e).__name__}: {_first_line(e)})"
-                if self.strict:
-                    raise CompileError(msg) from e
-                warnings.warn(f"dlblas_compiler: {msg}; using its reference", stacklevel=2)
-                self.choice.impl, self.choice.reason = "reference", msg
+                if impl == "callable":
+                    res = _as_tuple(self.callable_fn(*tensors))
+                else:
+                    res = self.launch(tensors, self.choice.config)
+            except Exception as e:  # noqa: BLE001 - a failing kernel (or user callable) falls back
+                config = self.choice.config
+                what = "the pattern's callable" if impl == "callable" else f"kernel launch with config {config}"
+                self.fall_back(f"region {self.choice.region}: {what} failed ({type(e).__name__}: {_first_line(e)})", e)
                 res = self.reference(tensors)
+            else:
+                if self.checks:
+                    self._check(tensors, res)
         for s, val in zip(self.outs, res):
             env[s] = val
 
+    def _check(self, tensors: list, res: list) -> None:
+        """Compare the outputs with the region's reference on these inputs; warn once above tolerance."""
+        if self.checks > 0:
+            self.checks -= 1
+        c = self.choice
+        with torch.no_grad():
+            ref = self.reference(tensors)
+        worst, tol = 0.0, 0.0
+        for o, r in zip(res, ref):
+            if isinstance(r, torch.Tensor) and r.is_floating_point():
+                err = rel_error(o, r)
+                if err >= worst:
+                    worst, tol = err, tolerance(r.dtype)
+        warned = c.check_error is not None and c.check_error > c.check_tolerance
+        c.check_error = max(worst, c.check_error or 0.0)
+        c.check_tolerance, c.check_calls = tol, c.check_calls + 1
+        if worst > tol and not warned:
+            warnings.warn(f"dlblas_compiler: region {c.region}: relative error {worst:.3g} against its reference "
+                          f"exceeds the tolerance {tol:g} (check=True)", stacklevel=4)  # fmt: skip
+
     def tune(self, tensors: list, mode: str, progress: bool) -> None:
-        """Search the kernel's config, then keep the kernel only if it beats the region's reference."""
+        """Search the kernel's config, then keep the kernel only if it beats the region's reference.
+        Any failure of the search falls back to the reference (strict: raises)."""
+        try:
+            self._tune(tensors, mode, progress)
+        except Exception as e:  # noqa: BLE001
+            self.fall_back(f"region {self.choice.region}: tuning failed ({type(e).__name__}: {_first_line(e)})", e)
+
+    def _tune(self, tensors: list, mode: str, progress: bool) -> None:
         k, c = self.kernel, self.choice
         dev, dtypes = tensors[0].device, [t.dtype for t in tensors]
         ref_out: list = []
@@ -116,15 +160,8 @@ class RegionStep:
                     ref_out.extend(self.reference(tensors))
             return ref_out
 
-        try:
-            out = tune(k.name, k.hash, k.space, lambda cfg: (lambda: self.launch(tensors, cfg)), k.shape_key, dtypes,
-                       dev, ref, mode=mode, token_dims=TOKEN_DIMS, progress=progress)  # fmt: skip
-        except TuningError as e:
-            if self.strict:
-                raise CompileError(f"region {c.region}: {e}") from e
-            warnings.warn(f"dlblas_compiler: region {c.region}: no config worked ({e}); using its reference", stacklevel=3)
-            c.impl, c.reason = "reference", str(e)
-            return
+        out = tune(k.name, k.hash, k.space, lambda cfg: (lambda: self.launch(tensors, cfg)), k.shape_key, dtypes,
+                   dev, ref, mode=mode, token_dims=TOKEN_DIMS, progress=progress)  # fmt: skip
         c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
         impls = SearchSpace({"impl": ["kernel", "reference"]}, default={"impl": "kernel"})
         run = {"kernel": lambda: self.launch(tensors, c.config), "reference": lambda: self.reference(tensors)}
@@ -154,7 +191,8 @@ class Program:
     _static_out: tuple | None = None
 
     def _refresh_consts(self) -> list[torch.Tensor]:
-        versions = [tuple(t._version for t in srcs) for _, _, srcs in self.consts]
+        # an in-place update bumps a tensor's version; `p.data = t` gives it new storage
+        versions = [tuple((t._version, t.data_ptr()) for t in srcs) for _, _, srcs in self.consts]
         if self._const_values is None or versions != self._const_versions:
             with torch.no_grad():
                 self._const_values = [fn() for _, fn, _ in self.consts]
@@ -221,6 +259,8 @@ class Program:
                 if getattr(c, k):
                     d[k] = getattr(c, k)
             d["trials"], d["from_cache"] = c.trials, c.from_cache
+            if c.check_calls:
+                d.update(check_error=c.check_error, check_calls=c.check_calls, check_tolerance=c.check_tolerance)
             out.append(d)
         return out
 
@@ -260,7 +300,7 @@ class Builder:
             else:
                 steps.append(self._reference(op))
         tune_mode = self.options.tune if self.options.backend == "triton" else "none"
-        cuda_graphs = self.options.cuda_graphs and self.options.backend == "triton"
+        cuda_graphs = self.options.cuda_graphs and self.options.backend == "triton" and not self.options.check
         return Program(inputs, outputs, steps, len(self.slots), consts, choices, cuda_graphs, tune_mode)
 
     def _const_eval(self, v: SSAValue) -> tuple[Callable[[], torch.Tensor], list[torch.Tensor]]:
@@ -318,12 +358,21 @@ class Builder:
             _run_ops(ops, env)
             return [env[v] for v in yielded]
 
+        check = self.options.check
         step = RegionStep(KernelChoice(name, fused.pattern.data), ins, outs, reference, interpret=self.interpret,
-                          strict=self.options.strict)  # fmt: skip
+                          strict=self.options.strict, checks=-1 if check is True else int(check))  # fmt: skip
+        if any(0 in v.type.get_shape() for v in [*fused.inputs, *fused.outputs]):
+            step.choice.reason = "empty tensors: nothing to compute"
+            return step
         try:
             lowered = lower_region(fused)
+            if not isinstance(lowered, CallableLowering):
+                config = lowered.space.default()
         except LoweringError as e:
-            self._fall_back(step, str(e))
+            step.fall_back(str(e), e)
+            return step
+        except Exception as e:  # noqa: BLE001 - a template bug must not break the model
+            step.fall_back(f"region {name}: lowering failed ({type(e).__name__}: {_first_line(e)})", e)
             return step
         if isinstance(lowered, CallableLowering):
             step.choice.impl = "callable"
@@ -337,19 +386,13 @@ class Builder:
         try:
             step.compiled = lowered.compiled(self.interpret)
         except Exception as e:  # noqa: BLE001
-            self._fall_back(step, f"region {name}: kernel source does not compile ({type(e).__name__}: {e})")
+            step.fall_back(f"region {name}: kernel source does not compile ({type(e).__name__}: {_first_line(e)})", e)
             return step
-        step.choice.impl, step.choice.config = "kernel", lowered.space.default()
+        step.choice.impl, step.choice.config = "kernel", config
         if "profile" in fused.attributes and self.options.tune == "none" and not self.interpret:
             step.choice.impl = "reference"
             step.choice.reason = "a lone GEMM runs on cuBLAS unless tuning measures the kernel faster"
         return step
-
-    def _fall_back(self, step: RegionStep, why: str) -> None:
-        if self.options.strict:
-            raise CompileError(why)
-        warnings.warn(f"dlblas_compiler: {why}; using its reference", stacklevel=5)
-        step.choice.impl, step.choice.reason = "reference", why
 
 
 def _as_tuple(x) -> tuple:

@@ -1,0 +1,106 @@
+"""`torch.compile(model, backend="dlblas")`: options, graph breaks, and how many compilations happen."""
+
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dlblas_compiler import dynamo
+from dlblas_compiler.models import RMSNorm, randomize_
+from dlblas_compiler.numerics import rel_error
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    dynamo.COMPILATIONS.clear()
+    yield
+    torch._dynamo.reset()
+
+
+class Mlp(nn.Module):
+    """RMSNorm -> up -> SiLU, then (after an optional graph break) down + residual."""
+
+    def __init__(self, d: int = 32, graph_break: str | None = None):
+        super().__init__()
+        self.norm = RMSNorm(d, 1e-6)
+        self.up = nn.Linear(d, 2 * d, bias=False)
+        self.down = nn.Linear(2 * d, d, bias=False)
+        self.graph_break = graph_break
+
+    def forward(self, x):
+        h = F.silu(self.up(self.norm(x)))
+        if self.graph_break == "print":
+            print("dlblas test: between the two graphs")
+        elif self.graph_break == "branch":
+            h = h * 2 if x.mean() > 0 else torch.tanh(h)  # data-dependent: dynamo breaks the graph here
+        return x + self.down(h)
+
+
+def _inputs(seq: int, sign: float = 1.0) -> torch.Tensor:
+    return sign * torch.randn(1, seq, 32).abs()
+
+
+def _regions(cm) -> list[str]:
+    return [ln.split("]")[1].split(":")[0].strip() for ln in cm.report().splitlines() if ln.startswith("  [")]
+
+
+def test_registered_by_entry_point_and_options_pass_through(tmp_path):
+    assert "dlblas" in torch._dynamo.list_backends()
+    model = randomize_(Mlp()).eval()
+    dump = str(tmp_path / "ir")
+    fast = torch.compile(model, backend="dlblas", options={"backend": "interpret", "tune": "none", "dump_ir": dump})
+    x = _inputs(5)
+    with torch.no_grad():
+        assert rel_error(fast(x), model(x)) < 1e-5
+    (cm,) = dynamo.COMPILATIONS
+    assert (cm.options.backend, cm.options.tune, cm.options.dump_ir) == ("interpret", "none", dump)
+    files = os.listdir(dump)
+    assert any(f.endswith("-input.mlir") for f in files)
+    (fused,) = [f for f in files if f.endswith("-after-fuse.mlir")]
+    assert 'dl.fused "gemm"' in open(os.path.join(dump, fused)).read()
+    kernels = [f for f in files if f.endswith(".py")]
+    assert kernels and all("@triton.jit" in open(os.path.join(dump, f)).read() for f in kernels)
+    assert _regions(cm) == ["gemm", "gemm"]  # norm+up+SiLU, down+residual
+
+
+def test_bad_option_is_reported():
+    fast = torch.compile(randomize_(Mlp()).eval(), backend="dlblas", options={"backend": "cuda-please"})
+    with pytest.raises(Exception, match="backend must be one of"):
+        fast(_inputs(3))
+
+
+@pytest.mark.parametrize("graph_break,graphs", [("print", 2), ("branch", 2)])
+def test_graph_breaks_each_graph_through_the_pipeline(graph_break, graphs, capsys):
+    model = randomize_(Mlp(graph_break=graph_break)).eval()
+    fast = torch.compile(model, backend="dlblas", options={"backend": "interpret"})
+    x = _inputs(6)
+    with torch.no_grad():
+        assert rel_error(fast(x), model(x)) < 1e-5
+    assert len(dynamo.COMPILATIONS) == graphs
+    # every graph went through the pipeline and was fused: the first ends in norm+up+SiLU, the last in down+residual
+    assert _regions(dynamo.COMPILATIONS[0])[0] == "gemm" and _regions(dynamo.COMPILATIONS[-1])[-1] == "gemm"
+    assert all("after:fuse" in cm.passes for cm in dynamo.COMPILATIONS)
+    if graph_break == "print":
+        assert "between the two graphs" in capsys.readouterr().out
+
+
+def test_compilation_counter_graphs_and_specializations():
+    """Dynamo compiles a graph per frame (a branch adds a frame per side taken) and recompiles with dynamic
+    sizes on a new shape; we specialize each graph once per concrete input signature."""
+    model = randomize_(Mlp(graph_break="branch")).eval()
+    fast = torch.compile(model, backend="dlblas", options={"backend": "reference"})
+
+    def call(seq: int, sign: float = 1.0) -> tuple[int, list[int]]:
+        x = _inputs(seq, sign)
+        with torch.no_grad():
+            assert rel_error(fast(x), model(x)) < 1e-5
+        return len(dynamo.COMPILATIONS), [cm.specializations for cm in dynamo.COMPILATIONS]
+
+    assert call(4) == (2, [1, 1])  # the prefix (up to the branch) and the `h * 2` side to the end
+    assert call(4) == (2, [1, 1])  # same shapes: nothing new
+    assert call(4, -1.0) == (3, [1, 1, 1])  # the other side of the branch
+    assert call(6) == (5, [1, 1, 1, 1, 1])  # a new length: dynamo recompiles both frames taken, sizes dynamic
+    assert call(8) == (5, [1, 1, 1, 2, 2])  # dynamic graphs are reused; we specialize on the new length

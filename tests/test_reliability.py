@@ -1,0 +1,606 @@
+"""Reliability: regions fall back (one warning each) under injected faults, the bad-input table of
+docs/bad-inputs.md row by row, and check=True (each region against its reference on live inputs)."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dlblas_compiler as dc
+import dlblas_compiler.codegen.kernel as kernel_mod
+import dlblas_compiler.runtime.program as program_mod
+from dlblas_compiler.codegen import lower
+from dlblas_compiler.codegen.kernel import Kernel
+from dlblas_compiler.dialects import FusedOp, TanhOp
+from dlblas_compiler.frontend import capture, import_graph
+from dlblas_compiler.models import BlockConfig, LlamaBlock, RMSNorm, llama_block_inputs, randomize_
+from dlblas_compiler.numerics import rel_error
+from dlblas_compiler.passes import DEFAULT_PIPELINE, run_pipeline
+from dlblas_compiler.tuning import TuneOutcome
+
+
+def _x(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _close(out, ref, tol=1e-5):
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert rel_error(out, ref) <= tol, rel_error(out, ref)
+
+
+def _calls(cm, *args, n=3):
+    """Call n times; return the outputs of the last call and the dlblas_compiler warnings raised."""
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(n):
+            out = cm(*args)
+    return out, [str(w.message) for w in caught if "dlblas_compiler" in str(w.message)]
+
+
+def _impls(cm) -> dict[str, str]:
+    return {k["name"]: k["impl"] for k in cm._spec().executor.kernel_summaries()}
+
+
+class TwoRegions(nn.Module):
+    """A GEMM with an epilogue (gemm_0) and a softmax (row_1)."""
+
+    def __init__(self, k=24, n=20):
+        super().__init__()
+        self.lin = nn.Linear(k, n)
+
+    def forward(self, x, r):
+        y = self.lin(x)
+        return F.silu(y) + r, torch.softmax(y * 0.5, -1)
+
+
+def _two():
+    m = randomize_(TwoRegions()).eval()
+    args = (_x(3, 5, 24), _x(3, 5, 20, seed=1))
+    with torch.no_grad():
+        return m, args, m(*args)
+
+
+# -- fault tolerance --------------------------------------------------------------------------------------
+
+
+def _raise(what):
+    def fn(*a, **k):
+        raise RuntimeError(f"injected {what} fault")
+
+    return fn
+
+
+class _FailingLaunch:
+    """A compiled kernel whose launches raise from call `after` on (counted per kernel)."""
+
+    def __init__(self, real, after: int):
+        self.real, self.after, self.calls = real, after, 0
+
+    def __getitem__(self, grid):
+        self.calls += 1
+        if self.calls > self.after:
+            return _raise("launch")
+        return self.real[grid]
+
+
+def _inject(monkeypatch, fault: str) -> tuple[set[str], str]:
+    """Make `fault` happen; return the regions it hits and what their warning must say."""
+    if fault in ("analyze", "build"):
+        analyze, build = lower.TEMPLATES["row"]
+        pair = (_raise(fault), build) if fault == "analyze" else (analyze, _raise(fault))
+        monkeypatch.setitem(lower.TEMPLATES, "row", pair)
+        return {"row_1"}, f"lowering failed (RuntimeError: injected {fault} fault)"
+    if fault == "compile":
+        monkeypatch.setattr(Kernel, "compiled", _raise(fault))
+        return {"gemm_0", "row_1"}, "kernel source does not compile (RuntimeError: injected compile fault)"
+    if fault in ("launch", "later launch"):
+        real = kernel_mod.compile_source
+        after = 0 if fault == "launch" else 1
+        monkeypatch.setattr(kernel_mod, "compile_source", lambda *a: _FailingLaunch(real(*a), after))
+        return {"gemm_0", "row_1"}, "failed (RuntimeError: injected launch fault)"
+    build = program_mod.Builder.build
+
+    def tuned_build(self):  # tuning runs on the triton backend only: turn it on for the interpreter
+        prog = build(self)
+        prog.tune_mode = "quick"
+        return prog
+
+    monkeypatch.setattr(program_mod.Builder, "build", tuned_build)
+    if fault == "tuning":
+        monkeypatch.setattr(program_mod, "tune", _raise(fault))
+        return {"gemm_0", "row_1"}, "tuning failed (RuntimeError: injected tuning fault)"
+
+    def bad_config(name, h, space, *a, **k):  # the search "finds" a config with which the kernel cannot launch
+        cfg = {"impl": "kernel"} if name.endswith(":impl") else dict(space.default(), BLOCK_M=3)
+        return TuneOutcome(cfg, 1e-3, 1e-3, 1, False)
+
+    monkeypatch.setattr(program_mod, "tune", bad_config)
+    return {"gemm_0", "row_1"}, "'BLOCK_M': 3"
+
+
+FAULTS = ["analyze", "build", "compile", "launch", "later launch", "tuning", "tuned config"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_injected_fault_falls_back_with_one_warning_per_region(monkeypatch, fault):
+    m, args, ref = _two()
+    hit, cause = _inject(monkeypatch, fault)
+    cm = dc.compile(m, backend="interpret")
+    out, warned = _calls(cm, *args, n=3)
+    for o, r in zip(out, ref):
+        _close(o, r)
+    assert len(warned) == len(hit), warned
+    for region in hit:
+        (msg,) = [w for w in warned if f"region {region}:" in w]
+        assert cause in msg and msg.endswith("using its reference"), msg
+    impls = _impls(cm)
+    assert {r for r, impl in impls.items() if impl == "reference"} == hit, impls
+    assert all(k.get("reason") for k in cm._spec().executor.kernel_summaries() if k["impl"] == "reference")
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_injected_fault_under_strict_is_a_compile_error(monkeypatch, fault):
+    m, args, _ = _two()
+    hit, cause = _inject(monkeypatch, fault)
+    cm = dc.compile(m, backend="interpret", strict=True)
+    with pytest.raises(dc.CompileError) as e, torch.no_grad():
+        for _ in range(2):
+            cm(*args)
+    assert any(f"region {r}:" in str(e.value) for r in hit) and cause in str(e.value), str(e.value)
+
+
+class TanhSigmoid(nn.Module):
+    def forward(self, x):
+        return torch.tanh(torch.sigmoid(x)) * 2.0
+
+
+def test_a_failing_pattern_callable_falls_back_once():
+    """A user pattern lowered to a Python callable that starts failing at the second call."""
+    calls = []
+
+    def run(x):
+        calls.append(x)
+        if len(calls) > 1:
+            raise RuntimeError("injected callable fault")
+        return torch.tanh(torch.sigmoid(x))
+
+    dc.register_fusion_pattern("test_reliability_tanh_sigmoid", lambda x: dc.P.tanh(dc.P.sigmoid(x)), run, priority=300)
+    try:
+        cm = dc.compile(TanhSigmoid(), backend="interpret")
+        x = _x(3, 5)
+        out, warned = _calls(cm, x, n=3)
+    finally:
+        dc.unregister_fusion_pattern("test_reliability_tanh_sigmoid")
+    _close(out, TanhSigmoid()(x))
+    assert len(calls) == 2 and len(warned) == 1, warned
+    assert "the pattern's callable failed (RuntimeError: injected callable fault); using its reference" in warned[0]
+
+
+def test_new_shape_compiles_again_and_warns_again_once(monkeypatch):
+    """Warnings are per region and specialization: a new input shape is a new program."""
+    m, args, _ = _two()
+    _inject(monkeypatch, "build")
+    cm = dc.compile(m, backend="interpret")
+    _, first = _calls(cm, *args)
+    _, second = _calls(cm, _x(2, 24), _x(2, 20, seed=1))
+    _, again = _calls(cm, *args)
+    assert len(first) == len(second) == 1 and again == []
+
+
+# -- bad inputs (docs/bad-inputs.md) ---------------------------------------------------------------------
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow
+            return x * 2
+        return x
+
+
+def test_untraceable_module_is_a_clear_error_naming_the_line():
+    cm = dc.compile(DataDependent(), backend="interpret")
+    with pytest.raises(dc.FrontendError) as e:
+        cm(_x(2, 4))
+    msg = str(e.value)
+    line = DataDependent.forward.__code__.co_firstlineno + 1
+    assert "DataDependent" in msg and "symbolic_trace failed" in msg and "dynamo failed" in msg
+    assert f"test_reliability.py:{line}" in msg, msg
+
+
+class Arith(nn.Module):
+    def forward(self, x):
+        return x * 2 + x.sum(-1, keepdim=True) - x.amax(-1, keepdim=True)
+
+
+class BoolOps(nn.Module):
+    def forward(self, m):
+        return (m & ~m.flip(-1)) | m.any(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.float64])
+def test_int_bool_fp64_run_by_torch_exactly(dtype):
+    m = BoolOps() if dtype == torch.bool else Arith()
+    x = (_x(3, 7) * 4).to(dtype)
+    cm = dc.compile(m, backend="interpret")
+    out, warned = _calls(cm, x, n=1)
+    ref = m(x)
+    assert out.dtype == ref.dtype and torch.equal(out, ref) and not warned
+    assert "dl.torch_call" in cm.ir("input")
+
+
+def test_complex_is_a_clear_error():
+    cm = dc.compile(Arith(), backend="interpret")
+    with pytest.raises(dc.FrontendError, match="complex64, which dlblas_compiler does not support"):
+        cm(torch.randn(3, 4, dtype=torch.complex64))
+
+
+@pytest.mark.parametrize("shape", [(0, 24), (3, 0, 24), (2, 24)])
+def test_zero_size_dims_match_eager_without_warnings(shape):
+    m = randomize_(TwoRegions()).eval()
+    x = torch.zeros(shape) if 0 in shape else _x(*shape)
+    r = torch.randn(*shape[:-1], 20)
+    cm = dc.compile(m, backend="interpret")
+    out, warned = _calls(cm, x, r, n=2)
+    ref = m(x, r)
+    assert not warned
+    for o, e in zip(out, ref):
+        assert o.shape == e.shape and torch.allclose(o, e, atol=1e-6)
+    if 0 not in shape:
+        assert set(_impls(cm).values()) == {"kernel"}
+
+
+class Empty(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 2 + x.sum(-1, keepdim=True), x.mean(-1)
+
+
+def test_zero_length_rows_match_eager():
+    x = torch.randn(3, 0)
+    out, warned = _calls(dc.compile(Empty(), backend="interpret"), x, n=1)
+    ref = Empty()(x)
+    assert not warned and out[0].shape == (3, 0) and torch.equal(out[1].isnan(), ref[1].isnan())
+
+
+def test_size_one_dims_run_kernels():
+    cfg = BlockConfig()
+    m = randomize_(LlamaBlock(cfg)).eval()
+    x, cos, sin = llama_block_inputs(cfg, 1, 1)
+    cm = dc.compile(m, backend="interpret")
+    out, warned = _calls(cm, x, cos, sin, n=1)
+    _close(out, m(x, cos, sin))
+    assert not warned and list(_impls(cm).values()) == ["kernel"] * 5
+    two = randomize_(TwoRegions(1, 1)).eval()
+    ones = (_x(1, 1, 1), _x(1, 1, 1, seed=1))
+    cm = dc.compile(two, backend="interpret")
+    out, warned = _calls(cm, *ones, n=1)
+    for o, e in zip(out, two(*ones)):
+        _close(o, e)
+    assert not warned and set(_impls(cm).values()) == {"kernel"}
+
+
+class Pointwise4d(nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(x) * x.mean(-1, keepdim=True)
+
+
+def test_non_contiguous_and_channels_last_inputs():
+    m = randomize_(TwoRegions()).eval()
+    x, r = _x(24, 5, 3).permute(2, 1, 0), _x(20, 5, 3).transpose(0, 2)
+    assert not x.is_contiguous() and not r.is_contiguous()
+    out, warned = _calls(dc.compile(m, backend="interpret"), x, r, n=1)
+    for o, e in zip(out, m(x, r)):
+        _close(o, e)
+    cl = _x(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    out, warned2 = _calls(dc.compile(Pointwise4d(), backend="interpret"), cl, n=1)
+    _close(out, Pointwise4d()(cl))
+    assert out.is_contiguous() and not warned and not warned2  # values as eager; the layout is contiguous
+
+
+def test_input_on_another_device_than_the_parameters_is_refused():
+    cm = dc.compile(TwoRegions(), backend="interpret")
+    with pytest.raises(dc.FrontendError, match="input 0 is on meta but the model's parameters are on cpu"):
+        cm(torch.empty(3, 24, device="meta"), torch.empty(3, 20, device="meta"))
+    split = TwoRegions()
+    split.lin.bias = nn.Parameter(torch.zeros(20, device="meta"))
+    with pytest.raises(dc.FrontendError, match="spread over"):
+        dc.compile(split, backend="interpret")(_x(3, 24), _x(3, 20))
+
+
+class Special(nn.Module):
+    """Every template: a GEMM with epilogue, norms, softmax, a max, attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 32)
+        self.norm = RMSNorm(32, 1e-6)
+        self.ln = nn.LayerNorm(16)
+
+    def forward(self, x):
+        y = F.gelu(self.lin(x))
+        q = y.view(1, 6, 2, 16).transpose(1, 2)
+        att = F.scaled_dot_product_attention(q, q, q).transpose(1, 2).reshape(6, 32)
+        return self.norm(y), torch.softmax(y, -1), y.amax(-1), self.ln(x), att, torch.exp(x) - 1.0
+
+
+def test_nan_and_inf_land_where_eager_puts_them():
+    m = randomize_(Special()).eval()
+    x = _x(6, 16)
+    x[0, 3], x[2, 0], x[4, 9], x[5, 15] = float("nan"), float("inf"), float("-inf"), 1e30
+    cm = dc.compile(m, backend="interpret")
+    out, warned = _calls(cm, x, n=1)
+    assert not warned and "kernel" in _impls(cm).values()
+    for i, (o, e) in enumerate(zip(out, m(x))):
+        assert torch.equal(o.isnan(), e.isnan()), i
+        assert torch.equal(o.isposinf(), e.isposinf()) and torch.equal(o.isneginf(), e.isneginf()), i
+        fin = torch.isfinite(e)
+        assert torch.allclose(o[fin], e[fin], rtol=1e-4, atol=1e-5), i
+
+
+def _lowered_sources(model, *inputs) -> dict[str, str]:
+    """Kernel sources of a model's regions for these (meta) inputs, without running anything."""
+    captured = capture(model, inputs, {})
+    imported = import_graph(captured, captured.flatten(inputs, {}))
+    module = run_pipeline(imported.module, DEFAULT_PIPELINE).module
+    return {f.kernel.data: lower.lower_region(f).source for f in module.walk() if isinstance(f, FusedOp)}
+
+
+class Lin(nn.Module):
+    def __init__(self, k, n):
+        super().__init__()
+        self.lin = nn.Linear(k, n)
+
+    def forward(self, x):
+        return F.silu(self.lin(x)) + 1.0
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Softmax(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x * 2.0, -1)
+
+
+@pytest.mark.parametrize("huge", [True, False])
+def test_index_arithmetic_is_64_bit_past_two_to_the_31(huge):
+    """Tensors of >= 2^31 elements (meta tensors: shapes only) get 64-bit offsets; small ones keep 32-bit."""
+    meta = lambda *s: torch.empty(*s, device="meta")  # noqa: E731
+    n = 65537 if huge else 16  # 65537 * 32768 > 2^31
+    (row_src,) = _lowered_sources(Softmax(), meta(n, 32768)).values()
+    (gemm_src,) = _lowered_sources(Lin(64, 32768).to("meta"), meta(n, 64)).values()
+    s = 33000 if huge else 8  # 8 * 64 * 33000 * 128 > 2^31
+    (att_src,) = _lowered_sources(Attention(), *(meta(8, 64, s, 128) for _ in range(3))).values()
+    assert ("cols = tl.arange(0, BLOCK_N).to(tl.int64)" in row_src) == huge
+    assert ("rm = rm.to(tl.int64)" in gemm_src and "rn = rn.to(tl.int64)" in gemm_src) == huge
+    assert ("rm.to(tl.int64)" in att_src and "tl.arange(0, BLOCK_N).to(tl.int64)" in att_src) == huge
+
+
+def test_64_bit_index_variants_compute_the_same(monkeypatch):
+    monkeypatch.setattr(kernel_mod, "INT32_LIMIT", 1)
+    cfg = BlockConfig()
+    m = randomize_(LlamaBlock(cfg)).eval()
+    x, cos, sin = llama_block_inputs(cfg, 2, 7)
+    cm = dc.compile(m, backend="interpret")
+    out, warned = _calls(cm, x, cos, sin, n=1)
+    _close(out, m(x, cos, sin))
+    steps = [s for s in cm._spec().executor.steps if isinstance(s, program_mod.RegionStep)]
+    assert not warned and len(steps) == 5 and all("to(tl.int64)" in s.kernel.source for s in steps)
+
+
+class Stateful(nn.Module):
+    """Buffers updated by +=, add_ and reassignment; in-place ops on an intermediate and on the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+        self.register_buffer("total", torch.zeros(8))
+        self.register_buffer("ema", torch.zeros(8))
+        self.lin = nn.Linear(8, 8)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        self.count += 1
+        y = self.lin(x)
+        y.add_(1.0)
+        self.act(y)
+        self.total.add_(y.sum(0))
+        self.ema = 0.9 * self.ema + 0.1 * y.mean(0)
+        x.mul_(2.0)
+        x += 0.5  # torch.fx alone would record x = x + 0.5 and leave the caller's tensor alone
+        return y * self.count + x
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_inplace_ops_and_buffer_updates_follow_eager(backend):
+    m = randomize_(Stateful()).eval()
+    twin = randomize_(Stateful()).eval()
+    cm = dc.compile(m, backend=backend, check_each_pass=True)  # (its eager run must not write m or x)
+    for i in range(3):
+        x = _x(2, 8, seed=i)
+        x2 = x.clone()
+        with torch.no_grad():
+            out, ref = cm(x), twin(x2)
+        _close(out, ref)
+        _close(x, x2)  # the caller's tensor was written as eager writes it
+        _close(m.total, twin.total)
+        _close(m.ema, twin.ema)
+        assert m.count.item() == twin.count.item() == i + 1
+    assert type(m.count) is torch.Tensor and "dl.torch_call" not in cm.ir("input")
+
+
+class DynamoStateful(nn.Module):
+    """Needs dynamo (a tuple argument); `+=` on a buffer and item assignment on an intermediate."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x, pair):
+        self.count += 1
+        y = x * pair[0]
+        y[:, 0] = 0.5
+        return y * self.count + pair[1]
+
+
+def test_inplace_under_dynamo_follows_eager():
+    m, twin = DynamoStateful(), DynamoStateful()
+    cm = dc.compile(m, backend="interpret")
+    for _ in range(2):
+        x, pair = _x(3, 5), (_x(5, seed=1), _x(3, 5, seed=2))
+        with torch.no_grad():
+            _close(cm(x, pair), twin(x, pair))
+    assert cm._spec().captured.how == "dynamo" and m.count.item() == twin.count.item() == 2
+    assert type(m.count) is torch.Tensor  # dynamo's export replaced it with a fake tensor; the capture put it back
+
+
+class Reassigns(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x, pair):
+        self.count = self.count + 1
+        return x * pair[0]
+
+
+def test_buffer_reassignment_dynamo_cannot_record_is_refused():
+    m = Reassigns()
+    with pytest.raises(dc.FrontendError, match="forward assigns 'count'"):
+        dc.compile(m, backend="interpret")(_x(2, 3), (_x(3),))
+    assert type(m.count) is torch.Tensor and m.count.item() == 0
+
+
+class WritesThroughView(nn.Module):
+    def forward(self, x):
+        h = x * 2
+        v = h[:, :2]
+        v.mul_(3.0)  # also writes h, which is read below
+        return h + 1
+
+
+def test_inplace_write_through_a_view_is_refused_with_the_line():
+    with pytest.raises(dc.FrontendError) as e:
+        dc.compile(WritesThroughView(), backend="interpret")(_x(3, 4))
+    line = WritesThroughView.forward.__code__.co_firstlineno + 3
+    assert "in-place method .mul_()" in str(e.value) and f"test_reliability.py:{line}" in str(e.value)
+
+
+class Structured(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return {"y": y, "pair": (torch.softmax(y, -1), None), "none": None, "n": 3}
+
+
+def test_outputs_keep_tuples_dicts_and_none():
+    m = randomize_(Structured()).eval()
+    x = _x(4, 6)
+    out, _ = _calls(dc.compile(m, backend="interpret"), x, n=1)
+    ref = m(x)
+    assert out.keys() == ref.keys() and out["none"] is None and out["pair"][1] is None and out["n"] == 3
+    assert isinstance(out["pair"], tuple)
+    _close(out["y"], ref["y"])
+    _close(out["pair"][0], ref["pair"][0])
+
+    class ReturnsNone(nn.Module):
+        def forward(self, x):
+            return None
+
+    assert dc.compile(ReturnsNone(), backend="interpret")(x) is None
+
+
+def test_second_call_with_another_shape_specializes():
+    m, args, ref = _two()
+    cm = dc.compile(m, backend="interpret")
+    for a in (args, (_x(7, 24), _x(7, 20, seed=1)), args):
+        out, warned = _calls(cm, *a, n=1)
+        for o, e in zip(out, m(*a)):
+            _close(o, e)
+        assert not warned
+    assert cm.specializations == 2
+
+
+class NormGLU(nn.Module):
+    """gate/up merged into one weight, the norm weight folded in: weights the runtime derives."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = RMSNorm(24, 1e-6)
+        self.gate = nn.Linear(24, 40, bias=False)
+        self.up = nn.Linear(24, 40, bias=False)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return F.silu(self.gate(h)) * self.up(h)
+
+
+@pytest.mark.parametrize("change", ["no_grad in-place", "load_state_dict", "assign .data"])
+def test_parameters_changed_after_compile_are_used(change):
+    m = randomize_(NormGLU()).eval()
+    x = _x(5, 24)
+    cm = dc.compile(m, backend="interpret")
+    before, _ = _calls(cm, x, n=1)
+    assert "dl.cat" in cm.ir()  # the merged weight is derived from gate and up
+    if change == "no_grad in-place":
+        with torch.no_grad():
+            m.gate.weight.mul_(2.0)
+            m.norm.weight.add_(0.5)
+    elif change == "load_state_dict":
+        m.load_state_dict({k: v * 1.5 for k, v in m.state_dict().items()})
+    else:
+        m.gate.weight.data = m.gate.weight.data * 2.0
+    after, warned = _calls(cm, x, n=1)
+    _close(after, m(x))
+    assert not warned and not torch.allclose(before, after)
+
+
+def test_replaced_parameter_object_is_not_seen():
+    """Documented: the compiled module keeps the parameter tensors it captured."""
+    m = randomize_(TwoRegions()).eval()
+    args = (_x(3, 24), _x(3, 20, seed=1))
+    cm = dc.compile(m, backend="interpret")
+    first, _ = _calls(cm, *args, n=1)
+    m.lin.weight = nn.Parameter(m.lin.weight.detach() * 2.0)
+    again, _ = _calls(cm, *args, n=1)
+    assert torch.equal(first[0], again[0]) and not torch.allclose(again[0], m(*args)[0])
+    fresh, _ = _calls(dc.compile(m, backend="interpret"), *args, n=1)
+    _close(fresh[0], m(*args)[0])
+
+
+# -- check=True ----------------------------------------------------------------------------------------
+
+
+def test_check_reports_the_worst_error_per_region():
+    m, args, _ = _two()
+    cm = dc.compile(m, backend="interpret", check=2)
+    _, warned = _calls(cm, *args, n=4)
+    summaries = {k["name"]: k for k in cm._spec().executor.kernel_summaries()}
+    assert not warned and {k["check_calls"] for k in summaries.values()} == {2}
+    assert all(0 <= k["check_error"] <= 1e-5 for k in summaries.values())
+    report = cm.report()
+    assert "check gemm_0 (kernel): worst relative error" in report and "over 2 calls" in report and ": ok" in report
+
+
+class TanhSoftmax(nn.Module):
+    def forward(self, x):
+        return torch.softmax(torch.tanh(x) * 3.0, -1), x * 2.0
+
+
+def test_check_warns_once_when_a_region_exceeds_its_tolerance(monkeypatch):
+    monkeypatch.setattr(TanhOp, "triton", lambda self, x: f"((2.0 * tl.sigmoid(2.0 * {x}) - 1.0) * 1.01)")
+    cm = dc.compile(TanhSoftmax(), backend="interpret", check=True)
+    _, warned = _calls(cm, _x(4, 9), n=3)
+    assert len(warned) == 1 and "exceeds the tolerance" in warned[0] and "region row_0" in warned[0], warned
+    assert "over 3 calls, tolerance 1e-05: EXCEEDS" in cm.report()
+
+
+def test_check_argument_is_validated():
+    with pytest.raises(ValueError, match="check must be"):
+        dc.compile(TwoRegions(), check=-1)
