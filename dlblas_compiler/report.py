@@ -161,6 +161,8 @@ class Report:
         rep.graph = Graph.of(fn)
         if "fusion_notes" in fn.attributes:
             rep.notes.extend(fn.attributes["fusion_notes"].data.splitlines())
+        if getattr(spec.executor, "graph_note", ""):
+            rep.notes.append(spec.executor.graph_note)
         return rep
 
     def render(self, html: str | None = None) -> str:
