@@ -42,7 +42,7 @@ from ..dialects import YieldOp
 from ..tuning.space import SearchSpace
 from .exprs import Names, emit_pointwise, round_to
 from ..kernels.common import launch as launch_lib
-from .kernel import TL_DTYPE, Kernel, Writer, cdiv, wide_indices
+from .kernel import TL_DTYPE, Kernel, Writer, cdiv, row_indices, wide_indices
 from .views import VIEW_OPS, Layout, view_chain
 
 POINTWISE = (UnaryOp, BinaryOp, ConvertOp, GluOp, ConstantOp)
@@ -321,15 +321,7 @@ class GemmEmitter:
         if self.wide:  # epilogue addresses (row * stride, head * stride) pass 2^31
             w("rm = rm.to(tl.int64)")
             w("rn = rn.to(tl.int64)")
-        # row indices (canonical row dims)
-        rest = "rm"
-        for d in reversed(range(nrow)):
-            if d == 0:
-                w(f"i0 = {rest}")
-            else:
-                w(f"i{d} = {rest} % R{d}")
-                w(f"q{d} = {rest} // R{d}")
-                rest = f"q{d}"
+        row_indices(w, "rm", nrow)  # canonical row dims
         names = self.names
         for o in self.fused.block.ops:
             if isinstance(o, ConstantOp):

@@ -147,5 +147,17 @@ class Writer:
         return "\n".join(self.lines) + "\n"
 
 
+def row_indices(w: Writer, flat: str, nrow: int) -> None:
+    """Emit i0..i{nrow-1}: the multi-index of flat row numbers over row dims of runtime sizes R1.. (R0 implied)."""
+    rest = flat
+    for d in reversed(range(nrow)):
+        if d == 0:
+            w(f"i0 = {rest}")
+        else:
+            w(f"i{d} = {rest} % R{d}")
+            w(f"q{d} = {rest} // R{d}")
+            rest = f"q{d}"
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)

@@ -35,7 +35,7 @@ from ..dialects import (
 from ..dialects.types import dtype_of, numel, shape_of
 from ..tuning.space import SearchSpace, pow2
 from .exprs import Names, emit_pointwise, round_to
-from .kernel import TL_DTYPE, Kernel, Writer, cdiv, wide_indices
+from .kernel import TL_DTYPE, Kernel, Writer, cdiv, row_indices, wide_indices
 from .views import VIEW_OPS, Layout, view_chain
 
 MAX_N = 32768
@@ -218,14 +218,7 @@ class RowEmitter:
         w("rmask = rows < n_rows")
         w("cmask = cols < N")
         w("mask = rmask[:, None] & cmask[None, :]")
-        rest = "rows"
-        for d in reversed(range(nrow)):
-            if d == 0:
-                w(f"i0 = {rest}")
-            else:
-                w(f"i{d} = {rest} % R{d}")
-                w(f"q{d} = {rest} // R{d}")
-                rest = f"q{d}"
+        row_indices(w, "rows", nrow)
         n = p.n
         for j, (v, leaf) in enumerate(p.leaves.items()):
             base = " + ".join([f"off{j}", "rows * 0"] + [f"i{d} * s{j}_{d}" for d in range(nrow)])
