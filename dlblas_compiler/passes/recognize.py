@@ -71,6 +71,23 @@ def _discard(op: Operation) -> None:
     op.erase()
 
 
+def _install(rewriter: PatternRewriter, new: Operation, old: SSAValue, verify: bool = False) -> bool:
+    """Replace the op defining `old` by the candidate `new` when `new` verifies (if asked) and has `old`'s
+    type, keeping the user-facing name; otherwise discard `new`. True when installed."""
+    if verify:
+        try:
+            new.verify()
+        except Exception:  # noqa: BLE001 - the candidate's operands do not fit (e.g. cos/sin shapes)
+            _discard(new)
+            return False
+    if new.results[0].type != old.type:
+        _discard(new)
+        return False
+    set_name(new.results[0], old)
+    rewriter.replace(old.owner, new)
+    return True
+
+
 # -- rms_norm -------------------------------------------------------------------------------------
 
 
@@ -173,11 +190,7 @@ class RecognizeRMSNorm(RewritePattern):
                 x_in, w, offset, in_f32 = xf, weight[0], weight[1], False
         if down is not None and down.result.type.element_type != x0.type.element_type:
             return
-        new = RMSNormOp(x_in, w, eps, offset, in_f32)
-        if new.result.type != final.type:
-            return _discard(new)
-        set_name(new.result, final)
-        rewriter.replace(final.owner, new)
+        _install(rewriter, RMSNormOp(x_in, w, eps, offset, in_f32), final)
 
 
 class RecognizeAddRMSNorm(RewritePattern):
@@ -255,18 +268,8 @@ class RecognizeRotary(RewritePattern):
                     layout = _rotated(rot, x)
                     if layout is None or not rot.has_one_use():
                         continue
-                    new = RotaryOp(x, cos, sin, layout)
-                    try:
-                        new.verify()
-                    except Exception:  # noqa: BLE001 - cos/sin do not broadcast like rotary needs
-                        _discard(new)
-                        continue
-                    if new.result.type != op.result.type:
-                        _discard(new)
-                        continue
-                    set_name(new.result, op.result)
-                    rewriter.replace(op, new)
-                    return
+                    if _install(rewriter, RotaryOp(x, cos, sin, layout), op.result, verify=True):
+                        return
 
 
 class RecognizePartialRotary(RewritePattern):
@@ -286,11 +289,7 @@ class RecognizePartialRotary(RewritePattern):
         rd, d = shape(rot.input)[-1], shape(x)[-1]
         if not (_slice_of(rot.input, x, 0, rd) and _slice_of(op.inputs[1], x, rd, d)):
             return
-        new = RotaryOp(x, rot.cos, rot.sin, rot.layout.data, rd)
-        if new.result.type != op.result.type:
-            return _discard(new)
-        set_name(new.result, op.result)
-        rewriter.replace(op, new)
+        _install(rewriter, RotaryOp(x, rot.cos, rot.sin, rot.layout.data, rd), op.result)
 
 
 # -- glu, softmax ----------------------------------------------------------------------------------
@@ -304,13 +303,8 @@ class RecognizeGlu(RewritePattern):
             if act is None or not a.has_one_use() or shape(act.input) != shape(up) or shape(up) != shape(op.result):
                 continue
             kind = "silu" if isinstance(act, SiluOp) else ("gelu_tanh" if act.approximate.data == "tanh" else "gelu")
-            new = GluOp(act.input, up, kind)
-            if new.result.type != op.result.type:
-                _discard(new)
-                continue
-            set_name(new.result, op.result)
-            rewriter.replace(op, new)
-            return
+            if _install(rewriter, GluOp(act.input, up, kind), op.result):
+                return
 
 
 class RecognizeSoftmax(RewritePattern):
@@ -329,11 +323,7 @@ class RecognizeSoftmax(RewritePattern):
             mx = producer(sub.rhs, ReduceMaxOp)
             if mx is not None and mx.input == sub.lhs and mx.axes == (dim,) and mx.keep and single_use(x, sub.rhs):
                 x = sub.lhs
-        new = SoftmaxOp(x, dim)
-        if new.result.type != op.result.type:
-            return _discard(new)
-        set_name(new.result, op.result)
-        rewriter.replace(op, new)
+        _install(rewriter, SoftmaxOp(x, dim), op.result)
 
 
 # -- attention --------------------------------------------------------------------------------------
@@ -404,17 +394,9 @@ class RecognizeAttention(RewritePattern):
             k, v0, gk = tr.input, v, 1
         if q.type.element_type != k.type.element_type or op.result.type.element_type != q.type.element_type:
             return
-        new = SDPAOp(q, k, v0, mask, False, scale, gk > 1)
-        try:
-            new.verify()
-        except Exception:  # noqa: BLE001 - e.g. a mask that does not broadcast
-            return _discard(new)
-        if new.result.type != op.result.type or (gk == 1 and shape(k) != shape(tr.input)):
-            return _discard(new)
-        if math.isnan(scale) or scale <= 0:
-            return _discard(new)
-        set_name(new.result, op.result)
-        rewriter.replace(op, new)
+        if (gk == 1 and shape(k) != shape(tr.input)) or math.isnan(scale) or scale <= 0:
+            return
+        _install(rewriter, SDPAOp(q, k, v0, mask, False, scale, gk > 1), op.result, verify=True)
 
 
 RECOGNIZERS: list[type[RewritePattern]] = [
