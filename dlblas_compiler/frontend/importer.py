@@ -445,7 +445,7 @@ def _storage(v: Any) -> int | None:
         return None
     try:
         return v.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):
+    except (RuntimeError, NotImplementedError):  # tensors without storage (fake, functional wrappers)
         return None
 
 
