@@ -163,6 +163,29 @@ def test_gemm_norm_prologue_dual_glu(backend, dtype, act):
     assert "dl.rms_norm" in final and "dl.glu" in final and final.count("dl.linear") == 1
 
 
+@pytest.mark.parametrize("k", [128, 160])  # 160: the last K step is partial for BLOCK_K * SPLIT_K = 64 / 128
+def test_gemm_configs_split_k_and_ragged_tiles(k):
+    """Several tile configs of one norm+dual-GEMM region (rows and columns past the end wrap in the loads,
+    K loads unmasked when K divides into BLOCK_K * SPLIT_K), each against the float64 reference."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    model = randomize_(NormGLU(k, 40, F.silu)).eval()
+    x = _x(19, k)
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        cm(x)
+        prog = cm._spec().executor
+        env = prog._env([x])
+        step = next(s for s in prog.steps if isinstance(s, RegionStep) and s.choice.pattern == "gemm")
+        tensors = [env[i] for i in step.ins]
+        ref = model.double()(x.double())
+        configs = [(16, 16, 32, 1), (32, 32, 64, 2), (16, 32, 32, 4), (64, 16, 64, 2)]
+        for bm, bn, bk, sk in configs:
+            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+            (out,) = step.launch(tensors, cfg)
+            assert rel_error(out, ref) <= tolerance(torch.float32), cfg
+
+
 @pytest.mark.parametrize("backend,dtype", CASES)
 @pytest.mark.parametrize("tokens", [1, 7, 33])
 def test_llama_block_five_kernels(backend, dtype, tokens):

@@ -265,6 +265,7 @@ class GemmEmitter:
         w(", ".join(args) + ",")
         w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
         w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,")
+        w("EVEN_K: tl.constexpr,")
         w.dedent()
         w("):")
         w.indent()
@@ -283,20 +284,36 @@ class GemmEmitter:
         w("mmask = rm < M")
         w("nmask = rn < GRID_N")
         w("k_lo = pid_k * K_SPLIT")
-        w("a_ptrs = x_ptr + rm.to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
+        # Loads wrap rows and columns past the end (modulo) instead of masking them: the extra rows and
+        # columns are never stored, and with EVEN_K (K splits into whole BLOCK_K steps) the K loop's
+        # loads carry no mask at all.
+        w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
         for s, off in enumerate(p.streams):
-            w(f"b{s}_ptrs = w_ptr + (rn.to(tl.int64) + {off})[None, :] * K + (k_lo + rk)[:, None]")
+            w(f"b{s}_ptrs = w_ptr + ((rn % GRID_N).to(tl.int64) + {off})[None, :] * K + (k_lo + rk)[:, None]")
             w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
         w.indent()
-        w("kmask = (k0 + rk) < K")
-        w("a = tl.load(a_ptrs, mask=mmask[:, None] & kmask[None, :], other=0.0)")
+        w("if EVEN_K:")
+        w.indent()
+        w("a = tl.load(a_ptrs)")
+        w.dedent()
+        w("else:")
+        w.indent()
+        w("a = tl.load(a_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
+        w.dedent()
         if norm_w:
-                _, offset, _ = p.norm.attrs
-                w(f"nw = tl.load(nw_ptr + k0 + rk, mask=kmask, other=0.0).to(tl.float32) + {offset!r}")
-                w("a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
+            _, offset, _ = p.norm.attrs
+            w(f"nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32) + {offset!r}")
+            w("a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
         for s in range(ns):
-            w(f"b{s} = tl.load(b{s}_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)")
+            w("if EVEN_K:")
+            w.indent()
+            w(f"b{s} = tl.load(b{s}_ptrs)")
+            w.dedent()
+            w("else:")
+            w.indent()
+            w(f"b{s} = tl.load(b{s}_ptrs, mask=((k0 + rk) < K)[:, None], other=0.0)")
+            w.dedent()
             w(f"acc{s} = tl.dot(a, b{s}, acc{s})")
             w(f"b{s}_ptrs += BLOCK_K")
         w("a_ptrs += BLOCK_K")
@@ -529,7 +546,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         kernel[(tiles, sk)](
             *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, ws, cnt, rs, m, *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
-            K_SPLIT=k_split, num_warps=config["num_warps"], num_stages=config["num_stages"],
+            K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
 
