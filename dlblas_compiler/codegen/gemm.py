@@ -114,6 +114,8 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
     xs = shape_of(x)
     if len(xs) < 2 or any(d < 1 for d in xs):
         return f"linear input {xs}: need rank >= 2 and non-empty dims"
+    if lin.weight not in inputs:
+        return "the GEMM's weight must be a region input (a view of it is not read through strides)"
     if lin.bias is not None and lin.bias.owner in inside:
         return "bias must be a region input"
     rows, k = tuple(xs[:-1]), xs[-1]
