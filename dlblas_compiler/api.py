@@ -56,6 +56,7 @@ class Options:
     check_each_pass: bool = False
     strict: bool = False
     check: bool | int = False  # True: compare every region with its reference on every call; N: the first N calls
+    expert_parallel: Any = None  # a torch.distributed ProcessGroup: dl.moe runs as EPMoE over it
 
 
 @dataclass
@@ -213,6 +214,7 @@ def compile(  # noqa: A001 - the public name the design asks for
     check_each_pass: bool = False,
     strict: bool = False,
     check: bool | int = False,
+    expert_parallel: Any = None,
 ) -> CompiledModule:
     """Compile `model` (an nn.Module or fx.GraphModule). Compilation happens on the first call.
 
@@ -224,6 +226,9 @@ def compile(  # noqa: A001 - the public name the design asks for
     N calls), warns once per region above its dtype's tolerance and shows the worst error in report();
     it runs each region twice and without CUDA graphs: a debugging mode (for the kernel backends; the
     reference backend has nothing to compare).
+    expert_parallel: a torch.distributed process group; MoE blocks (`dl.moe`) then run as EPMoE, each rank
+    holding its share of the experts (every rank compiles and calls the model on its own tokens). Without
+    it, on the kernel backends they run as topk_gating + fused_moe on this device.
     """
     backend = backend or default_backend()
     if backend not in BACKENDS:
@@ -234,5 +239,7 @@ def compile(  # noqa: A001 - the public name the design asks for
         raise ValueError(f"check must be a bool or a number of calls >= 0, got {check!r}")
     if backend == "triton" and not torch.cuda.is_available():
         raise ValueError("backend='triton' needs a CUDA GPU; use 'interpret' (Triton on CPU) or 'reference'")
-    opts = Options(backend, tune, dump_ir, cuda_graphs, pipeline or DEFAULT_PIPELINE, check_each_pass, strict, check)
+    opts = Options(
+        backend, tune, dump_ir, cuda_graphs, pipeline or DEFAULT_PIPELINE, check_each_pass, strict, check, expert_parallel
+    )
     return CompiledModule(model, opts)

@@ -554,6 +554,60 @@ class EmbeddingOp(IRDLOperation):
         return F.embedding(idx, w)
 
 
+@irdl_op_definition
+class MoEOp(IRDLOperation):
+    """`dl.moe`: a sparse mixture of SwiGLU experts with a softmax top-k router (Mixtral / Qwen2-MoE).
+
+    x [T, H], router_weight [E, H], w_gate_up [E, 2I, H] (gate rows first), w_down [E, H, I] -> [T, H]:
+    probs = softmax(x @ router_weight^T in float32), top_k experts per token (weights renormalized to sum 1
+    when `renormalize`), out[t] = sum_j w_j * w_down[e_j] @ (silu(gate[e_j] @ x[t]) * (up[e_j] @ x[t])).
+    Never fused: it runs as the library's topk_gating + fused_moe kernels, or as EPMoE over a process group.
+    """
+
+    name = "dl.moe"
+    x = operand_def(DLFloatTensor)
+    router_weight = operand_def(DLFloatTensor)
+    w_gate_up = operand_def(DLFloatTensor)
+    w_down = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    top_k = prop_def(IntegerAttr)
+    renormalize = prop_def(BoolAttr)
+    traits = traits_def(Pure(), MANY_TO_MANY)
+    assembly_format = (
+        "$x `,` $router_weight `,` $w_gate_up `,` $w_down attr-dict `:` "
+        "`(` type($x) `,` type($router_weight) `,` type($w_gate_up) `,` type($w_down) `)` `->` type($result)"
+    )
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, x: SSAValue, router_w: SSAValue, w_gate_up: SSAValue, w_down: SSAValue, top_k: int, renormalize: bool):
+        props = {"top_k": IntegerAttr(int(top_k), i64), "renormalize": _bool(renormalize)}
+        super().__init__(operands=[x, router_w, w_gate_up, w_down], result_types=[x.type], properties=props)
+
+    @property
+    def attrs(self) -> tuple[int, bool]:
+        return self.top_k.value.data, bool(self.renormalize.value.data)
+
+    def verify_(self):
+        x, r, gu, d = (shape_of(v) for v in (self.x, self.router_weight, self.w_gate_up, self.w_down))
+        k, _ = self.attrs
+        ok = len(x) == 2 and len(r) == 2 and len(gu) == 3 and len(d) == 3
+        if not ok or not (r[1] == gu[2] == d[1] == x[1] and r[0] == gu[0] == d[0] and gu[1] == 2 * d[2]):
+            raise VerifyException(
+                f"dl.moe: need x [T, H], router_weight [E, H], w_gate_up [E, 2I, H], w_down [E, H, I]; got "
+                f"{self.x.type}, {self.router_weight.type}, {self.w_gate_up.type}, {self.w_down.type}"
+            )
+        if not 1 <= k <= r[0]:
+            raise VerifyException(f"dl.moe: top_k {k} must be in [1, {r[0]}] (the number of experts)")
+        if self.result.type != self.x.type:
+            raise VerifyException(f"dl.moe: result {self.result.type} must have x's type {self.x.type}")
+
+    def reference(self, x, router_w, w_gate_up, w_down):
+        from ..layers.ep_moe import moe_reference
+
+        k, renormalize = self.attrs
+        return moe_reference(x, router_w, w_gate_up, w_down, k, renormalize=renormalize)
+
+
 COMPUTE_OPS = [
     ReduceSumOp,
     ReduceMeanOp,
@@ -568,5 +622,6 @@ COMPUTE_OPS = [
     GluOp,
     SDPAOp,
     EmbeddingOp,
+    MoEOp,
 ]
 __all__ = [c.__name__ for c in COMPUTE_OPS] + ["COMPUTE_OPS", "rms_norm_reference", "rotary_reference", "dtype_of"]

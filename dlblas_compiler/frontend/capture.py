@@ -23,6 +23,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..errors import FrontendError
+from .moe import moe_blocks_as_ops
 
 
 @dataclass
@@ -69,13 +70,24 @@ def _plain_signature(model: torch.nn.Module) -> inspect.Signature | None:
 
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
-    """Trace `model` for a call with these inputs. Raises FrontendError naming why both tracers failed."""
+    """Trace `model` for a call with these inputs (MoE blocks as one op each, see frontend/moe.py). Raises
+    FrontendError naming why both tracers failed."""
+    with moe_blocks_as_ops(model) as moe_names:
+        captured = _capture(model, args, kwargs)
+    if moe_names:
+        captured.notes.append(f"MoE blocks captured as dl.moe: {', '.join(moe_names)}")
+    return captured
+
+
+def _capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
     if isinstance(model, torch.fx.GraphModule):
         has_pytree = hasattr(model.graph._codegen, "pytree_info")
         if has_pytree:
             info = model.graph._codegen.pytree_info
             return Captured(model, "dynamo", in_spec=info.in_spec, out_spec=info.out_spec)
         return Captured(model, "graph_module")
+    if "forward" in vars(model):  # symbolic_trace would trace the class's forward, not this one
+        return _dynamo_capture(model, args, kwargs, "forward is set on the instance")
     sig = _plain_signature(model)
     failure = "its forward takes *args/**kwargs"
     if sig is not None:

@@ -31,6 +31,7 @@ from ..dialects import (
     LayerNormOp,
     LinearOp,
     MatmulOp,
+    MoEOp,
     PermuteOp,
     PowOp,
     ReduceMaxOp,
@@ -43,6 +44,7 @@ from ..dialects import (
     SoftmaxOp,
 )
 from ..dialects.types import normalize_dim, shape_of, xdsl_dtype
+from .moe import moe
 
 
 class Unsupported(Exception):
@@ -468,3 +470,8 @@ def _embedding_module(e, mod, idx):
     if mod.max_norm is not None:
         raise Unsupported("embedding with max_norm renormalizes the weight")
     return _emit(e, EmbeddingOp(e.param(f"{e.node.target}.weight", mod.weight), _tensor(idx, "indices")))
+
+
+@converts(torch.ops.dlblas.moe, torch.ops.dlblas.moe.default, moe)
+def _moe(e, x, router_weight, w_gate_up, w_down, top_k, renormalize):
+    return _emit(e, MoEOp(_tensor(x), _tensor(router_weight), _tensor(w_gate_up), _tensor(w_down), top_k, renormalize))

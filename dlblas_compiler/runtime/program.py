@@ -28,7 +28,7 @@ from xdsl.ir import Operation, SSAValue
 
 from ..codegen.kernel import Kernel, interpreted_stdlib
 from ..codegen.lower import CallableLowering, LoweringError, lower_region, region_ops
-from ..dialects import ConstantOp, FusedOp, ParamOp, TorchCallOp
+from ..dialects import ConstantOp, FusedOp, MoEOp, ParamOp, TorchCallOp
 from ..errors import CompileError
 from ..numerics import rel_error, tolerance
 from ..passes.algebraic import is_constant
@@ -322,10 +322,14 @@ class Builder:
                 choices.append(step.choice)
             elif isinstance(op, TorchCallOp):
                 steps.append(self._torch_call(op))
+            elif isinstance(op, MoEOp) and (self.options.backend != "reference" or self.options.expert_parallel is not None):
+                steps.append(self._moe(op))
             else:
                 steps.append(self._reference(op))
         tune_mode = self.options.tune if self.options.backend == "triton" else "none"
         cuda_graphs = self.options.cuda_graphs and self.options.backend == "triton" and not self.options.check
+        if self.options.expert_parallel is not None and any(isinstance(o, MoEOp) for o in block.ops):
+            cuda_graphs = False  # the all-to-all exchanges token counts through the host
         return Program(inputs, outputs, steps, len(self.slots), consts, choices, cuda_graphs, tune_mode)
 
     def _const_eval(self, v: SSAValue) -> tuple[Callable[[], torch.Tensor], list[torch.Tensor]]:
@@ -358,6 +362,27 @@ class Builder:
         def step(env):
             for s, val in zip(outs, _as_tuple(ref(*[env[i] for i in ins]))):
                 env[s] = val
+
+        return step
+
+    def _moe(self, op: MoEOp) -> Callable:
+        """dl.moe as the library's EPMoE layer (topk_gating + fused_moe, or torch on the reference backend;
+        over the `expert_parallel` process group when one is given), built on the first call from the weights
+        of that call and rebuilt when they change."""
+        from ..layers import EPMoE
+
+        ins = [self.slot(v) for v in op.operands]
+        out = self.slot(op.result)
+        top_k, renormalize = op.attrs
+        group = self.options.expert_parallel
+        backend = "reference" if self.options.backend == "reference" else "triton"
+        layer: list = []  # [(weights, EPMoE)]
+
+        def step(env):
+            x, *weights = (env[i] for i in ins)
+            if not layer or any(a is not b for a, b in zip(layer[0][0], weights)):
+                layer[:] = [(weights, EPMoE(*weights, top_k, renormalize=renormalize, group=group, backend=backend))]
+            env[out] = layer[0][1](x)
 
         return step
 

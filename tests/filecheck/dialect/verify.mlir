@@ -70,3 +70,19 @@ func.func @bad_rotary(%x: tensor<2x8x16xf32>, %c: tensor<8x6xf32>) -> tensor<2x8
   func.return %0 : tensor<2x8x16xf32>
 }
 // CHECK: dl.rotary: tensor<8x6xf32> does not broadcast to (2, 8, 8)
+
+// -----
+
+func.func @bad_moe(%x: tensor<3x64xf32>, %r: tensor<4x64xf32>, %gu: tensor<4x32x64xf32>, %d: tensor<4x64x8xf32>) -> tensor<3x64xf32> {
+  %0 = dl.moe %x, %r, %gu, %d {top_k = 2 : i64, renormalize = true} : (tensor<3x64xf32>, tensor<4x64xf32>, tensor<4x32x64xf32>, tensor<4x64x8xf32>) -> tensor<3x64xf32>
+  func.return %0 : tensor<3x64xf32>
+}
+// CHECK: dl.moe: need x [T, H], router_weight [E, H], w_gate_up [E, 2I, H], w_down [E, H, I]
+
+// -----
+
+func.func @bad_moe_top_k(%x: tensor<3x64xf32>, %r: tensor<4x64xf32>, %gu: tensor<4x32x64xf32>, %d: tensor<4x64x16xf32>) -> tensor<3x64xf32> {
+  %0 = dl.moe %x, %r, %gu, %d {top_k = 5 : i64, renormalize = true} : (tensor<3x64xf32>, tensor<4x64xf32>, tensor<4x32x64xf32>, tensor<4x64x16xf32>) -> tensor<3x64xf32>
+  func.return %0 : tensor<3x64xf32>
+}
+// CHECK: dl.moe: top_k 5 must be in [1, 4] (the number of experts)

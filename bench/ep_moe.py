@@ -1,0 +1,235 @@
+"""Expert-parallel MoE (EPMoE) on 1, 2 and 4 GPUs: correctness, then throughput and the time split.
+
+    python bench/ep_moe.py --out OUT [--worlds 1,2,4] [--iters 20]   # NCCL, one process per GPU, bf16
+    python bench/ep_moe.py --out OUT --smoke                          # CPU, gloo, tiny layers, worlds 1 and 2
+
+Writes OUT/ep_moe.json and OUT/ep_moe.md and prints the markdown table. Layers: Mixtral-like (E=8, H=4096,
+I=14336, top-2) and DeepSeek-like (E=64, H=2048, I=1408, top-6), 4096 tokens per rank, no capacity limit. Each
+world size (those above the GPU count are skipped) runs in its own torch.multiprocessing.spawn; the NCCL
+environment is left as it is. Per layer and world size:
+  correctness  each rank's output vs moe_reference in float32 on the same weights and its own tokens;
+               rel err = ||out - ref|| / ||ref|| over all ranks' tokens, must be <= 1e-2;
+  timing       after warmup, the median over iterations of the slowest rank's wall time (barrier,
+               synchronize, forward, synchronize); tokens/s counts all ranks' tokens. route / dispatch /
+               compute / combine: EPMoE's CUDA-event split (medians, slowest rank); with overlap the
+               dispatch and combine columns hold only the communication not hidden behind compute.
+Variants: 1 GPU: "torch loop" (moe_reference in bf16: router + loop over experts) and "fused_moe" (EPMoE on one
+rank: topk_gating + fused_moe); several GPUs: "ep" (EPMoE, overlap off) and "ep+overlap" (two chunks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+LAYERS = {
+    "mixtral": {"E": 8, "H": 4096, "I": 14336, "k": 2},
+    "deepseek": {"E": 64, "H": 2048, "I": 1408, "k": 6},
+}
+SMOKE_LAYERS = {
+    "mixtral": {"E": 8, "H": 64, "I": 96, "k": 2},
+    "deepseek": {"E": 16, "H": 32, "I": 24, "k": 4},
+}
+MAX_REL_ERR = 1e-2
+PHASES = ("route", "dispatch", "compute", "combine")
+
+
+def _weights(shape: dict[str, int], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(router, w_gate_up, w_down), the same on every rank (seeded generator), ~unit-variance activations."""
+    E, H, inter = shape["E"], shape["H"], shape["I"]
+    g = torch.Generator(device).manual_seed(0)
+
+    def randn(*size: int, fan_in: int) -> torch.Tensor:
+        return (torch.randn(*size, generator=g, device=device, dtype=dtype) / fan_in**0.5).to(dtype)
+
+    return randn(E, H, fan_in=H), randn(E, 2 * inter, H, fan_in=H), randn(E, H, inter, fan_in=inter)
+
+
+def _time(fn: Callable[[dict[str, float]], Any], iters: int, warmup: int, cuda: bool) -> dict[str, Any]:
+    """Per iteration: barrier, synchronize, fn(timings), synchronize; the slowest rank's wall time (ms) and
+    phase times. Returns the medians."""
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    walls, phases = [], []
+    for i in range(warmup + iters):
+        timings: dict[str, float] = {}
+        dist.barrier()
+        sync()
+        start = time.perf_counter()
+        fn(timings)
+        sync()
+        if i >= warmup:
+            walls.append((time.perf_counter() - start) * 1e3)
+            phases.append([timings.get(p, float("nan")) for p in PHASES])
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    per_iter = torch.tensor([[w, *p] for w, p in zip(walls, phases, strict=True)], dtype=torch.float64, device=device)
+    dist.all_reduce(per_iter, op=dist.ReduceOp.MAX)  # the slowest rank
+    medians = per_iter.median(dim=0).values.tolist()
+    return {"ms": medians[0], **{f"{p}_ms": v for p, v in zip(PHASES, medians[1:], strict=True) if v == v}}
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| over all ranks' tokens."""
+    sums = torch.stack([(out.double() - ref.double()).square().sum(), ref.double().square().sum()])
+    dist.all_reduce(sums)
+    return (sums[0] / sums[1]).sqrt().item()
+
+
+def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, device: torch.device) -> list[dict]:
+    from dlblas_compiler.layers import EPMoE, moe_reference
+
+    ws, rank = dist.get_world_size(), dist.get_rank()
+    cuda = device.type == "cuda"
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    weights = _weights(shape, dtype, device)
+    g = torch.Generator(device).manual_seed(1000 + rank)
+    x = torch.randn(args.tokens, shape["H"], generator=g, device=device, dtype=dtype)
+    ref = moe_reference(x.float(), *(w.float() for w in weights), shape["k"])
+
+    variants: dict[str, Callable[[dict[str, float]], torch.Tensor]] = {}
+    if ws == 1:
+        variants["torch loop"] = lambda _t: moe_reference(x, *weights, shape["k"])
+        layer = EPMoE(*weights, shape["k"])
+        variants["fused_moe"] = lambda t: layer(x, timings=t)
+    else:
+        for label, overlap in (("ep", False), ("ep+overlap", True)):
+            layer = EPMoE(*weights, shape["k"], overlap=overlap)
+            variants[label] = lambda t, layer=layer: layer(x, timings=t)
+
+    rows = []
+    for label, fn in variants.items():
+        row: dict[str, Any] = {"layer": name, **shape, "world": ws, "variant": label, "tokens_per_rank": args.tokens}
+        row["rel_err"] = _rel_err(fn({}), ref)
+        row["ok"] = row["rel_err"] <= MAX_REL_ERR
+        row.update(_time(fn, args.iters, args.warmup, cuda))
+        row["tokens_per_s"] = ws * args.tokens / row["ms"] * 1e3
+        rows.append(row)
+    return rows
+
+
+def _worker(rank: int, ws: int, args: argparse.Namespace, init_file: str, result_file: str) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    if args.smoke:
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=ws)
+    else:
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group(
+            "nccl",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=ws,
+            timeout=timedelta(seconds=120),
+            device_id=device,
+        )
+    try:
+        rows = []
+        for name, shape in (SMOKE_LAYERS if args.smoke else LAYERS).items():
+            rows += _layer_rows(name, shape, args, device)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if rank == 0:
+            Path(result_file).write_text(json.dumps(rows))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_world(ws: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Spawn ws ranks; their rows, or one error row. Ranks still running after args.world_timeout are ended."""
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file, result_file = f"{tmp}/init", f"{tmp}/rows.json"
+        start = time.perf_counter()
+        ctx = mp.spawn(_worker, args=(ws, args, init_file, result_file), nprocs=ws, join=False)
+        try:
+            while not ctx.join(timeout=5):
+                if time.perf_counter() - start > args.world_timeout:
+                    for p in ctx.processes:
+                        p.terminate()
+                        p.join()
+                    return [{"world": ws, "error": f"timed out after {args.world_timeout} s"}]
+        except Exception as e:  # a rank raised: ProcessRaisedException carries its traceback
+            traceback.print_exc()
+            return [{"world": ws, "error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1]}"}]
+        rows = json.loads(Path(result_file).read_text())
+        print(f"world {ws}: {time.perf_counter() - start:.0f} s", flush=True)
+        return rows
+
+
+def _markdown(rows: list[dict[str, Any]], header: str) -> str:
+    columns = ["layer", "GPUs", "variant", "rel err", "tokens/s", "ms", *(f"{p} ms" for p in PHASES)]
+    lines = [header, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| | {r['world']} | error: {r['error'][:200]} |" + " |" * (len(columns) - 3))
+            continue
+        err = f"{r['rel_err']:.1e}" + ("" if r["ok"] else " FAIL")
+        phases = [f"{r[f'{p}_ms']:.2f}" if f"{p}_ms" in r else "" for p in PHASES]
+        cells = [r["layer"], str(r["world"]), r["variant"], err, f"{r['tokens_per_s']:,.0f}", f"{r['ms']:.2f}", *phases]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--worlds", default="1,2,4", help="world sizes, comma-separated")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per rank (4096; smoke: 64)")
+    parser.add_argument("--iters", type=int, default=None, help="timed iterations (20; smoke: 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed iterations first (3; smoke: 1)")
+    parser.add_argument("--world-timeout", type=float, default=240.0, help="seconds allowed per world size")
+    parser.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny layers, worlds 1 and 2")
+    args = parser.parse_args()
+    args.tokens = args.tokens or (64 if args.smoke else 4096)
+    args.iters = args.iters or (3 if args.smoke else 20)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 3)
+
+    worlds = [int(w) for w in args.worlds.split(",")]
+    if args.smoke:
+        worlds, device_name = [w for w in worlds if w <= 2], "CPU (smoke: gloo, float32, tiny layers)"
+    elif not torch.cuda.is_available():
+        sys.exit("bench/ep_moe.py needs CUDA GPUs (or --smoke)")
+    else:
+        skipped = [w for w in worlds if w > torch.cuda.device_count()]
+        if skipped:
+            print(f"skipping world sizes {skipped}: {torch.cuda.device_count()} GPUs", flush=True)
+        worlds, device_name = [w for w in worlds if w not in skipped], torch.cuda.get_device_name()
+
+    rows = [row for ws in worlds for row in _run_world(ws, args)]
+    env = {
+        "device": device_name,
+        "torch": torch.__version__,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "tokens_per_rank": args.tokens,
+        "iters": args.iters,
+        "dtype": "float32" if args.smoke else "bfloat16",
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ep_moe.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    header = f"# EPMoE on {env['device']} ({env['dtype']}, {args.tokens} tokens/rank, torch {env['torch']})"
+    table = _markdown(rows, header)
+    (out / "ep_moe.md").write_text(table)
+    print(table)
+    if any("error" in r or not r["ok"] for r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

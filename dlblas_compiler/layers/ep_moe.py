@@ -1,0 +1,252 @@
+"""Expert-parallel mixture of experts over torch.distributed: each rank holds E / world_size of the experts.
+
+    layer = EPMoE(router_weight, w_gate_up, w_down, top_k, group=group)   # the full weights, on every rank
+    out = layer(x)                                                        # x [T, H] or [B, S, H]: this rank's tokens
+
+Forward, on each rank (experts are SwiGLU MLPs, weights laid out as for fused_moe):
+  1. route: logits = x @ router_weight.T (float32; float64 for float64 x), then softmax top-k with capacity over
+     THIS RANK'S tokens (topk_gating): an expert keeps at most ceil(c * T_rank * k / E) assignments of each rank;
+  2. dispatch: the kept (token, slot) pairs, sorted by expert (hence by the rank that owns it), are exchanged with
+     `all_to_all_single`: first the per-expert counts, then the token rows with variable split sizes. A received
+     row's expert follows from the counts (rows arrive grouped by source rank, then expert), so no ids are sent;
+  3. compute: the received rows through the local experts (fused_moe with k = 1 and unit weights);
+  4. combine: the inverse `all_to_all_single` returns the results; the routing weights, which never leave the
+     sending rank, scale them and index_add sums each token's k rows (in float32; float64 for float64 x).
+With overlap, the pairs are split by the half of the tokens they come from: both halves' dispatches are issued
+asynchronously at once, so the second half's proceeds while the first half computes, and the first half's combine
+while the second half computes. Ranks vote for overlap in the counts exchange and split only if all of them do,
+so ranks with different token counts agree. Inference only: no autograd through the exchange.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..kernels.gating import topk_gating, topk_gating_reference
+from ..kernels.moe import fused_moe, fused_moe_reference
+
+BACKENDS = ("auto", "triton", "reference")
+OVERLAP_MIN_TOKENS = 1024  # overlap="auto" votes for two chunks from this many tokens on the rank
+
+
+def router_logits(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
+    """x [T, H] @ router_weight [E, H].T in float32 (float64 for float64 x)."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    return x.to(dtype) @ router_weight.to(dtype).T
+
+
+def moe_reference(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    top_k: int,
+    capacity_factor: float | None = None,
+    renormalize: bool = True,
+) -> torch.Tensor:
+    """The whole MoE layer in one process, in torch ops: topk_gating_reference on router_logits, then the loop over
+    experts (fused_moe_reference) in x's dtype. x [..., H] -> [..., H].
+
+    Routing, hence the capacity, is over all of x's tokens in one call. EPMoE routes each rank's tokens on their
+    own, so to reproduce it on world_size ranks (with a capacity; without one routing is per token anyway), call
+    this on each rank's tokens separately."""
+    x2 = x.reshape(-1, x.shape[-1])
+    ids, weights, _ = topk_gating_reference(router_logits(x2, router_weight), top_k, capacity_factor, renormalize)
+    return fused_moe_reference(x2, w_gate_up, w_down, ids, weights).view(x.shape)
+
+
+class _PhaseTimer:
+    """Milliseconds per phase, summed over the intervals between consecutive `lap`s: CUDA events on the current
+    stream (so communication hidden behind compute counts nowhere), else time.perf_counter. Off without a dict."""
+
+    def __init__(self, timings: dict[str, float] | None, device: torch.device) -> None:
+        self.timings = timings
+        self.cuda = device.type == "cuda"
+        self.laps: list[tuple[str, Any, Any]] = []
+        self.last = self._now() if timings is not None else None
+
+    def _now(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def lap(self, phase: str) -> None:
+        """The time since the previous lap was spent in `phase`."""
+        if self.timings is not None:
+            now = self._now()
+            self.laps.append((phase, self.last, now))
+            self.last = now
+
+    def finish(self) -> None:
+        """Fill the dict (synchronizes on CUDA): one entry per phase, and their sum as "total"."""
+        if self.timings is None:
+            return
+        if self.cuda:
+            self.last.synchronize()
+        totals: dict[str, float] = {}
+        for phase, start, end in self.laps:
+            ms = start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+            totals[phase] = totals.get(phase, 0.0) + ms
+        totals["total"] = sum(totals.values())
+        self.timings.clear()
+        self.timings.update(totals)
+
+
+class _Exchange(NamedTuple):
+    """One all_to_all round trip. tok, weight: the token and routing weight of each row this rank sends, grouped
+    by destination rank, then expert; send_splits / recv_splits: rows to / from each rank; recv_expert: the local
+    expert of each row received."""
+
+    tok: torch.Tensor
+    weight: torch.Tensor
+    send_splits: list[int]
+    recv_splits: list[int]
+    recv_expert: torch.Tensor
+
+
+def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """(world size, rank) of the group; (1, 0) with no group and torch.distributed not initialized."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+class EPMoE(nn.Module):
+    """Expert-parallel SwiGLU MoE layer (see the module docstring).
+
+    router_weight [E, H], w_gate_up [E, 2I, H] (gate rows first, then up), w_down [E, H, I]: the full weights,
+    the same on every rank; the layer keeps the router and the experts [rank * E/ws, (rank + 1) * E/ws).
+    capacity_factor, renormalize: as topk_gating (capacity per rank's tokens). group: the expert-parallel group
+    (None: the default group, or no communication if torch.distributed is not initialized). backend: "triton"
+    (topk_gating + fused_moe), "reference" (topk_gating_reference + the loop over experts) or "auto" (triton on
+    CUDA tensors). overlap: True, False or "auto" (two chunks from OVERLAP_MIN_TOKENS tokens a rank, if world
+    size > 1). All ranks of the group must call forward together. After forward, `last_aux_loss` holds this
+    rank's load-balancing loss."""
+
+    def __init__(
+        self,
+        router_weight: torch.Tensor,
+        w_gate_up: torch.Tensor,
+        w_down: torch.Tensor,
+        top_k: int,
+        *,
+        capacity_factor: float | None = None,
+        renormalize: bool = True,
+        group: dist.ProcessGroup | None = None,
+        backend: str = "auto",
+        overlap: bool | str = "auto",
+    ) -> None:
+        super().__init__()
+        E, H = router_weight.shape
+        inter = w_down.shape[-1]
+        if tuple(w_gate_up.shape) != (E, 2 * inter, H) or tuple(w_down.shape) != (E, H, inter):
+            raise ValueError(
+                f"EPMoE: router_weight {list(router_weight.shape)} needs w_gate_up [E, 2I, H] and w_down [E, H, I];"
+                f" got {list(w_gate_up.shape)} and {list(w_down.shape)}"
+            )
+        if backend not in BACKENDS:
+            raise ValueError(f"EPMoE: backend must be one of {BACKENDS}, got {backend!r}")
+        if overlap not in (True, False, "auto"):
+            raise ValueError(f"EPMoE: overlap must be True, False or 'auto', got {overlap!r}")
+        self.world_size, self.rank = _world(group)
+        if E % self.world_size:
+            raise ValueError(f"EPMoE: {E} experts do not split evenly over {self.world_size} ranks")
+        self.num_experts, self.local_experts = E, E // self.world_size
+        first = self.rank * self.local_experts
+
+        def local(w: torch.Tensor) -> nn.Parameter:  # a copy, so that the other ranks' experts can be freed
+            part = w.detach()[first : first + self.local_experts]
+            return nn.Parameter(part if self.world_size == 1 else part.clone(), requires_grad=False)
+
+        self.router_weight = nn.Parameter(router_weight.detach(), requires_grad=False)
+        self.w_gate_up, self.w_down = local(w_gate_up), local(w_down)
+        self.top_k, self.capacity_factor, self.renormalize = top_k, capacity_factor, renormalize
+        self.group, self.backend, self.overlap = group, backend, overlap
+        self.last_aux_loss: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, timings: dict[str, float] | None = None) -> torch.Tensor:
+        """x [..., H], this rank's tokens -> [..., H]. A `timings` dict is filled with milliseconds per phase
+        (route, dispatch, compute, combine; total), measured by CUDA events on CUDA (which synchronizes)."""
+        x2 = x.reshape(-1, x.shape[-1])
+        use_triton = self.backend == "triton" or (self.backend == "auto" and x.is_cuda)
+        timer = _PhaseTimer(timings, x.device)
+        gate = topk_gating if use_triton else topk_gating_reference
+        logits = router_logits(x2, self.router_weight)
+        ids, weights, self.last_aux_loss = gate(logits, self.top_k, self.capacity_factor, self.renormalize)
+        timer.lap("route")
+        if self.world_size == 1:
+            out = self._experts(x2, ids, weights, use_triton)
+            timer.lap("compute")
+        else:
+            out = self._exchange_and_compute(x2, ids, weights, use_triton, timer)
+        timer.finish()
+        return out.view(x.shape)
+
+    def _experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, use_triton: bool) -> torch.Tensor:
+        """The local experts on rows x [n, H] routed by ids / weights [n, k] (local expert ids)."""
+        if x.shape[0] == 0:
+            return torch.zeros_like(x)
+        moe = fused_moe if use_triton else fused_moe_reference
+        return moe(x, self.w_gate_up, self.w_down, ids, weights)
+
+    def _exchange_and_compute(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, use_triton: bool, timer: _PhaseTimer
+    ) -> torch.Tensor:
+        exchanges = self._plan(ids, weights)
+        dispatches = []
+        for ex in exchanges:  # all issued at once: the second chunk's moves while the first computes
+            send, recv = x[ex.tok], x.new_empty(sum(ex.recv_splits), x.shape[1])
+            work = dist.all_to_all_single(recv, send, ex.recv_splits, ex.send_splits, group=self.group, async_op=True)
+            dispatches.append((send, recv, work))
+        combines = []
+        for ex, (_, recv, work) in zip(exchanges, dispatches, strict=True):
+            work.wait()
+            timer.lap("dispatch")
+            unit = torch.ones(recv.shape[0], 1, device=x.device, dtype=torch.float32)
+            y = self._experts(recv, ex.recv_expert[:, None], unit, use_triton)
+            timer.lap("compute")
+            back = x.new_empty(ex.tok.shape[0], x.shape[1])
+            work = dist.all_to_all_single(back, y, ex.send_splits, ex.recv_splits, group=self.group, async_op=True)
+            combines.append((y, back, work))
+        acc_dtype = torch.promote_types(x.dtype, torch.float32)
+        out = torch.zeros(x.shape, device=x.device, dtype=acc_dtype)
+        for ex, (_, back, work) in zip(exchanges, combines, strict=True):
+            work.wait()
+            out.index_add_(0, ex.tok, back.to(acc_dtype) * ex.weight.to(acc_dtype)[:, None])
+        timer.lap("combine")
+        return out.to(x.dtype)
+
+    def _plan(self, ids: torch.Tensor, weights: torch.Tensor) -> list[_Exchange]:
+        """Sort the kept (token, slot) pairs by (expert, half of the tokens) and exchange the counts per (expert,
+        half), with each rank's overlap vote appended. One _Exchange, or one per half if every rank voted yes."""
+        T, dev = ids.shape[0], ids.device
+        ws, n_local = self.world_size, self.local_experts
+        tok, slot = torch.nonzero(ids >= 0, as_tuple=True)
+        key = ids[tok, slot] * 2 + (tok >= (T + 1) // 2)
+        order = torch.argsort(key, stable=True)
+        tok, weight, key = tok[order], weights[tok, slot][order], key[order]
+        vote = T >= OVERLAP_MIN_TOKENS if self.overlap == "auto" else self.overlap
+        counts = torch.bincount(key, minlength=2 * self.num_experts).view(ws, 2 * n_local)
+        send = torch.cat([counts, torch.full((ws, 1), int(vote), device=dev, dtype=counts.dtype)], 1)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.group)
+        send, recv = torch.stack([send, recv]).cpu().unbind(0)
+        send_counts, recv_counts = (c[:, :-1].reshape(ws, n_local, 2) for c in (send, recv))
+
+        def exchange(sel: torch.Tensor | slice, sent: torch.Tensor, received: torch.Tensor) -> _Exchange:
+            """sent / received: [ws, n_local] rows per (rank, local expert)."""
+            experts = torch.arange(n_local).repeat(ws).repeat_interleave(received.flatten()).to(dev)
+            return _Exchange(tok[sel], weight[sel], sent.sum(1).tolist(), received.sum(1).tolist(), experts)
+
+        if not bool(recv[:, -1].all()):
+            return [exchange(slice(None), send_counts.sum(2), recv_counts.sum(2))]
+        half = key % 2
+        return [exchange(half == h, send_counts[..., h], recv_counts[..., h]) for h in (0, 1)]

@@ -1,0 +1,152 @@
+"""EPMoE (dlblas_compiler/layers/ep_moe.py) against moe_reference.
+
+Multi-rank cases run on CPU over gloo, one torch.multiprocessing.spawn per world size (2 and 4) running all its
+cases; each rank checks its own output against moe_reference on its own token shard (EPMoE routes, and applies
+the capacity, per rank). The reference backend in float64 matches to 1e-10; the Triton kernels (interpreter,
+float32, exact fp32 dots) to 1e-4 absolute / relative."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dlblas_compiler.kernels.gating import topk_gating_reference
+from dlblas_compiler.layers import EPMoE, moe_reference
+from dlblas_compiler.layers.ep_moe import router_logits
+
+F64_TOL = {"rtol": 1e-10, "atol": 1e-10}
+F32_TOL = {"rtol": 1e-4, "atol": 1e-4}
+E, H, INTER, TOP_K = 8, 16, 24, 2
+
+
+def _weights(seed: int, dtype: torch.dtype = torch.float64, experts: int = E) -> tuple[torch.Tensor, ...]:
+    """(router [E, H], w_gate_up [E, 2I, H], w_down [E, H, I]), the same on every rank. Router column 0 is 0:
+    tests bias it, with x[:, 0] = 1."""
+    g = torch.Generator().manual_seed(seed)
+    router = torch.randn(experts, H, generator=g, dtype=dtype) / H**0.5
+    router[:, 0] = 0
+    w_gate_up = torch.randn(experts, 2 * INTER, H, generator=g, dtype=dtype) / H**0.5
+    w_down = torch.randn(experts, H, INTER, generator=g, dtype=dtype) / INTER**0.5
+    return router, w_gate_up, w_down
+
+
+def _tokens(seed: int, tokens: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    x[:, 0] = 1.0  # the router's bias feature
+    return x
+
+
+def _experts_hit(x: torch.Tensor, router: torch.Tensor, capacity_factor: float | None) -> torch.Tensor:
+    """[E] kept assignments per expert when x is routed as one rank's tokens."""
+    ids = topk_gating_reference(router_logits(x, router), TOP_K, capacity_factor).ids
+    return torch.bincount(ids[ids >= 0], minlength=router.shape[0])
+
+
+def _check_case(rank: int, ws: int, name: str, bias: torch.Tensor, tokens: int, **kwargs: object) -> None:
+    """EPMoE on rank's shard vs moe_reference on it; router column 0 (with x[:, 0] = 1) set to `bias`."""
+    router, w_gate_up, w_down = _weights(seed=1)
+    router[:, 0] = bias
+    shards = [_tokens(100 + r, tokens) for r in range(ws)]
+    layer = EPMoE(router, w_gate_up, w_down, TOP_K, backend="reference", **kwargs)
+    out = layer(shards[rank])
+    ref = moe_reference(shards[rank], router, w_gate_up, w_down, TOP_K, kwargs.get("capacity_factor"))
+    torch.testing.assert_close(out, ref, **F64_TOL, msg=lambda m: f"{name}, rank {rank}/{ws}: {m}")
+
+
+def _cases(rank: int, ws: int) -> None:
+    per_rank = E // ws
+    owner = torch.arange(E) // per_rank
+    no_bias = torch.zeros(E, dtype=torch.float64)
+
+    # (a) capacity drops: each rank drops some assignments
+    router = _weights(seed=1)[0]
+    x = _tokens(100 + rank, 48)
+    kept = _experts_hit(x, router, 0.5).sum()
+    assert 0 < kept < 48 * TOP_K, f"capacity case drops nothing (kept {kept})"
+    _check_case(rank, ws, "capacity", no_bias, 48, capacity_factor=0.5, overlap=False)
+
+    # (b) uneven: rank 0's experts take over half the assignments, the other ranks still some
+    uneven = 1.5 * (owner == 0).double()
+    router[:, 0] = uneven
+    load = torch.stack([_experts_hit(_tokens(100 + r, 40), router, None) for r in range(ws)]).sum(0)
+    by_rank = load.view(ws, per_rank).sum(1)
+    assert by_rank[0] > 0.5 * by_rank.sum() and (by_rank[1:] > 0).all(), by_rank
+    _check_case(rank, ws, "uneven", uneven, 40, overlap=False)
+    _check_case(rank, ws, "uneven + capacity", uneven, 40, capacity_factor=1.0, overlap=True)
+
+    # (c) the last rank receives no token
+    starved = -20.0 * (owner == ws - 1).double()
+    router[:, 0] = starved
+    load = torch.stack([_experts_hit(_tokens(100 + r, 40), router, None) for r in range(ws)]).sum(0)
+    assert load.view(ws, per_rank)[-1].sum() == 0, load
+    _check_case(rank, ws, "starved rank", starved, 40, overlap=False)
+    _check_case(rank, ws, "starved rank, overlap", starved, 40, overlap=True)
+
+    # (d) overlap on vs off; with different token counts per rank "auto" must agree (rank 0 alone votes yes)
+    router, w_gate_up, w_down = _weights(seed=2)
+    x = _tokens(200 + rank, 1100 if rank == 0 else 24 + 8 * rank)
+    outs = [EPMoE(router, w_gate_up, w_down, TOP_K, backend="reference", overlap=o)(x) for o in (False, True, "auto")]
+    torch.testing.assert_close(outs[1], outs[0], **F64_TOL)
+    torch.testing.assert_close(outs[2], outs[0], **F64_TOL)
+    torch.testing.assert_close(outs[0], moe_reference(x, router, w_gate_up, w_down, TOP_K), **F64_TOL)
+
+    if ws == 4:  # experts must split evenly over the ranks
+        with pytest.raises(ValueError, match="6 experts do not split evenly over 4 ranks"):
+            EPMoE(*_weights(seed=4, experts=6), TOP_K)
+        return
+
+    # (ws 2 only, the interpreter is slow) [B, S, H] input, timings, the Triton kernels with k = 1 on received rows
+    router, w_gate_up, w_down = (w.float() for w in _weights(seed=3))
+    x = _tokens(300 + rank, 16, torch.float32).view(2, 8, H)
+    timings: dict[str, float] = {}
+    out = EPMoE(router, w_gate_up, w_down, TOP_K, backend="triton", overlap=True)(x, timings=timings)
+    ref = moe_reference(x.double(), router.double(), w_gate_up.double(), w_down.double(), TOP_K)
+    torch.testing.assert_close(out.double(), ref, **F32_TOL)
+    assert set(timings) == {"route", "dispatch", "compute", "combine", "total"}
+
+
+def _worker(rank: int, ws: int, init_file: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=ws)
+    try:
+        _cases(rank, ws)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_ep_moe_multi_rank(ws: int, tmp_path) -> None:
+    mp.spawn(_worker, args=(ws, str(tmp_path / "init")), nprocs=ws)
+
+
+def test_ep_moe_single_process() -> None:
+    router, w_gate_up, w_down = _weights(seed=5)
+    x = _tokens(6, 32).view(4, 8, H)
+    layer = EPMoE(router, w_gate_up, w_down, TOP_K, capacity_factor=0.75)  # "auto": the reference on CPU
+    assert (layer.world_size, layer.local_experts) == (1, E)
+    torch.testing.assert_close(layer(x), moe_reference(x, router, w_gate_up, w_down, TOP_K, 0.75), **F64_TOL)
+    assert layer.last_aux_loss is not None and layer.last_aux_loss.item() > 0
+
+
+def test_ep_moe_triton_interpreter() -> None:
+    """backend="triton" on CPU (interpreter), E=4, H=32, I=64, T=16, float32, vs the float64 reference."""
+    g = torch.Generator().manual_seed(7)
+    router = torch.randn(4, 32, generator=g)
+    w_gate_up = torch.randn(4, 128, 32, generator=g) / 32**0.5
+    w_down = torch.randn(4, 32, 64, generator=g) / 64**0.5
+    x = torch.randn(16, 32, generator=g)
+    out = EPMoE(router, w_gate_up, w_down, 2, capacity_factor=1.0, backend="triton")(x)
+    ref = moe_reference(x.double(), router.double(), w_gate_up.double(), w_down.double(), 2, 1.0)
+    torch.testing.assert_close(out.double(), ref, **F32_TOL)
+
+
+def test_ep_moe_bad_arguments() -> None:
+    router, w_gate_up, w_down = _weights(seed=8)
+    with pytest.raises(ValueError, match="backend"):
+        EPMoE(router, w_gate_up, w_down, TOP_K, backend="cuda")
+    with pytest.raises(ValueError, match="overlap"):
+        EPMoE(router, w_gate_up, w_down, TOP_K, overlap="yes")
+    with pytest.raises(ValueError, match="w_gate_up"):
+        EPMoE(router, w_gate_up[:, :INTER], w_down, TOP_K)
