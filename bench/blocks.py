@@ -135,9 +135,10 @@ def make_model(m, dtype, device, layers: int = 2):
     ids = torch.randint(0, cfg.vocab_size, (1, m), generator=torch.Generator().manual_seed(1)).to(device)
     n_qkv = (HQ + 2 * HK) * D
     per_layer = H * n_qkv + HQ * D * H + 3 * H * I + 2 * H
-    weights = layers * per_layer + 2 * cfg.vocab_size * H
+    weights = layers * per_layer + cfg.vocab_size * H + H + m * H  # layers, lm_head, final norm, m embedding rows
     e = dtype.itemsize
     flops = layers * 2 * m * (H * n_qkv + HQ * D * H + 3 * H * I) + 2 * m * H * cfg.vocab_size
+    flops += layers * 4 * HQ * m * m * D / 2  # causal attention
     return model, (ids,), {"use_cache": False}, weights * e + m * cfg.vocab_size * e, flops
 
 

@@ -239,6 +239,19 @@ def _time_us(fn: Callable[[], Any]) -> float:
     return (time.perf_counter() - start) * 1e6
 
 
+def _gpu_us(fn: Callable[[], Any]) -> float | None:
+    """GPU time of one call (bench/run.py's gpu_time: CUDA-graph replay, L2 cleared); None if it cannot be
+    captured."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from run import gpu_time
+
+    try:
+        return gpu_time(fn)
+    except Exception:  # noqa: BLE001 - e.g. a host sync inside the call
+        torch.cuda.synchronize()
+        return None
+
+
 def _floor_us(gpu: str, nbytes: float, flops: float) -> float:
     """The roofline floor with bench/blocks.py's bandwidth and peak for this GPU (H100 when unknown)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -280,6 +293,9 @@ def _lib_case(
         result["baseline_rel_err"][name] = _worst_err(fn(*args), ref)
     result["ours_us"] = _time_us(lambda: ours(*args))
     result["baselines_us"] = {name: _time_us(lambda fn=fn: fn(*args)) for name, fn in impls.items()}
+    if not _SMOKE["on"]:  # GPU time: the call replayed from a CUDA graph (no Python in the number)
+        result["ours_gpu_us"] = _gpu_us(lambda: ours(*args))
+        result["baselines_gpu_us"] = {name: _gpu_us(lambda fn=fn: fn(*args)) for name, fn in impls.items()}
     gpu = "H100" if _SMOKE["on"] else torch.cuda.get_device_name()
     result["floor_us"] = round(_floor_us(gpu, nbytes, flops), 2)
     if result["ours_us"]:
@@ -405,7 +421,8 @@ def _issue6_cases(runner: _Runner, groups: set[str]) -> None:
 
 
 def _markdown(rows: list[dict[str, Any]], header: str) -> str:
-    columns = ["kernel", "case", "dtype", "ours µs", "floor µs", "baselines µs", "speedup", "rel err", "note"]
+    columns = ["kernel", "case", "dtype", "ours µs", "floor µs", "baselines µs", "speedup", "GPU µs: ours / baselines",
+               "rel err", "note"]  # fmt: skip
     lines = [header, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         base = ", ".join(f"{k} {v:.1f}" for k, v in r.get("baselines_us", {}).items())
@@ -414,7 +431,11 @@ def _markdown(rows: list[dict[str, Any]], header: str) -> str:
         floor = f"{r['floor_us']:.1f}" if "floor_us" in r else ""
         err = f"{r['rel_err']:.2e}" if "rel_err" in r else ""
         note = r.get("error", "")[:120] or (f"get_op picks {r['get_op_choice']}" if "get_op_choice" in r else "")
-        cells = [r["kernel"], r.get("shape", r["case"]), r["dtype"], ours, floor, base, speed, err, note]
+        gpu = ""
+        if r.get("ours_gpu_us") is not None:
+            gbase = ", ".join(f"{k} {v:.1f}" for k, v in r.get("baselines_gpu_us", {}).items() if v is not None)
+            gpu = f"{r['ours_gpu_us']:.1f} / {gbase}"
+        cells = [r["kernel"], r.get("shape", r["case"]), r["dtype"], ours, floor, base, speed, gpu, err, note]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

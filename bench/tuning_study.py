@@ -36,7 +36,7 @@ def region(block_model, args, backend: str):
         env = prog._env(list(args))
         for step in prog.steps:
             if isinstance(step, RegionStep) and step.kernel is not None and step.choice.pattern == "gemm":
-                return step, [env[i] for i in step.ins]
+                return step, step.inputs(env)
             step(env)
     raise RuntimeError("no GEMM region")
 

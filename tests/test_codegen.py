@@ -177,7 +177,7 @@ def test_gemm_configs_split_k_and_ragged_tiles(k):
         prog = cm._spec().executor
         env = prog._env([x])
         step = next(s for s in prog.steps if isinstance(s, RegionStep) and s.choice.pattern == "gemm")
-        tensors = [env[i] for i in step.ins]
+        tensors = step.inputs(env)
         ref = model.double()(x.double())
         configs = [(16, 16, 32, 1), (32, 32, 64, 2), (16, 32, 32, 4), (64, 16, 64, 2)]
         for bm, bn, bk, sk in configs:

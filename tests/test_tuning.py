@@ -398,3 +398,34 @@ def test_compare_flags_concentrated_errors_but_not_low_precision_rounding():
     broken[:3] = broken[:3] * 0.5  # three rows wrong
     msg = compare([broken], [ref_bf16])
     assert msg is not None and "elements off" in msg
+
+
+def test_tuning_runs_kernels_on_the_inputs_they_run_on(monkeypatch):
+    """Regression: a region input that arrives as a non-contiguous view (here from an op run by torch) must be
+    tuned on the same contiguous copy the kernel is launched with, not on the strided view (which made every
+    attention config of the 2-layer HF Llama fail its reference check on the GPU)."""
+    import torch.nn as nn
+
+    import dlblas_compiler as dc
+    from dlblas_compiler.runtime.program import RegionStep
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(12, 8)
+
+        def forward(self, x):
+            return self.lin(torch.movedim(x, 0, 1))  # movedim runs in torch: a transposed view
+
+    model = Model().eval()
+    x = torch.randn(12, 5, 12)
+    cm = dc.compile(model, backend="interpret")
+    with torch.no_grad():
+        cm(x)
+        prog = cm._spec().executor
+        seen = []
+        monkeypatch.setattr(RegionStep, "tune", lambda self, tensors, mode, progress: seen.extend(tensors))
+        prog.tuned, prog.tune_mode = False, "quick"
+        out = prog.run([x])[0]
+    assert seen and all(t.is_contiguous() for t in seen if isinstance(t, torch.Tensor))
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)

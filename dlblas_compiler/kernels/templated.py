@@ -17,8 +17,8 @@ semantics, spelled the way the recognizer raises it, compiled with `dlblas_compi
   cuBLAS when not tuned, or a tuned kernel measured slower than its reference) is switched back to its kernel
   when a specialization is created; that first call is then run again. A region that *failed* to lower,
   compile or launch keeps its reference and the compiler's warning.
-* Tuning: DLBLAS_KERNELS_TUNE ("none" default, "quick", "full") is passed to compile on CUDA: the first call
-  of each shape then searches each kernel's config (cached persistently).
+* Tuning: DLBLAS_KERNELS_TUNE ("quick" default, "full", "none") is passed to compile on CUDA: the first call
+  of each shape searches each kernel's config (Bayesian, cached persistently: later processes reuse it).
 * Calls run under torch.no_grad(): library ops are inference kernels (no autograd).
 
 `lowering(cm)` summarizes, from `cm.report()`, what a compiled op became (regions, kernels and how each runs,
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-TUNE = os.environ.get("DLBLAS_KERNELS_TUNE", "none")
+TUNE = os.environ.get("DLBLAS_KERNELS_TUNE", "quick")
 
 # the reasons the runtime gives for running a region's reference although its kernel is fine (runtime/program.py)
 _PERFORMANCE_REASONS = ("a lone GEMM runs on cuBLAS", "measured faster")

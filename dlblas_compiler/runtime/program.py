@@ -100,8 +100,12 @@ class RegionStep:
         warnings.warn(f"dlblas_compiler: {why}; using its reference", stacklevel=4)
         self.choice.impl, self.choice.reason = "reference", why
 
+    def inputs(self, env: list) -> list:
+        """The region's input values, made contiguous: kernels index their inputs as dense row-major tensors."""
+        return [t if not isinstance(t, torch.Tensor) or t.is_contiguous() else t.contiguous() for t in (env[i] for i in self.ins)]
+
     def __call__(self, env: list) -> None:
-        tensors = [t if not isinstance(t, torch.Tensor) or t.is_contiguous() else t.contiguous() for t in (env[i] for i in self.ins)]
+        tensors = self.inputs(env)
         impl = self.choice.impl
         if impl == "reference":
             res = self.reference(tensors)
@@ -216,7 +220,7 @@ class Program:
             self.tuned = True
             for step in self.steps:
                 if isinstance(step, RegionStep) and step.kernel is not None and step.choice.impl == "kernel":
-                    step.tune([env[i] for i in step.ins], self.tune_mode, progress=True)
+                    step.tune(step.inputs(env), self.tune_mode, progress=True)
                 step(env)
             return tuple(env[s] for s in self.outputs)
         for step in self.steps:
