@@ -15,7 +15,8 @@ Forward, on each rank (experts are SwiGLU MLPs, weights laid out as for fused_mo
 With overlap, the pairs are split by the half of the tokens they come from: both halves' dispatches are issued
 asynchronously at once, so the second half's proceeds while the first half computes, and the first half's combine
 while the second half computes. Ranks vote for overlap in the counts exchange and split only if all of them do,
-so ranks with different token counts agree. Inference only: no autograd through the exchange.
+so ranks with different token counts agree (off by default: see EPMoE). Inference only: no autograd through the
+exchange.
 """
 
 from __future__ import annotations
@@ -126,8 +127,10 @@ class EPMoE(nn.Module):
     capacity_factor, renormalize: as topk_gating (capacity per rank's tokens). group: the expert-parallel group
     (None: the default group, or no communication if torch.distributed is not initialized). backend: "triton"
     (topk_gating + fused_moe), "reference" (topk_gating_reference + the loop over experts) or "auto" (triton on
-    CUDA tensors). overlap: True, False or "auto" (two chunks from OVERLAP_MIN_TOKENS tokens a rank, if world
-    size > 1). All ranks of the group must call forward together. After forward, `last_aux_loss` holds this
+    CUDA tensors). overlap: True, False (default) or "auto" (two chunks from OVERLAP_MIN_TOKENS tokens a rank,
+    if world size > 1). Off by default because it measured slower on 2 NVLink-connected H200s (Mixtral-like layer,
+    4096 tokens a rank: 9.05 vs 7.31 ms; DeepSeek-like: equal): the exchange takes ~0.2 ms against ~5 ms of
+    expert GEMMs, and half-size GEMMs lose more than the hidden communication gains. All ranks of the group must call forward together. After forward, `last_aux_loss` holds this
     rank's load-balancing loss."""
 
     def __init__(
@@ -141,7 +144,7 @@ class EPMoE(nn.Module):
         renormalize: bool = True,
         group: dist.ProcessGroup | None = None,
         backend: str = "auto",
-        overlap: bool | str = "auto",
+        overlap: bool | str = False,
     ) -> None:
         super().__init__()
         E, H = router_weight.shape
@@ -238,15 +241,20 @@ class EPMoE(nn.Module):
         send = torch.cat([counts, torch.full((ws, 1), int(vote), device=dev, dtype=counts.dtype)], 1)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=self.group)
-        send, recv = torch.stack([send, recv]).cpu().unbind(0)
+        recv_dev = recv[:, :-1].reshape(ws, n_local, 2)
+        send, recv = torch.stack([send, recv]).cpu().unbind(0)  # the one host sync: split sizes
         send_counts, recv_counts = (c[:, :-1].reshape(ws, n_local, 2) for c in (send, recv))
+        local = torch.arange(n_local, device=dev).repeat(ws)
 
-        def exchange(sel: torch.Tensor | slice, sent: torch.Tensor, received: torch.Tensor) -> _Exchange:
-            """sent / received: [ws, n_local] rows per (rank, local expert)."""
-            experts = torch.arange(n_local).repeat(ws).repeat_interleave(received.flatten()).to(dev)
+        def exchange(sel: torch.Tensor | slice, sent: torch.Tensor, received: torch.Tensor, rows: torch.Tensor) -> _Exchange:
+            """sent / received: [ws, n_local] rows per (rank, local expert) on the host, rows: received on the
+            device (the received rows' local experts are built there: a host-side repeat_interleave of
+            thousands of rows cost ~5 ms a call on the GPU host)."""
+            total = int(received.sum())
+            experts = local.repeat_interleave(rows.flatten(), output_size=total)
             return _Exchange(tok[sel], weight[sel], sent.sum(1).tolist(), received.sum(1).tolist(), experts)
 
         if not bool(recv[:, -1].all()):
-            return [exchange(slice(None), send_counts.sum(2), recv_counts.sum(2))]
+            return [exchange(slice(None), send_counts.sum(2), recv_counts.sum(2), recv_dev.sum(2))]
         half = key % 2
-        return [exchange(half == h, send_counts[..., h], recv_counts[..., h]) for h in (0, 1)]
+        return [exchange(half == h, send_counts[..., h], recv_counts[..., h], recv_dev[..., h]) for h in (0, 1)]
