@@ -604,3 +604,22 @@ def test_check_warns_once_when_a_region_exceeds_its_tolerance(monkeypatch):
 def test_check_argument_is_validated():
     with pytest.raises(ValueError, match="check must be"):
         dc.compile(TwoRegions(), check=-1)
+
+
+@pytest.mark.parametrize("direct_us,replay_us,keep", [(300, 100, True), (100, 300, False)])
+def test_cuda_graph_is_kept_only_when_its_replay_measures_faster(monkeypatch, direct_us, replay_us, keep):
+    """The keep-or-drop decision of a captured CUDA graph (GPU-only path, timed here with sleeps): the first
+    direct call after a capture is slow (allocator growth) and must not tip the decision."""
+    import time
+    import types
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    calls = {"direct": 0}
+
+    def run(inputs):
+        calls["direct"] += 1
+        time.sleep((5000 if calls["direct"] == 1 else direct_us) * 1e-6)
+
+    fake = types.SimpleNamespace(run=run, _replay=lambda inputs: time.sleep(replay_us * 1e-6))
+    assert program_mod.Program._graph_pays(fake, []) is keep
+    assert "CUDA graph replay" in fake.graph_note
