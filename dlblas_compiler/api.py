@@ -57,6 +57,7 @@ class Options:
     strict: bool = False
     check: bool | int = False  # True: compare every region with its reference on every call; N: the first N calls
     expert_parallel: Any = None  # a torch.distributed ProcessGroup: dl.moe runs as EPMoE over it
+    prefer_kernels: bool = False  # regions keep their generated kernel where cuBLAS / the reference is faster
 
 
 @dataclass
@@ -215,6 +216,7 @@ def compile(  # noqa: A001 - the public name the design asks for
     strict: bool = False,
     check: bool | int = False,
     expert_parallel: Any = None,
+    prefer_kernels: bool = False,
 ) -> CompiledModule:
     """Compile `model` (an nn.Module or fx.GraphModule). Compilation happens on the first call.
 
@@ -229,6 +231,9 @@ def compile(  # noqa: A001 - the public name the design asks for
     expert_parallel: a torch.distributed process group; MoE blocks (`dl.moe`) then run as EPMoE, each rank
     holding its share of the experts (every rank compiles and calls the model on its own tokens). Without
     it, on the kernel backends they run as topk_gating + fused_moe on this device.
+    prefer_kernels: every region with a kernel runs it, even a lone GEMM that would run on cuBLAS or a tuned
+    kernel that measured slower than its region's reference (the library's template-backed ops use this: a
+    library op *is* its generated kernel; failures still fall back).
     """
     backend = backend or default_backend()
     if backend not in BACKENDS:
@@ -240,6 +245,7 @@ def compile(  # noqa: A001 - the public name the design asks for
     if backend == "triton" and not torch.cuda.is_available():
         raise ValueError("backend='triton' needs a CUDA GPU; use 'interpret' (Triton on CPU) or 'reference'")
     opts = Options(
-        backend, tune, dump_ir, cuda_graphs, pipeline or DEFAULT_PIPELINE, check_each_pass, strict, check, expert_parallel
+        backend, tune, dump_ir, cuda_graphs, pipeline or DEFAULT_PIPELINE, check_each_pass, strict, check, expert_parallel,
+        prefer_kernels,
     )
     return CompiledModule(model, opts)

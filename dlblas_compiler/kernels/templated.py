@@ -13,10 +13,9 @@ semantics, spelled the way the recognizer raises it, compiled with `dlblas_compi
 * Caching: one CompiledModule per (op, static arguments such as eps / layout / causal, device type, tune mode);
   the CompiledModule itself specializes (and compiles once) per input shapes and dtypes.
 * Kernels, not references: a library op *is* its generated kernels (the torch reference is registered as a
-  separate candidate), so a region the runtime put on its reference by a performance rule (a lone GEMM on
-  cuBLAS when not tuned, or a tuned kernel measured slower than its reference) is switched back to its kernel
-  when a specialization is created; that first call is then run again. A region that *failed* to lower,
-  compile or launch keeps its reference and the compiler's warning.
+  separate candidate), so it is compiled with `prefer_kernels=True`: no region goes to cuBLAS or its reference
+  for speed (a lone GEMM untuned, a tuned kernel measured slower). A region that *failed* to lower, compile or
+  launch still falls back to its reference, with the compiler's warning.
 * Tuning: DLBLAS_KERNELS_TUNE ("quick" default, "full", "none") is passed to compile on CUDA: the first call
   of each shape searches each kernel's config (Bayesian, cached persistently: later processes reuse it).
 * Calls run under torch.no_grad(): library ops are inference kernels (no autograd).
@@ -38,8 +37,6 @@ import torch
 
 TUNE = os.environ.get("DLBLAS_KERNELS_TUNE", "quick")
 
-# the reasons the runtime gives for running a region's reference although its kernel is fine (runtime/program.py)
-_PERFORMANCE_REASONS = ("a lone GEMM runs on cuBLAS", "measured faster")
 # top-level ops that move no data (views between regions): allowed outside regions
 VIEW_OPS = frozenset({"dl.reshape", "dl.permute", "dl.slice", "dl.broadcast", "dl.constant", "dl.param"})
 
@@ -72,7 +69,9 @@ def compiled(op: str, make: Callable[[], torch.nn.Module], static: tuple, device
             if cm is None:
                 backend = backend_for(device)
                 tune = TUNE if backend == "triton" else "none"
-                cm = _MODULES[key] = api.compile(make().eval(), backend=backend, tune=tune, cuda_graphs=False)
+                cm = _MODULES[key] = api.compile(
+                    make().eval(), backend=backend, tune=tune, cuda_graphs=False, prefer_kernels=True
+                )
     _LAST[op] = cm
     return cm
 
@@ -81,25 +80,7 @@ def run(op: str, make: Callable[[], torch.nn.Module], static: tuple, *args: torc
     """Call op `op`'s compiled module on `args` (see the module docstring)."""
     cm = compiled(op, make, static, args[0].device)
     with torch.no_grad():
-        before = cm.specializations
-        out = cm(*args)
-        if cm.specializations != before and prefer_kernels(cm):
-            out = cm(*args)  # the first call of this specialization ran a reference: run the kernels
-    return out
-
-
-def prefer_kernels(cm: Any) -> bool:
-    """Switch the last-used specialization's regions that run their reference by a performance rule back to their
-    kernel (config kept). True when any was switched."""
-    switched = False
-    for step in getattr(cm._spec().executor, "steps", ()):
-        choice, kernel = getattr(step, "choice", None), getattr(step, "kernel", None)
-        if choice is None or kernel is None or choice.impl != "reference" or choice.config is None:
-            continue
-        if any(r in choice.reason for r in _PERFORMANCE_REASONS):
-            choice.impl, choice.reason, choice.reference_time = "kernel", "", None
-            switched = True
-    return switched
+        return cm(*args)
 
 
 def last_compiled(op: str) -> Any:

@@ -86,6 +86,7 @@ class RegionStep:
     strict: bool = False
     callable_fn: Callable | None = None
     checks: int = 0
+    prefer_kernel: bool = False  # keep the kernel even where the reference measures faster (library ops)
 
     def launch(self, tensors: list, config: dict) -> list:
         if self.interpret:
@@ -168,6 +169,8 @@ class RegionStep:
         out = tune(k.name, k.hash, k.space, lambda cfg: (lambda: self.launch(tensors, cfg)), k.shape_key, dtypes,
                    dev, ref, mode=mode, token_dims=TOKEN_DIMS, progress=progress)  # fmt: skip
         c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
+        if self.prefer_kernel:
+            return
         impls = SearchSpace({"impl": ["kernel", "reference"]}, default={"impl": "kernel"})
         run = {"kernel": lambda: self.launch(tensors, c.config), "reference": lambda: self.reference(tensors)}
         pick = tune(f"{k.name}:impl", k.hash, impls, lambda cfg: run[cfg["impl"]], k.shape_key, dtypes, dev, ref,
@@ -417,7 +420,8 @@ class Builder:
 
         check = self.options.check
         step = RegionStep(KernelChoice(name, fused.pattern.data), ins, outs, reference, interpret=self.interpret,
-                          strict=self.options.strict, checks=-1 if check is True else int(check))  # fmt: skip
+                          strict=self.options.strict, checks=-1 if check is True else int(check),
+                          prefer_kernel=self.options.prefer_kernels)  # fmt: skip
         if any(0 in v.type.get_shape() for v in [*fused.inputs, *fused.outputs]):
             step.choice.reason = "empty tensors: nothing to compute"
             return step
@@ -446,7 +450,7 @@ class Builder:
             step.fall_back(f"region {name}: kernel source does not compile ({type(e).__name__}: {_first_line(e)})", e)
             return step
         step.choice.impl, step.choice.config = "kernel", config
-        if "profile" in fused.attributes and self.options.tune == "none" and not self.interpret:
+        if "profile" in fused.attributes and self.options.tune == "none" and not self.interpret and not step.prefer_kernel:
             step.choice.impl = "reference"
             step.choice.reason = "a lone GEMM runs on cuBLAS unless tuning measures the kernel faster"
         return step
