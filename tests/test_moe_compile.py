@@ -4,7 +4,8 @@ process group to EPMoE (`dc.compile(..., expert_parallel=group)`).
 Hugging Face Mixtral and Qwen2-MoE models from tiny random configs, and a hand-written block registered with
 `register_moe_block`. Tolerances: the reference backend matches eager to 1e-6 (same torch ops in another order),
 the interpreted Triton kernels (float32) to 1e-5 relative; EP over gloo matches the single-process reference on
-each rank's shard to 1e-5 in float32 (`dl` tensors are f16/bf16/f32)."""
+each rank's shard to 1e-5 in float32 (`dl` tensors are f16/bf16/f32), with torch experts (reference
+backend) and with the Triton kernels under the interpreter."""
 
 from __future__ import annotations
 
@@ -148,11 +149,12 @@ def _ep_worker(rank: int, ws: int, init_file: str) -> None:
         block = _mixtral_block()
         x = torch.randn(3, 8, 32, generator=torch.Generator().manual_seed(10 + rank))
         with torch.no_grad():
-            cm = dc.compile(block, backend="reference", expert_parallel=dist.group.WORLD)
-            out = cm(x)
             ref = moe_reference(x.view(-1, 32), block.gate.weight, block.experts.gate_up_proj, block.experts.down_proj, 2)
-        torch.testing.assert_close(out.view(-1, 32), ref, rtol=1e-5, atol=1e-5)
-        assert cm.ir().count("= dl.moe ") == 1
+            for backend in ("reference", "interpret"):  # torch experts / the Triton kernels under the interpreter
+                cm = dc.compile(block, backend=backend, expert_parallel=dist.group.WORLD)
+                out = cm(x)
+                torch.testing.assert_close(out.view(-1, 32), ref, rtol=1e-5, atol=1e-5)
+                assert cm.ir().count("= dl.moe ") == 1
     finally:
         dist.destroy_process_group()
 
