@@ -155,6 +155,12 @@ def _ep_worker(rank: int, ws: int, init_file: str) -> None:
                 out = cm(x)
                 torch.testing.assert_close(out.view(-1, 32), ref, rtol=1e-5, atol=1e-5)
                 assert cm.ir().count("= dl.moe ") == 1
+            # without expert_parallel a compiled MoE stays on its rank although torch.distributed is initialized:
+            # with weights that differ per rank, an exchange with the default group would mix them
+            own = _randomize(_mixtral_block(), seed=20 + rank)
+            out = dc.compile(own, backend="interpret")(x)
+            ref = moe_reference(x.view(-1, 32), own.gate.weight, own.experts.gate_up_proj, own.experts.down_proj, 2)
+            torch.testing.assert_close(out.view(-1, 32), ref, rtol=1e-5, atol=1e-5)
     finally:
         dist.destroy_process_group()
 

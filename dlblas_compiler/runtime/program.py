@@ -376,10 +376,14 @@ class Builder:
         return step
 
     def _moe(self, op: MoEOp) -> Callable:
-        """dl.moe as the library's EPMoE layer (topk_gating + fused_moe, or torch on the reference backend;
-        over the `expert_parallel` process group when one is given), built on the first call from the weights
-        of that call and rebuilt when they change."""
+        """dl.moe on the library: topk_gating + fused_moe on this device; with an `expert_parallel` group, the
+        EPMoE layer over it (torch experts on the reference backend), built on the first call from that call's
+        weights and rebuilt when they change. Without a group it never communicates, even where
+        torch.distributed is initialized (EPMoE would take the default group)."""
+        from ..kernels.gating import topk_gating
+        from ..kernels.moe import fused_moe
         from ..layers import EPMoE
+        from ..layers.ep_moe import router_logits
 
         ins = [self.slot(v) for v in op.operands]
         out = self.slot(op.result)
@@ -388,13 +392,18 @@ class Builder:
         backend = "reference" if self.options.backend == "reference" else "triton"
         layer: list = []  # [(weights, EPMoE)]
 
-        def step(env):
+        def local(env):
+            x, router_w, w_gate_up, w_down = (env[i] for i in ins)
+            ids, weights, _ = topk_gating(router_logits(x, router_w), top_k, renormalize=renormalize)
+            env[out] = fused_moe(x, w_gate_up, w_down, ids, weights)
+
+        def parallel(env):
             x, *weights = (env[i] for i in ins)
             if not layer or any(a is not b for a, b in zip(layer[0][0], weights)):
                 layer[:] = [(weights, EPMoE(*weights, top_k, renormalize=renormalize, group=group, backend=backend))]
             env[out] = layer[0][1](x)
 
-        return step
+        return local if group is None else parallel
 
     def _torch_call(self, op: TorchCallOp) -> Callable:
         ins = [self.slot(v) for v in op.args]
