@@ -1,12 +1,15 @@
 """How well do the search policies do? Exhaustive grid vs random vs Bayesian (optuna TPE) on a GEMM region.
 
-    python bench/tuning_study.py --out OUT [--tokens 16,2048] [--seeds 3]
+    python bench/tuning_study.py --out OUT [--tokens 16,2048] [--seeds 3] [--block norm_qkv_rope] [--region 0]
 
 For the norm+QKV+RoPE region of Llama-3-8B (RMSNorm prologue, rotary epilogue) at each token count: every
 valid config is timed once (the exhaustive best), then random and Bayesian search run with budgets of 10%,
 20% and 40% of the space over the *same* measured times (a lookup, so the comparison is about the
 policies, not timing noise). Reports, per policy and budget, the best time found over the exhaustive best
 (mean and worst over seeds). Goal of issue 5: Bayesian within 3% using at most 20% of the evaluations.
+`--block`/`--region` pick another block and its n-th GEMM region (e.g. swiglu_mlp 1: down projection);
+`--narrow k=v1/v2,...` restricts the space. Each result also holds the best time per BLOCK_M (CUDA-core
+K loop under 16 rows, tensor cores from 16) and the weight bandwidth of the best config.
 `--smoke` runs a tiny shape under the Triton interpreter with a narrowed space (checks the script).
 """
 
@@ -28,7 +31,8 @@ from dlblas_compiler.runtime.program import RegionStep  # noqa: E402
 from dlblas_compiler.tuning import POLICIES, make_objective  # noqa: E402
 
 
-def region(block_model, args, backend: str):
+def region(block_model, args, backend: str, index: int = 0):
+    """The `index`-th GEMM region of the compiled block and its inputs."""
     cm = dc.compile(block_model, backend=backend, tune="none", cuda_graphs=False)
     with torch.no_grad():
         cm(*args)
@@ -36,18 +40,20 @@ def region(block_model, args, backend: str):
         env = prog._env(list(args))
         for step in prog.steps:
             if isinstance(step, RegionStep) and step.kernel is not None and step.choice.pattern == "gemm":
-                return step, step.inputs(env)
+                if index == 0:
+                    return step, step.inputs(env)
+                index -= 1
             step(env)
-    raise RuntimeError("no GEMM region")
+    raise RuntimeError("no such GEMM region")
 
 
-def _compile_part(m: int, keys: list[tuple]) -> int:
+def _compile_part(block: str, index: int, m: int, keys: list[tuple]) -> int:
     """Worker: build the same region and launch each config once, so Triton's disk cache holds the binaries
     (compiling ~400 configs one by one would take most of the run). Returns the number that failed."""
     from blocks import BLOCKS
 
-    mod, args, _, _, _ = BLOCKS["norm_qkv_rope"](m, torch.bfloat16, "cuda")
-    step, tensors = region(mod, args, "triton")
+    mod, args, _, _, _ = BLOCKS[block](m, torch.bfloat16, "cuda")
+    step, tensors = region(mod, args, "triton", index)
     failed = 0
     for key in keys:
         try:
@@ -58,14 +64,14 @@ def _compile_part(m: int, keys: list[tuple]) -> int:
     return failed
 
 
-def precompile(m: int, space, jobs: int) -> None:
+def precompile(block: str, index: int, m: int, space, jobs: int) -> None:
     import concurrent.futures as cf
     import multiprocessing as mp
 
     keys = [space.key(c) for c in space.configs()]
     parts = [keys[i::jobs] for i in range(jobs)]
     with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-        failed = sum(pool.map(_compile_part, [m] * jobs, parts))
+        failed = sum(pool.map(_compile_part, [block] * jobs, [index] * jobs, [m] * jobs, parts))
     print(f"M={m}: compiled {len(keys)} configs in {jobs} processes ({failed} failed)", flush=True)
 
 
@@ -87,7 +93,17 @@ def study(step: RegionStep, tensors: list, space, device: str, seeds: int) -> di
             raise RuntimeError("config failed in the exhaustive pass")
         return t
 
-    out = {"space": space.size(), "exhaustive_best_us": best * 1e6, "policies": {}}
+    failed = sum(t == float("inf") for t in table.values())  # raised, or output off the reference
+    best_cfg = min(table, key=table.get)
+    by_bm: dict[int, float] = {}
+    for key, t in table.items():
+        bm = dict(zip(space.names, key))["BLOCK_M"]
+        by_bm[bm] = min(by_bm.get(bm, float("inf")), t * 1e6)
+    k = step.kernel
+    weight_bytes = k.shape_key["N"] * k.shape_key["streams"] * k.shape_key["K"] * tensors[0].element_size()
+    out = {"space": space.size(), "exhaustive_best_us": best * 1e6, "best_config": dict(zip(space.names, best_cfg)),
+           "best_us_by_BLOCK_M": by_bm, "default_us": table.get(space.key(space.default()), float("nan")) * 1e6,
+           "weight_TBps_at_best": weight_bytes / best / 1e12, "failed": failed, "policies": {}}  # fmt: skip
     for name in ("random", "bayes"):
         for frac in (0.1, 0.2, 0.4):
             budget = max(2, int(frac * space.size()))
@@ -102,6 +118,9 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="16,2048")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--block", default="norm_qkv_rope")
+    p.add_argument("--region", type=int, default=0, help="which GEMM region of the block (0 = first)")
+    p.add_argument("--narrow", default="", help="k=v1/v2,... restricts the space, e.g. num_stages=3/4,GROUP_M=1")
     p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="processes compiling configs first")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -116,16 +135,20 @@ def main(argv=None) -> int:
     else:
         from blocks import BLOCKS
 
+        narrow = {k: [int(x) for x in v.split("/")] for k, v in (kv.split("=") for kv in a.narrow.split(",") if kv)}
         for m in [int(t) for t in a.tokens.split(",")]:
-            mod, args, _, _, _ = BLOCKS["norm_qkv_rope"](m, torch.bfloat16, "cuda")
-            step, tensors = region(mod, args, "triton")
+            mod, args, _, _, _ = BLOCKS[a.block](m, torch.bfloat16, "cuda")
+            step, tensors = region(mod, args, "triton", a.region)
+            space = step.kernel.space.narrow(**narrow) if narrow else step.kernel.space
             if a.jobs > 1:
-                precompile(m, step.kernel.space, a.jobs)
-            results[f"M={m}"] = study(step, tensors, step.kernel.space, "cuda", a.seeds)
-    with open(os.path.join(a.out, "tuning_study.json"), "w") as f:
+                precompile(a.block, a.region, m, space, a.jobs)
+            results[f"{a.block}[{a.region}] M={m}"] = study(step, tensors, space, "cuda", a.seeds)
+    with open(os.path.join(a.out, f"tuning_study_{a.block}_{a.region}.json"), "w") as f:
         json.dump(results, f, indent=1)
     for key, r in results.items():
-        print(f"{key}: {r['space']} valid configs, exhaustive best {r['exhaustive_best_us']:.1f} µs")
+        print(f"{key}: {r['space']} valid configs ({r['failed']} failed), exhaustive best {r['exhaustive_best_us']:.1f} µs "
+              f"({r['weight_TBps_at_best']:.2f} TB/s of weight), default {r['default_us']:.1f} µs, {r['best_config']}")
+        print("  best per BLOCK_M: " + ", ".join(f"{bm}: {t:.1f}" for bm, t in sorted(r["best_us_by_BLOCK_M"].items())))
         for pol, v in r["policies"].items():
             print(f"  {pol:12s} budget {v['budget']:4d}: best/exhaustive mean {v['mean']:.3f} worst {v['worst']:.3f}")
     return 0

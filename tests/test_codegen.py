@@ -186,6 +186,38 @@ def test_gemm_configs_split_k_and_ragged_tiles(k):
             assert rel_error(out, ref) <= tolerance(torch.float32), cfg
 
 
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_gemm_decode_configs_cuda_core_path(tokens):
+    """Row tiles under 16 take the CUDA-core K loop (a*W reduced over K): every GEMM region of a Llama
+    block (norm+QKV+RoPE, o-proj+residual, norm+gate/up+SiLU, down+residual) under several such configs,
+    split-K included, against the region's reference."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)  # K long enough to split
+    x, cos, sin = llama_block_inputs(cfg, 1, tokens)
+    cm = dc.compile(randomize_(LlamaBlock(cfg)).eval(), backend="interpret", cuda_graphs=False)
+    bm = 1 if tokens == 1 else 4
+    configs = [(bm, bn, bk, sk) for bn, bk, sk in [(16, 32, 1), (32, 32, 4), (64, 32, 2), (64, 64, 2), (128, 32, 2)]]
+    with torch.no_grad():
+        cm(x, cos, sin)
+        prog = cm._spec().executor
+        env = prog._env([x, cos, sin])
+        checked = []
+        for step in prog.steps:
+            if isinstance(step, RegionStep) and step.choice.pattern == "gemm":
+                tensors = step.inputs(env)
+                refs = step.reference(tensors)
+                for bm_, bn, bk, sk in configs:
+                    c = {"BLOCK_M": bm_, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+                    if not step.kernel.space.is_valid(c):
+                        continue
+                    for o, r in zip(step.launch(tensors, c), refs):
+                        assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
+                    checked.append((step.choice.region, sk))
+            step(env)
+    assert len({r for r, _ in checked}) == 4 and any(sk > 1 for _, sk in checked), checked
+
+
 @pytest.mark.parametrize("backend,dtype", CASES)
 @pytest.mark.parametrize("tokens", [1, 7, 33])
 def test_llama_block_five_kernels(backend, dtype, tokens):

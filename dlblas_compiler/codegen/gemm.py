@@ -1,8 +1,11 @@
 """The GEMM template: Y = x @ W^T over [*rows, K] x [N, K], with slots.
 
-Prologue: RMSNorm statistics accumulated in the K loop (sum of squares of the A tiles already loaded)
-and applied to the accumulator after it (rows scaled by rsqrt(mean + eps); a norm weight that was not
-folded into W scales the A tile). Epilogue: everything the planner attached to Y, computed on the fp32
+K loop: tensor cores (tl.dot) for row tiles of 16 and more; under 16 rows (decode) a CUDA-core product
+reduced over K, which streams W as [BLOCK_N, BLOCK_K] rows. Split-K programs store partial sums and the
+last one of a tile runs the epilogue.
+Prologue: RMSNorm. The rows' rsqrt(mean(x^2) + eps) comes from the `row_rms` pass, or for a few rows
+from the tile's last program, and scales the accumulator after the K loop; a norm weight that was not
+folded into W scales the A tile. Epilogue: everything the planner attached to Y, computed on the fp32
 tile before one store per output: bias, elementwise ops with other tensors (residual add, ...),
 column slices (one GEMM for q/k/v), reshapes splitting the columns into heads and permutes (written
 straight into [B, H, S, D]), rotary on head columns (partner column gathered within the tile), and a
@@ -267,7 +270,7 @@ class GemmEmitter:
         w(", ".join(args) + ",")
         w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
         w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,")
-        w("EVEN_K: tl.constexpr,")
+        w("EVEN_K: tl.constexpr, RS_INLINE: tl.constexpr, RS_BLOCK: tl.constexpr,")
         w.dedent()
         w("):")
         w.indent()
@@ -289,9 +292,15 @@ class GemmEmitter:
         # Loads wrap rows and columns past the end (modulo) instead of masking them: the extra rows and
         # columns are never stored, and with EVEN_K (K splits into whole BLOCK_K steps) the K loop's
         # loads carry no mask at all.
+        # Row tiles under 16 (decode) multiply on the CUDA cores: W is read as [BLOCK_N, BLOCK_K] rows
+        # (K contiguous) and each step reduces a*W over K; from 16 rows up the tiles go to tl.dot.
         w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
         for s, off in enumerate(p.streams):
-            w(f"b{s}_ptrs = w_ptr + ((rn % GRID_N).to(tl.int64) + {off})[None, :] * K + (k_lo + rk)[:, None]")
+            w(f"w{s}_rows = (rn % GRID_N).to(tl.int64) + {off}")
+            w("if BLOCK_M < 16:")
+            w(f"    b{s}_ptrs = w_ptr + w{s}_rows[:, None] * K + (k_lo + rk)[None, :]")
+            w("else:")
+            w(f"    b{s}_ptrs = w_ptr + w{s}_rows[None, :] * K + (k_lo + rk)[:, None]")
             w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
         w.indent()
@@ -308,15 +317,22 @@ class GemmEmitter:
             w(f"nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32) + {offset!r}")
             w("a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
         for s in range(ns):
-            w("if EVEN_K:")
+            w("if BLOCK_M < 16:")
             w.indent()
-            w(f"b{s} = tl.load(b{s}_ptrs)")
+            w("if EVEN_K:")
+            w(f"    b{s} = tl.load(b{s}_ptrs)")
+            w("else:")
+            w(f"    b{s} = tl.load(b{s}_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
+            w(f"acc{s} += tl.sum(a.to(tl.float32)[:, None, :] * b{s}.to(tl.float32)[None, :, :], axis=2)")
             w.dedent()
             w("else:")
             w.indent()
-            w(f"b{s} = tl.load(b{s}_ptrs, mask=((k0 + rk) < K)[:, None], other=0.0)")
-            w.dedent()
+            w("if EVEN_K:")
+            w(f"    b{s} = tl.load(b{s}_ptrs)")
+            w("else:")
+            w(f"    b{s} = tl.load(b{s}_ptrs, mask=((k0 + rk) < K)[:, None], other=0.0)")
             w(f"acc{s} = tl.dot(a, b{s}, acc{s})")
+            w.dedent()
             w(f"b{s}_ptrs += BLOCK_K")
         w("a_ptrs += BLOCK_K")
         w.dedent()
@@ -329,8 +345,19 @@ class GemmEmitter:
         w.indent()
         self._reduce_partials(w)
         w.dedent()
-        if p.norm is not None:  # the rows' rsqrt(mean(x^2) + eps), computed by `row_rms` (see build)
-            w("rs = tl.load(rs_ptr + rm, mask=mmask, other=0.0)")
+        if p.norm is not None:  # the rows' rsqrt(mean(x^2) + eps): from `row_rms` (see build), or for a
+            # few rows (RS_INLINE) read here from x by the tile's last program, which saves that launch
+            w("if RS_INLINE:")
+            w.indent()
+            w("rk2 = tl.arange(0, RS_BLOCK)")
+            w("ss = tl.zeros((BLOCK_M, RS_BLOCK), dtype=tl.float32)")
+            w("for k1 in range(0, K, RS_BLOCK):")
+            w("    v = tl.load(x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k1 + rk2)[None, :], mask=((k1 + rk2) < K)[None, :], other=0.0).to(tl.float32)")
+            w("    ss += v * v")
+            w(f"rs = tl.rsqrt(tl.sum(ss, axis=1) / K + {p.norm.attrs[0]!r})")
+            w.dedent()
+            w("else:")
+            w("    rs = tl.load(rs_ptr + rm, mask=mmask, other=0.0)")
         for s, off in enumerate(p.streams):
             if p.norm is not None:
                 w(f"acc{s} = acc{s} * rs[:, None]")
@@ -498,13 +525,13 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     gn, k = plan.grid_n, plan.k
     elem = dtype_of(lin.input).itemsize
     rot = max(plan.rotary_dims) if plan.rotary_dims else 16
-    smem_limit = _smem_limit()
+    smem_limit, sms = _smem_limit(), _sm_count()
     space = SearchSpace(
         {
-            "BLOCK_M": [16, 32, 64, 128],
+            "BLOCK_M": [1, 2, 4, 8, 16, 32, 64, 128],
             "BLOCK_N": [16, 32, 64, 128, 256],
             "BLOCK_K": [32, 64, 128],
-            "SPLIT_K": [1, 2, 4, 8],
+            "SPLIT_K": [1, 2, 4, 8, 16],
             "GROUP_M": [1, 8],
             "num_warps": [4, 8],
             "num_stages": [2, 3, 4, 5],
@@ -512,10 +539,14 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         {
             "rotary heads fit the tile": lambda c: c["BLOCK_N"] % rot == 0,
             "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
+            "row tiles under 16 only to cover all of a small M": lambda c: c["BLOCK_M"] >= 16
+            or c["BLOCK_M"] == triton.next_power_of_2(m),
+            "CUDA-core product fits the registers": lambda c: c["BLOCK_M"] >= 16
+            or c["BLOCK_M"] * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * 32 * c["num_warps"],
             "no block much larger than N": lambda c: c["BLOCK_N"] <= max(16, rot, triton.next_power_of_2(gn)),
             "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
-            "split K only for few row blocks and long K": lambda c: c["SPLIT_K"] == 1
-            or (m <= 64 and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]),
+            "split K only for under two waves of tiles and long K": lambda c: c["SPLIT_K"] == 1
+            or (cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) < 2 * sms and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]),
             "shared memory": lambda c: (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"]
             <= smem_limit,
             "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32,
@@ -540,7 +571,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
                 cnt = counters[dev] = torch.zeros(max(tiles, cdiv(m, 16) * cdiv(gn, 16)), dtype=torch.int32, device=dev)
         else:
             ws = cnt = outs[0]
-        if has_norm:  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
+        rs_inline = has_norm and m <= RS_INLINE_ROWS
+        if has_norm and not rs_inline:  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
             rs = torch.empty(m, dtype=torch.float32, device=dev)
             launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, triton.next_power_of_2(k)), ROWS=RMS_ROWS)
         else:
@@ -548,7 +580,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         kernel[(tiles, sk)](
             *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, ws, cnt, rs, m, *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
-            K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, num_warps=config["num_warps"], num_stages=config["num_stages"],
+            K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, RS_INLINE=rs_inline, RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))),
+            num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
 
@@ -559,6 +592,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
 
 
 RMS_ROWS = 4
+RS_INLINE_ROWS = 16  # up to this many rows the GEMM's last programs compute the norm statistics themselves
 
 
 @triton.jit
@@ -597,6 +631,12 @@ def _default_config(m: int, n: int, k: int, rot: int, ns: int) -> dict:
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3 if m > 16 else 4}  # fmt: skip
+
+
+def _sm_count() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 132  # H100 / H200
 
 
 def _smem_limit() -> int:

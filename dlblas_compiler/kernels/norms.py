@@ -18,7 +18,7 @@ Implementation: each op is compiled by the compiler (kernels/templated.py); what
   silu_and_mul  1 kernel: row template (dl.glu over two column slices of x)
   ffn           1 region: GEMM template with the RMSNorm prologue and the glu-of-halves epilogue (two
                 accumulators sharing the A tile); launched as 2 kernels: the `row_rms` statistics pass, then the
-                GEMM. With w_down: + 1 GEMM-template kernel for the down projection.
+                GEMM (1 kernel up to 16 rows: the GEMM's last programs read the statistics). With w_down: + 1 GEMM-template kernel for the down projection.
 With gate and up as two separate weights the compiler would not build the dual GEMM (it concatenates *parameter*
 weights at load time, not per-call inputs): 3 kernels plus an extra [.., I] round trip; hence the merged weight.
 """
