@@ -181,23 +181,22 @@ def test_gemm_configs_split_k_and_ragged_tiles(k):
         ref = model.double()(x.double())
         configs = [(16, 16, 32, 1), (32, 32, 64, 2), (16, 32, 32, 4), (64, 16, 64, 2)]
         for bm, bn, bk, sk in configs:
-            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0}
             (out,) = step.launch(tensors, cfg)
             assert rel_error(out, ref) <= tolerance(torch.float32), cfg
 
 
-@pytest.mark.parametrize("tokens", [1, 3])
-def test_gemm_decode_configs_cuda_core_path(tokens):
-    """Row tiles under 16 take the CUDA-core K loop (a*W reduced over K): every GEMM region of a Llama
-    block (norm+QKV+RoPE, o-proj+residual, norm+gate/up+SiLU, down+residual) under several such configs,
-    split-K included, against the region's reference."""
+@pytest.mark.parametrize("tokens", [1, 19])
+def test_gemm_tma_and_pointer_configs(tokens):
+    """Every GEMM region of a Llama block (norm+QKV+RoPE, o-proj+residual, norm+gate/up+SiLU,
+    down+residual) under tiles loaded by pointer and through TMA descriptors, split-K included (with
+    1 token the norm statistics come from the GEMM itself), against the region's reference."""
     from dlblas_compiler.runtime.program import RegionStep
 
     cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)  # K long enough to split
     x, cos, sin = llama_block_inputs(cfg, 1, tokens)
     cm = dc.compile(randomize_(LlamaBlock(cfg)).eval(), backend="interpret", cuda_graphs=False)
-    bm = 1 if tokens == 1 else 4
-    configs = [(bm, bn, bk, sk) for bn, bk, sk in [(16, 32, 1), (32, 32, 4), (64, 32, 2), (64, 64, 2), (128, 32, 2)]]
+    configs = [(bn, bk, sk, tma) for bn, bk, sk in [(32, 32, 4), (64, 32, 2), (64, 64, 1), (128, 32, 2)] for tma in (0, 1)]
     with torch.no_grad():
         cm(x, cos, sin)
         prog = cm._spec().executor
@@ -207,15 +206,15 @@ def test_gemm_decode_configs_cuda_core_path(tokens):
             if isinstance(step, RegionStep) and step.choice.pattern == "gemm":
                 tensors = step.inputs(env)
                 refs = step.reference(tensors)
-                for bm_, bn, bk, sk in configs:
-                    c = {"BLOCK_M": bm_, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+                for bn, bk, sk, tma in configs:
+                    c = {"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma}
                     if not step.kernel.space.is_valid(c):
                         continue
                     for o, r in zip(step.launch(tensors, c), refs):
                         assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
-                    checked.append((step.choice.region, sk))
+                    checked.append((step.choice.region, sk, tma))
             step(env)
-    assert len({r for r, _ in checked}) == 4 and any(sk > 1 for _, sk in checked), checked
+    assert len({r for r, _, _ in checked}) == 4 and {(sk > 1, tma) for _, sk, tma in checked} == {(a, b) for a in (False, True) for b in (0, 1)}, checked
 
 
 @pytest.mark.parametrize("backend,dtype", CASES)

@@ -1,8 +1,7 @@
 """The GEMM template: Y = x @ W^T over [*rows, K] x [N, K], with slots.
 
-K loop: tensor cores (tl.dot) for row tiles of 16 and more; under 16 rows (decode) a CUDA-core product
-reduced over K, which streams W as [BLOCK_N, BLOCK_K] rows. Split-K programs store partial sums and the
-last one of a tile runs the epilogue.
+K loop: tl.dot on tiles loaded by pointer or, with TMA (sm90+), through tensor descriptors. Split-K
+programs store partial sums and the last one of a tile runs the epilogue.
 Prologue: RMSNorm. The rows' rsqrt(mean(x^2) + eps) comes from the `row_rms` pass, or for a few rows
 from the tile's last program, and scales the accumulator after the K loop; a norm weight that was not
 folded into W scales the A tile. Epilogue: everything the planner attached to Y, computed on the fp32
@@ -270,7 +269,7 @@ class GemmEmitter:
         w(", ".join(args) + ",")
         w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
         w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,")
-        w("EVEN_K: tl.constexpr, RS_INLINE: tl.constexpr, RS_BLOCK: tl.constexpr,")
+        w("EVEN_K: tl.constexpr, TMA: tl.constexpr, RS_INLINE: tl.constexpr, RS_BLOCK: tl.constexpr,")
         w.dedent()
         w("):")
         w.indent()
@@ -292,39 +291,31 @@ class GemmEmitter:
         # Loads wrap rows and columns past the end (modulo) instead of masking them: the extra rows and
         # columns are never stored, and with EVEN_K (K splits into whole BLOCK_K steps) the K loop's
         # loads carry no mask at all.
-        # Row tiles under 16 (decode) multiply on the CUDA cores: W is read as [BLOCK_N, BLOCK_K] rows
-        # (K contiguous) and each step reduces a*W over K; from 16 rows up the tiles go to tl.dot.
+        # With TMA the tiles come through tensor descriptors (bounds handled by the copy engine, W tiles
+        # [BLOCK_N, BLOCK_K] K-major); otherwise through pointer loads.
         w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
+        w("if TMA:")
+        w("    a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])")
         for s, off in enumerate(p.streams):
-            w(f"w{s}_rows = (rn % GRID_N).to(tl.int64) + {off}")
-            w("if BLOCK_M < 16:")
-            w(f"    b{s}_ptrs = w_ptr + w{s}_rows[:, None] * K + (k_lo + rk)[None, :]")
-            w("else:")
-            w(f"    b{s}_ptrs = w_ptr + w{s}_rows[None, :] * K + (k_lo + rk)[:, None]")
+            w(f"b{s}_ptrs = w_ptr + ((rn % GRID_N).to(tl.int64) + {off})[None, :] * K + (k_lo + rk)[:, None]")
+            w("if TMA:")
+            w(f"    b{s}_desc = tl.make_tensor_descriptor(w_ptr + {off} * K, shape=[GRID_N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])")
             w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
         w.indent()
-        w("if EVEN_K:")
-        w.indent()
-        w("a = tl.load(a_ptrs)")
-        w.dedent()
+        w("if TMA:")
+        w("    a = a_desc.load([pid_m * BLOCK_M, k0])")
+        w("elif EVEN_K:")
+        w("    a = tl.load(a_ptrs)")
         w("else:")
-        w.indent()
-        w("a = tl.load(a_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
-        w.dedent()
+        w("    a = tl.load(a_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
         if norm_w:
             _, offset, _ = p.norm.attrs
             w(f"nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32) + {offset!r}")
             w("a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
         for s in range(ns):
-            w("if BLOCK_M < 16:")
-            w.indent()
-            w("if EVEN_K:")
-            w(f"    b{s} = tl.load(b{s}_ptrs)")
-            w("else:")
-            w(f"    b{s} = tl.load(b{s}_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
-            w(f"acc{s} += tl.sum(a.to(tl.float32)[:, None, :] * b{s}.to(tl.float32)[None, :, :], axis=2)")
-            w.dedent()
+            w("if TMA:")
+            w(f"    acc{s} = tl.dot(a, b{s}_desc.load([pid_n * BLOCK_N, k0]).T, acc{s})")
             w("else:")
             w.indent()
             w("if EVEN_K:")
@@ -525,24 +516,22 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     gn, k = plan.grid_n, plan.k
     elem = dtype_of(lin.input).itemsize
     rot = max(plan.rotary_dims) if plan.rotary_dims else 16
-    smem_limit, sms = _smem_limit(), _sm_count()
+    smem_limit, sms, tma_ok = _smem_limit(), _sm_count(), _has_tma()
     space = SearchSpace(
         {
-            "BLOCK_M": [1, 2, 4, 8, 16, 32, 64, 128],
+            "BLOCK_M": [16, 32, 64, 128],
             "BLOCK_N": [16, 32, 64, 128, 256],
             "BLOCK_K": [32, 64, 128],
             "SPLIT_K": [1, 2, 4, 8, 16],
             "GROUP_M": [1, 8],
             "num_warps": [4, 8],
             "num_stages": [2, 3, 4, 5],
+            "TMA": [0, 1],
         },
         {
             "rotary heads fit the tile": lambda c: c["BLOCK_N"] % rot == 0,
             "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
-            "row tiles under 16 only to cover all of a small M": lambda c: c["BLOCK_M"] >= 16
-            or c["BLOCK_M"] == triton.next_power_of_2(m),
-            "CUDA-core product fits the registers": lambda c: c["BLOCK_M"] >= 16
-            or c["BLOCK_M"] * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * 32 * c["num_warps"],
+            "TMA needs sm90+ and 16-byte row strides": lambda c: not c["TMA"] or (tma_ok and k * elem % 16 == 0),
             "no block much larger than N": lambda c: c["BLOCK_N"] <= max(16, rot, triton.next_power_of_2(gn)),
             "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
             "split K only for under two waves of tiles and long K": lambda c: c["SPLIT_K"] == 1
@@ -577,10 +566,13 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, triton.next_power_of_2(k)), ROWS=RMS_ROWS)
         else:
             rs = outs[0]
+        tma = config["TMA"] and all(tensors[i].data_ptr() % 16 == 0 for i in (x_arg, w_arg))
+        if tma:
+            _descriptor_scratch()
         kernel[(tiles, sk)](
             *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, ws, cnt, rs, m, *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
-            K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, RS_INLINE=rs_inline, RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))),
+            K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline, RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))),
             num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
@@ -618,19 +610,37 @@ def region_ops_of(fused: FusedOp) -> list[Operation]:
 
 
 def _default_config(m: int, n: int, k: int, rot: int, ns: int) -> dict:
-    """A reasonable untuned config: decode shapes stream the weight with more programs (split-K)."""
+    """A reasonable untuned config: decode shapes stream the weight with more programs (split-K) up to
+    about 3/4 of a wave (the best configs of the M=1 exhaustive sweeps on H200, bench/NOTES.md)."""
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
-    bn = max(rot, 64 if m <= 16 else 128)
+    bn = max(rot, 128)
     if ns == 2 and bm == 128:
         bm = 64
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
     tiles = -(-m // bm) * -(-n // bn)
     split = 1
-    while m <= 64 and tiles * split < 132 and k // (split * 2) >= 4 * bk and split < 8:
+    while m <= 64 and tiles * split * 4 < 3 * 132 and k // (split * 2) >= 4 * bk and split < 8:
         split *= 2
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
-            "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3 if m > 16 else 4}  # fmt: skip
+            "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3 if m > 16 else 4, "TMA": 0}  # fmt: skip
+
+
+def _has_tma() -> bool:
+    """Tensor descriptors: Hopper and newer; the Triton interpreter emulates them."""
+    return not torch.cuda.is_available() or torch.cuda.get_device_capability() >= (9, 0)
+
+
+def _descriptor_scratch() -> None:
+    """Kernels that build tensor descriptors on the device need Triton's scratch allocator (set once)."""
+    global _scratch_set
+    if not _scratch_set:
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+        _scratch_set = True
+
+
+_scratch_set = False
 
 
 def _sm_count() -> int:
