@@ -14,7 +14,7 @@ def _seed():
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run bench/check_gpu.py on the device machine)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (python -m pytest -m gpu on a GPU machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

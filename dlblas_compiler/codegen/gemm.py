@@ -541,7 +541,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32,
             "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
         },
-        default=_default_config(m, gn, k, rot, ns),
+        default=_default_config(m, gn, k, rot, ns, tma_ok and k * elem % 16 == 0),
     )
     counters: dict[torch.device, torch.Tensor] = {}
     has_norm = plan.norm is not None
@@ -609,13 +609,12 @@ def region_ops_of(fused: FusedOp) -> list[Operation]:
     return [o for o in fused.block.ops if not isinstance(o, YieldOp)]
 
 
-def _default_config(m: int, n: int, k: int, rot: int, ns: int) -> dict:
-    """A reasonable untuned config: decode shapes stream the weight with more programs (split-K) up to
-    about 3/4 of a wave (the best configs of the M=1 exhaustive sweeps on H200, bench/NOTES.md)."""
+def _default_config(m: int, n: int, k: int, rot: int, ns: int, tma: bool) -> dict:
+    """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): decode shapes
+    stream the weight with more programs (split-K) up to about 3/4 of a wave; from 64 rows, 128x128 tiles
+    (also for the dual GEMM) loaded through TMA."""
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
     bn = max(rot, 128)
-    if ns == 2 and bm == 128:
-        bm = 64
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
     tiles = -(-m // bm) * -(-n // bn)
     split = 1
@@ -623,7 +622,8 @@ def _default_config(m: int, n: int, k: int, rot: int, ns: int) -> dict:
         split *= 2
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
-            "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3 if m > 16 else 4, "TMA": 0}  # fmt: skip
+            "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3 if m > 16 else 4,
+            "TMA": int(tma and bm >= 64)}  # fmt: skip
 
 
 def _has_tma() -> bool:
