@@ -611,8 +611,8 @@ def region_ops_of(fused: FusedOp) -> list[Operation]:
 
 def _default_config(m: int, n: int, k: int, rot: int, ns: int, tma: bool) -> dict:
     """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): decode shapes
-    stream the weight with more programs (split-K) up to about 3/4 of a wave; from 64 rows, 128x128 tiles
-    (also for the dual GEMM) loaded through TMA."""
+    stream the weight with more programs (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles
+    (also for the dual GEMM) loaded through TMA (at 128 rows TMA made the default slower: 81 vs 55 µs)."""
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
     bn = max(rot, 128)
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
@@ -623,7 +623,7 @@ def _default_config(m: int, n: int, k: int, rot: int, ns: int, tma: bool) -> dic
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3 if m > 16 else 4,
-            "TMA": int(tma and bm >= 64)}  # fmt: skip
+            "TMA": int(tma and bm == 128)}  # fmt: skip
 
 
 def _has_tma() -> bool:
