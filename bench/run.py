@@ -102,6 +102,7 @@ def bench_one(block: str, m: int, modes: list[str], tune: str, dtype) -> list[di
                     kernels = obj._spec().executor.kernel_summaries()
                     row["kernels"] = [{k: v for k, v in d.items() if k in ("name", "impl", "config", "time", "default_time", "reference_time", "reason")} for d in kernels]
                     if mode == "ours":
+                        row["graph_note"] = obj._spec().executor.graph_note or "no CUDA graph"
                         t0 = time.perf_counter()
                         warm = dc.compile(mod, backend="triton", tune=tune)
                         warm(*args, **kwargs)

@@ -623,3 +623,28 @@ def test_cuda_graph_is_kept_only_when_its_replay_measures_faster(monkeypatch, di
     fake = types.SimpleNamespace(run=run, _replay=lambda inputs: time.sleep(replay_us * 1e-6))
     assert program_mod.Program._graph_pays(fake, []) is keep
     assert "CUDA graph replay" in fake.graph_note
+
+
+def test_cuda_graph_is_dropped_when_direct_calls_are_gpu_bound(monkeypatch):
+    """Direct calls that enqueue in a fraction of their time wait on the GPU: a graph has no launch overhead
+    to save there (only copies to add), even where a noisy replay timing comes out ahead."""
+    import time
+    import types
+
+    pending = {"s": 0.0}
+
+    def run(inputs):  # 20 µs to enqueue, 2 ms on the GPU
+        time.sleep(20e-6)
+        pending["s"] += 2e-3
+
+    def replay(inputs):
+        time.sleep(1.9e-3)
+
+    def synchronize(*a):
+        time.sleep(pending["s"])
+        pending["s"] = 0.0
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    fake = types.SimpleNamespace(run=run, _replay=replay)
+    assert program_mod.Program._graph_pays(fake, []) is False
+    assert "enqueueing" in fake.graph_note
