@@ -196,7 +196,7 @@ def test_gemm_tma_and_pointer_configs(tokens):
     cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)  # K long enough to split
     x, cos, sin = llama_block_inputs(cfg, 1, tokens)
     cm = dc.compile(randomize_(LlamaBlock(cfg)).eval(), backend="interpret", cuda_graphs=False)
-    configs = [(bn, bk, sk, tma) for bn, bk, sk in [(32, 32, 4), (64, 32, 2), (64, 64, 1), (128, 32, 2)] for tma in (0, 1)]
+    configs = [(bn, bk, sk, tma) for bn, bk, sk in [(32, 32, 4), (64, 64, 1), (128, 32, 2)] for tma in (0, 1)]
     with torch.no_grad():
         cm(x, cos, sin)
         prog = cm._spec().executor

@@ -18,6 +18,7 @@ canonical order, so one formula serves every layout.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -541,7 +542,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32,
             "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
         },
-        default=_default_config(m, gn, k, rot, ns, tma_ok and k * elem % 16 == 0),
+        default=_default_config(m, gn, k, rot, ns, sms, tma_ok and k * elem % 16 == 0),
     )
     counters: dict[torch.device, torch.Tensor] = {}
     has_norm = plan.norm is not None
@@ -609,7 +610,7 @@ def region_ops_of(fused: FusedOp) -> list[Operation]:
     return [o for o in fused.block.ops if not isinstance(o, YieldOp)]
 
 
-def _default_config(m: int, n: int, k: int, rot: int, ns: int, tma: bool) -> dict:
+def _default_config(m: int, n: int, k: int, rot: int, ns: int, sms: int, tma: bool) -> dict:
     """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): decode shapes
     stream the weight with more programs (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles
     (also for the dual GEMM) loaded through TMA (at 128 rows TMA made the default slower: 81 vs 55 µs)."""
@@ -618,7 +619,7 @@ def _default_config(m: int, n: int, k: int, rot: int, ns: int, tma: bool) -> dic
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
     tiles = -(-m // bm) * -(-n // bn)
     split = 1
-    while m <= 64 and tiles * split * 4 < 3 * 132 and k // (split * 2) >= 4 * bk and split < 8:
+    while m <= 64 and tiles * split * 4 < 3 * sms and k // (split * 2) >= 4 * bk and split < 8:
         split *= 2
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
@@ -631,16 +632,11 @@ def _has_tma() -> bool:
     return not torch.cuda.is_available() or torch.cuda.get_device_capability() >= (9, 0)
 
 
+@functools.cache
 def _descriptor_scratch() -> None:
     """Kernels that build tensor descriptors on the device need Triton's scratch allocator (set once)."""
-    global _scratch_set
-    if not _scratch_set:
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
-        _scratch_set = True
-
-
-_scratch_set = False
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
 
 
 def _sm_count() -> int:
