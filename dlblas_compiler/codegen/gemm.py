@@ -300,7 +300,8 @@ class GemmEmitter:
         for s, off in enumerate(p.streams):
             w(f"b{s}_ptrs = w_ptr + ((rn % GRID_N).to(tl.int64) + {off})[None, :] * K + (k_lo + rk)[:, None]")
             w("if TMA:")
-            w(f"    b{s}_desc = tl.make_tensor_descriptor(w_ptr + {off} * K, shape=[GRID_N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])")
+            w(f"    b{s}_desc = tl.make_tensor_descriptor(w_ptr + {off} * K, shape=[GRID_N, K], strides=[K, 1],")
+            w("                                         block_shape=[BLOCK_N, BLOCK_K])")
             w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
         w.indent()
@@ -344,7 +345,8 @@ class GemmEmitter:
             w("rk2 = tl.arange(0, RS_BLOCK)")
             w("ss = tl.zeros((BLOCK_M, RS_BLOCK), dtype=tl.float32)")
             w("for k1 in range(0, K, RS_BLOCK):")
-            w("    v = tl.load(x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k1 + rk2)[None, :], mask=((k1 + rk2) < K)[None, :], other=0.0).to(tl.float32)")
+            w("    v = tl.load(x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k1 + rk2)[None, :],")
+            w("                mask=((k1 + rk2) < K)[None, :], other=0.0).to(tl.float32)")
             w("    ss += v * v")
             w(f"rs = tl.rsqrt(tl.sum(ss, axis=1) / K + {p.norm.attrs[0]!r})")
             w.dedent()
@@ -573,8 +575,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         kernel[(tiles, sk)](
             *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, ws, cnt, rs, m, *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
-            K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline, RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))),
-            num_warps=config["num_warps"], num_stages=config["num_stages"],
+            K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
+            RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))), num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
 
