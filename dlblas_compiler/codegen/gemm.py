@@ -544,7 +544,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32,
             "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
         },
-        default=_default_config(m, gn, k, rot, ns, sms, tma_ok and k * elem % 16 == 0),
+        default=_default_config(m, gn, k, rot, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem),
     )
     counters: dict[torch.device, torch.Tensor] = {}
     has_norm = plan.norm is not None
@@ -612,20 +612,23 @@ def region_ops_of(fused: FusedOp) -> list[Operation]:
     return [o for o in fused.block.ops if not isinstance(o, YieldOp)]
 
 
-def _default_config(m: int, n: int, k: int, rot: int, ns: int, sms: int, tma: bool) -> dict:
+def _default_config(m: int, n: int, k: int, rot: int, ns: int, sms: int, tma: bool, smem_elems: int) -> dict:
     """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): decode shapes
     stream the weight with more programs (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles
     (also for the dual GEMM) loaded through TMA (at 128 rows TMA made the default slower: 81 vs 55 µs)."""
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
-    bn = max(rot, 128)
+    bn = min(max(rot, 128), max(16, rot, triton.next_power_of_2(n)))  # no wider than N
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
     tiles = -(-m // bm) * -(-n // bn)
     split = 1
     while m <= 64 and tiles * split * 4 < 3 * sms and k // (split * 2) >= 4 * bk and split < 8:
         split *= 2
+    stages = 3 if m > 16 else 4
+    while stages > 2 and (bm + ns * bn) * bk * stages > smem_elems:  # e.g. fp32 operands
+        stages -= 1
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
-            "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": 3 if m > 16 else 4,
+            "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": stages,
             "TMA": int(tma and bm == 128)}  # fmt: skip
 
 
