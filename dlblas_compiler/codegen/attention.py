@@ -18,6 +18,7 @@ from xdsl.ir import Operation, SSAValue
 from ..dialects import FusedOp, PermuteOp, ReshapeOp, SDPAOp
 from ..dialects.types import dtype_of, shape_of
 from ..tuning.space import SearchSpace
+from . import device
 from .kernel import TL_DTYPE, Kernel, Writer, cdiv, wide_indices
 from .views import VIEW_OPS, Layout, view_chain
 
@@ -218,7 +219,7 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     idx = {k: (v[0] if isinstance(v, tuple) else v) for k, v in idx.items()}
     qk_scale = op.softmax_scale * 1.4426950408889634
     elem = dtype_of(op.query).itemsize
-    smem = _smem()
+    smem = device.smem_limit()
     space = SearchSpace(
         {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]},
         {
@@ -251,12 +252,6 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     flops = 4.0 * b * hq * s * l_ * d * causal_frac
     nbytes = (b * hq * s * d * 2 + 2 * b * hk * l_ * d) * elem
     return Kernel(name, src, space, launch, str(fused), {"S": s, "L": l_, "D": d, "H": hq}, flops, nbytes)
-
-
-def _smem() -> int:
-    if torch.cuda.is_available():
-        return int(getattr(torch.cuda.get_device_properties(0), "shared_memory_per_block_optin", 232448))
-    return 232448
 
 
 __all__ = ["AttentionPlan", "analyze", "build", "math"]

@@ -18,7 +18,6 @@ canonical order, so one formula serves every layout.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +42,7 @@ from ..dialects import (
 from ..dialects.types import dtype_of, numel, shape_of
 from ..dialects import YieldOp
 from ..tuning.space import SearchSpace
+from . import device
 from .exprs import Names, emit_pointwise, round_to
 from ..kernels.common import launch as launch_lib
 from .kernel import TL_DTYPE, Kernel, Writer, cdiv, row_indices, wide_indices
@@ -519,7 +519,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     gn, k = plan.grid_n, plan.k
     elem = dtype_of(lin.input).itemsize
     rot = max(plan.rotary_dims) if plan.rotary_dims else 16
-    smem_limit, sms, tma_ok = _smem_limit(), _sm_count(), _has_tma()
+    smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
     space = SearchSpace(
         {
             "BLOCK_M": [16, 32, 64, 128],
@@ -571,7 +571,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             rs = outs[0]
         tma = config["TMA"] and all(tensors[i].data_ptr() % 16 == 0 for i in (x_arg, w_arg))
         if tma:
-            _descriptor_scratch()
+            device.descriptor_scratch()
         kernel[(tiles, sk)](
             *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, ws, cnt, rs, m, *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
@@ -630,31 +630,6 @@ def _default_config(m: int, n: int, k: int, rot: int, ns: int, sms: int, tma: bo
             "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": stages,
             "TMA": int(tma and bm == 128)}  # fmt: skip
-
-
-def _has_tma() -> bool:
-    """Tensor descriptors: Hopper and newer; the Triton interpreter emulates them."""
-    return not torch.cuda.is_available() or torch.cuda.get_device_capability() >= (9, 0)
-
-
-@functools.cache
-def _descriptor_scratch() -> None:
-    """Kernels that build tensor descriptors on the device need Triton's scratch allocator (set once)."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
-
-
-def _sm_count() -> int:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return 132  # H100 / H200
-
-
-def _smem_limit() -> int:
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return int(getattr(props, "shared_memory_per_block_optin", 232448))
-    return 232448
 
 
 __all__ = ["GemmPlan", "analyze", "build"]

@@ -130,8 +130,8 @@ class EPMoE(nn.Module):
     CUDA tensors). overlap: True, False (default) or "auto" (two chunks from OVERLAP_MIN_TOKENS tokens a rank,
     if world size > 1). Off by default because it measured slower on 2 NVLink-connected H200s (Mixtral-like layer,
     4096 tokens a rank: 9.05 vs 7.31 ms; DeepSeek-like: equal): the exchange takes ~0.2 ms against ~5 ms of
-    expert GEMMs, and half-size GEMMs lose more than the hidden communication gains. All ranks of the group must call forward together. After forward, `last_aux_loss` holds this
-    rank's load-balancing loss."""
+    expert GEMMs, and half-size GEMMs lose more than the hidden communication gains. All ranks of the group must
+    call forward together. After forward, `last_aux_loss` holds this rank's load-balancing loss."""
 
     def __init__(
         self,

@@ -1,0 +1,36 @@
+"""Limits of the GPU the templates build for (the current CUDA device; H100/H200 values without one, so the
+Triton interpreter on CPU sees the same search spaces)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def smem_limit() -> int:
+    """Shared memory one program may use (bytes)."""
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return int(getattr(props, "shared_memory_per_block_optin", 232448))
+    return 232448
+
+
+def sm_count() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 132
+
+
+def has_tma() -> bool:
+    """Tensor descriptors: Hopper and newer; the Triton interpreter emulates them."""
+    return not torch.cuda.is_available() or torch.cuda.get_device_capability() >= (9, 0)
+
+
+@functools.cache
+def descriptor_scratch() -> None:
+    """Kernels that build tensor descriptors on the device need Triton's scratch allocator (set once)."""
+    import triton
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
