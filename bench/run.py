@@ -5,9 +5,10 @@
 Modes: eager, inductor (torch.compile default), max-autotune (with CUDA graphs), max-autotune-no-cudagraphs,
 ours (dlblas_compiler, tuned, CUDA graphs), ours-nocg (same kernels, no CUDA graphs).
 GPU time: the call captured in a CUDA graph and replayed, L2 cleared before each replay (do_bench median):
-what the GPU spends. Call time: one Python call as a user makes it (do_bench median). Every mode's output is
-compared with a float64 reference (relative error ‖out−ref‖/‖ref‖). Results are appended to OUT/results.json
-as they come, so a run cut short keeps what it measured.
+what the GPU spends. Call time: one Python call as a user makes it (do_bench median). All modes of a block
+and M are compiled first, then timed in `--rounds` rounds (order rotating); figures are medians over rounds.
+Every mode's output is compared with a float64 reference (relative error ‖out−ref‖/‖ref‖). Results are
+appended to OUT/results.json block by block, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import copy
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -44,7 +46,8 @@ def do_bench(fn) -> float:
     return tb(fn, warmup=25, rep=100, return_mode="median") * 1e3  # µs
 
 
-def gpu_time(fn) -> float:
+def graphed(fn):
+    """`fn` captured in a CUDA graph (after two warm-up calls on a side stream): its GPU time is the replay's."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -54,13 +57,18 @@ def gpu_time(fn) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
+    return g
+
+
+def gpu_time(fn) -> float:
+    g = graphed(fn)
     t = do_bench(g.replay)
     del g
     return t
 
 
 def make_fn(mode: str, mod, args, kwargs, tune: str):
-    """(callable, compile seconds, compiled object)."""
+    """(callable, compile seconds, compiled object). Inductor modes coexist: dynamo guards on the backend."""
     t0 = time.perf_counter()
     if mode == "eager":
         return (lambda: mod(*args, **kwargs)), 0.0, None
@@ -69,7 +77,6 @@ def make_fn(mode: str, mod, args, kwargs, tune: str):
         cm(*args, **kwargs)
         torch.cuda.synchronize()
         return (lambda: cm(*args, **kwargs)), time.perf_counter() - t0, cm
-    torch._dynamo.reset()
     cmode = None if mode == "inductor" else mode
     fn = torch.compile(mod, mode=cmode, dynamic=False)
     fn(*args, **kwargs)
@@ -77,7 +84,10 @@ def make_fn(mode: str, mod, args, kwargs, tune: str):
     return (lambda: fn(*args, **kwargs)), time.perf_counter() - t0, fn
 
 
-def bench_one(block: str, m: int, modes: list[str], tune: str, dtype) -> list[dict]:
+def bench_one(block: str, m: int, modes: list[str], tune: str, dtype, rounds: int) -> list[dict]:
+    """Compile and check every mode, then time them all in `rounds` rounds (the order rotating each round),
+    so that drift of the GPU's state over the run lands on every mode alike; each figure is the median over
+    rounds, and the rounds' values are kept."""
     gpu = torch.cuda.get_device_name()
     mod, args, kwargs, nbytes, flops = BLOCKS[block](m, dtype, "cuda")
     floor = floor_us(gpu, nbytes, flops)
@@ -86,18 +96,20 @@ def bench_one(block: str, m: int, modes: list[str], tune: str, dtype) -> list[di
         dargs = pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, (args, kwargs))
         ref = leaves(ref_mod(*dargs[0], **dargs[1]))
         del ref_mod
-    rows = []
+    rows, timed = [], []
+    torch._dynamo.reset()
     for mode in modes:
         row = {"block": block, "M": m, "mode": mode, "floor_us": floor, "gpu": gpu}
+        rows.append(row)
         try:
             with torch.no_grad():
                 fn, compile_s, obj = make_fn(mode, mod, args, kwargs, tune)
                 out = leaves(fn())
                 row["rel_err"] = max(rel_error(o, r) for o, r in zip(out, ref))
                 row["compile_s"] = compile_s
-                row["call_us"] = do_bench(fn)
-                if mode not in ("max-autotune", "ours"):  # these replay their own CUDA graphs: GPU time is
-                    row["gpu_us"] = gpu_time(fn)  # that of the same kernels without them (the -no-cudagraphs mode)
+                # max-autotune and ours replay their own CUDA graphs: their GPU time is that of the same
+                # kernels without them (the -no-cudagraphs / -nocg mode)
+                graph = graphed(fn) if mode not in ("max-autotune", "ours") else None
                 if mode.startswith("ours"):
                     kernels = obj._spec().executor.kernel_summaries()
                     row["kernels"] = [{k: v for k, v in d.items() if k in ("name", "impl", "config", "time", "default_time", "reference_time", "reason")} for d in kernels]
@@ -109,15 +121,27 @@ def bench_one(block: str, m: int, modes: list[str], tune: str, dtype) -> list[di
                         torch.cuda.synchronize()
                         row["warm_compile_s"] = time.perf_counter() - t0
                         del warm
-            del fn, obj
+            timed.append((row, fn, graph, obj))
         except Exception as e:  # noqa: BLE001 - one failing mode must not end the run
             row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
             traceback.print_exc()
-        rows.append(row)
+    try:
+        with torch.no_grad():
+            for r in range(rounds):
+                for row, fn, graph, _ in timed[r % max(1, len(timed)) :] + timed[: r % max(1, len(timed))]:
+                    row.setdefault("call_us_rounds", []).append(do_bench(fn))
+                    if graph is not None:
+                        row.setdefault("gpu_us_rounds", []).append(do_bench(graph.replay))
+    except Exception as e:  # noqa: BLE001 - keep the rounds measured so far
+        rows[0]["timing_error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        traceback.print_exc()
+    for row in rows:
+        for key in ("call_us", "gpu_us"):
+            if row.get(f"{key}_rounds"):
+                row[key] = statistics.median(row[f"{key}_rounds"])
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if k != "kernels"}), flush=True)
-        gc.collect()
-        torch.cuda.empty_cache()
-    del mod, args, kwargs
+    del timed, mod, args, kwargs
+    torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
     return rows
@@ -131,6 +155,7 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--tune", default="quick")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--rounds", type=int, default=3, help="timing rounds over all modes (medians reported)")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "results.json")
@@ -146,13 +171,14 @@ def main(argv=None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "dtype": a.dtype,
         "tune": a.tune,
+        "rounds": a.rounds,
     }
     print(json.dumps(meta), flush=True)
     run = {"meta": meta, "rows": []}
     results["runs"].append(run)
     for block in a.blocks.split(","):
         for m in [int(t) for t in a.tokens.split(",")]:
-            run["rows"] += bench_one(block, m, a.modes.split(","), a.tune, getattr(torch, a.dtype))
+            run["rows"] += bench_one(block, m, a.modes.split(","), a.tune, getattr(torch, a.dtype), a.rounds)
             with open(path, "w") as f:
                 json.dump(results, f, indent=1)
     return 0

@@ -8,8 +8,8 @@ valid config is timed once (the exhaustive best), then random and Bayesian searc
 policies, not timing noise). Reports, per policy and budget, the best time found over the exhaustive best
 (mean and worst over seeds). Goal of issue 5: Bayesian within 3% using at most 20% of the evaluations.
 `--block`/`--region` pick another block and its n-th GEMM region (e.g. swiglu_mlp 1: down projection);
-`--narrow k=v1/v2,...` restricts the space. Each result also holds the best time per BLOCK_M (CUDA-core
-K loop under 16 rows, tensor cores from 16) and the weight bandwidth of the best config.
+`--narrow k=v1/v2,...` restricts the space. Each result also holds the best time per BLOCK_M (BLOCK_M 1:
+one-row CUDA-core tiles, tensor cores from 16) and the weight bandwidth of the best config.
 `--smoke` runs a tiny shape under the Triton interpreter with a narrowed space (checks the script).
 """
 
@@ -31,13 +31,15 @@ from dlblas_compiler.runtime.program import RegionStep  # noqa: E402
 from dlblas_compiler.tuning import POLICIES, make_objective  # noqa: E402
 
 
-def region(block_model, args, backend: str, index: int = 0):
+def region(block_model, args, backend: str, index: int = 0, kwargs=None):
     """The `index`-th GEMM region of the compiled block and its inputs."""
     cm = dc.compile(block_model, backend=backend, tune="none", cuda_graphs=False)
     with torch.no_grad():
-        cm(*args)
-        prog = cm._spec().executor
-        env = prog._env(list(args))
+        cm(*args, **(kwargs or {}))
+        spec = cm._spec()
+        flat = spec.captured.flatten(args, kwargs or {})
+        prog = spec.executor
+        env = prog._env([flat[i] for i in spec.imported.arg_positions])
         for step in prog.steps:
             if isinstance(step, RegionStep) and step.kernel is not None and step.choice.pattern == "gemm":
                 if index == 0:
@@ -52,8 +54,8 @@ def _compile_part(block: str, index: int, m: int, keys: list[tuple]) -> int:
     (compiling ~400 configs one by one would take most of the run). Returns the number that failed."""
     from blocks import BLOCKS
 
-    mod, args, _, _, _ = BLOCKS[block](m, torch.bfloat16, "cuda")
-    step, tensors = region(mod, args, "triton", index)
+    mod, args, kwargs, _, _ = BLOCKS[block](m, torch.bfloat16, "cuda")
+    step, tensors = region(mod, args, "triton", index, kwargs)
     failed = 0
     for key in keys:
         try:
@@ -137,8 +139,8 @@ def main(argv=None) -> int:
 
         narrow = {k: [int(x) for x in v.split("/")] for k, v in (kv.split("=") for kv in a.narrow.split(",") if kv)}
         for m in [int(t) for t in a.tokens.split(",")]:
-            mod, args, _, _, _ = BLOCKS[a.block](m, torch.bfloat16, "cuda")
-            step, tensors = region(mod, args, "triton", a.region)
+            mod, args, kwargs, _, _ = BLOCKS[a.block](m, torch.bfloat16, "cuda")
+            step, tensors = region(mod, args, "triton", a.region, kwargs)
             space = step.kernel.space.narrow(**narrow) if narrow else step.kernel.space
             if a.jobs > 1:
                 precompile(a.block, a.region, m, space, a.jobs)

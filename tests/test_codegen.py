@@ -217,6 +217,39 @@ def test_gemm_tma_and_pointer_configs(tokens):
     assert len({r for r, _, _ in checked}) == 4 and {(sk > 1, tma) for _, sk, tma in checked} == {(a, b) for a in (False, True) for b in (0, 1)}, checked
 
 
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_gemm_one_row_tiles(tokens):
+    """One-row (CUDA-core) tiles on every GEMM region of a Llama block: tiles narrower than a head (the
+    rotation pairs gathered from both halves of the head), split-K, grouped rows, a partial last K step."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    cfg = BlockConfig(hidden=256, intermediate=320, heads=4, kv_heads=2, head_dim=64)
+    x, cos, sin = llama_block_inputs(cfg, 1, tokens)
+    cm = dc.compile(randomize_(LlamaBlock(cfg)).eval(), backend="interpret", cuda_graphs=False)
+    configs = [(16, 64, 1), (32, 32, 2), (64, 128, 1), (16, 128, 1), (128, 32, 2)]
+    with torch.no_grad():
+        cm(x, cos, sin)
+        prog = cm._spec().executor
+        env = prog._env([x, cos, sin])
+        checked = []
+        for step in prog.steps:
+            if isinstance(step, RegionStep) and step.choice.pattern == "gemm":
+                tensors = step.inputs(env)
+                refs = step.reference(tensors)
+                for bn, bk, sk in configs:
+                    c = {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 8 if tokens > 1 else 1,
+                         "num_warps": 4, "num_stages": 2, "TMA": 0}  # fmt: skip
+                    if not step.kernel.space.is_valid(c):
+                        continue
+                    for o, r in zip(step.launch(tensors, c), refs):
+                        assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
+                    k = step.kernel.shape_key["K"]
+                    checked.append((step.choice.region, bn < 64 and "dl.rotary" in step.kernel.region_ir, k % (bk * sk) > 0))
+            step(env)
+    assert len({r for r, _, _ in checked}) == 4, checked
+    assert any(n for _, n, _ in checked) and any(u for _, _, u in checked), checked
+
+
 @pytest.mark.parametrize("backend,dtype", CASES)
 @pytest.mark.parametrize("tokens", [1, 7, 33])
 def test_llama_block_five_kernels(backend, dtype, tokens):

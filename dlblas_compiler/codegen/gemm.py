@@ -77,6 +77,7 @@ class GemmPlan:
     streams: list[int] = field(default_factory=lambda: [0])  # absolute Y column offsets of the accumulators
     grid_n: int = 0
     rotary_dims: set[int] = field(default_factory=set)
+    narrow_rotary: str | None = None  # layout of a rotary that tiles narrower than a head (see _rotary)
     input_views: list[Operation] = field(default_factory=list)  # views of operands, fused as strides
 
 
@@ -174,6 +175,9 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
             if c.lo % d or d & (d - 1) or d > 256 or rd & (rd - 1) or d % rd:
                 return f"rotary on head dim {d} (rotary dim {rd}, column offset {c.lo}) does not tile: powers of two <= 256"
             plan.rotary_dims.add(d)
+    rots = {(plan.info[o.input].split[-1], o.dim, o.layout.data) for o in plan.epilogue if isinstance(o, RotaryOp)}
+    if len(rots) == 1 and (r := rots.pop())[0] == r[1] and plan.grid_n % r[0] == 0:
+        plan.narrow_rotary = r[2]  # one full-head rotary over whole heads: tiles may hold part of a head
     return plan
 
 
@@ -284,7 +288,15 @@ class GemmEmitter:
         w("pid_m = first_m + (pid % group) % size_m")
         w("pid_n = (pid % group) // size_m")
         w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
-        w("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
+        if p.narrow_rotary == "half":  # a tile narrower than a head takes matching parts of its two halves,
+            d = max(p.rotary_dims)  # so each rotation pair (j, j + D/2) stays inside the tile
+            w(f"if BLOCK_N < {d}:")
+            w("    ri = tl.arange(0, BLOCK_N)")
+            w(f"    rn = (pid_n * BLOCK_N) // {d} * {d} + (pid_n % ({d} // BLOCK_N)) * (BLOCK_N // 2) + ri % (BLOCK_N // 2) + ri // (BLOCK_N // 2) * {d // 2}")
+            w("else:")
+            w("    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
+        else:
+            w("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
         w("rk = tl.arange(0, BLOCK_K)")
         w("mmask = rm < M")
         w("nmask = rn < GRID_N")
@@ -294,6 +306,12 @@ class GemmEmitter:
         # loads carry no mask at all.
         # With TMA the tiles come through tensor descriptors (bounds handled by the copy engine, W tiles
         # [BLOCK_N, BLOCK_K] K-major); otherwise through pointer loads.
+        w("if BLOCK_M == 1:")  # one row per program, CUDA cores: W tiles [BLOCK_N, BLOCK_K] read along K,
+        w.indent()  # products kept per column and K position, summed over K once after the loop
+        self._gemv_loop(w, norm_w)
+        w.dedent()
+        w("else:")
+        w.indent()
         w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
         w("if TMA:")
         w("    a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])")
@@ -328,6 +346,7 @@ class GemmEmitter:
             w.dedent()
             w(f"b{s}_ptrs += BLOCK_K")
         w("a_ptrs += BLOCK_K")
+        w.dedent()
         w.dedent()
         # Epilogue layout changes go through shared memory; make every warp leave the K loop first.
         w("tl.debug_barrier()")
@@ -397,6 +416,37 @@ class GemmEmitter:
         w.dedent()
         return w.text()
 
+    def _gemv_loop(self, w: Writer, norm_w: bool) -> None:
+        """The K loop for one row: a [1, BLOCK_K] slice of x times [BLOCK_N, BLOCK_K] weight tiles,
+        accumulated elementwise in fp32 and reduced over K after the loop (no tensor cores, no padding rows:
+        at decode every loaded weight byte is used once)."""
+        p = self.plan
+        w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
+        for s, off in enumerate(p.streams):
+            w(f"b{s}_ptrs = w_ptr + ((rn % GRID_N).to(tl.int64) + {off})[:, None] * K + (k_lo + rk)[None, :]")
+            w(f"acc{s} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)")
+        w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
+        w.indent()
+        w("if EVEN_K:")
+        w("    a = tl.load(a_ptrs)")
+        w("else:")
+        w("    a = tl.load(a_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
+        if norm_w:
+            _, offset, _ = p.norm.attrs
+            w(f"nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32) + {offset!r}")
+            w("a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
+        for s in range(len(p.streams)):
+            w("if EVEN_K:")
+            w(f"    b{s} = tl.load(b{s}_ptrs)")
+            w("else:")
+            w(f"    b{s} = tl.load(b{s}_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
+            w(f"acc{s} += b{s}.to(tl.float32) * a.to(tl.float32)")
+            w(f"b{s}_ptrs += BLOCK_K")
+        w("a_ptrs += BLOCK_K")
+        w.dedent()
+        for s in range(len(p.streams)):
+            w(f"acc{s} = tl.sum(acc{s}, axis=1)[None, :]")
+
     def _split_k(self, w: Writer) -> None:
         """Split-K: each of SPLIT_K programs of a tile stores its partial sums; the last to finish
         (an acq_rel counter per tile) reduces them, resets the counter and runs the epilogue."""
@@ -463,25 +513,39 @@ class GemmEmitter:
     def _rotary(self, w: Writer, o: RotaryOp) -> None:
         """Rotate head columns in registers: the tile is reshaped so each rotation pair lands in one
         axis of size 2 (split), rotated, and joined back. Heads of D columns start at tile boundaries
-        (BLOCK_N % D == 0); with partial rotary only the first rotary_dim columns of a head change."""
+        (BLOCK_N % D == 0); with partial rotary only the first rotary_dim columns of a head change. A tile
+        narrower than a head (plan.narrow_rotary) is one rotation group: for the half layout its columns
+        are the matching parts of the head's two halves (see `rn`), for the interleaved one a run of pairs."""
         c = self.plan.info[o.input]
         d, rd = c.split[-1], o.dim
         _, _ = self._space(w, c)
         x, cos, sin = self.names[o.input], self.names[o.cos], self.names[o.sin]
         names = self.names
-        grp = f"BLOCK_N // {rd}"  # rotation groups of rd columns per tile row
-        if o.layout.data == "half":  # pairs (j, j + rd/2) of each group
-            shape, perm = f"[BLOCK_M, {grp}, 2, {rd // 2}]", "[0, 1, 3, 2]"
-        else:  # pairs (2j, 2j + 1)
-            shape, perm = f"[BLOCK_M, {grp}, {rd // 2}, 2]", "[0, 1, 2, 3]"
-        parts = {}
-        for v, tag in ((x, "x"), (cos, "c"), (sin, "s")):
-            a, b = names.fresh(tag), names.fresh(tag)
-            w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, BLOCK_N]), {shape}), {perm}))")
-            parts[tag] = (a, b)
-        (x1, x2), (c1, c2), (s1, s2) = parts["x"], parts["c"], parts["s"]
+        parts = {tag: (names.fresh(tag), names.fresh(tag)) for tag in ("x", "c", "s")}
         t = names.fresh("rot")
-        w(f"{t} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")
+
+        def rotate(groups: str, half: str) -> None:
+            if o.layout.data == "half":  # pairs (j, j + half) of each group
+                shape, perm = f"[BLOCK_M, {groups}, 2, {half}]", "[0, 1, 3, 2]"
+            else:  # pairs (2j, 2j + 1)
+                shape, perm = f"[BLOCK_M, {groups}, {half}, 2]", "[0, 1, 2, 3]"
+            for v, tag in ((x, "x"), (cos, "c"), (sin, "s")):
+                a, b = parts[tag]
+                w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, BLOCK_N]), {shape}), {perm}))")
+            (x1, x2), (c1, c2), (s1, s2) = parts["x"], parts["c"], parts["s"]
+            w(f"{t} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")
+
+        if self.plan.narrow_rotary:
+            w(f"if BLOCK_N < {rd}:")
+            w.indent()
+            rotate("1", "BLOCK_N // 2")
+            w.dedent()
+            w("else:")
+            w.indent()
+            rotate(f"BLOCK_N // {rd}", str(rd // 2))
+            w.dedent()
+        else:
+            rotate(f"BLOCK_N // {rd}", str(rd // 2))
         if rd < d:  # partial rotary: the columns past rotary_dim in each head pass through
             dcol = self._space(w, c)[0][-1]
             w(f"{t} = tl.where({dcol} < {rd}, {t}, {x})")
@@ -519,12 +583,13 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     gn, k = plan.grid_n, plan.k
     elem = dtype_of(lin.input).itemsize
     rot = max(plan.rotary_dims) if plan.rotary_dims else 16
+    narrow = plan.narrow_rotary is not None
     smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
     space = SearchSpace(
         {
-            "BLOCK_M": [16, 32, 64, 128],
+            "BLOCK_M": [1, 16, 32, 64, 128],
             "BLOCK_N": [16, 32, 64, 128, 256],
-            "BLOCK_K": [32, 64, 128],
+            "BLOCK_K": [32, 64, 128, 256, 512],
             "SPLIT_K": [1, 2, 4, 8, 16],
             "GROUP_M": [1, 8],
             "num_warps": [4, 8],
@@ -532,19 +597,24 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             "TMA": [0, 1],
         },
         {
-            "rotary heads fit the tile": lambda c: c["BLOCK_N"] % rot == 0,
+            "rotary heads fit the tile": lambda c: c["BLOCK_N"] % rot == 0
+            or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"]),
+            "one-row (CUDA-core) tiles only for a few rows": lambda c: c["BLOCK_M"] > 1
+            or (m <= GEMV_ROWS and not c["TMA"]),
+            "K blocks over 128 only for one-row tiles": lambda c: c["BLOCK_K"] <= 128 or c["BLOCK_M"] == 1,
             "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
             "TMA needs sm90+ and 16-byte row strides": lambda c: not c["TMA"] or (tma_ok and k * elem % 16 == 0),
             "no block much larger than N": lambda c: c["BLOCK_N"] <= max(16, rot, triton.next_power_of_2(gn)),
             "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
             "split K only for under two waves of tiles and long K": lambda c: c["SPLIT_K"] == 1
             or (cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) < 2 * sms and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]),
-            "shared memory": lambda c: (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"]
-            <= smem_limit,
-            "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32,
+            "shared memory": lambda c: c["BLOCK_M"] == 1
+            or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"] <= smem_limit,
+            "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
+            and (c["BLOCK_M"] > 1 or ns * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * c["num_warps"] * 32),
             "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
         },
-        default=_default_config(m, gn, k, rot, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem),
+        default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem),
     )
     counters: dict[torch.device, torch.Tensor] = {}
     has_norm = plan.norm is not None
@@ -588,6 +658,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
 
 RMS_ROWS = 4
 RS_INLINE_ROWS = 16  # up to this many rows the GEMM's last programs compute the norm statistics themselves
+GEMV_ROWS = 4  # up to this many rows one-row tiles (CUDA cores, the weight read once per row) are tried
 
 
 @triton.jit
@@ -612,10 +683,19 @@ def region_ops_of(fused: FusedOp) -> list[Operation]:
     return [o for o in fused.block.ops if not isinstance(o, YieldOp)]
 
 
-def _default_config(m: int, n: int, k: int, rot: int, ns: int, sms: int, tma: bool, smem_elems: int) -> dict:
-    """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): decode shapes
-    stream the weight with more programs (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles
-    (also for the dual GEMM) loaded through TMA (at 128 rows TMA made the default slower: 81 vs 55 µs)."""
+def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int) -> dict:
+    """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): one row streams
+    the weight through CUDA cores in narrow tiles; other decode shapes stream it with more programs
+    (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles (also for the dual GEMM) loaded
+    through TMA (at 128 rows TMA made the default slower: 81 vs 55 µs)."""
+    if m == 1:  # about 8 programs per SM, each streaming 16 weight rows 128 wide (M=1 sweeps, NOTES 19)
+        bn = 16 if narrow or rot <= 16 else rot
+        bk = max(32, min(128, 8192 // (ns * bn), triton.next_power_of_2(k)))
+        tiles, split = -(-n // bn), 1
+        while tiles * split * 2 <= 8 * sms and k // (split * 2) >= 4 * bk and split < 16:
+            split *= 2
+        return {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 1, "num_warps": 4,
+                "num_stages": 2, "TMA": 0}  # fmt: skip
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
     bn = min(max(rot, 128), max(16, rot, triton.next_power_of_2(n)))  # no wider than N
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32

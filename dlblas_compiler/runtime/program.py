@@ -106,11 +106,11 @@ class RegionStep:
         return [t if not isinstance(t, torch.Tensor) or t.is_contiguous() else t.contiguous() for t in (env[i] for i in self.ins)]
 
     def __call__(self, env: list) -> None:
-        tensors = self.inputs(env)
         impl = self.choice.impl
-        if impl == "reference":
-            res = self.reference(tensors)
+        if impl == "reference":  # torch ops take any strides: no copies (SDPA's output, say, is transposed)
+            res = self.reference([env[i] for i in self.ins])
         else:
+            tensors = self.inputs(env)
             try:
                 if impl == "callable":
                     res = _as_tuple(self.callable_fn(*tensors))
