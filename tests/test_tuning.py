@@ -141,6 +141,16 @@ def test_default_is_declared_when_valid_else_first_valid():
         SearchSpace({"A": [1, 1]})
 
 
+def test_bayes_starts_from_the_default_then_the_valid_seeds(space):
+    far = {**OPTIMUM, "BLOCK_K": 16, "num_stages": 1}
+    seeds = [OPTIMUM, {**OPTIMUM, "BLOCK_K": 48}, far, OPTIMUM]  # one not in the space, one repeated
+    seeded = SearchSpace(space.params, space.constraints, default=far, seeds=seeds)
+    assert seeded.starts() == [far, OPTIMUM]
+    assert seeded.narrow(BLOCK_K=16).starts() == [far]  # narrowing keeps only the seeds inside
+    r = bayes(seeded, synthetic_time, budget=8, seed=0)
+    assert [t.config for t in r.trials[:2]] == [far, OPTIMUM] and r.best_config == OPTIMUM
+
+
 def test_large_space_is_fast():
     s = SearchSpace(
         {"M": pow2(16, 256), "N": pow2(16, 256), "K": pow2(16, 256), "w": [1, 2, 4, 8], "s": [1, 2, 3, 4, 5, 6]},

@@ -615,6 +615,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
         },
         default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem),
+        seeds=_seed_configs(m),
     )
     counters: dict[torch.device, torch.Tensor] = {}
     has_norm = plan.norm is not None
@@ -710,6 +711,21 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
             "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": stages,
             "TMA": int(tma and bm == 128)}  # fmt: skip
+
+
+def _seed_configs(m: int) -> list[dict]:
+    """The best configs of the exhaustive sweeps on H200 (bench/NOTES.md) for this row count's class: the
+    quick search tries them after the default (those the shape's constraints reject are skipped)."""
+    if m == 1:  # QKV, down, gate/up at M=1
+        tiles = [(1, 32, 256, 2, 8, 3, 0), (1, 16, 128, 8, 4, 2, 0), (1, 32, 128, 1, 4, 2, 0)]
+    elif m <= 16:  # QKV (narrow rotary tiles), o-proj, gate/up
+        tiles = [(16, 64, 128, 4, 8, 2, 0), (16, 128, 128, 2, 4, 4, 0), (16, 128, 128, 1, 4, 3, 0)]
+    elif m <= 256:  # QKV, gate/up at 128
+        tiles = [(64, 128, 128, 1, 4, 4, 0), (64, 256, 64, 1, 8, 3, 1)]
+    else:  # QKV, gate/up at 2048
+        tiles = [(128, 128, 64, 1, 8, 4, 1), (128, 128, 64, 1, 8, 3, 1)]
+    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages", "TMA")
+    return [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1} for t in tiles]
 
 
 __all__ = ["GemmPlan", "analyze", "build"]

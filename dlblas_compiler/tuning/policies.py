@@ -167,7 +167,8 @@ def bayes(
     progress: Progress | None = None,
     max_misses: int = 16,
 ) -> TuneResult:
-    """Bayesian optimisation with optuna's (constrained, multivariate) TPE sampler through ask/tell.
+    """Bayesian optimisation with optuna's (constrained, multivariate) TPE sampler through ask/tell, starting
+    from the space's default and seeds (`SearchSpace.starts`).
 
     Proposals that violate a constraint are told to the study as infeasible without calling the objective,
     and so are configs whose evaluation failed; proposals already evaluated are answered from the memo and do
@@ -186,7 +187,8 @@ def bayes(
             seed=seed, n_startup_trials=max(4, min(10, search.limit // 5)), multivariate=True, constant_liar=False
         )
         study = optuna.create_study(direction="minimize", sampler=sampler)
-        study.enqueue_trial({n: space.params[n].index(v) for n, v in space.default().items() if n in varying})
+        for start in space.starts():
+            study.enqueue_trial({n: space.params[n].index(v) for n, v in start.items() if n in varying})
         misses = 0
         while not search.done:
             if misses >= max_misses:

@@ -27,7 +27,8 @@ class SearchSpace:
     """A grid of configs (the product of each parameter's choices) minus those a constraint rejects.
 
     Parameters keep their declaration order, and choices their listed order; `configs()` walks the grid in
-    that order (last parameter fastest). Constraints are named so a rejected config can say why. Spaces are
+    that order (last parameter fastest). Constraints are named so a rejected config can say why. `seeds` are
+    known-good configs (from sweeps) that a guided search tries right after the default. Spaces are
     immutable: `narrow` returns a new one.
     """
 
@@ -36,6 +37,7 @@ class SearchSpace:
         params: Mapping[str, Sequence[Any]],
         constraints: Mapping[str, Constraint] | None = None,
         default: Config | None = None,
+        seeds: Sequence[Config] = (),
     ) -> None:
         self.params: dict[str, tuple[Any, ...]] = {}
         for name, choices in params.items():
@@ -49,6 +51,7 @@ class SearchSpace:
         self._default = dict(default) if default is not None else None
         if self._default is not None and self._default.keys() != self.params.keys():
             raise ValueError(f"default {self._default} must set exactly the parameters {list(self.params)}")
+        self._seeds = [dict(c) for c in seeds]
         self._valid: list[tuple[Any, ...]] | None = None
 
     @property
@@ -104,6 +107,14 @@ class SearchSpace:
             raise ValueError(f"search space has no valid config: {self}")
         return dict(zip(self.params, valid[0], strict=True))
 
+    def starts(self) -> list[Config]:
+        """The default, then the seeds valid here, without repeats: where a guided search begins."""
+        out = [self.default()]
+        for c in self._seeds:
+            if c.keys() == self.params.keys() and self.is_valid(c) and c not in out:
+                out.append(dict(c))
+        return out
+
     def narrow(self, **fixed: Any) -> SearchSpace:
         """A new space with some parameters fixed (a single value) or restricted (a list/tuple/set of values,
         kept in this space's order). Constraints and the default carry over."""
@@ -116,7 +127,7 @@ class SearchSpace:
             if unknown:
                 raise ValueError(f"narrow: {name}={sorted(unknown, key=repr)} not among {list(params[name])}")
             params[name] = tuple(c for c in params[name] if c in wanted)
-        return SearchSpace(params, self.constraints, self._default)
+        return SearchSpace(params, self.constraints, self._default, self._seeds)
 
     def fingerprint(self) -> str:
         """A short hash of the parameters, their choices and the constraint names (part of the cache key)."""
