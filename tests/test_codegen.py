@@ -142,6 +142,29 @@ def test_gemm_bias_activation_residual_ragged(backend, dtype, bias):
          expect_regions={"gemm": 1})  # fmt: skip
 
 
+def test_same_kernel_in_two_layers_shares_one_tuning_entry():
+    """Identical regions (every layer of a model) compile to kernels of different names that the tuning
+    cache files under one key, so a model's layers are tuned once; a different shape gets its own kernel."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    model = nn.Sequential(LinearEpilogueOne(32, 32), LinearEpilogueOne(32, 32), LinearEpilogueOne(32, 48)).eval()
+    cm = dc.compile(randomize_(model), backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        cm(_x(5, 32))
+    ks = [s.kernel for s in cm._spec().executor.steps if isinstance(s, RegionStep) and s.kernel is not None]
+    assert len(ks) == 3 and len({k.name for k in ks}) == 3
+    assert ks[0].tuning_key == ks[1].tuning_key != ks[2].tuning_key and ks[0].tuning_key[0] == "gemm"
+
+
+class LinearEpilogueOne(nn.Module):
+    def __init__(self, k, n):
+        super().__init__()
+        self.lin = nn.Linear(k, n)
+
+    def forward(self, x):
+        return F.gelu(self.lin(x))
+
+
 class NormGLU(nn.Module):
     def __init__(self, h, i, act):
         super().__init__()

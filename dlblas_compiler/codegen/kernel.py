@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import linecache
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +117,13 @@ class Kernel:
     @property
     def hash(self) -> str:
         return source_hash(self.source)
+
+    @property
+    def tuning_key(self) -> tuple[str, str]:
+        """(kind, hash of the source with the kernel's own name blanked): what the tuning cache files this
+        kernel under, so the same kernel of every layer (gemm_2, gemm_6, ...) is tuned once."""
+        kind = re.sub(r"_\d+$", "", self.name)
+        return kind, source_hash(re.sub(rf"\b{re.escape(self.name)}\b", kind, self.source))
 
     def file_text(self) -> str:
         """The kernel as a readable Python file, with the region's IR as a comment."""

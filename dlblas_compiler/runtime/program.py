@@ -166,14 +166,15 @@ class RegionStep:
                     ref_out.extend(self.reference(tensors))
             return ref_out
 
-        out = tune(k.name, k.hash, k.space, lambda cfg: (lambda: self.launch(tensors, cfg)), k.shape_key, dtypes,
+        kind, key = k.tuning_key
+        out = tune(kind, key, k.space, lambda cfg: (lambda: self.launch(tensors, cfg)), k.shape_key, dtypes,
                    dev, ref, mode=mode, token_dims=TOKEN_DIMS, progress=progress)  # fmt: skip
         c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
         if self.prefer_kernel:
             return
         impls = SearchSpace({"impl": ["kernel", "reference"]}, default={"impl": "kernel"})
         run = {"kernel": lambda: self.launch(tensors, c.config), "reference": lambda: self.reference(tensors)}
-        pick = tune(f"{k.name}:impl", k.hash, impls, lambda cfg: run[cfg["impl"]], k.shape_key, dtypes, dev, ref,
+        pick = tune(f"{kind}:impl", key, impls, lambda cfg: run[cfg["impl"]], k.shape_key, dtypes, dev, ref,
                     policy="grid", budget=2, mode=mode, token_dims=TOKEN_DIMS, progress=False)  # fmt: skip
         c.impl = pick.config["impl"]
         c.reference_time = pick.time if c.impl == "reference" else None
