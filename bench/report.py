@@ -48,8 +48,9 @@ def markdown(table: dict) -> str:
         first = table[(block, ms[0])]
         meta = first["meta"]
         out.append(f"### {block}\n")
+        sources = ", ".join(f"`{s}`" for s in dict.fromkeys(table[(block, m)]["source"] for m in ms))
         out.append(f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['dtype']}, ours tuned `{meta['tune']}`, "
-                   f"{meta['date']} (source: `bench/results/{first['source']}`)\n")  # fmt: skip
+                   f"{meta['date']} (sources in `bench/results/`, by M: {sources})\n")  # fmt: skip
         cols = [m for m in BASELINES + ["ours"] if any(m in table[(block, x)]["modes"] for x in ms)]
         out.append("| M | floor | " + " | ".join(f"{c} GPU / call" for c in cols) + " | ours vs eager (GPU) | ours vs best Inductor (GPU / call) | ours rel. err |")
         out.append("|" + "---|" * (len(cols) + 5))
