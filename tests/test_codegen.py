@@ -209,68 +209,57 @@ def test_gemm_configs_split_k_and_ragged_tiles(k):
             assert rel_error(out, ref) <= tolerance(torch.float32), cfg
 
 
+def _check_gemm_regions(cfg: BlockConfig, tokens: int, configs: list[dict]) -> list[tuple]:
+    """Launch each valid config on every GEMM region of a Llama block (interpreter) and compare with the
+    region's reference; returns (region, config, K) for each config checked."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    x, cos, sin = llama_block_inputs(cfg, 1, tokens)
+    cm = dc.compile(randomize_(LlamaBlock(cfg)).eval(), backend="interpret", cuda_graphs=False)
+    checked = []
+    with torch.no_grad():
+        cm(x, cos, sin)
+        prog = cm._spec().executor
+        env = prog._env([x, cos, sin])
+        for step in prog.steps:
+            if isinstance(step, RegionStep) and step.choice.pattern == "gemm":
+                tensors = step.inputs(env)
+                refs = step.reference(tensors)
+                for c in configs:
+                    if not step.kernel.space.is_valid(c):
+                        continue
+                    for o, r in zip(step.launch(tensors, c), refs):
+                        assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
+                    checked.append((step.kernel.region_ir, c, step.kernel.shape_key["K"]))
+            step(env)
+    return checked
+
+
 @pytest.mark.parametrize("tokens", [1, 19])
 def test_gemm_tma_and_pointer_configs(tokens):
     """Every GEMM region of a Llama block (norm+QKV+RoPE, o-proj+residual, norm+gate/up+SiLU,
     down+residual) under tiles loaded by pointer and through TMA descriptors, split-K included (with
     1 token the norm statistics come from the GEMM itself), against the region's reference."""
-    from dlblas_compiler.runtime.program import RegionStep
-
     cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)  # K long enough to split
-    x, cos, sin = llama_block_inputs(cfg, 1, tokens)
-    cm = dc.compile(randomize_(LlamaBlock(cfg)).eval(), backend="interpret", cuda_graphs=False)
-    configs = [(bn, bk, sk, tma) for bn, bk, sk in [(32, 32, 4), (64, 64, 1), (128, 32, 2)] for tma in (0, 1)]
-    with torch.no_grad():
-        cm(x, cos, sin)
-        prog = cm._spec().executor
-        env = prog._env([x, cos, sin])
-        checked = []
-        for step in prog.steps:
-            if isinstance(step, RegionStep) and step.choice.pattern == "gemm":
-                tensors = step.inputs(env)
-                refs = step.reference(tensors)
-                for bn, bk, sk, tma in configs:
-                    c = {"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma}
-                    if not step.kernel.space.is_valid(c):
-                        continue
-                    for o, r in zip(step.launch(tensors, c), refs):
-                        assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
-                    checked.append((step.choice.region, sk, tma))
-            step(env)
-    assert len({r for r, _, _ in checked}) == 4 and {(sk > 1, tma) for _, sk, tma in checked} == {(a, b) for a in (False, True) for b in (0, 1)}, checked
+    configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma}
+               for bn, bk, sk in [(32, 32, 4), (64, 64, 1), (128, 32, 2)] for tma in (0, 1)]  # fmt: skip
+    checked = _check_gemm_regions(cfg, tokens, configs)
+    assert len({r for r, _, _ in checked}) == 4, checked
+    assert {(c["SPLIT_K"] > 1, c["TMA"]) for _, c, _ in checked} == {(a, b) for a in (False, True) for b in (0, 1)}
 
 
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_gemm_one_row_tiles(tokens):
     """One-row (CUDA-core) tiles on every GEMM region of a Llama block: tiles narrower than a head (the
     rotation pairs gathered from both halves of the head), split-K, grouped rows, a partial last K step."""
-    from dlblas_compiler.runtime.program import RegionStep
-
     cfg = BlockConfig(hidden=256, intermediate=320, heads=4, kv_heads=2, head_dim=64)
-    x, cos, sin = llama_block_inputs(cfg, 1, tokens)
-    cm = dc.compile(randomize_(LlamaBlock(cfg)).eval(), backend="interpret", cuda_graphs=False)
-    configs = [(16, 64, 1), (32, 32, 2), (64, 128, 1), (16, 128, 1), (128, 32, 2)]
-    with torch.no_grad():
-        cm(x, cos, sin)
-        prog = cm._spec().executor
-        env = prog._env([x, cos, sin])
-        checked = []
-        for step in prog.steps:
-            if isinstance(step, RegionStep) and step.choice.pattern == "gemm":
-                tensors = step.inputs(env)
-                refs = step.reference(tensors)
-                for bn, bk, sk in configs:
-                    c = {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 8 if tokens > 1 else 1,
-                         "num_warps": 4, "num_stages": 2, "TMA": 0}  # fmt: skip
-                    if not step.kernel.space.is_valid(c):
-                        continue
-                    for o, r in zip(step.launch(tensors, c), refs):
-                        assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
-                    k = step.kernel.shape_key["K"]
-                    checked.append((step.choice.region, bn < 64 and "dl.rotary" in step.kernel.region_ir, k % (bk * sk) > 0))
-            step(env)
+    configs = [{"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 8 if tokens > 1 else 1,
+                "num_warps": 4, "num_stages": 2, "TMA": 0}
+               for bn, bk, sk in [(16, 64, 1), (32, 32, 2), (64, 128, 1), (16, 128, 1), (128, 32, 2)]]  # fmt: skip
+    checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
-    assert any(n for _, n, _ in checked) and any(u for _, _, u in checked), checked
+    assert any(c["BLOCK_N"] < 64 and "dl.rotary" in r for r, c, _ in checked)  # a tile narrower than a head
+    assert any(k % (c["BLOCK_K"] * c["SPLIT_K"]) for _, c, k in checked)  # a partial last K step
 
 
 @pytest.mark.parametrize("backend,dtype", CASES)

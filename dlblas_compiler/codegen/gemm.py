@@ -306,13 +306,13 @@ class GemmEmitter:
         # loads carry no mask at all.
         # With TMA the tiles come through tensor descriptors (bounds handled by the copy engine, W tiles
         # [BLOCK_N, BLOCK_K] K-major); otherwise through pointer loads.
+        w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
         w("if BLOCK_M == 1:")  # one row per program, CUDA cores: W tiles [BLOCK_N, BLOCK_K] read along K,
         w.indent()  # products kept per column and K position, summed over K once after the loop
         self._gemv_loop(w, norm_w)
         w.dedent()
         w("else:")
         w.indent()
-        w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
         w("if TMA:")
         w("    a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])")
         for s, off in enumerate(p.streams):
@@ -323,16 +323,7 @@ class GemmEmitter:
             w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
         w.indent()
-        w("if TMA:")
-        w("    a = a_desc.load([pid_m * BLOCK_M, k0])")
-        w("elif EVEN_K:")
-        w("    a = tl.load(a_ptrs)")
-        w("else:")
-        w("    a = tl.load(a_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
-        if norm_w:
-            _, offset, _ = p.norm.attrs
-            w(f"nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32) + {offset!r}")
-            w("a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
+        self._a_tile(w, norm_w, tma=True)
         for s in range(ns):
             w("if TMA:")
             w(f"    acc{s} = tl.dot(a, b{s}_desc.load([pid_n * BLOCK_N, k0]).T, acc{s})")
@@ -421,20 +412,12 @@ class GemmEmitter:
         accumulated elementwise in fp32 and reduced over K after the loop (no tensor cores, no padding rows:
         at decode every loaded weight byte is used once)."""
         p = self.plan
-        w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
         for s, off in enumerate(p.streams):
             w(f"b{s}_ptrs = w_ptr + ((rn % GRID_N).to(tl.int64) + {off})[:, None] * K + (k_lo + rk)[None, :]")
             w(f"acc{s} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)")
         w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
         w.indent()
-        w("if EVEN_K:")
-        w("    a = tl.load(a_ptrs)")
-        w("else:")
-        w("    a = tl.load(a_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
-        if norm_w:
-            _, offset, _ = p.norm.attrs
-            w(f"nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32) + {offset!r}")
-            w("a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
+        self._a_tile(w, norm_w, tma=False)
         for s in range(len(p.streams)):
             w("if EVEN_K:")
             w(f"    b{s} = tl.load(b{s}_ptrs)")
@@ -446,6 +429,20 @@ class GemmEmitter:
         w.dedent()
         for s in range(len(p.streams)):
             w(f"acc{s} = tl.sum(acc{s}, axis=1)[None, :]")
+
+    def _a_tile(self, w: Writer, norm_w: bool, tma: bool) -> None:
+        """`a`: this K step's slice of x (through its descriptor with TMA), times a norm weight not folded into W."""
+        if tma:
+            w("if TMA:")
+            w("    a = a_desc.load([pid_m * BLOCK_M, k0])")
+        w("elif EVEN_K:" if tma else "if EVEN_K:")
+        w("    a = tl.load(a_ptrs)")
+        w("else:")
+        w("    a = tl.load(a_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
+        if norm_w:
+            _, offset, _ = self.plan.norm.attrs
+            w(f"nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32) + {offset!r}")
+            w("a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
 
     def _split_k(self, w: Writer) -> None:
         """Split-K: each of SPLIT_K programs of a tile stores its partial sums; the last to finish
