@@ -7,8 +7,9 @@ ours (dlblas_compiler, tuned, CUDA graphs), ours-nocg (same kernels, no CUDA gra
 GPU time: the call captured in a CUDA graph and replayed, L2 cleared before each replay (do_bench median):
 what the GPU spends. Call time: one Python call as a user makes it (do_bench median). All modes of a block
 and M are compiled first, then timed in `--rounds` rounds (order rotating); figures are medians over rounds.
-Every mode's output is compared with a float64 reference (relative error ‖out−ref‖/‖ref‖). Results are
-appended to OUT/results.json block by block, so a run cut short keeps what it measured.
+Every mode's output is compared with a float64 reference (relative error ‖out−ref‖/‖ref‖). Each block and M
+runs in its own process (one crash costs one pair); results are appended to OUT/results.json pair by pair,
+so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -156,8 +158,21 @@ def main(argv=None) -> int:
     p.add_argument("--tune", default="quick")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--rounds", type=int, default=3, help="timing rounds over all modes (medians reported)")
+    p.add_argument("--one", action="store_true", help="run the given blocks and M in this process")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
+    pairs = [(b, int(m)) for b in a.blocks.split(",") for m in a.tokens.split(",")]
+    if len(pairs) > 1 and not a.one:  # each block and M in its own process: a crash costs one pair (seen once:
+        failed = []  # a process died while timing, and every later block of that run went unmeasured)
+        for b, m in pairs:
+            args = ["--one", "--out", a.out, "--blocks", b, "--tokens", str(m), "--modes", a.modes, "--tune", a.tune,
+                    "--dtype", a.dtype, "--rounds", str(a.rounds)]  # fmt: skip
+            rc = subprocess.run([sys.executable, os.path.abspath(__file__), *args]).returncode
+            if rc:
+                failed.append(f"{b} M={m} (exit {rc})")
+        if failed:
+            print("failed: " + ", ".join(failed), flush=True)
+        return 1 if failed else 0
     path = os.path.join(a.out, "results.json")
     results = json.load(open(path)) if os.path.exists(path) else {"runs": []}
     import transformers
@@ -176,11 +191,10 @@ def main(argv=None) -> int:
     print(json.dumps(meta), flush=True)
     run = {"meta": meta, "rows": []}
     results["runs"].append(run)
-    for block in a.blocks.split(","):
-        for m in [int(t) for t in a.tokens.split(",")]:
-            run["rows"] += bench_one(block, m, a.modes.split(","), a.tune, getattr(torch, a.dtype), a.rounds)
-            with open(path, "w") as f:
-                json.dump(results, f, indent=1)
+    for block, m in pairs:
+        run["rows"] += bench_one(block, m, a.modes.split(","), a.tune, getattr(torch, a.dtype), a.rounds)
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
     return 0
 
 

@@ -1,13 +1,15 @@
 """The GEMM template: Y = x @ W^T over [*rows, K] x [N, K], with slots.
 
-K loop: tl.dot on tiles loaded by pointer or, with TMA (sm90+), through tensor descriptors. Split-K
-programs store partial sums and the last one of a tile runs the epilogue.
+K loop: tl.dot on tiles loaded by pointer or, with TMA (sm90+), through tensor descriptors; for a few
+rows (decode) also one-row tiles on CUDA cores (BLOCK_M = 1: weight tiles read along K, products summed
+over K after the loop). Split-K programs store partial sums and the last one of a tile runs the epilogue.
 Prologue: RMSNorm. The rows' rsqrt(mean(x^2) + eps) comes from the `row_rms` pass, or for a few rows
 from the tile's last program, and scales the accumulator after the K loop; a norm weight that was not
 folded into W scales the A tile. Epilogue: everything the planner attached to Y, computed on the fp32
 tile before one store per output: bias, elementwise ops with other tensors (residual add, ...),
 column slices (one GEMM for q/k/v), reshapes splitting the columns into heads and permutes (written
-straight into [B, H, S, D]), rotary on head columns (partner column gathered within the tile), and a
+straight into [B, H, S, D]), rotary on head columns (partner column gathered within the tile; a tile
+narrower than a head takes the matching slices of its two halves), and a
 gated activation of two column halves computed as two accumulators sharing the A tile (dual GEMM).
 
 Index model: every epilogue value is a view of Y's tile: a column range [lo, hi) of one accumulator
