@@ -111,13 +111,13 @@ class SearchSpace:
         """The default, then the seeds valid here, without repeats: where a guided search begins."""
         out = [self.default()]
         for c in self._seeds:
-            if c.keys() == self.params.keys() and self.is_valid(c) and c not in out:
+            if self.is_valid(c) and c not in out:  # is_valid also rejects other parameter names
                 out.append(dict(c))
         return out
 
     def narrow(self, **fixed: Any) -> SearchSpace:
         """A new space with some parameters fixed (a single value) or restricted (a list/tuple/set of values,
-        kept in this space's order). Constraints and the default carry over."""
+        kept in this space's order). Constraints, the default and the seeds carry over."""
         params = dict(self.params)
         for name, value in fixed.items():
             if name not in params:
