@@ -8,6 +8,7 @@ structure the model returns (tensors, tuples, dicts, None).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,12 +16,13 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .errors import FrontendError
+from .errors import FrontendError, UnsupportedError
 from .frontend import Captured, Imported, capture, import_graph
 from .numerics import compare
 from .passes import DEFAULT_PIPELINE, PipelineResult, run_pipeline
 from .report import Report
 from .runtime import build_executor
+from .runtime.outputs import OutputGuard, output_guard
 
 BACKENDS = ("triton", "interpret", "reference")
 TUNE_MODES = ("none", "quick", "full")
@@ -31,7 +33,8 @@ def default_backend() -> str:
 
 
 def signature_of(args: tuple, kwargs: dict) -> tuple:
-    """Hashable description of a call's inputs: what a specialization is keyed by."""
+    """Hashable description of a call's inputs: what a specialization is keyed by (shapes, dtypes, devices,
+    non-tensor values, and which tensors share storage)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     sig = []
     for v in leaves:
@@ -43,7 +46,21 @@ def signature_of(args: tuple, kwargs: dict) -> tuple:
                 sig.append(("V", type(v).__name__, v))
             except TypeError:
                 sig.append(("V", type(v).__name__, repr(v)))
-    return (str(spec), tuple(sig))
+    return (str(spec), tuple(sig), _alias_pattern([v for v in leaves if isinstance(v, torch.Tensor)]))
+
+
+def _alias_pattern(tensors) -> tuple | None:
+    """Which input tensors share storage, and how (None when none do): `cm(x, x)` is not `cm(x, y)` for a
+    model that writes an input in place."""
+    ptrs = [t.untyped_storage().data_ptr() if t.numel() else -i - 1 for i, t in enumerate(tensors)]
+    if len(set(ptrs)) == len(ptrs):
+        return None
+    return tuple((ptrs.index(p), t.storage_offset(), t.stride()) for p, t in zip(ptrs, tensors))
+
+
+def _precision_mode() -> tuple:
+    """torch's switches the generated kernels follow (TF32 for fp32 matmuls)."""
+    return (torch.backends.cuda.matmul.allow_tf32,)
 
 
 @dataclass
@@ -70,6 +87,7 @@ class Specialization:
     executor: Callable[[list], tuple]
     compile_seconds: float
     notes: list[str] = field(default_factory=list)
+    guard: OutputGuard | None = None  # eager's output aliasing and layout (None: nothing to do)
 
     direct: bool = False  # the graph's inputs are exactly the call's positional arguments
     single: bool = False  # the output is one tensor
@@ -77,10 +95,13 @@ class Specialization:
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.direct and not kwargs:
             flat = args
-            outs = self.executor(list(args))
+            inputs = list(args)
         else:
             flat = self.captured.flatten(args, kwargs)
-            outs = self.executor([flat[i] for i in self.imported.arg_positions])
+            inputs = [flat[i] for i in self.imported.arg_positions]
+        outs = self.executor(inputs)
+        if self.guard is not None:
+            outs = self.guard(inputs, self.imported.params, outs)
         if self.imported.writes:
             self._write_back(flat, outs)
         if self.single:
@@ -116,17 +137,42 @@ class CompiledModule(torch.nn.Module):
         self.options = options
         self._specs: dict[tuple, Specialization] = {}
         self._last: Specialization | None = None
+        self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
+        self._params = list(model.parameters())
+        self._warned_grad = False
 
     def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled() and self._needs_grad(args, kwargs):
+            return self._eager(args, kwargs)
         if not kwargs and all(type(a) is torch.Tensor for a in args):  # the common case, without pytree
-            key = tuple((a.shape, a.dtype, a.device) for a in args)
+            key = (tuple((a.shape, a.dtype, a.device) for a in args), _alias_pattern(args))
         else:
             key = signature_of(args, kwargs)
+        key = (key, tuple(m.training for m in self._submodules), _precision_mode())
         spec = self._specs.get(key)
         if spec is None:
             spec = self._specs[key] = self._specialize(args, kwargs)
         self._last = spec
         return spec(args, kwargs)
+
+    def _needs_grad(self, args: tuple, kwargs: dict) -> bool:
+        """Grad mode is on and a parameter or an input requires grad: the call must build an autograd graph."""
+        if any(p.requires_grad for p in self._params):
+            return True
+        leaves = args if not kwargs else pytree.tree_leaves((args, kwargs))
+        return any(isinstance(v, torch.Tensor) and v.requires_grad for v in leaves)
+
+    def _eager(self, args: tuple, kwargs: dict):
+        """Training is not compiled: a call that needs gradients runs the module eagerly (strict: an error)."""
+        why = ("gradients are needed (grad mode is on and a parameter or an input requires grad), and the compiled "
+               "kernels do not build an autograd graph")  # fmt: skip
+        if self.options.strict:
+            raise UnsupportedError(f"{why}; call the module under torch.no_grad() or torch.inference_mode()")
+        if not self._warned_grad:
+            self._warned_grad = True
+            warnings.warn(f"dlblas_compiler: {why}: running {type(self.model).__name__} eagerly; call it under "
+                          "torch.no_grad() or torch.inference_mode() to run the compiled code", stacklevel=3)  # fmt: skip
+        return self.model(*args, **kwargs)
 
     def _specialize(self, args: tuple, kwargs: dict) -> Specialization:
         t0 = time.perf_counter()
@@ -142,6 +188,7 @@ class CompiledModule(torch.nn.Module):
         spec = Specialization(
             captured, imported, result, executor, time.perf_counter() - t0, [*captured.notes, *imported.notes]
         )
+        spec.guard = output_guard(result.module, imported) or None
         spec.direct = not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
         spec.direct = spec.direct and all(f is a for f, a in zip(flat, args))
         spec.single = imported.out_leaves == [("value", 0)] and captured.out_spec is None

@@ -72,7 +72,7 @@ class Branchy(nn.Module):
 
 def test_untraceable_module_names_the_cause():
     cm = dc.compile(Branchy(), backend="reference")
-    with pytest.raises(dc.FrontendError) as e:
+    with pytest.raises(dc.FrontendError) as e, torch.no_grad():
         cm(torch.randn(2, 8))
     msg = str(e.value)
     assert "Branchy" in msg and "symbolic_trace failed" in msg and "test_frontend.py" in msg
@@ -92,22 +92,25 @@ def test_new_shape_respecializes_and_outputs_keep_structure():
     cm = dc.compile(m, backend="reference")
     for shape in [(2, 16), (3, 5, 16), (2, 16)]:
         x = torch.randn(*shape)
-        out = cm(x, scale=0.5)
-        ref = m(x, scale=0.5)
+        with torch.no_grad():
+            out = cm(x, scale=0.5)
+            ref = m(x, scale=0.5)
         assert isinstance(out, tuple) and len(out) == 2
         for o, r in zip(out, ref):
             torch.testing.assert_close(o, r)
     assert cm.specializations == 2
-    cm(torch.randn(2, 16), scale=2.0)  # a different non-tensor argument is a new signature
+    with torch.no_grad():
+        cm(torch.randn(2, 16), scale=2.0)  # a different non-tensor argument is a new signature
     assert cm.specializations == 3
 
 
 def test_dtype_change_respecializes():
     m = Small().eval()
     cm = dc.compile(m, backend="reference")
-    cm(torch.randn(2, 16))
-    m16 = m.to(torch.bfloat16)
-    out = cm(torch.randn(2, 16, dtype=torch.bfloat16))
+    with torch.no_grad():
+        cm(torch.randn(2, 16))
+        m.to(torch.bfloat16)
+        out = cm(torch.randn(2, 16, dtype=torch.bfloat16))
     assert out[0].dtype == torch.bfloat16 and cm.specializations == 2
     assert "bf16" in cm.ir("input")
 
@@ -115,7 +118,7 @@ def test_dtype_change_respecializes():
 def test_input_on_another_device_is_refused_clearly():
     cm = dc.compile(Small(), backend="reference")
     x = torch.randn(2, 16, device="meta")
-    with pytest.raises(dc.FrontendError, match="input 0 is on meta but the model's parameters are on cpu"):
+    with pytest.raises(dc.FrontendError, match="input 0 is on meta but the model's parameters are on cpu"), torch.no_grad():
         cm(x)
 
 

@@ -300,11 +300,11 @@ def test_non_contiguous_and_channels_last_inputs():
 
 def test_input_on_another_device_than_the_parameters_is_refused():
     cm = dc.compile(TwoRegions(), backend="interpret")
-    with pytest.raises(dc.FrontendError, match="input 0 is on meta but the model's parameters are on cpu"):
+    with pytest.raises(dc.FrontendError, match="input 0 is on meta but the model's parameters are on cpu"), torch.no_grad():
         cm(torch.empty(3, 24, device="meta"), torch.empty(3, 20, device="meta"))
     split = TwoRegions()
     split.lin.bias = nn.Parameter(torch.zeros(20, device="meta"))
-    with pytest.raises(dc.FrontendError, match="spread over"):
+    with pytest.raises(dc.FrontendError, match="spread over"), torch.no_grad():
         dc.compile(split, backend="interpret")(_x(3, 24), _x(3, 20))
 
 

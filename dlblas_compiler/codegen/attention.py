@@ -107,8 +107,14 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> AttentionPlan | str
 
 
 def source(
-    name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, wide: bool = False
+    name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, wide: bool = False,
+    nan_rows: bool = False, in_dtype: torch.dtype = torch.float16,
 ) -> str:
+    """The kernel text. Scores are kept in log2 units (q pre-scaled by scale * log2(e), exp2), except with an
+    additive float mask: mask values as large as the dtype's minimum would overflow once multiplied by log2(e),
+    so scores stay in natural units and exp2 takes (s - max) * log2(e). A row whose keys are all masked out
+    gives 0 (SDPA's), or NaN with `nan_rows` (an explicit softmax's)."""
+    float_mask = has_mask and not mask_bool
     w = Writer()
     w("@triton.jit")
     w(f"def {name}(")
@@ -132,7 +138,10 @@ def source(
     w("rd = tl.arange(0, D)")
     w("mmask = rm < S")
     w("q = tl.load(q_ptr + b * sq_b + h * sq_h + rm[:, None] * sq_s + rd[None, :] * sq_d, mask=mmask[:, None], other=0.0)")
-    w("q = (q.to(tl.float32) * qk_scale).to(q.dtype)  # scores come out in log2 units")
+    if float_mask:
+        w("q = (q.to(tl.float32) * qk_scale).to(q.dtype)  # scores in natural units (the mask is added as it is)")
+    else:
+        w("q = (q.to(tl.float32) * qk_scale).to(q.dtype)  # scores come out in log2 units")
     w("m_i = tl.full((BLOCK_M,), float('-inf'), tl.float32)")
     w("l_i = tl.zeros((BLOCK_M,), tl.float32)")
     w("acc = tl.zeros((BLOCK_M, D), tl.float32)")
@@ -155,7 +164,7 @@ def source(
             w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d, mask=nmask[:, None], other=0.0)")
         else:
             w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d)")
-        w("s = tl.dot(q, tl.trans(k))")
+        w(f"s = tl.dot(q, tl.trans(k){device.dot_args(in_dtype)})")
         if masked:
             w("keep = nmask[None, :] & mmask[:, None]")
             if causal:
@@ -165,24 +174,31 @@ def source(
                 if mask_bool:
                     w("keep = keep & (mv != 0)")
                 else:
-                    w("s = s + mv.to(tl.float32) * 1.4426950408889634")
+                    w("s = s + mv.to(tl.float32)")
             w("s = tl.where(keep, s, float('-inf'))")
         w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
         if masked:
             w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
         else:
             w("m_safe = m_new")
-        w("p = tl.exp2(s - m_safe[:, None])")
-        w("alpha = tl.exp2(m_i - m_safe)")
+        if float_mask:
+            w("p = tl.exp2((s - m_safe[:, None]) * 1.4426950408889634)")
+            w("alpha = tl.exp2((m_i - m_safe) * 1.4426950408889634)")
+        else:
+            w("p = tl.exp2(s - m_safe[:, None])")
+            w("alpha = tl.exp2(m_i - m_safe)")
         w("l_i = l_i * alpha + tl.sum(p, axis=1)")
         if masked:
             w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d, mask=nmask[:, None], other=0.0)")
         else:
             w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d)")
-        w("acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)")
+        w(f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{device.dot_args(in_dtype)})")
         w("m_i = m_new")
         w.dedent()
-    w("out = acc / tl.where(mmask, l_i, 1.0)[:, None]")
+    if nan_rows:
+        w("out = acc / tl.where(mmask, l_i, 1.0)[:, None]  # a fully masked row: 0 / 0 = NaN, as softmax gives")
+    else:
+        w("out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a fully masked row: 0, as SDPA gives")
     w(f"tl.store(o_ptr + b * so_b + h * so_h + rm[:, None] * so_s + rd[None, :] * so_d, out.to({TL_DTYPE[out_dtype]}), mask=mmask[:, None])")
     w.dedent()
     return w.text()
@@ -197,7 +213,8 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     has_mask = op.mask is not None
     mask_bool = has_mask and dtype_of(op.mask) == torch.bool
     wide = wide_indices([*args, *fused.yielded.values])
-    src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), wide)
+    src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), wide, op.nan_rows and has_mask,
+                 dtype_of(op.query))
     strides, idx = [], {}
     for key in ("q", "k", "v", "mask"):
         if key not in plan.chains:
@@ -217,7 +234,7 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     olay = out_layout(plan.out_chain, out_shape)
     offsets = {k: v[1] for k, v in idx.items() if isinstance(v, tuple)}
     idx = {k: (v[0] if isinstance(v, tuple) else v) for k, v in idx.items()}
-    qk_scale = op.softmax_scale * 1.4426950408889634
+    qk_scale = op.softmax_scale * (1.0 if has_mask and not mask_bool else 1.4426950408889634)
     elem = dtype_of(op.query).itemsize
     smem = device.smem_limit()
     space = SearchSpace(

@@ -22,6 +22,18 @@ def sm_count() -> int:
     return 132
 
 
+def fp32_dot_precision() -> str:
+    """`tl.dot`'s input precision for fp32 operands, following torch's switch as Inductor does: IEEE fp32
+    unless the user allowed TF32 for matmuls (`torch.backends.cuda.matmul.allow_tf32 = True`, or
+    `torch.set_float32_matmul_precision("high")`)."""
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def dot_args(dtype: torch.dtype) -> str:
+    """The extra arguments of a generated `tl.dot` on operands of `dtype` ("" where the default is right)."""
+    return f', input_precision="{fp32_dot_precision()}"' if dtype == torch.float32 else ""
+
+
 def has_tma() -> bool:
     """Tensor descriptors: Hopper and newer; the Triton interpreter emulates them."""
     return not torch.cuda.is_available() or torch.cuda.get_device_capability() >= (9, 0)

@@ -122,6 +122,8 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
         return f"linear input {xs}: need rank >= 2 and non-empty dims"
     if lin.weight not in inputs:
         return "the GEMM's weight must be a region input (a view of it is not read through strides)"
+    if dtype_of(x) != dtype_of(lin.weight):
+        return f"the A operand is {dtype_of(x)} and the weight {dtype_of(lin.weight)}: tl.dot takes one dtype"
     if lin.bias is not None and lin.bias.owner in inside:
         return "bias must be a region input"
     rows, k = tuple(xs[:-1]), xs[-1]
@@ -251,6 +253,7 @@ class GemmEmitter:
         self.wide = wide_indices([*self.args, *self.outputs])
         self.ext: list[tuple[SSAValue, Cols, SSAValue]] = []  # (region input, view it is read as, reader's value)
         self.spaces: dict[tuple, str] = {}
+        self.dot = device.dot_args(dtype_of(plan.linear.weight))  # IEEE fp32 unless torch allows TF32
 
     def source(self) -> str:
         p, w = self.plan, Writer()
@@ -328,14 +331,14 @@ class GemmEmitter:
         self._a_tile(w, norm_w, tma=True)
         for s in range(ns):
             w("if TMA:")
-            w(f"    acc{s} = tl.dot(a, b{s}_desc.load([pid_n * BLOCK_N, k0]).T, acc{s})")
+            w(f"    acc{s} = tl.dot(a, b{s}_desc.load([pid_n * BLOCK_N, k0]).T, acc{s}{self.dot})")
             w("else:")
             w.indent()
             w("if EVEN_K:")
             w(f"    b{s} = tl.load(b{s}_ptrs)")
             w("else:")
             w(f"    b{s} = tl.load(b{s}_ptrs, mask=((k0 + rk) < K)[:, None], other=0.0)")
-            w(f"acc{s} = tl.dot(a, b{s}, acc{s})")
+            w(f"acc{s} = tl.dot(a, b{s}, acc{s}{self.dot})")
             w.dedent()
             w(f"b{s}_ptrs += BLOCK_K")
         w("a_ptrs += BLOCK_K")

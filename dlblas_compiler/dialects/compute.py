@@ -456,12 +456,19 @@ class GluOp(IRDLOperation):
         return GLU_ACTIVATIONS[self.act.data](gate) * up
 
 
+MASKED_ROWS = ("zero", "nan")
+
+
 @irdl_op_definition
 class SDPAOp(IRDLOperation):
     """`dl.sdpa`: softmax(q k^T * scale + mask) v (F.scaled_dot_product_attention, no dropout).
 
     q [..., Hq, S, D], k [..., Hk, L, D], v [..., Hk, L, Dv]; Hq a multiple of Hk with `enable_gqa`.
     The mask (optional) is additive (float) or boolean (True = keep) and broadcasts to [..., Hq, S, L].
+
+    A row whose keys are all masked out (every mask entry False or -inf) has no softmax. `masked_rows`
+    says what it gives: "zero" (F.scaled_dot_product_attention, torch >= 2.5) or "nan" (the explicit
+    `softmax(q @ k^T * scale + mask) @ v` that `recognize` raises: softmax of an all -inf row is NaN).
     """
 
     name = "dl.sdpa"
@@ -473,6 +480,7 @@ class SDPAOp(IRDLOperation):
     is_causal = prop_def(BoolAttr, _bool(False))
     scale = opt_prop_def(FloatAttr)
     enable_gqa = prop_def(BoolAttr, _bool(False))
+    masked_rows = prop_def(StringAttr, StringAttr("zero"))
     traits = traits_def(Pure(), MANY_TO_MANY)
     assembly_format = (
         "$query `,` $key `,` $value (`mask` $mask^)? attr-dict `:` type($query) `,` type($key) `,` type($value)"
@@ -480,9 +488,13 @@ class SDPAOp(IRDLOperation):
     )
     irdl_options = (ParsePropInAttrDict(),)
 
-    def __init__(self, q, k, v, mask=None, is_causal=False, scale: float | None = None, enable_gqa=False):
+    def __init__(
+        self, q, k, v, mask=None, is_causal=False, scale: float | None = None, enable_gqa=False, masked_rows="zero"
+    ):
         out = [*shape_of(q)[:-1], shape_of(v)[-1]]
-        props: dict[str, Attribute] = {"is_causal": _bool(is_causal), "enable_gqa": _bool(enable_gqa)}
+        props: dict[str, Attribute] = {
+            "is_causal": _bool(is_causal), "enable_gqa": _bool(enable_gqa), "masked_rows": StringAttr(masked_rows)
+        }
         if scale is not None:
             props["scale"] = _float(scale)
         super().__init__(operands=[q, k, v, mask], result_types=[TensorType(elem_of(q), out)], properties=props)
@@ -499,6 +511,11 @@ class SDPAOp(IRDLOperation):
     def gqa(self) -> bool:
         return bool(self.enable_gqa.value.data)
 
+    @property
+    def nan_rows(self) -> bool:
+        """Fully masked rows give NaN (the explicit softmax form), not 0 (SDPA's)."""
+        return self.masked_rows.data == "nan"
+
     def verify_(self):
         q, k, v = shape_of(self.query), shape_of(self.key), shape_of(self.value)
         if not (len(q) == len(k) == len(v) >= 3):
@@ -510,6 +527,8 @@ class SDPAOp(IRDLOperation):
             raise VerifyException(f"dl.sdpa: {hq} query heads vs {hk} key heads needs enable_gqa and divisibility")
         if len({elem_of(self.query), elem_of(self.key), elem_of(self.value)}) != 1:
             raise VerifyException("dl.sdpa: q, k and v must share an element type")
+        if self.masked_rows.data not in MASKED_ROWS:
+            raise VerifyException(f"dl.sdpa: masked_rows must be one of {MASKED_ROWS}, got {self.masked_rows.data!r}")
         if self.mask is not None:
             m = shape_of(self.mask)
             if broadcast_shapes(m, (*q[:-1], k[-2])) != (*q[:-1], k[-2]):
@@ -524,9 +543,14 @@ class SDPAOp(IRDLOperation):
             keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
             mask = mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
             causal = False
-        return F.scaled_dot_product_attention(
+        out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale, enable_gqa=self.gqa
         )
+        if self.nan_rows and mask is not None:
+            masked = ~mask if mask.dtype == torch.bool else mask == float("-inf")
+            empty = masked.expand(*out.shape[:-1], k.shape[-2]).all(-1, keepdim=True)
+            out = out.masked_fill(empty, float("nan"))
+        return out
 
 
 @irdl_op_definition

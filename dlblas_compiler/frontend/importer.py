@@ -14,6 +14,7 @@ would observe through a view is refused with the op's source line.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,11 @@ class Imported:
     # in-place writes to copy back after each call: ("input", placeholder index, result index) or
     # ("param", param name, result index); those results follow the outputs
     writes: list[tuple[str, Any, int]] = field(default_factory=list)
+    # per output value (result index): what eager's output shares storage with, as ("input", placeholder
+    # index), ("param", name) or ("output", earlier result index); None where eager's value is unknown
+    eager_aliases: list[frozenset | None] = field(default_factory=list)
+    # per output value: eager's output is a contiguous tensor (a compiled one must be too: `.view` works on it)
+    contiguous: list[bool] = field(default_factory=list)
 
 
 def _safe_name(name: str) -> str:
@@ -172,6 +178,10 @@ class Importer:
                 arg = next(args)
                 arg.name_hint = _safe_name(str(n.target))
                 self.env[n] = arg
+                same = next((m for m, u in zip(placeholders[:i], self.inputs) if _same_view(u, v)), None)
+                if same is not None:  # the same tensor passed twice: one value, a write to either updates both
+                    self.alias_base[n] = self.alias_base.get(same, same)
+                    self.env[n] = self.env[same]
             else:
                 self.env[n] = v
         out_node = None
@@ -182,15 +192,24 @@ class Importer:
                 out_node = n
                 continue
             self._convert(n, values[n])
-        leaves, spec = self.captured.output_leaves()
-        results, out_leaves = [], []
-        for leaf in leaves:
-            v = self.env[leaf] if isinstance(leaf, torch.fx.Node) else leaf
+        assert out_node is not None
+        # the output structure with every node replaced by its value: SSA values (possibly inside containers a
+        # converter or a container constructor returned) and their eager example values, flattened in step
+        leaves, spec = pytree.tree_flatten(_plain(out_node.args[0], self.env), is_leaf=_is_ssa)
+        fakes = pytree.tree_leaves(_plain(out_node.args[0], self.values))
+        if len(fakes) != len(leaves):
+            fakes = [None] * len(leaves)
+        results, out_leaves, out_fakes = [], [], []
+        for v, fake in zip(leaves, fakes):
             if isinstance(v, SSAValue):
                 out_leaves.append(("value", len(results)))
                 results.append(v)
+                out_fakes.append(fake if isinstance(fake, torch.Tensor) else None)
+            elif isinstance(fake, torch.Tensor):
+                raise FrontendError(f"an output holds a tensor inside a {type(v).__name__} that cannot be flattened")
             else:
                 out_leaves.append(("const", v))
+        eager_aliases, contiguous = self._output_layouts(out_fakes, placeholders, param_placeholders)
         writes = []
         for node, v in self.written.items():
             if node.op == "placeholder":
@@ -204,11 +223,38 @@ class Importer:
         fn = func.FuncOp("forward", (arg_types, [r.type for r in results]), Region(block))
         module = ModuleOp([fn])
         module.verify()
-        assert out_node is not None
         return Imported(
             module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
-            param_placeholders, writes,
+            param_placeholders, writes, eager_aliases, contiguous,
         )  # fmt: skip
+
+    def _output_layouts(
+        self, fakes: list, placeholders: list, param_placeholders: dict[int, str]
+    ) -> tuple[list[frozenset | None], list[bool]]:
+        """From eager's example outputs: what each shares storage with (inputs, parameters, earlier outputs)
+        and whether it is contiguous."""
+        owners: dict[int, set] = {}
+        for i, n in enumerate(placeholders):
+            if (st := _storage(self.values.get(n))) is not None:
+                owners.setdefault(st, set()).add(("input", i))
+        for n in self.gm.graph.nodes:
+            name = self.param_ids.get(id(self._get_attr(n.target))) if n.op == "get_attr" else None
+            if name is not None and (st := _storage(self.values.get(n))) is not None:
+                owners.setdefault(st, set()).add(("param", name))
+        for i, name in param_placeholders.items():
+            if (st := _storage(self.values.get(placeholders[i]))) is not None:
+                owners.setdefault(st, set()).add(("param", name))
+        aliases, contiguous, seen = [], [], {}
+        for j, f in enumerate(fakes):
+            st = _storage(f)
+            if st is None:
+                aliases.append(None)
+                contiguous.append(False)
+                continue
+            aliases.append(frozenset(owners.get(st, set()) | {("output", k) for k in seen.get(st, [])}))
+            seen.setdefault(st, []).append(j)
+            contiguous.append(f.numel() > 0 and f.is_contiguous())
+        return aliases, contiguous
 
     # -- parameters -------------------------------------------------------------------------
     def _param_name(self, name: str, t: torch.Tensor) -> str:
@@ -255,10 +301,17 @@ class Importer:
         if written is not None and isinstance(self.values.get(written), torch.Tensor):  # (n += 1 on an int is no write)
             self._convert_inplace(n, value, written)
             return
+        register_dataclasses(value)
         if not _has_tensor(value):  # sizes, dtypes, asserts: known at compile time
             self.env[n] = value
             return
         args, kwargs = self._resolve(n.args), self._resolve(n.kwargs)
+        if n.op == "call_function" and _container_type(n.target):
+            try:  # a namedtuple / dataclass grouping values: built here around the SSA values
+                self.env[n] = n.target(*_plain(args, {}), **_plain(kwargs, {}))  # fx's immutable lists: plain
+                return
+            except Exception:  # noqa: BLE001 - a constructor that inspects its fields runs in PyTorch instead
+                pass
         if not _has_ssa((args, kwargs)):
             # A tensor made from nothing (torch.arange, torch.ones...): recomputed by torch on every call.
             self.env[n] = self._torch_call(n, value)
@@ -370,6 +423,7 @@ class Importer:
         """`n` run by PyTorch. With `clone` (a node that `n` writes in place), the call writes a copy of
         that tensor instead and returns the copy: its new value."""
         flat_in: list[SSAValue] = []
+        contiguous: dict[SSAValue, bool] = {}  # eager's value of the input is contiguous
 
         def slot(v):
             if isinstance(v, (SSAValue, _Written)):
@@ -377,10 +431,15 @@ class Importer:
                 return _Slot(len(flat_in) - 1, isinstance(v, _Written))
             return v
 
+        def value_of(m: torch.fx.Node):
+            v, example = self.env[m], self.values.get(m)
+            for leaf, ex in zip(pytree.tree_leaves(v, is_leaf=_is_ssa), pytree.tree_leaves(example)):
+                if isinstance(leaf, SSAValue) and isinstance(ex, torch.Tensor):
+                    contiguous[leaf] = ex.is_contiguous()
+            return _Written(v) if m is clone else v
+
         def resolve(a):
-            if clone is None:
-                return self._resolve(a)
-            return torch.fx.node.map_arg(a, lambda m: _Written(self.env[m]) if m is clone else self.env[m])
+            return torch.fx.node.map_arg(a, value_of)
 
         leaf = lambda v: isinstance(v, (SSAValue, _Written))  # noqa: E731
         args = pytree.tree_map(slot, resolve(n.args), is_leaf=leaf)
@@ -392,8 +451,17 @@ class Importer:
             if not has_xdsl_dtype(leaves[i].dtype):
                 raise FrontendError(f"node '{n.name}' produces dtype {leaves[i].dtype}, which dlblas_compiler does not support")
 
-        def call(*tensors, _t=target, _a=args, _k=kwargs, _pos=tensor_pos, _clone=clone is not None):
+        # an opaque op may depend on strides (`.view` after a `.contiguous()` the IR drops): an input eager had
+        # contiguous is made contiguous first
+        dense = tuple(i for i, v in enumerate(flat_in) if contiguous.get(v))
+
+        def call(*tensors, _t=target, _a=args, _k=kwargs, _pos=tensor_pos, _clone=clone is not None, _dense=dense):
             copies: dict[int, torch.Tensor] = {}
+            if _dense:
+                tensors = list(tensors)
+                for i in _dense:
+                    if not tensors[i].is_contiguous():
+                        tensors[i] = tensors[i].contiguous()
 
             def fill(v):
                 if not isinstance(v, _Slot):
@@ -427,6 +495,59 @@ class Importer:
             return self.gm.get_submodule(n.target)
         name = n.target
         return lambda self_, *a, **k: getattr(self_, name)(*a, **k)
+
+
+def _same_view(a: Any, b: Any) -> bool:
+    """Two input tensors that are the same view of one storage (`cm(x, x)`)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if a is b:
+        return True
+    return a.device.type != "meta" and (
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel() > 0
+        and a.storage_offset() == b.storage_offset() and a.shape == b.shape and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
+
+
+def _is_ssa(v: Any) -> bool:
+    return isinstance(v, SSAValue)
+
+
+def _plain(a: Any, table: dict) -> Any:
+    """An FX argument structure with each node replaced by table[node], fx's immutable lists and dicts turned
+    into the plain ones eager returns (tuples, namedtuples and other values kept)."""
+    if isinstance(a, torch.fx.Node):
+        return table.get(a)
+    if isinstance(a, list):
+        return [_plain(x, table) for x in a]
+    if isinstance(a, dict):
+        return {k: _plain(v, table) for k, v in a.items()}
+    if isinstance(a, tuple):
+        items = [_plain(x, table) for x in a]
+        return type(a)(*items) if hasattr(a, "_fields") else tuple(items)
+    return a
+
+
+def _container_type(target: Any) -> bool:
+    """A namedtuple or dataclass type: building one from tensors only groups them (no computation)."""
+    return isinstance(target, type) and (dataclasses.is_dataclass(target) or (issubclass(target, tuple) and hasattr(target, "_fields")))
+
+
+def register_dataclasses(value: Any) -> None:
+    """Make the dataclass instances inside `value` (outputs such as `Out(logits=..., loss=...)`) pytree nodes,
+    so their tensors flatten like a tuple's (torch.export's `register_dataclass`, process-wide)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if type(value) not in pytree.SUPPORTED_NODES:
+            pytree.register_dataclass(type(value))
+        for f in dataclasses.fields(value):
+            register_dataclasses(getattr(value, f.name, None))
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            register_dataclasses(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            register_dataclasses(v)
 
 
 @dataclass(frozen=True)

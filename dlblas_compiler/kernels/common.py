@@ -3,7 +3,7 @@
 The kernels are decorated once, at import (compiled kernels, unless TRITON_INTERPRET=1 was set before triton was
 first imported). `launch` runs them on CUDA tensors as they are, and on CPU tensors through the Triton
 interpreter: an interpreted twin of the kernel, launched while triton.language's own jit helpers (`tl.sum`,
-`tl.cumsum`, ...) are swapped for interpreted twins (`codegen.kernel.interpreted_stdlib`, shared with the
+`tl.cumsum`, ...) are swapped for interpreted twins (`codegen.kernel.interpreted`, shared with the
 compiler's generated kernels). Triton 3.6 fixes compiled-vs-interpreted when a function is decorated, so without
 this a CPU launch would depend on the environment and the import order of the whole process.
 """
@@ -27,12 +27,12 @@ def launch(kernel: Any, grid: Sequence[int], device: torch.device, *args: Any, *
         return
     from triton.runtime.interpreter import InterpretedFunction
 
-    from ..codegen.kernel import interpreted_stdlib
+    from ..codegen.kernel import interpreted
 
     twin = kernel if isinstance(kernel, InterpretedFunction) else _TWINS.get(kernel)
     if twin is None:
         twin = _TWINS[kernel] = InterpretedFunction(kernel.fn)
-    with interpreted_stdlib():
+    with interpreted():
         twin[grid](*args, **kwargs)
 
 
@@ -42,5 +42,8 @@ def next_pow2(n: int) -> int:
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """`tl.dot` input precision matching torch's matmul: exact fp32 ("ieee", not TF32); irrelevant otherwise."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """`tl.dot` input precision matching torch's matmul for fp32 (IEEE unless TF32 is allowed); irrelevant
+    otherwise."""
+    from ..codegen.device import fp32_dot_precision
+
+    return fp32_dot_precision() if dtype == torch.float32 else "tf32"

@@ -6,13 +6,14 @@
   concatenated weight, followed by slices of its output (one pass over the activations, one GEMM);
 - FlashNorm: when a normalized value feeds only linears, (x*r*g) @ W^T = (x*r) @ (W*g)^T, so the norm
   weight folds into the weight and the norm left is a pure per-row scale (fusable into the GEMM);
-- scalar chains: (x*a)*b = x*(a*b), (x+a)+b = x+(a+b), x*1 = x, x+0 = x;
+- scalar chains: (x*a)*b = x*(a*b), (x+a)+b = x+(a+b), x*1 = x, x+(-0.0) = x (not x+0.0: -0.0+0.0 is +0.0);
 - layout: reshape(reshape(x)) = reshape(x), permute(permute(x)) = permute(x), no-op reshapes/permutes.
 Weight-only subexpressions (dl.cat / dl.mul of parameters) are evaluated once at load time by the runtime.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -146,12 +147,13 @@ class FoldScalarChains(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter):
         if not isinstance(op, (MulOp, AddOp)):
             return
-        unit = 1.0 if isinstance(op, MulOp) else 0.0
         for x, c in operand_pairs(op):
             k = scalar(c)
             if k is None:
                 continue
-            if k == unit and x.type == op.result.type:
+            # x * 1 = x exactly; x + 0 is not (-0.0 + 0.0 = +0.0), x + (-0.0) is
+            unit = k == 1.0 if isinstance(op, MulOp) else (k == 0.0 and math.copysign(1.0, k) < 0)
+            if unit and x.type == op.result.type:
                 rewriter.replace(op, [], [x])
                 return
             inner = producer(x, type(op))

@@ -171,6 +171,24 @@ def explain_unfused(plan: Plan) -> None:
         plan.not_fused.append(f"not fused: {name}: {why}")
 
 
+def _sorted_ops(plan: Plan, ops) -> list[Operation]:
+    return sorted(set(ops), key=plan.order.__getitem__)
+
+
+def cannot_lower(pattern: FusionPattern, ops: list[Operation]) -> str | None:
+    """Why the template a pattern names cannot lower these ops (None when it can, or for a callable)."""
+    from ..codegen.lower import TEMPLATES
+    from .builtin_patterns import external_inputs
+
+    if not isinstance(pattern.lowering, str) or pattern.lowering not in TEMPLATES:
+        return None
+    try:
+        res = TEMPLATES[pattern.lowering][0](ops, external_inputs(ops))
+    except Exception:  # noqa: BLE001 - a template bug: the region forms, and lowering reports it (fallback)
+        return None
+    return res if isinstance(res, str) else None
+
+
 def sink_views(plan: Plan) -> None:
     """Move a view (reshape, permute, slice, broadcast) whose users all sit in one region into that
     region, when its template can read the operand through the view's strides."""
@@ -293,6 +311,10 @@ class FusePass(ModulePass):
                     found = pattern.matcher(o, plan)
                     if found:
                         ops, profile = found if isinstance(found, tuple) else (found, False)
+                        why = cannot_lower(pattern, _sorted_ops(plan, ops))
+                        if why:  # a template refuses at planning time what it cannot lower
+                            plan.not_fused.append(f"{pattern.name} at {o.name} %{o.results[0].name_hint if o.results else ''}: {why}")
+                            continue
                         if not plan.claim(pattern, ops, profile):
                             plan.not_fused.append(f"{pattern.name} at {o.name} %{o.results[0].name_hint if o.results else ''}: region not convex or ops taken")
             sink_views(plan)

@@ -71,15 +71,15 @@ def _discard(op: Operation) -> None:
     op.erase()
 
 
-def _install(rewriter: PatternRewriter, new: Operation, old: SSAValue, verify: bool = False) -> bool:
-    """Replace the op defining `old` by the candidate `new` when `new` verifies (if asked) and has `old`'s
-    type, keeping the user-facing name; otherwise discard `new`. True when installed."""
-    if verify:
-        try:
-            new.verify()
-        except Exception:  # noqa: BLE001 - the candidate's operands do not fit (e.g. cos/sin shapes)
-            _discard(new)
-            return False
+def _install(rewriter: PatternRewriter, new: Operation, old: SSAValue) -> bool:
+    """Replace the op defining `old` by the candidate `new` when `new` verifies and has `old`'s type, keeping
+    the user-facing name; otherwise discard `new` and leave the code as it was (a recognizer that cannot
+    raise an op leaves it alone). True when installed."""
+    try:
+        new.verify()
+    except Exception:  # noqa: BLE001 - the candidate's operands do not fit (a gain of shape [1], cos/sin shapes)
+        _discard(new)
+        return False
     if new.results[0].type != old.type:
         _discard(new)
         return False
@@ -147,15 +147,16 @@ def _normalized(op: MulOp | DivOp) -> tuple[SSAValue, float] | None:
     return (op.lhs, eps) if eps is not None else None
 
 
-def _weight(v: SSAValue) -> tuple[SSAValue, float] | None:
-    """(w, offset) for a rank-1 weight spelled w, w.float() or (1 + w)."""
+def _weight(v: SSAValue, n: int) -> tuple[SSAValue, float] | None:
+    """(w, offset) for a weight of shape [n] spelled w, w.float() or (1 + w) (a gain of another shape, [1]
+    say, stays a multiplication after the norm)."""
     add = producer(v, AddOp)
     if add is not None:
         for c, w in operand_pairs(add):
-            if scalar(c) == 1.0 and len(shape(w)) == 1:
+            if scalar(c) == 1.0 and shape(w) == (n,):
                 return w, 1.0
         return None
-    return (v, 0.0) if len(shape(v)) == 1 else None
+    return (v, 0.0) if shape(v) == (n,) else None
 
 
 class RecognizeRMSNorm(RewritePattern):
@@ -174,7 +175,7 @@ class RecognizeRMSNorm(RewritePattern):
         weight = None
         if wmul is not None:
             other = wmul.rhs if wmul.lhs == v else wmul.lhs
-            weight = _weight(other)
+            weight = _weight(other, shape(n)[-1])
             if weight is not None and not (other == weight[0] or other.has_one_use()):
                 weight = None
         if weight is None:
@@ -268,7 +269,7 @@ class RecognizeRotary(RewritePattern):
                     layout = _rotated(rot, x)
                     if layout is None or not rot.has_one_use():
                         continue
-                    if _install(rewriter, RotaryOp(x, cos, sin, layout), op.result, verify=True):
+                    if _install(rewriter, RotaryOp(x, cos, sin, layout), op.result):
                         return
 
 
@@ -396,7 +397,9 @@ class RecognizeAttention(RewritePattern):
             return
         if (gk == 1 and shape(k) != shape(tr.input)) or math.isnan(scale) or scale <= 0:
             return
-        _install(rewriter, SDPAOp(q, k, v0, mask, False, scale, gk > 1), op.result, verify=True)
+        # softmax of a row that the mask empties is NaN; SDPA's is 0: the op keeps the explicit form's NaN
+        masked_rows = "nan" if mask is not None else "zero"
+        _install(rewriter, SDPAOp(q, k, v0, mask, False, scale, gk > 1, masked_rows), op.result)
 
 
 RECOGNIZERS: list[type[RewritePattern]] = [

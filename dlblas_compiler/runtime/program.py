@@ -26,7 +26,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
-from ..codegen.kernel import Kernel, interpreted_stdlib
+from ..codegen.kernel import Kernel, interpreted
 from ..codegen.lower import CallableLowering, LoweringError, lower_region, region_ops
 from ..dialects import ConstantOp, FusedOp, MoEOp, ParamOp, TorchCallOp
 from ..errors import CompileError
@@ -90,7 +90,7 @@ class RegionStep:
 
     def launch(self, tensors: list, config: dict) -> list:
         if self.interpret:
-            with interpreted_stdlib():
+            with interpreted():
                 return self.kernel.launch(self.compiled, tensors, config)
         return self.kernel.launch(self.compiled, tensors, config)
 
@@ -202,7 +202,7 @@ class Program:
 
     def _refresh_consts(self) -> list[torch.Tensor]:
         # an in-place update bumps a tensor's version; `p.data = t` gives it new storage
-        versions = [tuple((t._version, t.data_ptr()) for t in srcs) for _, _, srcs in self.consts]
+        versions = [tuple((_version(t), t.data_ptr()) for t in srcs) for _, _, srcs in self.consts]
         if self._const_values is None or versions != self._const_versions:
             with torch.no_grad():
                 self._const_values = [fn() for _, fn, _ in self.consts]
@@ -468,6 +468,12 @@ class Builder:
             step.choice.impl = "reference"
             step.choice.reason = "a lone GEMM runs on cuBLAS unless tuning measures the kernel faster"
         return step
+
+
+def _version(t: torch.Tensor) -> int:
+    """The version counter; inference tensors (made under torch.inference_mode) keep none: an in-place update
+    of one is not seen, like a write through `.data`."""
+    return -1 if t.is_inference() else t._version
 
 
 def _as_tuple(x) -> tuple:

@@ -1,7 +1,9 @@
 // RUN: dl-opt %s -p recognize,algebraic,cse,dce | filecheck %s
 // Horizontal fusion (q/k share an input: one GEMM on the concatenated weight, then slices), FlashNorm
 // (the norm weight folds into that weight), but not for a norm whose value has a non-linear user;
-// scalar chains fold ((x*2)*3 + 0 = x*6); reshape/transpose chains collapse.
+// scalar chains fold ((x*2)*3 + -0.0 = x*6, while y + 0.0 stays: -0.0 + 0.0 is +0.0); reshape/transpose chains
+// collapse.
+// CHECK:      %zero = dl.constant 0.000000e+00
 // CHECK:      %[[N:.*]] = dl.rms_norm %x {eps = 1.000000e-06 : f64} : tensor<8x16xf32> -> tensor<8x16xf32>
 // CHECK-NEXT: %[[C:.*]] = dl.cat %q_weight, %k_weight {dim = 0 : i64}
 // CHECK-NEXT: %[[W:.*]] = dl.mul %[[C]], %n_weight
@@ -12,11 +14,12 @@
 // CHECK-NEXT: dl.linear %[[N2]], %o_weight
 // CHECK:      %[[SIX:.*]] = dl.constant 6.000000e+00 : f64 : tensor<f32>
 // CHECK-NEXT: dl.mul %x, %[[SIX]]
+// CHECK-NEXT: dl.add %x, %zero
 // CHECK-NEXT: dl.reshape %x : tensor<8x16xf32> -> tensor<32x4xf32>
 // CHECK-NOT:  dl.permute
 
 builtin.module {
-  func.func @forward(%x: tensor<8x16xf32>) -> (tensor<8x8xf32>, tensor<8x4xf32>, tensor<8x8xf32>, tensor<8x16xf32>, tensor<32x4xf32>) {
+  func.func @forward(%x: tensor<8x16xf32>) -> (tensor<8x8xf32>, tensor<8x4xf32>, tensor<8x8xf32>, tensor<8x16xf32>, tensor<32x4xf32>, tensor<8x16xf32>) {
     %pow = dl.pow %x {exponent = 2.000000e+00 : f64} : tensor<8x16xf32>
     %mean = dl.reduce_mean %pow {dims = array<i64: 1>, keepdim = true} : tensor<8x16xf32> -> tensor<8x1xf32>
     %add = dl.constant 1.000000e-06 : f64 : tensor<f32>
@@ -45,12 +48,14 @@ builtin.module {
     %mul_5 = dl.mul %x, %mul_4 : (tensor<8x16xf32>, tensor<f32>) -> tensor<8x16xf32>
     %mul_6 = dl.constant 3.000000e+00 : f64 : tensor<f32>
     %mul_7 = dl.mul %mul_5, %mul_6 : (tensor<8x16xf32>, tensor<f32>) -> tensor<8x16xf32>
-    %add_5 = dl.constant 0.000000e+00 : f64 : tensor<f32>
+    %add_5 = dl.constant -0.000000e+00 : f64 : tensor<f32>
     %add_6 = dl.add %mul_7, %add_5 : (tensor<8x16xf32>, tensor<f32>) -> tensor<8x16xf32>
+    %zero = dl.constant 0.000000e+00 : f64 : tensor<f32>
+    %add_7 = dl.add %x, %zero : (tensor<8x16xf32>, tensor<f32>) -> tensor<8x16xf32>
     %view = dl.reshape %x : tensor<8x16xf32> -> tensor<8x4x4xf32>
     %view_1 = dl.reshape %view : tensor<8x4x4xf32> -> tensor<32x4xf32>
     %transpose = dl.permute %view_1 {perm = array<i64: 1, 0>} : tensor<32x4xf32> -> tensor<4x32xf32>
     %transpose_1 = dl.permute %transpose {perm = array<i64: 1, 0>} : tensor<4x32xf32> -> tensor<32x4xf32>
-    func.return %q, %k, %add_4, %add_6, %transpose_1 : tensor<8x8xf32>, tensor<8x4xf32>, tensor<8x8xf32>, tensor<8x16xf32>, tensor<32x4xf32>
+    func.return %q, %k, %add_4, %add_6, %transpose_1, %add_7 : tensor<8x8xf32>, tensor<8x4xf32>, tensor<8x8xf32>, tensor<8x16xf32>, tensor<32x4xf32>, tensor<8x16xf32>
   }
 }

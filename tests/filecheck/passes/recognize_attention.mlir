@@ -1,6 +1,6 @@
 // RUN: dl-opt %s -p recognize,dce | filecheck %s
 // softmax(q k^T / 4 + mask) v with repeat_kv'd k and v (and the fp32 softmax cast) raises to dl.sdpa with GQA.
-// CHECK:      dl.sdpa %q, %k, %v mask %mask {enable_gqa = true, scale = 2.500000e-01 : f64}
+// CHECK:      dl.sdpa %q, %k, %v mask %mask {enable_gqa = true, masked_rows = "nan", scale = 2.500000e-01 : f64}
 // CHECK-SAME: tensor<1x4x5x16xf32>, tensor<1x2x5x16xf32>, tensor<1x2x5x16xf32>, tensor<5x5xf32> -> tensor<1x4x5x16xf32>
 // CHECK-NOT:  dl.matmul
 // CHECK-NOT:  dl.softmax

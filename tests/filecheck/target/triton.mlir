@@ -2,7 +2,7 @@
 // `-t triton` prints the generated kernel of every dl.fused region, in program order, as the file that
 // dump_ir writes: a header naming the kernel, the region's IR as a comment, then the @triton.jit function.
 // Here: RMSNorm -> linear -> SiLU becomes one GEMM (the norm's statistics in the prologue, SiLU in the
-// epilogue), and the softmax of its output one row kernel.
+// epilogue; fp32 dots in IEEE precision, as torch's default allows no TF32), and the softmax of its output one row kernel.
 
 // CHECK:      # ---- region 0: gemm (gemm_0)
 // CHECK-NEXT: # dlblas_compiler kernel gemm_0 (source hash {{[0-9a-f]+}})
@@ -15,7 +15,7 @@
 // CHECK:          BLOCK_K: tl.constexpr
 // CHECK:          for k0 in range(
 // CHECK:              a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)
-// CHECK:              acc0 = tl.dot(a, b0, acc0)
+// CHECK:              acc0 = tl.dot(a, b0, acc0, input_precision="ieee")
 // CHECK:              v1 = (y0 * tl.sigmoid(y0))
 // CHECK:              tl.store(out0_ptr
 // CHECK:      # ---- region 1: row (row_1)

@@ -1,0 +1,519 @@
+"""Everyday inputs that once gave wrong answers or crashed: padded attention masks, dropped `.contiguous()`,
+outputs aliasing what eager keeps separate, structured outputs, inference mode, a tensor passed twice,
+train/eval after compile, fp32 precision (TF32), bf16 under the interpreter, shapes the recognizer and
+the templates must refuse, and calls that need gradients. One test (or one parametrized family) per item of
+docs/bad-inputs.md's "everyday inputs" table; each compares with eager on fresh random inputs."""
+
+import collections
+import dataclasses
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dlblas_compiler as dc
+from dlblas_compiler.models import randomize_
+from dlblas_compiler.numerics import rel_error
+
+from .hf import llama_config
+
+BACKENDS = ["reference", "interpret"]
+
+
+def _x(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _run(model, *args, backend="interpret", **opts):
+    """Compile and call under no_grad; return (compiled module, output, dlblas_compiler warnings)."""
+    cm = dc.compile(model, backend=backend, **opts)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = cm(*args)
+    return cm, out, [str(w.message) for w in caught if "dlblas_compiler" in str(w.message)]
+
+
+def _impls(cm) -> dict[str, str]:
+    return {k["pattern"]: k["impl"] for k in cm._spec().executor.kernel_summaries()}
+
+
+def _same_values(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    """NaN exactly where eager has NaN, finite values within `tol` (relative, norm-wise)."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert torch.equal(out.isnan(), ref.isnan()), (out.isnan().sum(), ref.isnan().sum())
+    keep = ~ref.isnan()
+    assert rel_error(out[keep], ref[keep]) <= tol
+
+
+# -- 1. fully masked attention rows -----------------------------------------------------------------------
+
+
+class SDPA(nn.Module):
+    def forward(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class ExplicitAttention(nn.Module):
+    def forward(self, q, k, v, mask):
+        s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + mask
+        return torch.softmax(s, dim=-1) @ v
+
+
+def _masks(s: int, l_: int):
+    """Row 1 fully masked, row 2 keeps one key; as bool (True = keep) and additive (-inf)."""
+    keep = torch.rand(1, 1, s, l_, generator=torch.Generator().manual_seed(3)) > 0.4
+    keep[..., 0] = True
+    keep[..., 1, :] = False
+    keep[..., 2, :] = False
+    keep[..., 2, 5] = True
+    return keep, torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("head_dim", [16, 12])  # 16: the attention kernel; 12: its reference (no template)
+@pytest.mark.parametrize("form", ["sdpa_bool", "sdpa_additive", "explicit_additive"])
+def test_fully_masked_rows_follow_eager_in_both_spellings(form, head_dim, backend):
+    """SDPA gives 0 on a row with every key masked out (torch >= 2.5); softmax(q k^T s + mask) v gives NaN.
+    The explicit form is raised to dl.sdpa and keeps its NaN (masked_rows = "nan")."""
+    q, k, v = (_x(2, 3, 9, head_dim, seed=i) for i in range(3))
+    keep, additive = _masks(9, 9)
+    model = ExplicitAttention() if form == "explicit_additive" else SDPA()
+    mask = keep if form == "sdpa_bool" else additive
+    ref = model(q, k, v, mask)
+    assert ref[:, :, 1].isnan().all() == (form == "explicit_additive") and not ref[:, :, 0].isnan().any()
+    cm, out, warned = _run(model, q, k, v, mask, backend=backend, strict=head_dim == 16)
+    _same_values(out, ref, 1e-5)
+    assert "dl.sdpa" in cm.ir("after:recognize")
+    if backend == "interpret" and head_dim == 16:
+        assert _impls(cm) == {"attention": "kernel"} and not warned
+
+
+def test_additive_mask_at_the_dtype_minimum_is_a_softmax_not_a_masked_row():
+    """HF's eager masks use finfo.min, not -inf: a row of them is a uniform softmax in eager. Scaled to log2
+    units finfo(float32).min overflows to -inf; the kernel keeps such scores in natural units."""
+    q, k, v = (_x(1, 2, 8, 16, seed=i) for i in range(3))
+    mask = torch.zeros(1, 1, 8, 8)
+    mask[..., 3, :] = torch.finfo(torch.float32).min
+    mask[..., 5, 2:] = torch.finfo(torch.float32).min
+    cm, out, warned = _run(SDPA(), q, k, v, mask, strict=True)
+    ref = SDPA()(q, k, v, mask)
+    assert _impls(cm) == {"attention": "kernel"} and torch.isfinite(out).all()
+    assert rel_error(out, ref) <= 1e-5
+
+
+def _padded_llama():
+    from transformers import LlamaForCausalLM
+
+    model = randomize_(LlamaForCausalLM(llama_config()), 0).eval()
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    return model, ids, mask
+
+
+def test_hf_llama_left_padded_batch_matches_eager_and_check_finds_no_error():
+    model, ids, mask = _padded_llama()
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask, use_cache=False).logits
+    cm = dc.compile(model, backend="interpret", check=True)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = cm(ids, attention_mask=mask, use_cache=False).logits
+    assert not [w for w in caught if "dlblas_compiler" in str(w.message)]
+    assert torch.isfinite(out).all() and rel_error(out, ref) <= 1e-5
+    assert "EXCEEDS" not in cm.report() and "attention" in _impls(cm)
+
+
+def test_hf_generate_on_a_left_padded_batch_gives_eagers_tokens():
+    model, ids, mask = _padded_llama()
+    kwargs = dict(attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        ref = model.generate(ids, **kwargs)
+        model.forward = torch.compile(model.forward, backend="dlblas", options={"backend": "interpret"})
+        try:
+            out = model.generate(ids, **kwargs)
+        finally:
+            del model.forward
+            torch._dynamo.reset()
+    assert torch.equal(out, ref)
+
+
+# -- 2. .contiguous() and .view ---------------------------------------------------------------------------
+
+
+class ShiftLabels(nn.Module):
+    """The loss code of HF causal LMs: a shifted slice made contiguous, then viewed (here on int labels)."""
+
+    def forward(self, logits, labels):
+        shift = labels[..., 1:].contiguous()
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), shift.view(-1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_contiguous_then_view_keeps_eagers_semantics(backend):
+    logits, labels = _x(2, 6, 10), torch.randint(0, 10, (2, 6), generator=torch.Generator().manual_seed(1))
+    _, out, _ = _run(ShiftLabels(), logits, labels, backend=backend)
+    assert torch.allclose(out, ShiftLabels()(logits, labels), rtol=1e-6)
+
+    class Returned(nn.Module):
+        def forward(self, x):
+            return x[:, 1:].contiguous(), x.t().contiguous() * 2
+
+    x = _x(4, 5)
+    _, (a, b), _ = _run(Returned(), x, backend=backend)
+    assert a.is_contiguous() and b.is_contiguous()
+    assert torch.equal(a.view(-1), x[:, 1:].reshape(-1)) and torch.equal(b.view(-1), (x.t() * 2).reshape(-1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hf_loss_with_labels_equals_eager(backend):
+    model, ids, _ = _padded_llama()
+    with torch.no_grad():
+        ref = model(ids, labels=ids, use_cache=False).loss
+        out = dc.compile(model, backend=backend)(ids, labels=ids, use_cache=False).loss
+    assert out.shape == () and abs(out.item() - ref.item()) <= 1e-5 * abs(ref.item())
+
+
+# -- 3. outputs alias only where eager's do ---------------------------------------------------------------
+
+
+class Identities(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(_x(5, seed=4))
+        self.a, self.b = nn.Parameter(_x(3, 5, seed=5)), nn.Parameter(_x(2, 5, seed=6))
+
+    def forward(self, x):
+        y = x * 3
+        return (x.clone(), x * 1.0, x + 0.0, x * 2, x * 2, y, y.clone(), self.w.clone(),
+                torch.cat([self.a, self.b]), x.view(-1))  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_alias_only_where_eagers_do(backend):
+    model, x = Identities().eval(), _x(4, 5)
+    cm = dc.compile(model, backend=backend)
+    with torch.no_grad():
+        outs = cm(x)
+    ref = model(x)
+    for o, r in zip(outs, ref):
+        assert torch.equal(o, r)
+    ptr = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+    fresh = outs[:9]
+    assert len({ptr(t) for t in fresh}) == len(fresh), "two outputs share storage where eager's do not"
+    assert ptr(x) not in {ptr(t) for t in fresh} and ptr(model.w) != ptr(outs[7])
+    w0, x0 = model.w.detach().clone(), x.clone()
+    for t in fresh:
+        t.add_(100.0)  # the caller writes its outputs: the model, the input and the next call do not change
+    assert torch.equal(model.w, w0) and torch.equal(x, x0)
+    with torch.no_grad():
+        again = cm(x)
+    for o, r in zip(again, ref):
+        assert torch.equal(o, r)
+
+
+# -- 4. structured outputs -----------------------------------------------------------------------------------
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+@dataclasses.dataclass
+class Out:
+    logits: torch.Tensor
+    extra: list
+
+
+class Structured(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.kind == "namedtuple":
+            return Pair(y + 1, y * 2)
+        if self.kind == "dataclass":
+            return Out(y, [y * 2, 3])
+        return {"a": y + 1, "b": [y * 2, (y * 3, None)]}
+
+
+def _same_structure(out, ref) -> None:
+    """Same container types all the way down (dataclass fields included), real tensors equal to eager's."""
+    assert type(out) is type(ref), (type(out), type(ref))
+    if isinstance(ref, torch.Tensor):
+        assert rel_error(out, ref) <= 1e-5
+    elif dataclasses.is_dataclass(ref):
+        for f in dataclasses.fields(ref):
+            _same_structure(getattr(out, f.name), getattr(ref, f.name))
+    elif isinstance(ref, dict):
+        assert out.keys() == ref.keys()
+        for k in ref:
+            _same_structure(out[k], ref[k])
+    elif isinstance(ref, (list, tuple)):
+        assert len(out) == len(ref)
+        for o, r in zip(out, ref):
+            _same_structure(o, r)
+    else:
+        assert out == ref
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["namedtuple", "dataclass", "dict"])
+def test_structured_outputs_have_eagers_types_with_real_tensors(kind, backend):
+    model, x = randomize_(Structured(kind)).eval(), _x(3, 6)
+    _, out, _ = _run(model, x, backend=backend)
+    ref = model(x)
+    _same_structure(out, ref)
+    if kind == "dict":
+        assert type(out["b"]) is list and type(out["b"][1]) is tuple
+        out["c"] = 1  # mutable, as eager's
+        out["b"].append(2)
+
+
+# -- 5. inference mode ----------------------------------------------------------------------------------------
+
+
+class QK(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False)
+
+    def forward(self, x):
+        return self.q(x) * self.k(x)  # one GEMM over the concatenated weight (a value the runtime keeps)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_model_built_and_called_under_inference_mode(backend):
+    with torch.inference_mode():
+        model = randomize_(QK())
+        x = _x(3, 8)
+        out = dc.compile(model, backend=backend)(x)
+        assert rel_error(out, model(x)) <= 1e-5
+
+
+# -- 6. the same tensor passed twice ------------------------------------------------------------------------
+
+
+class WritesFirst(nn.Module):
+    def forward(self, a, b):
+        a.mul_(2)
+        return a + b
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_tensor_twice_is_its_own_specialization(backend):
+    cm = dc.compile(WritesFirst(), backend=backend)
+    with torch.no_grad():
+        cm(_x(4), _x(4, seed=1))  # distinct tensors first
+        x, e = _x(4, seed=2), _x(4, seed=2)
+        out = cm(x, x)
+    ref = WritesFirst()(e, e)
+    assert torch.equal(out, ref) and torch.equal(x, e)  # 4x, and x written as in eager
+    assert cm.specializations == 2
+
+
+# -- 7. train() / eval() after compile -------------------------------------------------------------------
+
+
+class ModeBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Dropout(0.0)
+
+    def forward(self, x):
+        y = x * 2 if self.training else x * 3
+        return y + 1 if self.inner.training else y - 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_training_flags_are_part_of_the_specialization(backend):
+    model, x = ModeBranch(), _x(3)
+    cm = dc.compile(model, backend=backend)
+    with torch.no_grad():
+        for setup in (lambda: model.train(), lambda: model.eval(), lambda: model.inner.train(), lambda: model.train()):
+            setup()
+            assert torch.equal(cm(x), model(x))
+    assert cm.specializations == 3
+
+
+# -- 8. fp32 precision ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tf32():
+    before = torch.backends.cuda.matmul.allow_tf32
+    yield lambda on: setattr(torch.backends.cuda.matmul, "allow_tf32", on)
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_fp32_dots_are_ieee_unless_torch_allows_tf32(tf32):
+    """The generated GEMM and attention kernels follow torch's switch, as Inductor does; flipping it compiles
+    a new specialization."""
+    model = nn.Sequential(nn.Linear(16, 16), nn.GELU())
+    x = _x(4, 16)
+    cm = dc.compile(model, backend="interpret")
+    sources = []
+    for allow in (False, True):
+        tf32(allow)
+        with torch.no_grad():
+            cm(x)
+        sources.append(next(k for k in cm._spec().executor.steps if getattr(k, "kernel", None)).kernel.source)
+    assert 'input_precision="ieee"' in sources[0] and 'input_precision="tf32"' in sources[1]
+    assert cm.specializations == 2
+
+
+@pytest.mark.gpu
+def test_fp32_linear_on_the_gpu_is_ieee_exact(tf32):
+    tf32(False)
+    model = nn.Linear(512, 384).cuda().eval()
+    x = torch.randn(64, 512, device="cuda")
+    cm, out, _ = _run(model, x, backend="triton", prefer_kernels=True, cuda_graphs=False)
+    truth = F.linear(x.double(), model.weight.double(), model.bias.double())
+    assert _impls(cm) == {"gemm": "kernel"}
+    assert rel_error(out.double(), truth) <= 1e-6  # TF32 gives ~3e-4
+
+
+# -- 9. bf16 under the interpreter --------------------------------------------------------------------------
+
+
+def test_bf16_dot_under_the_interpreter_is_right():
+    import triton
+    import triton.language as tl
+
+    from dlblas_compiler.codegen.kernel import interpreted
+
+    @triton.jit
+    def dot16(a_ptr, b_ptr, c_ptr):
+        r = tl.arange(0, 16)
+        a = tl.load(a_ptr + r[:, None] * 16 + r[None, :])
+        b = tl.load(b_ptr + r[:, None] * 16 + r[None, :])
+        tl.store(c_ptr + r[:, None] * 16 + r[None, :], tl.dot(a, b))
+
+    a, b = _x(16, 16).bfloat16(), _x(16, 16, seed=1).bfloat16()
+    c = torch.empty(16, 16)
+    from triton.runtime.interpreter import InterpretedFunction
+
+    with interpreted():
+        InterpretedFunction(dot16.fn)[(1,)](a, b, c)
+    assert rel_error(c, a.float() @ b.float()) <= 1e-6
+
+
+class Bf16Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm_w = nn.Parameter(1 + 0.1 * _x(32, seed=7))
+        self.qkv = nn.Linear(32, 96, bias=False)
+        self.out = nn.Linear(32, 32, bias=False)
+
+    def forward(self, x):
+        h = x.float()
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.norm_w
+        q, k, v = self.qkv(h).view(1, -1, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(1, -1, 32)
+        return x + self.out(a), torch.softmax(x * 0.5, -1)
+
+
+def test_bf16_runs_right_under_the_interpreter():
+    """Norm + QKV GEMM, attention, o-proj + residual and a softmax in bf16, every region a kernel, each
+    within bf16's rounding of a float64 truth (and as close as eager's own bf16 result)."""
+    model = randomize_(Bf16Block()).eval()
+    x = _x(1, 12, 32)
+    cm, out, warned = _run(model.bfloat16(), x.bfloat16(), strict=True)
+    with torch.no_grad():
+        truth = model.double()(x.double())
+        eager = model.bfloat16()(x.bfloat16())
+    assert set(_impls(cm).values()) == {"kernel"} and not warned
+    for o, t, e in zip(out, truth, eager):
+        err, eager_err = (o.double() - t).abs().max().item(), (e.double() - t).abs().max().item()
+        assert err <= max(2 * eager_err, 4 * 2**-8 * t.abs().max().item()), (err, eager_err)
+
+
+# -- 10. shapes the recognizer and the templates must refuse -------------------------------------------------
+
+
+class ScalarGainRMSNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.g = nn.Parameter(torch.tensor([1.7]))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.g
+
+
+class HalfNormIntoFloatLinear(nn.Module):
+    """fp16 activations, fp32 norm gain and linear: the normed value is fp32 (type promotion), so the GEMM's
+    A operand before the norm (fp16) differs from its weight (fp32)."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = nn.Parameter(1 + 0.1 * _x(16, seed=2))
+        self.lin = nn.Linear(16, 8, bias=False)
+
+    def forward(self, x):
+        h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.lin(h.to(x.dtype) * self.g)
+
+
+@pytest.mark.parametrize(
+    "model, x",
+    [
+        (ScalarGainRMSNorm(), _x(3, 8)),
+        (nn.Linear(8, 4), _x(8)),  # a 1-D input: the GEMM template needs rows
+        (HalfNormIntoFloatLinear(), _x(3, 16).half()),
+    ],
+    ids=["gain_of_shape_1", "linear_on_1d_input", "fp16_into_fp32_linear"],
+)
+def test_what_a_template_cannot_lower_is_refused_at_planning_time(model, x):
+    """strict=True: nothing may fail after planning (a recognizer that cannot raise an op leaves it alone,
+    a template refuses what it cannot lower); the result equals eager."""
+    model = randomize_(model).eval()
+    for backend in BACKENDS:
+        cm, out, warned = _run(model, x, backend=backend, strict=True)
+        assert not warned and rel_error(out, model(x)) <= 1e-5
+
+
+# -- 11. gradients -----------------------------------------------------------------------------------------------
+
+
+def test_a_call_needing_gradients_runs_eagerly_with_one_warning():
+    model = randomize_(QK())
+    ref_model = randomize_(QK())
+    x = _x(3, 8)
+    cm = dc.compile(model, backend="interpret")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            out = cm(x)
+            out.sum().backward()
+    ref_model(x).sum().backward()
+    ref_model(x).sum().backward()
+    assert out.requires_grad
+    assert sum("gradients are needed" in str(w.message) for w in caught) == 1
+    for p, r in zip(model.parameters(), ref_model.parameters()):
+        assert torch.allclose(p.grad, r.grad, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # without gradients the compiled kernels run
+        cm(x)
+    assert set(_impls(cm).values()) == {"kernel"}
+
+
+def test_a_call_needing_gradients_under_strict_is_a_clear_error():
+    cm = dc.compile(randomize_(QK()), backend="interpret", strict=True)
+    with pytest.raises(dc.UnsupportedError, match="gradients are needed.*torch.no_grad"):
+        cm(_x(3, 8))
+    x = _x(3, 8).requires_grad_()
+    with pytest.raises(dc.UnsupportedError):
+        dc.compile(nn.Identity(), backend="interpret", strict=True)(x)
+
+
+def test_inputs_requiring_grad_with_a_frozen_model_run_eagerly():
+    model = randomize_(QK()).requires_grad_(False)
+    x = _x(3, 8).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = dc.compile(model, backend="interpret")(x)
+    out.sum().backward()
+    assert x.grad is not None and math.isfinite(x.grad.sum().item())
