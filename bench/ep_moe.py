@@ -91,7 +91,7 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, device: torch.device) -> list[dict]:
-    from dlblas_compiler.layers import EPMoE, moe_reference
+    from dlblas_compiler.library import EPMoE, moe_reference
 
     ws, rank = dist.get_world_size(), dist.get_rank()
     cuda = device.type == "cuda"

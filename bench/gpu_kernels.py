@@ -86,7 +86,7 @@ class _Runner:
 
 
 def _topk_case(T: int, E: int, k: int, dtype: torch.dtype, capacity: float | None, backward: bool) -> dict[str, Any]:
-    from dlblas_compiler.kernels import topk_gating, topk_gating_reference
+    from dlblas_compiler.library import topk_gating, topk_gating_reference
 
     logits = torch.randn(T, E, device="cuda", dtype=dtype)
     out, ref = topk_gating(logits, k, capacity), topk_gating_reference(logits.double(), k, capacity)
@@ -160,7 +160,7 @@ def _moe_weights(E: int, H: int, inter: int, dtype: torch.dtype) -> tuple[torch.
 
 
 def _moe_case(T: int, E: int, H: int, inter: int, k: int, dtype: torch.dtype, compile_: bool) -> dict[str, Any]:
-    from dlblas_compiler.kernels import fused_moe, fused_moe_reference
+    from dlblas_compiler.library import fused_moe, fused_moe_reference
 
     w_gate_up, w_down = _moe_weights(E, H, inter, dtype)
     x = torch.randn(T, H, device="cuda", dtype=dtype)
@@ -190,7 +190,7 @@ def _moe_case(T: int, E: int, H: int, inter: int, k: int, dtype: torch.dtype, co
 
 
 def _fp8_case(M: int, N: int, K: int, per_row: bool, out_dtype: torch.dtype, fast_accum: bool) -> dict[str, Any]:
-    from dlblas_compiler.kernels import fp8_gemm, fp8_gemm_reference, quantize_fp8
+    from dlblas_compiler.library import fp8_gemm, fp8_gemm_reference, quantize_fp8
 
     a = torch.randn(M, K, device="cuda")
     w = torch.randn(N, K, device="cuda") / K**0.5
@@ -304,7 +304,7 @@ def _lib_case(
 
 
 def _matmul_case(M: int, N: int, K: int, impl: str, dtype: torch.dtype) -> dict[str, Any]:
-    from dlblas_compiler.kernels import get_op, list_ops, matmul_reference
+    from dlblas_compiler.library import get_op, list_ops, matmul_reference
 
     a, w = _rand(M, K, dtype=dtype), _rand(N, K, dtype=dtype, scale=K**-0.5)
     b = w.t()  # an nn.Linear weight's transpose: what every implementation accepts

@@ -2,18 +2,24 @@
 
 from .api import CompiledModule, compile
 from .errors import CompileError, DLError, FrontendError, UnsupportedError
-from .kernels import get_op, list_ops, register_op
+from .fusion import P, register_fusion_pattern, register_template, unregister_fusion_pattern, unregister_template
+from .library import get_op, list_ops, register_op
+from .options import Options
 from .passes import DEFAULT_PIPELINE, PASSES, register_pass
-from .passes.patterns import P, register_fusion_pattern, unregister_fusion_pattern
+from .report import Report
 
 __all__ = [
     "compile",
     "CompiledModule",
+    "Options",
+    "Report",
     "get_op",
     "register_op",
     "list_ops",
     "register_fusion_pattern",
     "unregister_fusion_pattern",
+    "register_template",
+    "unregister_template",
     "P",
     "register_pass",
     "PASSES",

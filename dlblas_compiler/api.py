@@ -1,8 +1,8 @@
 """`compile()` and `CompiledModule`: capture, import, run the pipeline, lower, execute.
 
-A CompiledModule specializes on its input signature (tensor shapes, dtypes, devices and the
-non-tensor arguments); each signature is compiled once and cached. Outputs come back in the
-structure the model returns (tensors, tuples, dicts, None).
+A CompiledModule specializes on its input signature (tensor shapes, dtypes, devices, the non-tensor
+arguments, which inputs share storage) and on the module state that tracing reads (the training flags, torch's
+TF32 switch); each is compiled once and cached. Outputs come back in the structure the model returns.
 """
 
 from __future__ import annotations
@@ -11,25 +11,19 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from .errors import FrontendError, UnsupportedError
 from .frontend import Captured, Imported, capture, import_graph
+from .lowering import lower_module
 from .numerics import compare
-from .passes import DEFAULT_PIPELINE, PipelineResult, run_pipeline
+from .options import Options
+from .passes import PipelineResult, run_pipeline
 from .report import Report
-from .runtime import build_executor
+from .runtime import Program, build_program
 from .runtime.outputs import OutputGuard, output_guard
-
-BACKENDS = ("triton", "interpret", "reference")
-TUNE_MODES = ("none", "quick", "full")
-
-
-def default_backend() -> str:
-    return "triton" if torch.cuda.is_available() else "reference"
 
 
 def signature_of(args: tuple, kwargs: dict) -> tuple:
@@ -64,27 +58,13 @@ def _precision_mode() -> tuple:
 
 
 @dataclass
-class Options:
-    backend: str
-    tune: str = "none"
-    dump_ir: str | None = None
-    cuda_graphs: bool = True
-    pipeline: str = DEFAULT_PIPELINE
-    check_each_pass: bool = False
-    strict: bool = False
-    check: bool | int = False  # True: compare every region with its reference on every call; N: the first N calls
-    expert_parallel: Any = None  # a torch.distributed ProcessGroup: dl.moe runs as EPMoE over it
-    prefer_kernels: bool = False  # regions keep their generated kernel where cuBLAS / the reference is faster
-
-
-@dataclass
 class Specialization:
     """One compiled input signature."""
 
     captured: Captured
     imported: Imported
     pipeline: PipelineResult
-    executor: Callable[[list], tuple]
+    executor: Program
     compile_seconds: float
     notes: list[str] = field(default_factory=list)
     guard: OutputGuard | None = None  # eager's output aliasing and layout (None: nothing to do)
@@ -184,9 +164,10 @@ class CompiledModule(torch.nn.Module):
         if self.options.check_each_pass:
             check = self._checker(imported, captured, args, kwargs, flat)
         result = run_pipeline(imported.module, self.options.pipeline, self.options.dump_ir, check)
-        executor = build_executor(result.module, imported, self.options)
+        lowered = {} if self.options.backend == "reference" else lower_module(result.module, self.options.dump_ir)
+        program = build_program(result.module, lowered, imported, self.options)
         spec = Specialization(
-            captured, imported, result, executor, time.perf_counter() - t0, [*captured.notes, *imported.notes]
+            captured, imported, result, program, time.perf_counter() - t0, [*captured.notes, *imported.notes]
         )
         spec.guard = output_guard(result.module, imported) or None
         spec.direct = not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
@@ -234,65 +215,22 @@ class CompiledModule(torch.nn.Module):
         """IR text of the last-used specialization: "input", "after:<pass>", "before:<pass>" or "final"."""
         return self._spec().pipeline.ir(stage)
 
-    def report(self, html: str | None = None) -> str:
-        """A readable summary: ops by mapping kind, regions, kernels, configs, fallbacks (and, with
-        check=True, each region's worst relative error against its reference on the inputs seen)."""
-        spec = self._spec()
-        rep = Report.build(spec, self.options)
-        for k in getattr(spec.executor, "kernel_summaries", lambda: [])():
-            if k.get("check_calls"):
-                err, tol = k["check_error"], k["check_tolerance"]
-                verdict = "ok" if err <= tol else "EXCEEDS"
-                rep.notes.append(f"check {k['name']} ({k['impl']}): worst relative error {err:.3g} over "
-                                 f"{k['check_calls']} calls, tolerance {tol:g}: {verdict}")  # fmt: skip
-        return rep.render(html)
+    def report(self, html: str | None = None) -> Report:
+        """What the compiler did (typed records; `str()` is the text): ops by mapping kind, regions, kernels,
+        configs, fallbacks, notes (and, with check=True, each region's worst relative error against its reference
+        on the inputs seen). With `html`, also writes that page (the graph drawn, then the text)."""
+        rep = Report.build(self._spec(), self.options.backend)
+        if html:
+            rep.write_html(html)
+        return rep
 
     @property
     def specializations(self) -> int:
         return len(self._specs)
 
 
-def compile(  # noqa: A001 - the public name the design asks for
-    model: torch.nn.Module,
-    backend: str | None = None,
-    tune: str = "none",
-    dump_ir: str | None = None,
-    cuda_graphs: bool = True,
-    pipeline: str | None = None,
-    check_each_pass: bool = False,
-    strict: bool = False,
-    check: bool | int = False,
-    expert_parallel: Any = None,
-    prefer_kernels: bool = False,
-) -> CompiledModule:
-    """Compile `model` (an nn.Module or fx.GraphModule). Compilation happens on the first call.
-
-    backend: "triton" (CUDA), "interpret" (the same Triton kernels on CPU), "reference" (torch
-    reference of every op); None picks triton when CUDA is available, else reference.
-    strict: a region that fails to lower, compile, tune or launch raises CompileError instead of
-    falling back to its reference with a warning.
-    check: True compares every kernel's outputs with its region's reference on every call (N: the first
-    N calls), warns once per region above its dtype's tolerance and shows the worst error in report();
-    it runs each region twice and without CUDA graphs: a debugging mode (for the kernel backends; the
-    reference backend has nothing to compare).
-    expert_parallel: a torch.distributed process group; MoE blocks (`dl.moe`) then run as EPMoE, each rank
-    holding its share of the experts (every rank compiles and calls the model on its own tokens). Without
-    it, on the kernel backends they run as topk_gating + fused_moe on this device.
-    prefer_kernels: every region with a kernel runs it, even a lone GEMM that would run on cuBLAS or a tuned
-    kernel that measured slower than its region's reference (the library's template-backed ops use this: a
-    library op *is* its generated kernel; failures still fall back).
-    """
-    backend = backend or default_backend()
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if tune not in TUNE_MODES:
-        raise ValueError(f"tune must be one of {TUNE_MODES}, got {tune!r}")
-    if not isinstance(check, bool) and (not isinstance(check, int) or check < 0):
-        raise ValueError(f"check must be a bool or a number of calls >= 0, got {check!r}")
-    if backend == "triton" and not torch.cuda.is_available():
-        raise ValueError("backend='triton' needs a CUDA GPU; use 'interpret' (Triton on CPU) or 'reference'")
-    opts = Options(
-        backend, tune, dump_ir, cuda_graphs, pipeline or DEFAULT_PIPELINE, check_each_pass, strict, check, expert_parallel,
-        prefer_kernels,
-    )
-    return CompiledModule(model, opts)
+def compile(model: torch.nn.Module, backend: str | None = None, **options) -> CompiledModule:  # noqa: A001
+    """Compile `model` (an nn.Module or fx.GraphModule); compilation happens on the first call of each input
+    signature. `backend` and the other keyword options are the fields of `Options` (see there): tune, dump_ir,
+    cuda_graphs, pipeline, check_each_pass, strict, check, expert_parallel, prefer_kernels."""
+    return CompiledModule(model, Options(backend=backend, **options))

@@ -26,7 +26,7 @@ class DLOptMain(xDSLOptMain):
 
     def register_all_targets(self):
         super().register_all_targets()
-        from .codegen.target import TritonTarget
+        from .lowering import TritonTarget
 
         self.available_targets[TritonTarget.name] = lambda: TritonTarget
 
@@ -89,9 +89,9 @@ def tune(argv: list[str]) -> int:
         with torch.no_grad():
             cm(*call_args, **call_kwargs)
         print(f"tokens={m}")
-        for k in cm._spec().executor.kernel_summaries():
-            t = f"{k['time'] * 1e6:.1f} µs" if k.get("time") else "-"
-            print(f"  {k['name']:16s} {k['impl']:9s} {t:>10s} {'(cached)' if k.get('from_cache') else ''} {k['config']}")
+        for k in cm.report().kernels:
+            t = f"{k.time * 1e6:.1f} µs" if k.time else "-"
+            print(f"  {k.region:16s} {k.impl:9s} {t:>10s} {'(cached)' if k.from_cache else ''} {k.config or {}}")
     return 0
 
 

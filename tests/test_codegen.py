@@ -47,7 +47,7 @@ def _run(model, args, backend, dtype, kwargs=None, expect_regions=None, tol_scal
     if expect_regions is not None:
         report = cm.report()
         for pattern, count in expect_regions.items():
-            assert report.count(f"] {pattern}:") == count, report
+            assert report.patterns.count(pattern) == count, report
     return cm
 
 

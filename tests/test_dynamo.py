@@ -44,7 +44,7 @@ def _inputs(seq: int, sign: float = 1.0) -> torch.Tensor:
 
 
 def _regions(cm) -> list[str]:
-    return [ln.split("]")[1].split(":")[0].strip() for ln in cm.report().splitlines() if ln.startswith("  [")]
+    return cm.report().patterns
 
 
 def test_registered_by_entry_point_and_options_pass_through(tmp_path):

@@ -1,4 +1,4 @@
-"""EPMoE (dlblas_compiler/layers/ep_moe.py) against moe_reference.
+"""EPMoE (dlblas_compiler/library/ep_moe.py) against moe_reference.
 
 Multi-rank cases run on CPU over gloo, one torch.multiprocessing.spawn per world size (2 and 4) running all its
 cases; each rank checks its own output against moe_reference on its own token shard (EPMoE routes, and applies
@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dlblas_compiler.kernels.gating import topk_gating_reference
-from dlblas_compiler.layers import EPMoE, moe_reference
-from dlblas_compiler.layers.ep_moe import router_logits
+from dlblas_compiler.library.gating import topk_gating_reference
+from dlblas_compiler.library import EPMoE, moe_reference
+from dlblas_compiler.library.ep_moe import router_logits
 
 F64_TOL = {"rtol": 1e-10, "atol": 1e-10}
 F32_TOL = {"rtol": 1e-4, "atol": 1e-4}

@@ -384,7 +384,7 @@ def test_bf16_dot_under_the_interpreter_is_right():
     import triton
     import triton.language as tl
 
-    from dlblas_compiler.codegen.kernel import interpreted
+    from dlblas_compiler.codegen.interpreter import interpreted
 
     @triton.jit
     def dot16(a_ptr, b_ptr, c_ptr):

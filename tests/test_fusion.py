@@ -1,5 +1,7 @@
 """Fusion on real decoder layers (region counts, numerics) and a property test of the row fuser."""
 
+from collections import Counter
+
 import warnings
 
 import pytest
@@ -17,13 +19,7 @@ from .hf import llama_layer_and_inputs
 
 
 def _regions(cm) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for line in cm.report().splitlines():
-        line = line.strip()
-        if line.startswith("[") and "]" in line:
-            pattern = line.split("]")[1].split(":")[0].strip()
-            counts[pattern] = counts.get(pattern, 0) + 1
-    return counts
+    return dict(Counter(cm.report().patterns))
 
 
 def _layer(name: str):

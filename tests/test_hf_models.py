@@ -57,7 +57,7 @@ def _ids(seq: int = SEQ) -> torch.Tensor:
 
 
 def _regions(cm) -> Counter:
-    return Counter(ln.split("]")[1].split(":")[0].strip() for ln in cm.report().splitlines() if ln.startswith("  ["))
+    return Counter(cm.report().patterns)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ tests add bf16 and fp8.
 import pytest
 import torch
 
-from dlblas_compiler.kernels import (
+from dlblas_compiler.library import (
     KernelUnsupported,
     expert_capacity,
     fp8_gemm,
@@ -22,7 +22,7 @@ from dlblas_compiler.kernels import (
     topk_gating,
     topk_gating_reference,
 )
-from dlblas_compiler.kernels.gating import _TopKGating
+from dlblas_compiler.library.gating import _TopKGating
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

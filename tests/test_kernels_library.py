@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import dlblas_compiler as dc
-from dlblas_compiler import kernels
-from dlblas_compiler.kernels import OpMatchError, get_op, list_ops, match_impls, templated
-from dlblas_compiler.kernels.attention import fused_rotary_and_fa, fused_rotary_and_fa_compiled
-from dlblas_compiler.kernels.matmul import CPU_SMS, matmul_persistent, matmul_reference, matmul_tiled
-from dlblas_compiler.kernels.norms import rms_norm
+from dlblas_compiler import library as kernels
+from dlblas_compiler.library import OpMatchError, get_op, list_ops, match_impls, templated
+from dlblas_compiler.library.flash_attention import fused_rotary_and_fa, fused_rotary_and_fa_compiled
+from dlblas_compiler.library.matmul import CPU_SMS, matmul_persistent, matmul_reference, matmul_tiled
+from dlblas_compiler.library.norms import rms_norm
 from dlblas_compiler.numerics import rel_error, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -93,7 +93,7 @@ def three_ways(name, args, module):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm(dtype):
-    from dlblas_compiler.kernels import norms
+    from dlblas_compiler.library import norms
 
     x, w = rnd(3, 5, 200, dtype=dtype), 1 + rnd(200, dtype=dtype, scale=0.1)
     out = three_ways("rms_norm", (x, w, 1e-5), norms)
@@ -103,7 +103,7 @@ def test_rms_norm(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm_returns_normed_and_sum(dtype):
-    from dlblas_compiler.kernels import norms
+    from dlblas_compiler.library import norms
 
     x, r, w = rnd(7, 96, dtype=dtype), rnd(7, 96, dtype=dtype), 1 + rnd(96, dtype=dtype, scale=0.1)
     out = three_ways("add_rms_norm", (x, r, w, 1e-6), norms)
@@ -113,7 +113,7 @@ def test_add_rms_norm_returns_normed_and_sum(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
-    from dlblas_compiler.kernels import norms
+    from dlblas_compiler.library import norms
 
     x = rnd(2, 9, 2 * 40, dtype=dtype)
     out = three_ways("silu_and_mul", (x,), norms)
@@ -125,7 +125,7 @@ def test_silu_and_mul(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("down", [False, True])
 def test_ffn_norm_dual_gemm_and_down(dtype, down):
-    from dlblas_compiler.kernels import norms
+    from dlblas_compiler.library import norms
 
     H, inter = 48, 40
     x, nw = rnd(2, 7, H, dtype=dtype), 1 + rnd(H, dtype=dtype, scale=0.1)
@@ -148,7 +148,7 @@ def test_ffn_norm_dual_gemm_and_down(dtype, down):
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("partial", [False, True])
 def test_rotary_layouts_gqa_partial(dtype, interleaved, partial):
-    from dlblas_compiler.kernels import rotary
+    from dlblas_compiler.library import rotary
 
     T, Hq, Hk, D = 7, 4, 2, 32
     R = 16 if partial else D
@@ -240,7 +240,7 @@ def rope64(x, cos, sin, interleaved):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attention_gqa(dtype, causal):
-    from dlblas_compiler.kernels import attention
+    from dlblas_compiler.library import flash_attention as attention
 
     B, Hq, Hk, S, D = 1, 4, 2, 20, 64
     q, k, v = rnd(B, Hq, S, D, dtype=dtype), rnd(B, Hk, S, D, dtype=dtype), rnd(B, Hk, S, D, dtype=dtype)
@@ -259,7 +259,7 @@ def test_flash_attention_cross_lengths_and_scale():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_fused_rotary_and_fa(dtype, causal, interleaved):
-    from dlblas_compiler.kernels import attention
+    from dlblas_compiler.library import flash_attention as attention
 
     B, Hq, Hk, S, D = 2, 4, 2, 21, 64
     q, k, v = rnd(B, Hq, S, D, dtype=dtype), rnd(B, Hk, S, D, dtype=dtype), rnd(B, Hk, S, D, dtype=dtype)
@@ -338,18 +338,18 @@ def test_list_ops_describes_every_new_op():
         assert getattr(kernels, name if name != "matmul" else "matmul_persistent").__doc__
 
 
-def test_library_ops_keep_their_kernels_where_the_reference_measures_faster(monkeypatch):
+def test_library_ops_keep_their_kernels_where_the_reference_measures_faster(monkeypatch, tmp_path):
     """Library ops compile with prefer_kernels: tuning that finds the reference (cuBLAS) faster does not move
     the region off its kernel. Emulated on the interpret backend with a tuner whose impl choice is "reference";
     a plain compile of the same module does move it."""
-    from dlblas_compiler.runtime import program
-    from dlblas_compiler.tuning import TuneOutcome
+    from dlblas_compiler.runtime import selection
+    from dlblas_compiler.runtime.steps import RegionStep
+    from dlblas_compiler.tuning import TuneCache, TuneOutcome
 
-    def reference_wins(name, h, space, *a, **k):
-        cfg = {"impl": "reference"} if name.endswith(":impl") else space.default()
-        return TuneOutcome(cfg, 1e-3, 1e-3, 1, False)
-
-    monkeypatch.setattr(program, "tune", reference_wins)
+    monkeypatch.setattr(selection, "tune", lambda name, h, space, *a, **k: TuneOutcome(space.default(), 1e-3, 1e-3, 1, False))
+    monkeypatch.setattr(selection, "default_cache", lambda c=TuneCache(tmp_path / "tune.sqlite"): c)
+    timings = {"kernel": 1e-3, "reference": 1e-4}  # the kernel is timed first, then the reference
+    monkeypatch.setattr(selection, "benchmark", lambda fn, **k: timings.pop(next(iter(timings))))
     a, b = rnd(9, 32), rnd(24, 32).t()
     matmul_tiled(a, b)
     cm = templated.last_compiled("matmul_tiled")
@@ -358,8 +358,9 @@ def test_library_ops_keep_their_kernels_where_the_reference_measures_faster(monk
     plain(a, w)
     for compiled_module, impl in ((cm, "kernel"), (plain, "reference")):
         prog = compiled_module._spec().executor
-        (step,) = [s for s in prog.steps if isinstance(s, program.RegionStep)]
-        step.tune(step.inputs(prog._env([a, w])), "quick", False)
+        (step,) = [s for s in prog.steps if isinstance(s, RegionStep)]
+        timings.update(kernel=1e-3, reference=1e-4)
+        selection.tune_region(step, step.inputs(prog._env([a, w])), "quick", progress=False)
         assert step.choice.impl == impl
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dlblas_compiler import tuning
-from dlblas_compiler.kernels import (
+from dlblas_compiler.library import (
     KernelUnsupported,
     OpMatchError,
     Optional,
@@ -22,7 +22,7 @@ from dlblas_compiler.kernels import (
     select_impl,
     where,
 )
-from dlblas_compiler.kernels import registry as reg
+from dlblas_compiler.library import registry as reg
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -252,8 +252,8 @@ def test_list_ops_and_replacement(registry):
 
 
 def test_builtin_library_three_ways():
-    from dlblas_compiler import kernels
-    from dlblas_compiler.kernels.gating import topk_gating
+    from dlblas_compiler import library as kernels
+    from dlblas_compiler.library.gating import topk_gating
 
     ops = list_ops()
     for name in ("topk_gating", "fused_moe", "fp8_gemm"):

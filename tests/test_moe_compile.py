@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import dlblas_compiler as dc
 from dlblas_compiler.frontend.moe import register_moe_block
-from dlblas_compiler.layers import moe_reference
+from dlblas_compiler.library import moe_reference
 from dlblas_compiler.numerics import rel_error
 
 transformers = pytest.importorskip("transformers")

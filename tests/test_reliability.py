@@ -10,8 +10,12 @@ import torch.nn.functional as F
 
 import dlblas_compiler as dc
 import dlblas_compiler.codegen.kernel as kernel_mod
+import dlblas_compiler.codegen.source as source_mod
 import dlblas_compiler.runtime.program as program_mod
-from dlblas_compiler.codegen import lower
+import dlblas_compiler.runtime.selection as selection
+from dlblas_compiler.codegen.row import RowTemplate
+from dlblas_compiler.lowering import lower_region
+from dlblas_compiler.runtime.graphs import graph_pays
 from dlblas_compiler.codegen.kernel import Kernel
 from dlblas_compiler.dialects import FusedOp, TanhOp
 from dlblas_compiler.frontend import capture, import_graph
@@ -88,9 +92,8 @@ class _FailingLaunch:
 def _inject(monkeypatch, fault: str) -> tuple[set[str], str]:
     """Make `fault` happen; return the regions it hits and what their warning must say."""
     if fault in ("analyze", "build"):
-        analyze, build = lower.TEMPLATES["row"]
-        pair = (_raise(fault), build) if fault == "analyze" else (analyze, _raise(fault))
-        monkeypatch.setitem(lower.TEMPLATES, "row", pair)
+        method = "can_lower" if fault == "analyze" else "emit"
+        monkeypatch.setattr(RowTemplate, method, _raise(fault))
         return {"row_1"}, f"lowering failed (RuntimeError: injected {fault} fault)"
     if fault == "compile":
         monkeypatch.setattr(Kernel, "compiled", _raise(fault))
@@ -109,14 +112,14 @@ def _inject(monkeypatch, fault: str) -> tuple[set[str], str]:
 
     monkeypatch.setattr(program_mod.Builder, "build", tuned_build)
     if fault == "tuning":
-        monkeypatch.setattr(program_mod, "tune", _raise(fault))
+        monkeypatch.setattr(selection, "tune", _raise(fault))
         return {"gemm_0", "row_1"}, "tuning failed (RuntimeError: injected tuning fault)"
 
     def bad_config(name, h, space, *a, **k):  # the search "finds" a config with which the kernel cannot launch
-        cfg = {"impl": "kernel"} if name.endswith(":impl") else dict(space.default(), BLOCK_M=3)
-        return TuneOutcome(cfg, 1e-3, 1e-3, 1, False)
+        return TuneOutcome(dict(space.default(), BLOCK_M=3), 1e-3, 1e-3, 1, False)
 
-    monkeypatch.setattr(program_mod, "tune", bad_config)
+    monkeypatch.setattr(selection, "tune", bad_config)
+    monkeypatch.setattr(selection, "select", lambda step, tensors: None)  # (the kernel was chosen before)
     return {"gemm_0", "row_1"}, "'BLOCK_M': 3"
 
 
@@ -343,7 +346,7 @@ def _lowered_sources(model, *inputs) -> dict[str, str]:
     captured = capture(model, inputs, {})
     imported = import_graph(captured, captured.flatten(inputs, {}))
     module = run_pipeline(imported.module, DEFAULT_PIPELINE).module
-    return {f.kernel.data: lower.lower_region(f).source for f in module.walk() if isinstance(f, FusedOp)}
+    return {f.kernel.data: lower_region(f).kernel.source for f in module.walk() if isinstance(f, FusedOp)}
 
 
 class Lin(nn.Module):
@@ -380,7 +383,7 @@ def test_index_arithmetic_is_64_bit_past_two_to_the_31(huge):
 
 
 def test_64_bit_index_variants_compute_the_same(monkeypatch):
-    monkeypatch.setattr(kernel_mod, "INT32_LIMIT", 1)
+    monkeypatch.setattr(source_mod, "INT32_LIMIT", 1)
     cfg = BlockConfig()
     m = randomize_(LlamaBlock(cfg)).eval()
     x, cos, sin = llama_block_inputs(cfg, 2, 7)
@@ -620,9 +623,9 @@ def test_cuda_graph_is_kept_only_when_its_replay_measures_faster(monkeypatch, di
         calls["direct"] += 1
         time.sleep((5000 if calls["direct"] == 1 else direct_us) * 1e-6)
 
-    fake = types.SimpleNamespace(run=run, _replay=lambda inputs: time.sleep(replay_us * 1e-6))
-    assert program_mod.Program._graph_pays(fake, []) is keep
-    assert "CUDA graph replay" in fake.graph_note
+    fake = types.SimpleNamespace(run=run, replay=lambda inputs: time.sleep(replay_us * 1e-6))
+    assert graph_pays(fake, []) is keep
+    assert "CUDA graph replay" in fake.note
 
 
 def test_cuda_graph_is_dropped_when_direct_calls_are_gpu_bound(monkeypatch):
@@ -645,6 +648,6 @@ def test_cuda_graph_is_dropped_when_direct_calls_are_gpu_bound(monkeypatch):
         pending["s"] = 0.0
 
     monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
-    fake = types.SimpleNamespace(run=run, _replay=replay)
-    assert program_mod.Program._graph_pays(fake, []) is False
-    assert "enqueueing" in fake.graph_note
+    fake = types.SimpleNamespace(run=run, replay=replay)
+    assert graph_pays(fake, []) is False
+    assert "enqueueing" in fake.note

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import dlblas_compiler as dc
 from dlblas_compiler import P
-from dlblas_compiler.codegen.target import TritonTarget
+from dlblas_compiler.lowering import TritonTarget
 from dlblas_compiler.dialects import make_context
 from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
 
@@ -28,7 +28,7 @@ def _page(model, inputs, backend, path):
     cm = dc.compile(model, backend=backend)
     with torch.no_grad():
         cm(*inputs)
-    text = cm.report(html=str(path))
+    text = str(cm.report(html=str(path)))
     page = path.read_text()
     svg = ET.fromstring(page[page.index("<svg") : page.index("</svg>") + len("</svg>")])  # well-formed XML
     return cm, text, page, svg

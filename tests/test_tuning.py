@@ -417,7 +417,7 @@ def test_tuning_runs_kernels_on_the_inputs_they_run_on(monkeypatch):
     import torch.nn as nn
 
     import dlblas_compiler as dc
-    from dlblas_compiler.runtime.program import RegionStep
+    from dlblas_compiler.runtime import program
 
     class Model(nn.Module):
         def __init__(self):
@@ -434,7 +434,7 @@ def test_tuning_runs_kernels_on_the_inputs_they_run_on(monkeypatch):
         cm(x)
         prog = cm._spec().executor
         seen = []
-        monkeypatch.setattr(RegionStep, "tune", lambda self, tensors, mode, progress: seen.extend(tensors))
+        monkeypatch.setattr(program, "tune_region", lambda step, tensors, mode: seen.extend(tensors))
         prog.tuned, prog.tune_mode = False, "quick"
         out = prog.run([x])[0]
     assert seen and all(t.is_contiguous() for t in seen if isinstance(t, torch.Tensor))

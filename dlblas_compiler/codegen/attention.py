@@ -8,7 +8,6 @@ merge heads) are fused as strides, so the kernel reads projections and writes [B
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +16,11 @@ from xdsl.ir import Operation, SSAValue
 
 from ..dialects import FusedOp, PermuteOp, ReshapeOp, SDPAOp
 from ..dialects.types import dtype_of, shape_of
+from ..fusion.templates import KernelTemplate, WhyNot, register_template
 from ..tuning.space import SearchSpace
 from . import device
-from .kernel import TL_DTYPE, Kernel, Writer, cdiv, wide_indices
+from .kernel import Kernel
+from .source import TL_DTYPE, Writer, cdiv, wide_indices
 from .views import VIEW_OPS, Layout, view_chain
 
 
@@ -236,18 +237,6 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     idx = {k: (v[0] if isinstance(v, tuple) else v) for k, v in idx.items()}
     qk_scale = op.softmax_scale * (1.0 if has_mask and not mask_bool else 1.4426950408889634)
     elem = dtype_of(op.query).itemsize
-    smem = device.smem_limit()
-    space = SearchSpace(
-        {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]},
-        {
-            "no block much larger than S": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(s)),
-            "no block much larger than L": lambda c: c["BLOCK_N"] <= max(16, triton.next_power_of_2(l_)),
-            "shared memory": lambda c: (c["BLOCK_M"] + 2 * c["BLOCK_N"]) * d * elem * c["num_stages"] <= smem,
-            "registers": lambda c: c["BLOCK_M"] * (d + c["BLOCK_N"]) <= 96 * 32 * c["num_warps"],
-        },
-        default={"BLOCK_M": 16 if s <= 16 else 64 if s <= 64 else 128, "BLOCK_N": 64 if l_ >= 64 else 16 if l_ <= 16 else 32,
-                 "num_warps": 4 if d <= 64 or s <= 16 else 8, "num_stages": 2},  # fmt: skip
-    )
 
     def ptr(tensors, key):
         t = tensors[idx[key]]
@@ -268,7 +257,47 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     causal_frac = 0.5 if op.causal else 1.0
     flops = 4.0 * b * hq * s * l_ * d * causal_frac
     nbytes = (b * hq * s * d * 2 + 2 * b * hk * l_ * d) * elem
-    return Kernel(name, src, space, launch, str(fused), {"S": s, "L": l_, "D": d, "H": hq}, flops, nbytes)
+    return Kernel(name, src, launch, str(fused), {"S": s, "L": l_, "D": d, "H": hq}, flops, nbytes)
 
 
-__all__ = ["AttentionPlan", "analyze", "build", "math"]
+PARAMS = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]}
+
+
+def space(plan: AttentionPlan) -> SearchSpace:
+    """Query and key blocks within the lengths, shared memory for the q, k and v tiles, and registers."""
+    op = plan.sdpa
+    _, _, s, d = shape_of(op.query)
+    l_ = shape_of(op.key)[2]
+    elem, smem = dtype_of(op.query).itemsize, device.smem_limit()
+    return SearchSpace(
+        PARAMS,
+        {
+            "no block much larger than S": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(s)),
+            "no block much larger than L": lambda c: c["BLOCK_N"] <= max(16, triton.next_power_of_2(l_)),
+            "shared memory": lambda c: (c["BLOCK_M"] + 2 * c["BLOCK_N"]) * d * elem * c["num_stages"] <= smem,
+            "registers": lambda c: c["BLOCK_M"] * (d + c["BLOCK_N"]) <= 96 * 32 * c["num_warps"],
+        },
+        default={"BLOCK_M": 16 if s <= 16 else 64 if s <= 64 else 128, "BLOCK_N": 64 if l_ >= 64 else 16 if l_ <= 16 else 32,
+                 "num_warps": 4 if d <= 64 or s <= 16 else 8, "num_stages": 2},  # fmt: skip
+    )
+
+
+class AttentionTemplate(KernelTemplate):
+    """Flash attention for one dl.sdpa, reading q/k/v through the views that produce them and writing through
+    the views of its output."""
+
+    name = "attention"
+    params = PARAMS
+
+    def can_lower(self, ops: list[Operation], inputs: list[SSAValue]) -> AttentionPlan | WhyNot:
+        plan = analyze(ops, inputs)
+        return WhyNot(plan) if isinstance(plan, str) else plan
+
+    def emit(self, fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
+        return build(fused, plan, name)
+
+    def space(self, plan: AttentionPlan) -> SearchSpace:
+        return space(plan)
+
+
+register_template(AttentionTemplate())

@@ -18,7 +18,7 @@ from ..dialects import (
     UnaryOp,
 )
 from ..dialects.types import dtype_of
-from .kernel import TL_DTYPE, Writer
+from .source import TL_DTYPE, Writer
 
 GLU_EXPR = {
     "silu": "{g} * tl.sigmoid({g})",

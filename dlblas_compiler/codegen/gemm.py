@@ -42,12 +42,13 @@ from ..dialects import (
     UnaryOp,
 )
 from ..dialects.types import dtype_of, numel, shape_of
-from ..dialects import YieldOp
+from ..fusion.templates import KernelTemplate, WhyNot, register_template
 from ..tuning.space import SearchSpace
 from . import device
 from .exprs import Names, emit_pointwise, round_to
-from ..kernels.common import launch as launch_lib
-from .kernel import TL_DTYPE, Kernel, Writer, cdiv, row_indices, wide_indices
+from .interpreter import launch as launch_lib
+from .kernel import Kernel
+from .source import TL_DTYPE, Writer, cdiv, row_indices, wide_indices
 from .views import VIEW_OPS, Layout, view_chain
 
 POINTWISE = (UnaryOp, BinaryOp, ConvertOp, GluOp, ConstantOp)
@@ -559,7 +560,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     src = em.source()
     m = numel(plan.rows)
     args = list(fused.block.args)
-    inside = set(region_ops_of(fused))
+    inside = set(fused.body_ops)
     ext_strides: list[int] = []
     ext_args: list[int] = []
     for v, c, res in em.ext:
@@ -584,41 +585,6 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     ns = len(plan.streams)
     gn, k = plan.grid_n, plan.k
     elem = dtype_of(lin.input).itemsize
-    rot = max(plan.rotary_dims) if plan.rotary_dims else 16
-    narrow = plan.narrow_rotary is not None
-    smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
-    space = SearchSpace(
-        {
-            "BLOCK_M": [1, 16, 32, 64, 128],
-            "BLOCK_N": [16, 32, 64, 128, 256],
-            "BLOCK_K": [32, 64, 128, 256, 512],
-            "SPLIT_K": [1, 2, 4, 8, 16],
-            "GROUP_M": [1, 8],
-            "num_warps": [4, 8],
-            "num_stages": [2, 3, 4, 5],
-            "TMA": [0, 1],
-        },
-        {
-            "rotary heads fit the tile": lambda c: c["BLOCK_N"] % rot == 0
-            or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"]),
-            "one-row (CUDA-core) tiles only for a few rows": lambda c: c["BLOCK_M"] > 1
-            or (m <= GEMV_ROWS and not c["TMA"]),
-            "K blocks over 128 only for one-row tiles": lambda c: c["BLOCK_K"] <= 128 or c["BLOCK_M"] == 1,
-            "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
-            "TMA needs sm90+ and 16-byte row strides": lambda c: not c["TMA"] or (tma_ok and k * elem % 16 == 0),
-            "no block much larger than N": lambda c: c["BLOCK_N"] <= max(16, rot, triton.next_power_of_2(gn)),
-            "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
-            "split K only for under two waves of tiles and long K": lambda c: c["SPLIT_K"] == 1
-            or (cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) < 2 * sms and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]),
-            "shared memory": lambda c: c["BLOCK_M"] == 1
-            or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"] <= smem_limit,
-            "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
-            and (c["BLOCK_M"] > 1 or ns * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * c["num_warps"] * 32),
-            "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
-        },
-        default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem),
-        seeds=_seed_configs(m),
-    )
     counters: dict[torch.device, torch.Tensor] = {}
     has_norm = plan.norm is not None
     eps = plan.norm.attrs[0] if has_norm else 0.0
@@ -656,7 +622,70 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     flops = 2.0 * m * k * gn * ns
     nbytes = (m * k + plan.n * k) * elem + sum(numel(s) * dt.itemsize for s, dt in zip(out_shapes, out_dtypes))
     nbytes += sum(numel(shape_of(v)) * dtype_of(v).itemsize for v, _, _ in em.ext)
-    return Kernel(name, src, space, launch, str(fused), {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes)
+    return Kernel(name, src, launch, str(fused), {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes)
+
+
+PARAMS = {
+    "BLOCK_M": [1, 16, 32, 64, 128],
+    "BLOCK_N": [16, 32, 64, 128, 256],
+    "BLOCK_K": [32, 64, 128, 256, 512],
+    "SPLIT_K": [1, 2, 4, 8, 16],
+    "GROUP_M": [1, 8],
+    "num_warps": [4, 8],
+    "num_stages": [2, 3, 4, 5],
+    "TMA": [0, 1],
+}
+
+
+def space(plan: GemmPlan) -> SearchSpace:
+    """Tiles, split-K, grouping, warps, stages and TMA, constrained by the shape, the device's shared memory,
+    SM count and TMA support, and the epilogue (rotary heads within a tile)."""
+    m, gn, k, ns = numel(plan.rows), plan.grid_n, plan.k, len(plan.streams)
+    elem = dtype_of(plan.linear.input).itemsize
+    rot = max(plan.rotary_dims) if plan.rotary_dims else 16
+    narrow = plan.narrow_rotary is not None
+    smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
+    return SearchSpace(
+        PARAMS,
+        {
+            "rotary heads fit the tile": lambda c: c["BLOCK_N"] % rot == 0
+            or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"]),
+            "one-row (CUDA-core) tiles only for a few rows": lambda c: c["BLOCK_M"] > 1
+            or (m <= GEMV_ROWS and not c["TMA"]),
+            "K blocks over 128 only for one-row tiles": lambda c: c["BLOCK_K"] <= 128 or c["BLOCK_M"] == 1,
+            "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
+            "TMA needs sm90+ and 16-byte row strides": lambda c: not c["TMA"] or (tma_ok and k * elem % 16 == 0),
+            "no block much larger than N": lambda c: c["BLOCK_N"] <= max(16, rot, triton.next_power_of_2(gn)),
+            "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
+            "split K only for under two waves of tiles and long K": lambda c: c["SPLIT_K"] == 1
+            or (cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) < 2 * sms and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]),
+            "shared memory": lambda c: c["BLOCK_M"] == 1
+            or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"] <= smem_limit,
+            "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
+            and (c["BLOCK_M"] > 1 or ns * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * c["num_warps"] * 32),
+            "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
+        },
+        default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem),
+        seeds=_seed_configs(m),
+    )
+
+
+class GemmTemplate(KernelTemplate):
+    """Y = x @ W^T with an RMSNorm prologue and an epilogue of everything the planner attached to Y (see the
+    module docstring)."""
+
+    name = "gemm"
+    params = PARAMS
+
+    def can_lower(self, ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | WhyNot:
+        plan = analyze(ops, inputs)
+        return WhyNot(plan) if isinstance(plan, str) else plan
+
+    def emit(self, fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
+        return build(fused, plan, name)
+
+    def space(self, plan: GemmPlan) -> SearchSpace:
+        return space(plan)
 
 
 RMS_ROWS = 4
@@ -680,10 +709,6 @@ def row_rms(x_ptr, rs_ptr, M, K, eps, K_BLOCK: tl.constexpr, ROWS: tl.constexpr)
         v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
         acc += v * v
     tl.store(rs_ptr + rows, tl.rsqrt(tl.sum(acc, axis=1) / K + eps), mask=rows < M)
-
-
-def region_ops_of(fused: FusedOp) -> list[Operation]:
-    return [o for o in fused.block.ops if not isinstance(o, YieldOp)]
 
 
 def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int) -> dict:
@@ -730,4 +755,4 @@ def _seed_configs(m: int) -> list[dict]:
     return [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1} for t in tiles]
 
 
-__all__ = ["GemmPlan", "analyze", "build"]
+register_template(GemmTemplate())

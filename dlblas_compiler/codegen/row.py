@@ -33,9 +33,11 @@ from ..dialects import (
     YieldOp,
 )
 from ..dialects.types import dtype_of, numel, shape_of
+from ..fusion.templates import KernelTemplate, WhyNot, register_template
 from ..tuning.space import SearchSpace, pow2
 from .exprs import Names, emit_pointwise, round_to
-from .kernel import TL_DTYPE, Kernel, Writer, cdiv, row_indices, wide_indices
+from .kernel import Kernel
+from .source import TL_DTYPE, Writer, cdiv, row_indices, wide_indices
 from .views import VIEW_OPS, Layout, view_chain
 
 MAX_N = 32768
@@ -304,7 +306,7 @@ class RowEmitter:
 
 def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     inputs = list(fused.block.args)
-    plan.outputs = yielded(fused)
+    plan.outputs = list(fused.yielded.values)
     src = RowEmitter(plan, inputs, name, wide_indices([*inputs, *plan.outputs])).source()
     it, n = plan.iter_shape, plan.n
     nrow = len(plan.rows)
@@ -325,14 +327,6 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
         else:  # broadcast strides: replicated rows write the same (identical) values
             out_args += list(Layout.contiguous(shp).broadcast_to((*it[:-1], shp[-1] if shp else 1)).strides)
     n_rows = numel(plan.rows)
-    space = SearchSpace(
-        {"BLOCK_M": pow2(1, 16), "num_warps": [1, 2, 4, 8, 16]},
-        {
-            "registers": lambda c: c["BLOCK_M"] * block_n <= 16384,
-            "warps fit the block": lambda c: c["num_warps"] * 32 <= max(32, c["BLOCK_M"] * block_n // 2),
-        },
-        default={"BLOCK_M": max(1, min(16, 2048 // block_n)), "num_warps": 4 if block_n <= 2048 else 8},
-    )
     row_sizes = list(plan.rows)
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
@@ -348,10 +342,41 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     nbytes = sum(numel(shape_of(a)) * dtype_of(a).itemsize for a in inputs) + sum(
         numel(s) * dt.itemsize for s, dt in zip(out_shapes, out_dtypes)
     )
-    return Kernel(name, src, space, launch, str(fused), {"rows": n_rows, "N": n}, bytes=nbytes)
+    return Kernel(name, src, launch, str(fused), {"rows": n_rows, "N": n}, bytes=nbytes)
 
 
-def yielded(fused: FusedOp) -> list[SSAValue]:
-    y = fused.block.last_op
-    assert isinstance(y, YieldOp)
-    return list(y.values)
+PARAMS = {"BLOCK_M": pow2(1, 16), "num_warps": [1, 2, 4, 8, 16]}
+
+
+def space(plan: RowPlan) -> SearchSpace:
+    """Rows per program and warps, within the registers a row block of the padded width needs."""
+    block_n = triton.next_power_of_2(plan.n)
+    return SearchSpace(
+        PARAMS,
+        {
+            "registers": lambda c: c["BLOCK_M"] * block_n <= 16384,
+            "warps fit the block": lambda c: c["num_warps"] * 32 <= max(32, c["BLOCK_M"] * block_n // 2),
+        },
+        default={"BLOCK_M": max(1, min(16, 2048 // block_n)), "num_warps": 4 if block_n <= 2048 else 8},
+    )
+
+
+class RowTemplate(KernelTemplate):
+    """Elementwise chains, row reductions, norms, softmax and rotary over the last dim: one program per block of
+    rows, the whole row in registers."""
+
+    name = "row"
+    params = PARAMS
+
+    def can_lower(self, ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | WhyNot:
+        plan = analyze(ops, inputs)
+        return WhyNot(plan) if isinstance(plan, str) else plan
+
+    def emit(self, fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
+        return build(fused, plan, name)
+
+    def space(self, plan: RowPlan) -> SearchSpace:
+        return space(plan)
+
+
+register_template(RowTemplate())

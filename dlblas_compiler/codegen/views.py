@@ -13,9 +13,7 @@ from dataclasses import dataclass
 import torch
 from xdsl.ir import Operation
 
-from ..dialects import BroadcastOp, PermuteOp, ReshapeOp, SliceOp
-
-VIEW_OPS = (ReshapeOp, PermuteOp, SliceOp, BroadcastOp)
+from ..dialects import VIEW_OPS, BroadcastOp, PermuteOp, ReshapeOp, SliceOp
 
 
 @dataclass(frozen=True)

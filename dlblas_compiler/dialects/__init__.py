@@ -10,7 +10,7 @@ from .compute import COMPUTE_OPS, ReduceOp
 from .elementwise import *  # noqa: F403
 from .elementwise import BINARY_OPS, ELEMENTWISE_OPS, UNARY_OPS, BinaryOp, UnaryOp
 from .layout import *  # noqa: F403
-from .layout import LAYOUT_OPS
+from .layout import LAYOUT_OPS, VIEW_OPS
 from .structural import *  # noqa: F403
 from .structural import STRUCTURAL_OPS
 from .traits import Mapping, MappingKind, kind_of
@@ -39,5 +39,6 @@ __all__ = [
     "MappingKind",
     "kind_of",
     "make_context",
+    "VIEW_OPS",
     *[op.__name__ for op in ALL_OPS],
 ]

@@ -626,10 +626,26 @@ class MoEOp(IRDLOperation):
             raise VerifyException(f"dl.moe: result {self.result.type} must have x's type {self.x.type}")
 
     def reference(self, x, router_w, w_gate_up, w_down):
-        from ..layers.ep_moe import moe_reference
-
         k, renormalize = self.attrs
-        return moe_reference(x, router_w, w_gate_up, w_down, k, renormalize=renormalize)
+        return moe_reference(x, router_w, w_gate_up, w_down, k, renormalize)
+
+
+def moe_reference(x, router_w, w_gate_up, w_down, top_k: int, renormalize: bool = True):
+    """dl.moe in torch: the router in float32 (float64 for float64 x), the experts as a loop in x's dtype."""
+    t = x.reshape(-1, x.shape[-1])
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    probs = torch.softmax(t.to(dtype) @ router_w.to(dtype).T, dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    gate, up = w_gate_up.chunk(2, dim=1)
+    out = torch.zeros_like(t)
+    for e in range(gate.shape[0]):
+        tok, slot = torch.where(ids == e)
+        if tok.numel():
+            h = F.silu(t[tok] @ gate[e].T) * (t[tok] @ up[e].T)
+            out.index_add_(0, tok, (h @ w_down[e].T) * weights[tok, slot, None].to(x.dtype))
+    return out.view(x.shape)
 
 
 COMPUTE_OPS = [
@@ -648,4 +664,6 @@ COMPUTE_OPS = [
     EmbeddingOp,
     MoEOp,
 ]
-__all__ = [c.__name__ for c in COMPUTE_OPS] + ["COMPUTE_OPS", "rms_norm_reference", "rotary_reference", "dtype_of"]
+__all__ = [c.__name__ for c in COMPUTE_OPS] + [
+    "COMPUTE_OPS", "rms_norm_reference", "rotary_reference", "moe_reference", "dtype_of"
+]

@@ -197,3 +197,6 @@ class BroadcastOp(IRDLOperation):
 
 
 LAYOUT_OPS = [ReshapeOp, PermuteOp, SliceOp, CatOp, BroadcastOp]
+
+# Ops whose result is a view of their operand in PyTorch: they move no data, and templates read through them
+VIEW_OPS = (ReshapeOp, PermuteOp, SliceOp, BroadcastOp)

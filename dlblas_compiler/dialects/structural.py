@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Sequence
 
 from xdsl.dialects.builtin import AnyTensorType, StringAttr
-from xdsl.ir import Attribute, Block, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     ParsePropInAttrDict,
@@ -105,7 +105,8 @@ class YieldOp(IRDLOperation):
 @irdl_op_definition
 class FusedOp(IRDLOperation):
     """`dl.fused`: a region that becomes one kernel. Block arguments are the region's inputs;
-    `pattern` names what made it (a fusion pattern or `elementwise`), `kernel` the generated kernel."""
+    `pattern` names the fusion pattern that made it, `template` the template that lowers it (when it is not
+    the pattern's own name), `kernel` the generated kernel."""
 
     name = "dl.fused"
     inputs = var_operand_def(AnyTensorType)
@@ -113,22 +114,42 @@ class FusedOp(IRDLOperation):
     body = region_def("single_block")
     pattern = prop_def(StringAttr)
     kernel = opt_prop_def(StringAttr)
+    template = opt_prop_def(StringAttr)
     traits = traits_def(
         RecursiveMemoryEffect(), IsolatedFromAbove(), SingleBlockImplicitTerminator(YieldOp), MANY_TO_MANY
     )
     assembly_format = "$pattern `(` $inputs `)` attr-dict `:` functional-type($inputs, $outputs) $body"
     irdl_options = (ParsePropInAttrDict(),)
 
-    def __init__(self, pattern: str, inputs: Sequence[SSAValue], body: Block, kernel: str | None = None):
+    def __init__(
+        self, pattern: str, inputs: Sequence[SSAValue], body: Block, kernel: str | None = None, template: str | None = None
+    ):
         outs = [v.type for v in body.last_op.operands]
         props: dict[str, Attribute] = {"pattern": StringAttr(pattern)}
         if kernel:
             props["kernel"] = StringAttr(kernel)
+        if template and template != pattern:
+            props["template"] = StringAttr(template)
         super().__init__(operands=[list(inputs)], result_types=[outs], regions=[Region(body)], properties=props)
 
     @property
     def block(self) -> Block:
         return self.body.block
+
+    @property
+    def template_name(self) -> str:
+        """The template that lowers the region (by default the pattern's name)."""
+        return self.template.data if self.template is not None else self.pattern.data
+
+    @property
+    def label(self) -> str:
+        """The region's name in reports and warnings: its kernel's name, else its pattern's."""
+        return self.kernel.data if self.kernel is not None else self.pattern.data
+
+    @property
+    def body_ops(self) -> list[Operation]:
+        """The region's ops, without the terminator."""
+        return [o for o in self.block.ops if not isinstance(o, YieldOp)]
 
     @property
     def yielded(self) -> YieldOp:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from ..dialects.compute import moe_reference
+
 MoEForward = Callable[[torch.Tensor], torch.Tensor]
 _BLOCKS: dict[str, Callable[[torch.nn.Module], MoEForward | None]] = {}
 
@@ -26,9 +28,7 @@ def moe(
     x: torch.Tensor, router_weight: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int, renormalize: bool
 ) -> torch.Tensor:
     """SwiGLU experts behind a softmax top-k router; see `dl.moe` for shapes and semantics."""
-    from ..layers.ep_moe import moe_reference
-
-    return moe_reference(x, router_weight, w_gate_up, w_down, top_k, renormalize=renormalize)
+    return moe_reference(x, router_weight, w_gate_up, w_down, top_k, renormalize)
 
 
 @moe.register_fake

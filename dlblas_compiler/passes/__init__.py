@@ -1,6 +1,6 @@
 """Passes over `dl` IR, registered by name, and the pipeline runner."""
 
-from . import algebraic, classify, fuse, recognize  # noqa: F401  (registers the passes)
+from . import algebraic, classify, recognize  # noqa: F401  (registers the passes; `fuse` registers from fusion/)
 from .pipeline import PipelineResult, run_pipeline
 from .registry import PASSES, parse_pipeline, register_pass
 

@@ -1,20 +1,11 @@
-"""Execution of lowered `dl` modules: the reference interpreter and the kernel Program."""
+"""Execution of a compiled specialization: the Program of typed steps (kernel, torch, reference), derived
+weights, CUDA-graph capture, kernel-vs-reference selection, eager's output aliasing, and the reference
+interpreter of `dl` (xDSL's Interpreter with each op's torch reference)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from .ops import register_op_step
+from .program import Program, build_program
 from .reference import run_reference
 
-
-def build_executor(module, imported, options) -> Callable[[list], tuple]:
-    """The callable that runs one specialization: inputs (func args in order) → outputs."""
-    if options.backend == "reference":
-        params, calls = imported.params, imported.calls
-        return lambda inputs: run_reference(module, inputs, params, calls)
-    from .program import build_program
-
-    return build_program(module, imported, options)
-
-
-__all__ = ["build_executor", "run_reference"]
+__all__ = ["Program", "build_program", "register_op_step", "run_reference"]

@@ -1,37 +1,23 @@
 """The built-in fusion patterns, registered through the same public API users have.
 
-  attention   (50)  sdpa with the views that produce q/k/v and consume its output  → attention template
   gemm       (100)  [rms_norm →] linear → epilogue (bias, residual, glu of two column halves, rotary on
-                    head columns, slices, head reshapes/permutes, casts)            → gemm template
-  row         (10)  elementwise chains, row reductions, norms, softmax, rotary     → row template
+                    head columns, slices, head reshapes/permutes, casts), as far as the gemm template
+                    takes it                                                          → gemm template
+  attention   (50)  sdpa with the views that produce q/k/v and consume its output   → attention template
+  row         (10)  elementwise chains, row reductions, norms, softmax, rotary, grown along the legal
+                    producer/consumer edges (DNNFusion)                               → row template
+Each asks its template (`ask`) whether a candidate region can be lowered; none imports a template.
 """
 
 from __future__ import annotations
 
 from xdsl.ir import Operation, SSAValue
 
-from ..codegen import attention as attention_template
-from ..codegen import gemm as gemm_template
-from ..codegen import row as row_template
-from ..dialects import ConstantOp, LinearOp, RMSNormOp, SDPAOp
-from ..dialects.traits import MappingKind, kind_of
-from ..codegen.views import VIEW_OPS
-from .fuse import Plan, rule
-from .patterns import register_fusion_pattern
-
-
-def external_inputs(ops: list[Operation]) -> list[SSAValue]:
-    inside = set(ops)
-    seen: list[SSAValue] = []
-    for o in ops:
-        for v in o.operands:
-            if v.owner not in inside and not isinstance(v.owner, ConstantOp) and v not in seen:
-                seen.append(v)
-    return seen
-
-
-def _sorted(plan: Plan, ops) -> list[Operation]:
-    return sorted(set(ops), key=plan.order.__getitem__)
+from ..dialects import VIEW_OPS, ConstantOp, LinearOp, RMSNormOp, SDPAOp
+from ..dialects.traits import kind_of
+from .patterns import Match, register_fusion_pattern
+from .planner import Plan, ask, rule
+from .templates import WhyNot
 
 
 def _in_block(plan: Plan, v: SSAValue) -> Operation | None:
@@ -39,18 +25,13 @@ def _in_block(plan: Plan, v: SSAValue) -> Operation | None:
     return o if isinstance(o, Operation) and o.parent is plan.block else None
 
 
-# -- row -------------------------------------------------------------------------------------------
-
-
-def _row_seed(op: Operation) -> bool:
-    return not isinstance(op, VIEW_OPS + (ConstantOp,)) and isinstance(
-        row_template.analyze([op], external_inputs([op])), row_template.RowPlan
-    )
+def _takes(template: str, ops: list[Operation]) -> bool:
+    return not isinstance(ask(template, ops), WhyNot)
 
 
 def row_pattern(op: Operation, plan: Plan):
     """Grow a row region from a one-to-one / row op along producer and consumer edges."""
-    if not plan.free(op) or not _row_seed(op):
+    if not plan.free(op) or isinstance(op, (*VIEW_OPS, ConstantOp)) or not _takes("row", [op]):
         return None
     region = [op]
     frontier = [op]
@@ -67,17 +48,13 @@ def row_pattern(op: Operation, plan: Plan):
             why = rule(kind_of(cand) if is_producer else kind_of(cur), kind_of(cur) if is_producer else kind_of(cand))
             if why.startswith("never"):
                 continue
-            trial = _sorted(plan, region + [cand])
-            res = row_template.analyze(trial, external_inputs(trial))
-            if isinstance(res, row_template.RowPlan) and plan._convex(trial):
+            trial = plan.sorted(region + [cand])
+            if _takes("row", trial) and plan.convex(trial):
                 region = trial
                 frontier.append(cand)
     if all(isinstance(o, VIEW_OPS) for o in region):
         return None
     return region
-
-
-# -- gemm ------------------------------------------------------------------------------------------
 
 
 def gemm_pattern(op: Operation, plan: Plan):
@@ -87,7 +64,7 @@ def gemm_pattern(op: Operation, plan: Plan):
     region = [op]
     norm = op.input.owner
     if isinstance(norm, RMSNormOp) and plan.free(norm) and all(u.operation is op for u in norm.result.uses):
-        if isinstance(gemm_template.analyze([norm, op], external_inputs([norm, op])), gemm_template.GemmPlan):
+        if _takes("gemm", [norm, op]):
             region = [norm, op]
     grown = True
     while grown:
@@ -98,14 +75,10 @@ def gemm_pattern(op: Operation, plan: Plan):
                     cand = u.operation
                     if cand in region or not plan.free(cand):
                         continue
-                    trial = _sorted(plan, region + [cand])
-                    if isinstance(gemm_template.analyze(trial, external_inputs(trial)), gemm_template.GemmPlan) and plan._convex(trial):
+                    trial = plan.sorted(region + [cand])
+                    if _takes("gemm", trial) and plan.convex(trial):
                         region, grown = trial, True
-    lone = len(region) == 1
-    return region, lone
-
-
-# -- attention -------------------------------------------------------------------------------------
+    return Match(region, profile=len(region) == 1)
 
 
 def attention_pattern(op: Operation, plan: Plan):
@@ -116,8 +89,8 @@ def attention_pattern(op: Operation, plan: Plan):
     for v in (op.query, op.key, op.value):  # views producing the operands
         p = _in_block(plan, v)
         while p is not None and isinstance(p, VIEW_OPS) and plan.free(p) and all(u.operation in region for u in p.results[0].uses):
-            trial = _sorted(plan, region + [p])
-            if not isinstance(attention_template.analyze(trial, external_inputs(trial)), attention_template.AttentionPlan):
+            trial = plan.sorted(region + [p])
+            if not _takes("attention", trial):
                 break
             region = trial
             p = _in_block(plan, p.operands[0])
@@ -126,17 +99,13 @@ def attention_pattern(op: Operation, plan: Plan):
         nxt = cur.results[0].get_unique_use().operation
         if not isinstance(nxt, VIEW_OPS) or not plan.free(nxt):
             break
-        trial = _sorted(plan, region + [nxt])
-        if not isinstance(attention_template.analyze(trial, external_inputs(trial)), attention_template.AttentionPlan):
+        trial = plan.sorted(region + [nxt])
+        if not _takes("attention", trial):
             break
         region, cur = trial, nxt
-    if not isinstance(attention_template.analyze(region, external_inputs(region)), attention_template.AttentionPlan):
-        return None
-    return region
+    return region if _takes("attention", region) else None
 
 
 register_fusion_pattern("attention", attention_pattern, "attention", priority=50)
 register_fusion_pattern("gemm", gemm_pattern, "gemm", priority=100)
 register_fusion_pattern("row", row_pattern, "row", priority=10)
-
-__all__ = ["external_inputs", "row_pattern", "gemm_pattern", "attention_pattern", "MappingKind"]

@@ -1,16 +1,17 @@
 """`fuse`: the fusion planner. Groups ops into `dl.fused` regions, each of which becomes one kernel.
 
-Patterns are tried by priority (built-ins: attention, norm → GEMM → epilogue, then generic row
-regions); each claims a set of unclaimed ops around an anchor. The generic pattern is DNNFusion's:
-seeded at one-to-one ops and grown along producer/consumer edges that the legality table below allows
-and the row template can implement. A region must stay convex (no path leaves it and comes back).
+Patterns are tried by priority (built-ins: attention, norm → GEMM → epilogue, then generic row regions);
+each proposes a set of unclaimed ops around an anchor, the region's template is asked whether it can lower
+them (`can_lower`, through the template registry only), and a region that is convex (no path leaves it and
+comes back) is claimed. The generic pattern is DNNFusion's: seeded at one-to-one ops and grown along
+producer/consumer edges that the legality table below allows and the row template can implement.
 
 Legality (producer kind, consumer kind) → rule; "template" means only a template that supports the
 combination may fuse it (norm statistics in a GEMM prologue, rotary in a GEMM epilogue, ...).
 Profitability is explicit: fusing saves writing and re-reading every intermediate; the only
 recomputation a template does is the norm statistics per GEMM column tile (K reads of A already made
 by the tile, 1/(2*BLOCK_N) of the GEMM's flops), so legal fusions are always taken, except a lone GEMM,
-which gains nothing from fusion and is marked `profile` so the tuner measures it against cuBLAS.
+which gains nothing from fusion and is marked `profile` so the runtime measures it against cuBLAS.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from dataclasses import dataclass, field
 import networkx as nx
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, StringAttr, UnitAttr
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, UnitAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
 
 from ..dialects import (
+    VIEW_OPS,
     AddOp,
     AddRMSNormOp,
     ConstantOp,
@@ -37,12 +39,12 @@ from ..dialects import (
     TorchCallOp,
     YieldOp,
 )
-from ..dialects.traits import MappingKind, kind_of
-from ..codegen.views import VIEW_OPS
-from .algebraic import is_constant
-from .match import producer, set_name
-from .patterns import PATTERNS, FusionPattern, patterns_by_priority
-from .registry import register_pass
+from ..dialects.traits import MappingKind
+from ..passes.algebraic import is_constant
+from ..passes.match import producer, set_name
+from ..passes.registry import register_pass
+from .patterns import FusionPattern, patterns_by_priority
+from .templates import WhyNot, can_lower
 
 K = MappingKind
 LEGALITY: dict[tuple[MappingKind, MappingKind], str] = {
@@ -66,6 +68,27 @@ def rule(producer_kind: MappingKind | None, consumer_kind: MappingKind | None) -
     return LEGALITY.get((producer_kind, consumer_kind), "template only")
 
 
+def external_inputs(ops: list[Operation]) -> list[SSAValue]:
+    """The values a set of ops reads from outside it (scalar constants aside), in first-use order."""
+    inside = set(ops)
+    seen: list[SSAValue] = []
+    for o in ops:
+        for v in o.operands:
+            if v.owner not in inside and not isinstance(v.owner, ConstantOp) and v not in seen:
+                seen.append(v)
+    return seen
+
+
+def ask(template: str, ops: list[Operation]) -> object | WhyNot:
+    """The named template's plan for these ops, or why it cannot lower them. A template that raises is taken to
+    accept the ops: its bug then surfaces when the region is lowered, as a fallback with a warning (strict: an
+    error), instead of breaking the compile here."""
+    try:
+        return can_lower(template, ops, external_inputs(ops))
+    except Exception:  # noqa: BLE001
+        return None
+
+
 @dataclass
 class RegionPlan:
     pattern: FusionPattern
@@ -81,14 +104,17 @@ class Plan:
     order: dict[Operation, int]
     claimed: dict[Operation, int] = field(default_factory=dict)
     regions: list[RegionPlan] = field(default_factory=list)
-    not_fused: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def free(self, op: Operation) -> bool:
         return op.parent is self.block and op not in self.claimed and not _never_fused(op)
 
+    def sorted(self, ops) -> list[Operation]:
+        return sorted(set(ops), key=self.order.__getitem__)
+
     def claim(self, pattern: FusionPattern, ops: list[Operation], profile: bool = False) -> bool:
-        ops = sorted(set(ops), key=self.order.__getitem__)
-        if not ops or not all(self.free(o) for o in ops) or not self._convex(ops):
+        ops = self.sorted(ops)
+        if not ops or not all(self.free(o) for o in ops) or not self.convex(ops):
             return False
         rid = len(self.regions)
         self.regions.append(RegionPlan(pattern, ops, profile))
@@ -96,8 +122,8 @@ class Plan:
             self.claimed[o] = rid
         return True
 
-    def _convex(self, ops: list[Operation]) -> bool:
-        """No path from the region through an outside op back into the region."""
+    def convex(self, ops: list[Operation]) -> bool:
+        """No path from the ops through an outside op back into them (so they can run as one kernel)."""
         inside = set(ops)
         first = min(self.order[o] for o in ops)
         frontier = [u.operation for o in ops for r in o.results for u in r.uses if u.operation not in inside]
@@ -123,36 +149,36 @@ def _never_fused(op: Operation) -> bool:
     return all(is_constant(r) for r in op.results) if op.results else False
 
 
-def split_add_rms_norm(block: Block, notes: list[str]) -> None:
-    """add_rms_norm(linear(..), r) whose normed value feeds only linears → add (GEMM epilogue) + rms_norm
-    (next GEMM's prologue): zero extra kernels instead of one."""
-    for op in list(block.ops):
-        if not isinstance(op, AddRMSNormOp):
-            continue
+class SplitAddRMSNorm(RewritePattern):
+    """add_rms_norm(x, r) whose sum comes from a linear and whose normed value feeds only linears:
+        add_rms_norm(linear(..), r) → s = linear(..) + r (the GEMM's epilogue); rms_norm(s) (the next GEMM's
+        prologue)
+    zero extra kernels instead of one."""
+
+    def __init__(self, notes: list[str]):
+        self.notes = notes
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: AddRMSNormOp, rewriter: PatternRewriter):
         gemm_in = any(producer(v, LinearOp) is not None and v.has_one_use() for v in (op.input, op.residual))
         users = [u.operation for u in op.normed.uses]
         if not gemm_in or not users or not all(isinstance(u, LinearOp) and u.input == op.normed for u in users):
-            continue
+            return
         eps, offset, in_f32 = op.attrs
         add = AddOp(op.input, op.residual)
         norm = RMSNormOp(add.result, op.weight, eps, offset, in_f32)
         if norm.result.type != op.normed.type or add.result.type != op.sum.type:
-            continue
+            norm.erase()
+            add.erase()
+            return
         set_name(add.result, op.sum)
         set_name(norm.result, op.normed)
-        Rewriter.insert_op([add, norm], InsertPoint.before(op))
-        op.sum.replace_all_uses_with(add.result)
-        op.normed.replace_all_uses_with(norm.result)
-        op.detach()
-        op.erase()
-        notes.append(f"split add_rms_norm %{add.result.name_hint}: the add joins the GEMM epilogue, the norm the next prologue")
+        rewriter.replace_op(op, [add, norm], [norm.result, add.result])
+        self.notes.append(f"split add_rms_norm %{add.result.name_hint}: the add joins the GEMM epilogue, the norm the next prologue")
 
 
 def explain_unfused(plan: Plan) -> None:
     """Record, for every op left outside a region, the rule or template limit that kept it out."""
-    from ..codegen import row
-    from .builtin_patterns import external_inputs
-
     for op in plan.block.ops:
         if op in plan.claimed or isinstance(op, (ParamOp, ConstantOp, func.ReturnOp)):
             continue
@@ -166,35 +192,14 @@ def explain_unfused(plan: Plan) -> None:
         elif isinstance(op, VIEW_OPS):
             why = "a view between regions: torch returns it without a copy"
         else:
-            res = row.analyze([op], external_inputs([op]))
-            why = res if isinstance(res, str) else "no pattern claimed it"
-        plan.not_fused.append(f"not fused: {name}: {why}")
-
-
-def _sorted_ops(plan: Plan, ops) -> list[Operation]:
-    return sorted(set(ops), key=plan.order.__getitem__)
-
-
-def cannot_lower(pattern: FusionPattern, ops: list[Operation]) -> str | None:
-    """Why the template a pattern names cannot lower these ops (None when it can, or for a callable)."""
-    from ..codegen.lower import TEMPLATES
-    from .builtin_patterns import external_inputs
-
-    if not isinstance(pattern.lowering, str) or pattern.lowering not in TEMPLATES:
-        return None
-    try:
-        res = TEMPLATES[pattern.lowering][0](ops, external_inputs(ops))
-    except Exception:  # noqa: BLE001 - a template bug: the region forms, and lowering reports it (fallback)
-        return None
-    return res if isinstance(res, str) else None
+            res = ask("row", [op])
+            why = str(res) if isinstance(res, WhyNot) else "no pattern claimed it"
+        plan.notes.append(f"not fused: {name}: {why}")
 
 
 def sink_views(plan: Plan) -> None:
     """Move a view (reshape, permute, slice, broadcast) whose users all sit in one region into that
     region, when its template can read the operand through the view's strides."""
-    from ..codegen.lower import TEMPLATES
-    from .builtin_patterns import external_inputs
-
     changed = True
     while changed:
         changed = False
@@ -204,14 +209,12 @@ def sink_views(plan: Plan) -> None:
             rids = {plan.claimed.get(u.operation) for u in op.results[0].uses}
             if len(rids) != 1 or None in rids:
                 continue
-            region = plan.regions[rids.pop()]
-            template = region.pattern.lowering
-            if template not in TEMPLATES:
-                continue
-            trial = sorted([*region.ops, op], key=plan.order.__getitem__)
-            if not isinstance(TEMPLATES[template][0](trial, external_inputs(trial)), str) and plan._convex(trial):
+            rid = rids.pop()
+            region = plan.regions[rid]
+            trial = plan.sorted([*region.ops, op])
+            if not isinstance(ask(region.pattern.template, trial), WhyNot) and plan.convex(trial):
                 region.ops = trial
-                plan.claimed[op] = plan.regions.index(region)
+                plan.claimed[op] = rid
                 changed = True
 
 
@@ -247,12 +250,7 @@ def topo_sort(block: Block) -> None:
 
 def _build_region(region: RegionPlan, rid: int) -> FusedOp:
     inside = set(region.ops)
-    inputs: list[SSAValue] = []
-    for o in region.ops:
-        for v in o.operands:
-            if v.owner in inside or v in inputs or isinstance(v.owner, ConstantOp):
-                continue
-            inputs.append(v)
+    inputs = external_inputs(region.ops)
     body = Block(arg_types=[v.type for v in inputs])
     mapping: dict[SSAValue, SSAValue] = dict(zip(inputs, body.args))
     for v, a in zip(inputs, body.args):
@@ -273,12 +271,10 @@ def _build_region(region: RegionPlan, rid: int) -> FusedOp:
                 new.name_hint = old.name_hint
     outputs = [r for o in region.ops for r in o.results if any(u.operation not in inside for u in r.uses)]
     body.add_op(YieldOp(*[mapping[r] for r in outputs]))
-    name = f"{region.pattern.name}_{rid}"
-    fused = FusedOp(region.pattern.name, inputs, body, kernel=name)
+    pattern = region.pattern
+    fused = FusedOp(pattern.name, inputs, body, kernel=f"{pattern.name}_{rid}", template=pattern.template)
     if region.profile:
         fused.attributes["profile"] = UnitAttr()
-    if not isinstance(region.pattern.lowering, str):
-        fused.attributes["lowering"] = StringAttr("callable")
     for old, new in zip(outputs, fused.outputs):
         if old.name_hint:
             new.name_hint = old.name_hint
@@ -286,6 +282,33 @@ def _build_region(region: RegionPlan, rid: int) -> FusedOp:
     # the fused op takes the place of the region's first op; materialize() re-sorts the block
     region.ops[0].parent.insert_op_before(fused, region.ops[0])
     return fused
+
+
+def plan_regions(block: Block, notes: list[str]) -> Plan:
+    """Run every pattern over the block (by priority) and claim the regions their templates can lower."""
+    plan = Plan(block, {o: i for i, o in enumerate(block.ops)}, notes=notes)
+    for pattern in patterns_by_priority():
+        for o in list(block.ops):
+            if not plan.free(o):
+                continue
+            m = pattern.match(o, plan)
+            if m is None:
+                continue
+            where = f"{pattern.name} at {o.name} %{o.results[0].name_hint if o.results else ''}"
+            why = ask(pattern.template, plan.sorted(m.ops))
+            if isinstance(why, WhyNot):  # a template refuses at planning time what it cannot lower
+                plan.notes.append(f"{where}: {why}")
+            elif not plan.claim(pattern, m.ops, m.profile):
+                plan.notes.append(f"{where}: region not convex or ops taken")
+    sink_views(plan)
+    explain_unfused(plan)
+    return plan
+
+
+def fusion_notes(fn: func.FuncOp) -> list[str]:
+    """What the fuse pass recorded on a function: ops it split, regions refused, ops left unfused and why."""
+    attr = fn.attributes.get("fusion_notes")
+    return [a.data for a in attr.data] if isinstance(attr, ArrayAttr) else []
 
 
 @register_pass
@@ -296,33 +319,10 @@ class FusePass(ModulePass):
     name = "fuse"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        from . import builtin_patterns  # noqa: F401  (registers the built-in patterns)
-
         for fn in [o for o in op.ops if isinstance(o, func.FuncOp)]:
-            block = fn.body.block
             notes: list[str] = []
-            split_add_rms_norm(block, notes)
-            plan = Plan(block, {o: i for i, o in enumerate(block.ops)})
-            plan.not_fused.extend(notes)
-            for pattern in patterns_by_priority():
-                for o in list(block.ops):
-                    if not plan.free(o):
-                        continue
-                    found = pattern.matcher(o, plan)
-                    if found:
-                        ops, profile = found if isinstance(found, tuple) else (found, False)
-                        why = cannot_lower(pattern, _sorted_ops(plan, ops))
-                        if why:  # a template refuses at planning time what it cannot lower
-                            plan.not_fused.append(f"{pattern.name} at {o.name} %{o.results[0].name_hint if o.results else ''}: {why}")
-                            continue
-                        if not plan.claim(pattern, ops, profile):
-                            plan.not_fused.append(f"{pattern.name} at {o.name} %{o.results[0].name_hint if o.results else ''}: region not convex or ops taken")
-            sink_views(plan)
-            explain_unfused(plan)
+            PatternRewriteWalker(SplitAddRMSNorm(notes), apply_recursively=False).rewrite_region(fn.body)
+            plan = plan_regions(fn.body.block, notes)
             materialize(plan)
-            if plan.not_fused:
-                fn.attributes["fusion_notes"] = StringAttr("\n".join(plan.not_fused))
-
-
-def registered_patterns() -> list[str]:
-    return sorted(PATTERNS)
+            if plan.notes:
+                fn.attributes["fusion_notes"] = ArrayAttr([StringAttr(n) for n in plan.notes])

@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..kernels.gating import topk_gating, topk_gating_reference
-from ..kernels.moe import fused_moe, fused_moe_reference
+from .gating import topk_gating, topk_gating_reference
+from .moe_gemm import fused_moe, fused_moe_reference
 
 BACKENDS = ("auto", "triton", "reference")
 OVERLAP_MIN_TOKENS = 1024  # overlap="auto" votes for two chunks from this many tokens on the rank

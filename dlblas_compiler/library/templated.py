@@ -20,14 +20,13 @@ semantics, spelled the way the recognizer raises it, compiled with `dlblas_compi
   of each shape searches each kernel's config (Bayesian, cached persistently: later processes reuse it).
 * Calls run under torch.no_grad(): library ops are inference kernels (no autograd).
 
-`lowering(cm)` summarizes, from `cm.report()`, what a compiled op became (regions, kernels and how each runs,
-ops left outside regions, torch fallbacks): the tests assert each op is the expected number of kernels.
+`lowering(cm)` summarizes, from `cm.report()`'s records, what a compiled op became (regions, kernels and how each
+runs, ops left outside regions, torch fallbacks): the tests assert each op is the expected number of kernels.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,18 +34,12 @@ from typing import Any
 
 import torch
 
-TUNE = os.environ.get("DLBLAS_KERNELS_TUNE", "quick")
+from ..api import compile as compile_module
+from ..codegen import attention, gemm, row
 
-# top-level ops that move no data (views between regions): allowed outside regions
-VIEW_OPS = frozenset({"dl.reshape", "dl.permute", "dl.slice", "dl.broadcast", "dl.constant", "dl.param"})
-
-# The templates' search spaces (codegen/row.py, gemm.py, attention.py; each kernel's own space adds shape-dependent
-# constraints): the `space` the template-backed ops register. DLBLAS_KERNELS_TUNE makes the compiler search them.
-ROW_SPACE = {"BLOCK_M": [1, 2, 4, 8, 16], "num_warps": [1, 2, 4, 8, 16]}
-GEMM_SPACE = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128, 256], "BLOCK_K": [32, 64, 128],
-              "SPLIT_K": [1, 2, 4, 8], "GROUP_M": [1, 8], "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}  # fmt: skip
-ATTENTION_SPACE = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8],
-                   "num_stages": [1, 2, 3, 4]}  # fmt: skip
+# The templates' parameters (each kernel's own space adds shape-dependent constraints): the `space` the
+# template-backed ops register. DLBLAS_KERNELS_TUNE makes the compiler search them.
+ROW_SPACE, GEMM_SPACE, ATTENTION_SPACE = row.PARAMS, gemm.PARAMS, attention.PARAMS
 
 _MODULES: dict[tuple, Any] = {}
 _LAST: dict[str, Any] = {}
@@ -57,19 +50,22 @@ def backend_for(device: torch.device) -> str:
     return "triton" if device.type == "cuda" else "interpret"
 
 
+def tune_mode() -> str:
+    """DLBLAS_KERNELS_TUNE: "quick" (default), "full" or "none", read at each compile."""
+    return os.environ.get("DLBLAS_KERNELS_TUNE", "quick")
+
+
 def compiled(op: str, make: Callable[[], torch.nn.Module], static: tuple, device: torch.device) -> Any:
     """The CompiledModule of library op `op` for these static arguments on this device type (built once)."""
-    key = (op, static, device.type, TUNE)
+    key = (op, static, device.type, tune_mode())
     cm = _MODULES.get(key)
     if cm is None:
-        from .. import api
-
         with _LOCK:
             cm = _MODULES.get(key)
             if cm is None:
                 backend = backend_for(device)
-                tune = TUNE if backend == "triton" else "none"
-                cm = _MODULES[key] = api.compile(
+                tune = key[-1] if backend == "triton" else "none"
+                cm = _MODULES[key] = compile_module(
                     make().eval(), backend=backend, tune=tune, cuda_graphs=False, prefer_kernels=True
                 )
     _LAST[op] = cm
@@ -96,7 +92,7 @@ def clear_cache() -> None:
 
 @dataclass
 class Lowering:
-    """What a compiled op became, read from `cm.report()` (last-used specialization)."""
+    """What a compiled op became (its last-used specialization), from `cm.report()`'s records."""
 
     regions: list[str] = field(default_factory=list)  # pattern of each fused region: "row", "gemm", "attention"
     kernels: dict[str, str] = field(default_factory=dict)  # kernel name -> how it runs ("kernel", "reference", ...)
@@ -112,18 +108,6 @@ class Lowering:
 
 
 def lowering(cm: Any) -> Lowering:
-    """Parse `cm.report()` into a Lowering."""
-    low = Lowering()
-    for line in cm.report().splitlines():
-        if line.startswith("top-level ops: "):
-            for item in line.removeprefix("top-level ops: ").split(", "):
-                name, _, n = item.rpartition(" x")
-                if name and name not in VIEW_OPS and name != "dl.fused":
-                    low.outside.extend([name] * int(n))
-        elif m := re.match(r"  \[\d+\] (\w+): ", line):
-            low.regions.append(m.group(1))
-        elif m := re.match(r"  (\S+) \[(\w+)", line):
-            low.kernels[m.group(1)] = m.group(2)
-        elif line.startswith("torch fallbacks: "):
-            low.fallbacks = int(line.removeprefix("torch fallbacks: "))
-    return low
+    """The Lowering of a compiled op."""
+    rep = cm.report()
+    return Lowering(rep.patterns, rep.impls(), rep.outside(), len(rep.fallbacks))

@@ -1,14 +1,11 @@
-"""`cm.report()`: what the compiler did to a module, in words, and with `html=` as a picture.
-
-The picture is an SVG drawn here (no graphviz): the final IR's ops as boxes, data flow as arrows, and each
-`dl.fused` region as a coloured cluster labelled with its pattern, kernel and chosen config (see
-`_Drawing` for the layout).
+"""The report's picture: an SVG drawn here (no graphviz) of the final IR's ops as boxes, data flow as arrows,
+and each `dl.fused` region as a coloured cluster labelled with its pattern, kernel and chosen config (see
+`_Drawing` for the layout), in an HTML page with the report's text.
 """
 
 from __future__ import annotations
 
 import html as html_lib
-from collections import Counter
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -16,8 +13,8 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Operation, SSAValue
 
-from .dialects import ConstantOp, FusedOp, ParamOp, TorchCallOp, YieldOp
-from .dialects.traits import kind_of
+from ..dialects import VIEW_OPS, ConstantOp, FusedOp, ParamOp, TorchCallOp, YieldOp
+from ..dialects.traits import kind_of
 
 
 @dataclass
@@ -70,7 +67,6 @@ class Graph:
 def traffic_saved(fused: FusedOp) -> int:
     """Estimated bytes eager execution would move for the region's intermediates: each value computed and
     consumed inside the region written once and read once per use (views are free in eager, so not counted)."""
-    from .codegen.views import VIEW_OPS
 
     yielded = set(fused.yielded.values)
     total = 0
@@ -114,132 +110,51 @@ def _op_node(op: Operation, region: int | None) -> Node:
     return Node(op.name.removeprefix("dl."), detail, k.value if k else "other", region)
 
 
-@dataclass
-class Report:
-    title: str
-    backend: str
-    compile_seconds: float
-    kinds: Counter = field(default_factory=Counter)
-    ops: Counter = field(default_factory=Counter)
-    regions: list[dict] = field(default_factory=list)
-    fallbacks: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    kernels: list[dict] = field(default_factory=list)
-    graph: Graph = field(default_factory=Graph)
+def page(report, text: str) -> str:
+    """The HTML page: a legend, the graph as an SVG, then the report's text."""
+    title = html_lib.escape(f"dlblas_compiler: {report.title} ({report.backend})")
+    return (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title>\n"
+        "<style>body{font-family:sans-serif;margin:16px;color:#222} pre{background:#f6f6f6;padding:10px;"
+        "font-size:12px;overflow-x:auto} .graph{overflow:auto;border:1px solid #ddd}"
+        " .legend{font-size:13px;line-height:1.8} .sw{display:inline-block;width:14px;height:12px;"
+        "border:2px solid;border-radius:3px;margin:0 4px 0 12px;vertical-align:middle}</style></head>\n"
+        f"<body><h2>{title}</h2>\n{_legend(report)}\n<div class='graph'>\n{svg(report)}\n</div>\n"
+        f"<h3>Report</h3>\n<pre>{html_lib.escape(text)}</pre>\n</body></html>\n"
+    )
 
-    @classmethod
-    def build(cls, spec, options) -> Report:
-        module = spec.pipeline.module
-        fn = next(o for o in module.walk() if isinstance(o, func.FuncOp))
-        rep = cls(type(spec.captured.gm).__name__, options.backend, spec.compile_seconds, notes=list(spec.notes))
-        sources = spec.imported.sources
-        for op in fn.body.block.ops:
-            if isinstance(op, (func.ReturnOp, ParamOp)):
-                continue
-            rep.ops[op.name] += 1
-            if isinstance(op, FusedOp):
-                inner = [o for o in op.block.ops if not isinstance(o, ParamOp)][:-1]
-                rep.regions.append(
-                    {
-                        "pattern": op.pattern.data,
-                        "kernel": op.kernel.data if op.kernel else None,
-                        "ops": [o.name for o in inner],
-                        "kinds": sorted({k.value for o in inner if (k := kind_of(o))}),
-                        "saved_bytes": traffic_saved(op),
-                    }
-                )
-                for o in inner:
-                    if (k := kind_of(o)) is not None:
-                        rep.kinds[k.value] += 1
-            elif (k := kind_of(op)) is not None:
-                rep.kinds[k.value] += 1
-            if isinstance(op, TorchCallOp):
-                name = op.node.data
-                where = sources.get(name)
-                rep.fallbacks.append(f"{op.callee.data} (node {name}{', ' + where if where else ''})")
-        rep.kernels = list(getattr(spec.executor, "kernel_summaries", lambda: [])())
-        rep.graph = Graph.of(fn)
-        if "fusion_notes" in fn.attributes:
-            rep.notes.extend(fn.attributes["fusion_notes"].data.splitlines())
-        if getattr(spec.executor, "graph_note", ""):
-            rep.notes.append(spec.executor.graph_note)
-        return rep
 
-    def render(self, html: str | None = None) -> str:
-        """The text report; with `html`, also write that file: the graph as an SVG above the text."""
-        lines = [
-            f"dlblas_compiler report: {self.title} (backend {self.backend}, compiled in {self.compile_seconds:.2f} s)"
-        ]
-        lines.append("ops by mapping kind: " + (", ".join(f"{k} {n}" for k, n in sorted(self.kinds.items())) or "none"))
-        lines.append("top-level ops: " + ", ".join(f"{k} x{n}" for k, n in self.ops.most_common()))
-        lines.append(f"fused regions: {len(self.regions)}")
-        for i, r in enumerate(self.regions):
-            saved = f"; intermediate traffic removed ≈ {_bytes(r['saved_bytes'])}" if r.get("saved_bytes") else ""
-            lines.append(f"  [{i}] {r['pattern']}: {' '.join(r['ops'])} ({', '.join(r['kinds'])}){saved}")
-        if self.kernels:
-            lines.append(f"kernels: {len(self.kernels)}")
-            for k in self.kernels:
-                how = k.get("impl", "kernel")
-                timing = ""
-                if k.get("time"):
-                    timing = f", tuned {k['time'] * 1e6:.1f} µs"
-                    if k.get("default_time"):
-                        timing += f" (default config {k['default_time'] * 1e6:.1f} µs)"
-                reason = f" ({k['reason']})" if k.get("reason") else ""
-                lines.append(f"  {k['name']} [{how}{reason}]: {k.get('config') or ''}{timing}")
-        lines.append(f"torch fallbacks: {len(self.fallbacks)}")
-        lines.extend(f"  {f}" for f in self.fallbacks)
-        if self.notes:
-            lines.append("notes:")
-            lines.extend(f"  {n}" for n in self.notes)
-        text = "\n".join(lines)
-        if html:
-            with open(html, "w") as f:
-                f.write(self.html(text))
-        return text
+def _legend(report) -> str:
+    """What the colours mean: a box per fused region (coloured by pattern), op boxes by mapping kind."""
+    patterns = [r.pattern for r in report.regions]
+    swatch = "<span class='sw' style='background:{};border-color:{}'></span>{}"
+    regions = [swatch.format("#fff", pattern_color(p, patterns), p) for p in sorted(set(patterns))]
+    kinds = [swatch.format(KIND_FILLS[k], "#444", k) for k in KIND_FILLS if k != "other"]
+    return (
+        f"<p class='legend'>{len(report.regions)} fused regions (one kernel each), framed by pattern: "
+        f"{' '.join(regions) or 'none'}<br>ops filled by mapping kind: {' '.join(kinds)}</p>"
+    )
 
-    def html(self, text: str) -> str:
-        title = html_lib.escape(f"dlblas_compiler: {self.title} ({self.backend})")
-        return (
-            f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title>\n"
-            "<style>body{font-family:sans-serif;margin:16px;color:#222} pre{background:#f6f6f6;padding:10px;"
-            "font-size:12px;overflow-x:auto} .graph{overflow:auto;border:1px solid #ddd}"
-            " .legend{font-size:13px;line-height:1.8} .sw{display:inline-block;width:14px;height:12px;"
-            "border:2px solid;border-radius:3px;margin:0 4px 0 12px;vertical-align:middle}</style></head>\n"
-            f"<body><h2>{title}</h2>\n{self._legend()}\n<div class='graph'>\n{self.svg()}\n</div>\n"
-            f"<h3>Report</h3>\n<pre>{html_lib.escape(text)}</pre>\n</body></html>\n"
-        )
 
-    def _legend(self) -> str:
-        """What the colours mean: a box per fused region (coloured by pattern), op boxes by mapping kind."""
-        patterns = [r["pattern"] for r in self.regions]
-        swatch = "<span class='sw' style='background:{};border-color:{}'></span>{}"
-        regions = [swatch.format("#fff", pattern_color(p, patterns), p) for p in sorted(set(patterns))]
-        kinds = [swatch.format(KIND_FILLS[k], "#444", k) for k in KIND_FILLS if k != "other"]
-        return (
-            f"<p class='legend'>{len(self.regions)} fused regions (one kernel each), framed by pattern: "
-            f"{' '.join(regions) or 'none'}<br>ops filled by mapping kind: {' '.join(kinds)}</p>"
-        )
+def svg(report) -> str:
+    labels = [_region_label(report, i, r) for i, r in enumerate(report.regions)]
+    return _Drawing(report.graph, labels, [r.pattern for r in report.regions]).svg()
 
-    def svg(self) -> str:
-        return _Drawing(self.graph, [self._region_label(i, r) for i, r in enumerate(self.regions)],
-                        [r["pattern"] for r in self.regions]).svg()  # fmt: skip
 
-    def _region_label(self, i: int, region: dict) -> list[str]:
-        """Title line (pattern and kernel), then the chosen config (or why no kernel runs), wrapped."""
-        name = region["kernel"] or region["pattern"]
-        lines = [f"[{i}] {region['pattern']} · {name}"]
-        summary = next((k for k in self.kernels if k.get("name") == name), None)
-        if summary is None:
-            lines.append("no kernel launched (reference backend)" if self.backend == "reference" else "no kernel")
-            return lines
-        impl, config = summary.get("impl", "kernel"), summary.get("config") or {}
-        if impl != "kernel":
-            lines.append(f"runs as {impl}" + (f": {summary['reason']}" if summary.get("reason") else ""))
-        if config:
-            words = [f"{k.removeprefix('num_')}={v}" for k, v in config.items()]
-            lines.extend(_wrap(words, 34))
-        return [ln if len(ln) <= 60 else ln[:57] + "..." for ln in lines]
+def _region_label(report, i: int, region) -> list[str]:
+    """Title line (pattern and kernel), then the chosen config (or why no kernel runs), wrapped."""
+    name = region.kernel or region.pattern
+    lines = [f"[{i}] {region.pattern} · {name}"]
+    choice = next((k for k in report.kernels if k.region == name), None)
+    if choice is None or (report.backend == "reference" and choice.impl == "reference"):
+        lines.append("no kernel launched (reference backend)" if report.backend == "reference" else "no kernel")
+        return lines
+    if choice.impl != "kernel":
+        lines.append(f"runs as {choice.impl}" + (f": {choice.reason}" if choice.reason else ""))
+    if choice.config:
+        words = [f"{k.removeprefix('num_')}={v}" for k, v in choice.config.items()]
+        lines.extend(_wrap(words, 34))
+    return [ln if len(ln) <= 60 else ln[:57] + "..." for ln in lines]
 
 
 def _wrap(words: list[str], width: int) -> list[str]:

@@ -1,17 +1,20 @@
-"""Fusion patterns: a pattern picks a set of ops around an anchor; a lowering implements the region.
+"""The fusion pattern API: a pattern picks a set of ops around an anchor; a template implements the region.
 
-`register_fusion_pattern(name, pattern, lowering, priority)` is the public API. `pattern` is either
+`register_fusion_pattern(name, pattern, lowering, priority)` is the one API, for users and built-ins alike.
+`pattern` is either
   - a *DAG spec*: a function of placeholder operands returning `P.<op>(...)` expressions, e.g.
         def ln_linear_gelu(x, w, b, W):
             return P.gelu(P.linear(P.layer_norm(x, w, b), W))
     matched exactly (op kinds and operand structure; a placeholder used twice must bind one value;
     intermediate values must have no users outside the match), or
-  - a *matcher*: `fn(op, plan) -> list[Operation] | None`, given an unclaimed anchor op, returning the
-    ops of the region (the built-in patterns are matchers).
-`lowering` is the name of a codegen template ("gemm", "attention", "row") or a Python callable run on
-the region's input tensors: for a DAG spec, `fn(**placeholders, **attrs)` (tensors by placeholder
-name); for a matcher, `fn(*inputs, **attrs)`. attrs are the region ops' properties, keyed
-`<op>_<property>`, e.g. `layer_norm_eps`.
+  - a *matcher*: `fn(op, plan) -> Match | list[Operation] | None`, given an unclaimed anchor op and the planner
+    (`plan.free(op)`, `plan.convex(ops)`), returning the region's ops (a growing rule: the built-in patterns).
+`lowering` names a registered template ("gemm", "attention", "row", or one from `register_template`) or is a
+Python callable run on the region's input tensors: for a DAG spec `fn(**placeholders, **attrs)` (tensors by
+placeholder name), for a matcher `fn(*inputs, **attrs)`; attrs are the region ops' properties, keyed
+`<op>_<property>` (e.g. `layer_norm_eps`). A callable is registered as the pattern's own `CallTemplate`.
+Before claiming a region, the planner asks its template (`can_lower`): what the template cannot lower is not
+fused.
 """
 
 from __future__ import annotations
@@ -24,16 +27,32 @@ from typing import Any
 from xdsl.ir import Operation, SSAValue
 
 from ..dialects import ALL_OPS
+from .templates import TEMPLATES, CallTemplate, register_template
+
+
+@dataclass(frozen=True)
+class Match:
+    """A matcher's answer: the region's ops; `profile` asks the runtime to time the region's kernel against its
+    reference before keeping it (a lone GEMM gains nothing from fusion and may be faster on cuBLAS)."""
+
+    ops: list[Operation]
+    profile: bool = False
 
 
 @dataclass
 class FusionPattern:
     name: str
-    matcher: Callable[[Operation, Any], list[Operation] | None]
-    lowering: str | Callable
+    matcher: Callable[[Operation, Any], Match | list[Operation] | None]
+    template: str  # the registered template that lowers the pattern's regions
     priority: int = 0
     doc: str = ""
     dag: DagPattern | None = None
+
+    def match(self, op: Operation, plan: Any) -> Match | None:
+        found = self.matcher(op, plan)
+        if not found:
+            return None
+        return found if isinstance(found, Match) else Match(list(found))
 
 
 PATTERNS: dict[str, FusionPattern] = {}
@@ -47,13 +66,20 @@ def register_fusion_pattern(
     is_matcher = params[:2] == ["op", "plan"]
     dag = None if is_matcher else DagPattern(pattern)
     matcher = pattern if dag is None else dag.match
-    fp = FusionPattern(name, matcher, lowering, priority, doc or (pattern.__doc__ or "").strip(), dag)
+    if callable(lowering):
+        register_template(CallTemplate(name, lowering, dag))
+        template = name
+    else:
+        template = lowering
+    fp = FusionPattern(name, matcher, template, priority, doc or (pattern.__doc__ or "").strip(), dag)
     PATTERNS[name] = fp
     return fp
 
 
 def unregister_fusion_pattern(name: str) -> None:
-    PATTERNS.pop(name, None)
+    fp = PATTERNS.pop(name, None)
+    if fp is not None and isinstance(TEMPLATES.get(fp.template), CallTemplate) and fp.template == name:
+        TEMPLATES.pop(name, None)
 
 
 def patterns_by_priority() -> list[FusionPattern]:
@@ -111,7 +137,7 @@ class DagPattern:
         binding: dict[str, SSAValue] = {}
         return binding if self._match(self.root, op, binding, []) else None
 
-    def match(self, op: Operation, plan: Any) -> list[Operation] | None:
+    def match(self, op: Operation, plan: Any) -> Match | None:
         binding: dict[str, SSAValue] = {}
         matched: list[Operation] = []
         if not self._match(self.root, op, binding, matched):
@@ -120,7 +146,7 @@ class DagPattern:
         for o in inner:  # intermediates are used only inside the match
             if any(u.operation not in matched for r in o.results for u in r.uses):
                 return None
-        return matched
+        return Match(matched)
 
     def _match(self, node: Node, op: Operation, binding: dict, matched: list) -> bool:
         if type(op) is not node.op or len(op.operands) != len(node.operands):

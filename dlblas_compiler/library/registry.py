@@ -403,7 +403,7 @@ _CHOICES: dict[ChoiceKey, str] = {}  # -> implementation name
 # Modules whose import registers ops; loaded on the first get_op/list_ops, so that importing the registry (and
 # dlblas_compiler) does not import triton. Append a module name to add a library.
 BUILTIN_MODULES: list[str] = [
-    f"{__package__}.{m}" for m in ("gating", "moe", "fp8", "matmul", "norms", "rotary", "attention")
+    f"{__package__}.{m}" for m in ("gating", "moe_gemm", "fp8", "matmul", "norms", "rotary", "flash_attention")
 ]
 
 

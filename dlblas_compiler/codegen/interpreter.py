@@ -1,0 +1,160 @@
+"""Triton kernels on CPU tensors: the Triton interpreter, with the semantics the kernels have on a GPU.
+
+`interpreted()` is the context every interpreted launch runs in (the compiler's generated kernels and the
+library's hand-written ones); `launch` runs a kernel on CUDA as it is, elsewhere through its interpreted twin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import triton.language as tl
+
+_TWINS: dict[Any, Any] = {}  # a jitted function (stdlib helper or kernel) -> its interpreted twin
+_BF16_BUILDER: dict[str, Callable] = {}
+
+
+def twin(fn: Any) -> Any:
+    """The interpreted twin of a @triton.jit function (made once)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(fn, InterpretedFunction):
+        return fn
+    t = _TWINS.get(fn)
+    if t is None:
+        t = _TWINS[fn] = InterpretedFunction(fn.fn)
+    return t
+
+
+@contextlib.contextmanager
+def interpreted():
+    """Run Triton kernels under the interpreter (on CPU tensors) with the semantics they have on a GPU.
+
+    1. Triton's @jit standard-library functions (tl.sum, tl.max, tl.cdiv, ...): Triton picks compiled or
+       interpreted ones when `triton.language` is imported; a process that imported it for the GPU (or before
+       TRITON_INTERPRET was set) holds compiled ones, which interpreted kernels cannot call. For the duration of
+       an interpreted launch they are swapped for interpreted twins.
+    2. bfloat16: the interpreter keeps bf16 values as their 16-bit patterns in uint16 arrays and computes on the
+       patterns as integers (a bf16 `tl.dot` is off by ~1e11, a bf16 max orders negative numbers wrongly).
+       For the duration of the launch, arithmetic, comparisons and dots on bf16 operands compute on the exact
+       fp32 values and round results back to bf16 (round to nearest even), as the GPU does: a bf16 dot
+       multiplies exactly and accumulates in fp32.
+    """
+    from triton.runtime.interpreter import InterpreterBuilder
+    from triton.runtime.jit import JITFunction
+
+    with contextlib.suppress(ImportError):  # imported lazily by the launcher; it checks the originals
+        import triton.experimental.gluon  # noqa: F401
+    saved = []
+    for mod in (tl, tl.math, tl.standard):
+        for name, value in list(vars(mod).items()):
+            if isinstance(value, JITFunction):
+                saved.append((mod, name, value))
+                setattr(mod, name, twin(value))
+    if not _BF16_BUILDER:
+        _BF16_BUILDER.update(_bf16_builder())
+    for name, patched in _BF16_BUILDER.items():
+        saved.append((InterpreterBuilder, name, getattr(InterpreterBuilder, name)))
+        setattr(InterpreterBuilder, name, patched)
+    try:
+        yield
+    finally:
+        for mod, name, value in reversed(saved):
+            setattr(mod, name, value)
+
+
+def _bf16_to_f32(bits):
+    import numpy as np
+
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(x):
+    """fp32 -> bf16 bit patterns, rounding to nearest even (NaN stays NaN)."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.view(np.uint32)
+    rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def _bf16_builder() -> dict[str, Callable]:
+    """InterpreterBuilder methods that compute on bf16 operands as fp32 values (see `interpreted`)."""
+    import numpy as np
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle, np_erf_fp32
+
+    def is_bf16(*handles) -> bool:
+        return any(getattr(h, "dtype", None) is not None and h.dtype.scalar == tl.bfloat16 for h in handles)
+
+    def values(h):
+        return _bf16_to_f32(h.data) if h.dtype.scalar == tl.bfloat16 else h.data
+
+    def result(out, dtype):
+        if dtype == tl.bfloat16 and out.dtype.kind == "f":
+            return TensorHandle(_f32_to_bf16(out), dtype)
+        return TensorHandle(out, dtype)
+
+    base_binary, base_unary, base_ternary = (
+        InterpreterBuilder.binary_op, InterpreterBuilder.unary_op, InterpreterBuilder.ternary_op,
+    )  # fmt: skip
+    base_dot, base_fma, base_rsqrt = InterpreterBuilder.create_dot, InterpreterBuilder.create_fma, InterpreterBuilder.create_rsqrt
+    base_erf = InterpreterBuilder.create_erf
+
+    def binary_op(self, lhs, rhs, op):
+        if not is_bf16(lhs, rhs):
+            return base_binary(self, lhs, rhs, op)
+        out = op(values(lhs), values(rhs))
+        if out.dtype == np.bool_:
+            return TensorHandle(out.astype(np.uint16), lhs.dtype.scalar)  # as the interpreter returns compares
+        return result(out, lhs.dtype.scalar)
+
+    def unary_op(self, arg, op):
+        if not is_bf16(arg):
+            return base_unary(self, arg, op)
+        return result(op(values(arg)), arg.dtype.scalar)
+
+    def ternary_op(self, lhs, rhs, other, op):
+        if op is np.where or not is_bf16(lhs, rhs, other):  # a select moves bit patterns unchanged
+            return base_ternary(self, lhs, rhs, other, op)
+        return result(op(values(lhs), values(rhs), values(other)), other.dtype.scalar)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if not is_bf16(a, b):
+            return base_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        out = np.matmul(values(a), values(b), dtype=np.float32) + values(d)
+        return result(out.astype(np.float32), d.dtype.scalar)
+
+    def create_fma(self, x, y, z):
+        if not is_bf16(x, y, z):
+            return base_fma(self, x, y, z)
+        return result(values(x) * values(y) + values(z), z.dtype.scalar)
+
+    def create_rsqrt(self, arg):
+        if not is_bf16(arg):
+            return base_rsqrt(self, arg)
+        return result(1 / np.sqrt(values(arg)), arg.dtype.scalar)
+
+    def create_erf(self, arg):
+        if not is_bf16(arg):
+            return base_erf(self, arg)
+        return result(np_erf_fp32(values(arg)), arg.dtype.scalar)
+
+    return {"binary_op": binary_op, "unary_op": unary_op, "ternary_op": ternary_op, "create_dot": create_dot,
+            "create_fma": create_fma, "create_rsqrt": create_rsqrt, "create_erf": create_erf}  # fmt: skip
+
+
+_TWINS: dict = {}
+_BF16_BUILDER: dict[str, Callable] = {}
+
+
+def launch(kernel: Any, grid: Sequence[int], device: torch.device, *args: Any, **kwargs: Any) -> None:
+    """`kernel[grid](*args, **kwargs)` on CUDA; elsewhere under the Triton interpreter."""
+    if device.type == "cuda":
+        kernel[grid](*args, **kwargs)
+        return
+    with interpreted():
+        twin(kernel)[grid](*args, **kwargs)

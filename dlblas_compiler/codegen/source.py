@@ -1,0 +1,57 @@
+"""Writing kernel source: indented text, index helpers, dtype names (what every template's emitter uses)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..dialects.types import numel, shape_of
+
+HEADER = "import triton\nimport triton.language as tl\n\n"
+
+TL_DTYPE = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32"}
+
+# A kernel touching a tensor of this many elements or more computes its offsets in 64-bit integers
+# (int32 products such as row * stride would wrap); smaller ones keep the cheaper 32-bit arithmetic.
+INT32_LIMIT = 2**31
+
+
+def wide_indices(values) -> bool:
+    """Whether a kernel reading or writing these SSA tensors needs 64-bit index arithmetic."""
+    return any(numel(shape_of(v)) >= INT32_LIMIT for v in values)
+
+
+class Writer:
+    """Indented source text."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, line: str = "") -> None:
+        self.lines.append(("    " * self.depth + line) if line else "")
+
+    def indent(self) -> Writer:
+        self.depth += 1
+        return self
+
+    def dedent(self) -> None:
+        self.depth -= 1
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def row_indices(w: Writer, flat: str, nrow: int) -> None:
+    """Emit i0..i{nrow-1}: the multi-index of flat row numbers over row dims of runtime sizes R1.. (R0 implied)."""
+    rest = flat
+    for d in reversed(range(nrow)):
+        if d == 0:
+            w(f"i0 = {rest}")
+        else:
+            w(f"i{d} = {rest} % R{d}")
+            w(f"q{d} = {rest} // R{d}")
+            rest = f"q{d}"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)

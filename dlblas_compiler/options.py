@@ -1,0 +1,61 @@
+"""`Options`: how a module is compiled, one typed record passed whole from `compile()` to every stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .passes import DEFAULT_PIPELINE
+
+BACKENDS = ("triton", "interpret", "reference")
+TUNE_MODES = ("none", "quick", "full")
+
+
+def default_backend() -> str:
+    return "triton" if torch.cuda.is_available() else "reference"
+
+
+@dataclass
+class Options:
+    """backend: "triton" (CUDA), "interpret" (the same Triton kernels on CPU), "reference" (the torch reference
+    of every op); None picks triton when CUDA is available, else reference.
+    tune: "none" (each kernel's default config), "quick" (Bayesian search, <= 24 trials), "full" (every config).
+    dump_ir: a directory for the IR after every pass and every kernel's source.
+    cuda_graphs: capture the program as one CUDA graph and replay it, where that measures faster.
+    pipeline: the passes, xdsl-opt style ("canonicalize,cse,...,fuse").
+    check_each_pass: run the reference after every pass and name the first pass that changed the result.
+    strict: a region that fails to lower, compile, tune or launch raises CompileError instead of falling back
+    to its reference with a warning; a call that needs gradients raises instead of running eagerly.
+    check: True compares every kernel's outputs with its region's reference on every call (N: the first N
+    calls), warns once per region above its dtype's tolerance and shows the worst error in report(); it runs
+    each region twice and without CUDA graphs: a debugging mode.
+    expert_parallel: a torch.distributed process group; MoE blocks (`dl.moe`) then run as EPMoE, each rank
+    holding its share of the experts. Without it, on the kernel backends they run as topk_gating + fused_moe.
+    prefer_kernels: every region with a kernel runs it, even a lone GEMM that would run on cuBLAS or a tuned
+    kernel that measured slower than its region's reference (the library's template-backed ops use this).
+    """
+
+    backend: str | None = None
+    tune: str = "none"
+    dump_ir: str | None = None
+    cuda_graphs: bool = True
+    pipeline: str = DEFAULT_PIPELINE
+    check_each_pass: bool = False
+    strict: bool = False
+    check: bool | int = False
+    expert_parallel: Any = None
+    prefer_kernels: bool = False
+
+    def __post_init__(self):
+        self.backend = self.backend or default_backend()
+        self.pipeline = self.pipeline or DEFAULT_PIPELINE
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.tune not in TUNE_MODES:
+            raise ValueError(f"tune must be one of {TUNE_MODES}, got {self.tune!r}")
+        if not isinstance(self.check, bool) and (not isinstance(self.check, int) or self.check < 0):
+            raise ValueError(f"check must be a bool or a number of calls >= 0, got {self.check!r}")
+        if self.backend == "triton" and not torch.cuda.is_available():
+            raise ValueError("backend='triton' needs a CUDA GPU; use 'interpret' (Triton on CPU) or 'reference'")

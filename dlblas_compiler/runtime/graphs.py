@@ -1,0 +1,80 @@
+"""CUDA graphs: a program captured once and replayed while the input signature matches.
+
+A replay saves launch overhead and costs copying the inputs in and cloning the outputs. Where the direct calls
+are GPU-bound (enqueueing them takes under half their time) there is no overhead to save, so the graph goes.
+Otherwise both are timed, alternating (5 rounds of 3 calls, the best round of each: the first direct calls
+after a capture pay allocator growth), and the faster stays.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class CudaGraph:
+    """The capture of `run` (a program's direct execution: inputs -> outputs) and its replays."""
+
+    run: Callable[[list], tuple]
+    note: str = ""  # the keep-or-drop measurement, for the report
+    graph: Any = None
+    static_in: list[torch.Tensor] | None = None
+    static_out: tuple | None = None
+
+    def capture(self, inputs: list) -> bool:
+        """Warm up on a side stream (tunes and compiles kernels, settles the allocator), then capture. False
+        (with a warning) when the program cannot be captured: it then runs without."""
+        self.static_in = [x.detach().clone().contiguous() for x in inputs]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(stream):
+                self.run(self.static_in)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.static_out = self.run(self.static_in)
+            self.graph = graph
+            return True
+        except Exception as e:  # noqa: BLE001 - a program that cannot be captured still runs
+            warnings.warn(f"dlblas_compiler: CUDA graph capture failed ({type(e).__name__}: {e}); running without", stacklevel=4)
+            self.graph = None
+            return False
+
+    def replay(self, inputs: list) -> tuple:
+        for buf, x in zip(self.static_in, inputs):
+            buf.copy_(x)
+        self.graph.replay()
+        return tuple(o.clone() for o in self.static_out)
+
+    def pays(self, inputs: list) -> bool:
+        """Whether replaying beats direct calls (see the module docstring); the timings go to `note`."""
+        return graph_pays(self, inputs)
+
+
+def graph_pays(runner: Any, inputs: list) -> bool:
+    """The keep-or-drop rule for anything with `run(inputs)` and `replay(inputs)`; sets `runner.note`."""
+
+    def seconds(fn) -> tuple[float, float]:  # (enqueue, enqueue + wait for the GPU) per call
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        return (t1 - t0) / 3, (time.perf_counter() - t0) / 3
+
+    direct_fn, replay_fn = (lambda: runner.run(inputs)), (lambda: runner.replay(inputs))
+    direct_fn(), replay_fn()
+    rounds = [(seconds(direct_fn), seconds(replay_fn)) for _ in range(5)]
+    enqueue, direct = min((r[0] for r in rounds), key=lambda t: t[1])  # the fastest direct round
+    replay = min(r[1][1] for r in rounds)
+    runner.note = (f"CUDA graph replay {replay * 1e6:.0f} µs vs direct launches {direct * 1e6:.0f} µs per call "
+                   f"({enqueue * 1e6:.0f} µs of it enqueueing)")  # fmt: skip
+    return enqueue >= 0.5 * direct and replay < direct

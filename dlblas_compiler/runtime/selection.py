@@ -1,0 +1,63 @@
+"""Tuning a region on its first call: its kernel's config is searched (`tuning.tune`), then the kernel is
+timed against the region's reference (cuBLAS for a lone GEMM, torch's SDPA for attention) on the same inputs
+and the faster kept, unless the region must keep its kernel (`prefer_kernels`). Both results live in the
+persistent tuning cache: the choice under the kernel's kind with ":impl" appended, keyed like its config."""
+
+from __future__ import annotations
+
+import torch
+
+from ..tuning import CacheEntry, CacheKey, benchmark, default_cache, tune
+from .steps import RegionStep, first_line
+
+TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucketed to powers of two in cache keys
+
+
+def tune_region(step: RegionStep, tensors: list, mode: str, progress: bool = True) -> None:
+    """Search the kernel's config, then keep the kernel only if it beats the region's reference. Any failure
+    of the search falls back to the reference (strict: raises)."""
+    try:
+        _search(step, tensors, mode, progress)
+        if not step.prefer_kernel:
+            select(step, tensors)
+    except Exception as e:  # noqa: BLE001
+        step.fall_back(f"region {step.choice.region}: tuning failed ({type(e).__name__}: {first_line(e)})", e)
+
+
+def _search(step: RegionStep, tensors: list, mode: str, progress: bool) -> None:
+    k, c = step.kernel, step.choice
+    ref_out: list = []
+
+    def ref() -> list:  # the tuner asks for it only on a cache miss
+        if not ref_out:
+            with torch.no_grad():
+                ref_out.extend(step.reference(tensors))
+        return ref_out
+
+    kind, key = k.tuning_key
+    out = tune(kind, key, k.space, lambda cfg: (lambda: step.launch(tensors, cfg)), k.shape_key,
+               [t.dtype for t in tensors], tensors[0].device, ref, mode=mode, token_dims=TOKEN_DIMS,
+               progress=progress)  # fmt: skip
+    c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
+
+
+def select(step: RegionStep, tensors: list) -> None:
+    """Kernel (with its tuned config) or reference, whichever measures faster on these inputs (remembered)."""
+    k, c = step.kernel, step.choice
+    kind, source = k.tuning_key
+    device = tensors[0].device
+    key = CacheKey.make(f"{kind}:impl", source, {**k.shape_key, "config": str(sorted(c.config.items()))},
+                        [t.dtype for t in tensors], device, "kernel|reference", TOKEN_DIMS)  # fmt: skip
+    cache = default_cache()
+    hit = cache.get(key)
+    if hit is None:
+        times = {
+            "kernel": benchmark(lambda: step.launch(tensors, c.config), device=device),
+            "reference": benchmark(lambda: step.reference(tensors), device=device),
+        }
+        impl = min(times, key=times.get)
+        hit = CacheEntry({"impl": impl}, times[impl], times["kernel"], 2)
+        cache.put(key, hit)
+    if hit.config["impl"] == "reference":
+        c.impl, c.reference_time = "reference", hit.time
+        c.reason = "the reference (torch / cuBLAS) measured faster"
