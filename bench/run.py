@@ -113,7 +113,7 @@ def bench_one(block: str, m: int, modes: list[str], tune: str, dtype, rounds: in
                 # kernels without them (the -no-cudagraphs / -nocg mode)
                 graph = graphed(fn) if mode not in ("max-autotune", "ours") else None
                 if mode.startswith("ours"):
-                    kernels = obj._spec().executor.kernel_summaries()
+                    kernels = [k.to_dict() for k in obj.report().kernels]
                     row["kernels"] = [{k: v for k, v in d.items() if k in ("name", "impl", "config", "time", "default_time", "reference_time", "reason")} for d in kernels]
                     if mode == "ours":
                         row["graph_note"] = obj._spec().executor.graph_note or "no CUDA graph"

@@ -269,7 +269,7 @@ def test_llama_block_five_kernels(backend, dtype, tokens):
     x, cos, sin = llama_block_inputs(cfg, 1, tokens)
     cm = _run(randomize_(LlamaBlock(cfg)), [x, cos, sin], backend, dtype,
               expect_regions={"gemm": 4, "attention": 1, "row": 0})  # fmt: skip
-    kernels = [k for k in cm._spec().executor.kernel_summaries() if k["impl"] == "kernel"]
+    kernels = [k.to_dict() for k in cm.report().kernels if k.impl == "kernel"]
     assert len(kernels) == 5
 
 

@@ -37,7 +37,7 @@ def _run(model, *args, backend="interpret", **opts):
 
 
 def _impls(cm) -> dict[str, str]:
-    return {k["pattern"]: k["impl"] for k in cm._spec().executor.kernel_summaries()}
+    return {k.pattern: k.impl for k in cm.report().kernels}
 
 
 def _same_values(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:

@@ -346,7 +346,7 @@ def test_library_ops_keep_their_kernels_where_the_reference_measures_faster(monk
     from dlblas_compiler.runtime.steps import RegionStep
     from dlblas_compiler.tuning import TuneCache, TuneOutcome
 
-    monkeypatch.setattr(selection, "tune", lambda name, h, space, *a, **k: TuneOutcome(space.default(), 1e-3, 1e-3, 1, False))
+    monkeypatch.setattr(selection, "tune", lambda job, *a, **k: TuneOutcome(job.space.default(), 1e-3, 1e-3, 1, False))
     monkeypatch.setattr(selection, "default_cache", lambda c=TuneCache(tmp_path / "tune.sqlite"): c)
     timings = {"kernel": 1e-3, "reference": 1e-4}  # the kernel is timed first, then the reference
     monkeypatch.setattr(selection, "benchmark", lambda fn, **k: timings.pop(next(iter(timings))))

@@ -44,7 +44,7 @@ def _calls(cm, *args, n=3):
 
 
 def _impls(cm) -> dict[str, str]:
-    return {k["name"]: k["impl"] for k in cm._spec().executor.kernel_summaries()}
+    return cm.report().impls()
 
 
 class TwoRegions(nn.Module):
@@ -115,8 +115,8 @@ def _inject(monkeypatch, fault: str) -> tuple[set[str], str]:
         monkeypatch.setattr(selection, "tune", _raise(fault))
         return {"gemm_0", "row_1"}, "tuning failed (RuntimeError: injected tuning fault)"
 
-    def bad_config(name, h, space, *a, **k):  # the search "finds" a config with which the kernel cannot launch
-        return TuneOutcome(dict(space.default(), BLOCK_M=3), 1e-3, 1e-3, 1, False)
+    def bad_config(job, *a, **k):  # the search "finds" a config with which the kernel cannot launch
+        return TuneOutcome(dict(job.space.default(), BLOCK_M=3), 1e-3, 1e-3, 1, False)
 
     monkeypatch.setattr(selection, "tune", bad_config)
     monkeypatch.setattr(selection, "select", lambda step, tensors: None)  # (the kernel was chosen before)
@@ -140,7 +140,7 @@ def test_injected_fault_falls_back_with_one_warning_per_region(monkeypatch, faul
         assert cause in msg and msg.endswith("using its reference"), msg
     impls = _impls(cm)
     assert {r for r, impl in impls.items() if impl == "reference"} == hit, impls
-    assert all(k.get("reason") for k in cm._spec().executor.kernel_summaries() if k["impl"] == "reference")
+    assert all(k.reason for k in cm.report().kernels if k.impl == "reference")
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -584,7 +584,7 @@ def test_check_reports_the_worst_error_per_region():
     m, args, _ = _two()
     cm = dc.compile(m, backend="interpret", check=2)
     _, warned = _calls(cm, *args, n=4)
-    summaries = {k["name"]: k for k in cm._spec().executor.kernel_summaries()}
+    summaries = {k.region: k.to_dict() for k in cm.report().kernels}
     assert not warned and {k["check_calls"] for k in summaries.values()} == {2}
     assert all(0 <= k["check_error"] <= 1e-5 for k in summaries.values())
     report = cm.report()

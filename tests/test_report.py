@@ -54,7 +54,7 @@ def test_html_draws_regions_as_labelled_clusters(llama_block, tmp_path):
     clusters = [r for r in svg.iter(SVG + "rect") if r.get("class") == "cluster"]
     assert [c.get("data-pattern") for c in clusters] == ["gemm", "attention", "gemm", "gemm", "gemm"]
     labels = [t.text for t in svg.iter(SVG + "text") if t.get("class") == "cluster-label"]
-    kernels = cm._spec().executor.kernel_summaries()
+    kernels = [k.to_dict() for k in cm.report().kernels]
     assert len(kernels) == 5
     for i, k in enumerate(kernels):  # pattern and kernel name, then the chosen config
         assert f"[{i}] {k['pattern']} · {k['name']}" in labels

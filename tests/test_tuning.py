@@ -13,6 +13,7 @@ from dlblas_compiler.tuning import (
     TUNE_MODES,
     SearchSpace,
     TuneCache,
+    TuneJob,
     TuningCheckError,
     TuningError,
     bayes,
@@ -309,10 +310,12 @@ def _builder(x, calls, fast=lambda c: False, wrong=lambda c: False):
     return build
 
 
-def _tune(build, shape, cache, source_hash="h", **kw):
+def _tune(build, shape, cache, source_hash="h", reference=None, token_dims=(), mode="quick", **kw):
     """`tune` of a relu kernel on CPU with short timings."""
     kw = {"progress": False, "warmup_ms": 1, "rep_ms": 3, **kw}
-    return tune("relu", source_hash, _tiny_kernel_space(), build, shape, [torch.float32], "cpu", cache=cache, **kw)
+    job = TuneJob("relu", source_hash, _tiny_kernel_space(), build, shape, (torch.float32,), "cpu", reference,
+                  token_dims=token_dims)  # fmt: skip
+    return tune(job, mode, cache=cache, **kw)
 
 
 def test_tune_caches_and_hits_with_zero_evaluations(tmp_path):
@@ -377,10 +380,11 @@ def test_tune_settles_an_implementation_choice(tmp_path):
         return run
 
     cache = TuneCache(tmp_path / "c.sqlite")
-    kw = {"reference": torch.relu(x), "cache": cache, "progress": False, "warmup_ms": 1, "rep_ms": 5}
-    out = tune("region3:impl", "h", space, build, {"M": 16}, [torch.float32], "cpu", policy="bayes", **kw)
+    job = TuneJob("region3:impl", "h", space, build, {"M": 16}, (torch.float32,), "cpu", torch.relu(x))
+    kw = {"cache": cache, "progress": False, "warmup_ms": 1, "rep_ms": 5}
+    out = tune(job, policy="bayes", **kw)
     assert out.config == {"impl": "fused"} and out.trials == 3 and out.default_time > 0.002
-    assert tune("region3:impl", "h", space, build, {"M": 16}, [torch.float32], "cpu", **kw).from_cache
+    assert tune(job, **kw).from_cache
 
 
 def test_quick_mode_budget():
@@ -388,10 +392,11 @@ def test_quick_mode_budget():
     assert quick.policy == "bayes" and quick.patience == 8
     assert quick.budget(500) == 24 and quick.budget(100) == 12 and quick.budget(20) == 8 and quick.budget(5) == 5
     assert TUNE_MODES["full"].budget(500) == 500 and TUNE_MODES["none"] is None
+    job = TuneJob("k", "h", _tiny_kernel_space(), lambda c: None, {}, (), "cpu")
     with pytest.raises(ValueError, match="unknown tune mode"):
-        tune("k", "h", _tiny_kernel_space(), lambda c: None, {}, [], "cpu", mode="fast")
+        tune(job, mode="fast")
     with pytest.raises(ValueError, match="unknown tuning policy"):
-        tune("k", "h", _tiny_kernel_space(), lambda c: None, {}, [], "cpu", policy="anneal")
+        tune(job, policy="anneal")
 
 
 def test_compare_flags_concentrated_errors_but_not_low_precision_rounding():

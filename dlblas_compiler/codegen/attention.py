@@ -21,7 +21,7 @@ from ..tuning.space import SearchSpace
 from . import device
 from .kernel import Kernel
 from .source import TL_DTYPE, Writer, cdiv, wide_indices
-from .views import VIEW_OPS, Layout, view_chain
+from .views import VIEW_OPS, Layout, view_chain, view_source
 
 
 @dataclass
@@ -33,17 +33,6 @@ class AttentionPlan:
     @property
     def output(self) -> SSAValue:
         return self.out_chain[-1].results[0] if self.out_chain else self.sdpa.result
-
-
-def _chain_to_input(v: SSAValue, inside: set, inputs: list[SSAValue]) -> tuple[SSAValue, list[Operation]] | None:
-    chain = []
-    while v.owner in inside:
-        op = v.owner
-        if not isinstance(op, VIEW_OPS):
-            return None
-        chain.append(op)
-        v = op.operands[0]
-    return (v, chain[::-1]) if v in inputs else None
 
 
 def out_layout(chain: list[Operation], final_shape: tuple[int, ...]) -> Layout | None:
@@ -86,7 +75,7 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> AttentionPlan | str
     for name, val in (("q", op.query), ("k", op.key), ("v", op.value), ("mask", op.mask)):
         if val is None:
             continue
-        found = _chain_to_input(val, inside, inputs)
+        found = view_source(val, inside, inputs)
         if found is None:
             return f"{name} is not a region input read through views"
         base, chain = found

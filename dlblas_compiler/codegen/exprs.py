@@ -11,19 +11,21 @@ from __future__ import annotations
 from xdsl.ir import SSAValue
 
 from ..dialects import (
+    GELU_EXPR,
     BinaryOp,
     ConstantOp,
     ConvertOp,
     GluOp,
+    SiluOp,
     UnaryOp,
 )
 from ..dialects.types import dtype_of
 from .source import TL_DTYPE, Writer
 
-GLU_EXPR = {
-    "silu": "{g} * tl.sigmoid({g})",
-    "gelu": "0.5 * {g} * (1.0 + tl.erf({g} * 0.7071067811865476))",
-    "gelu_tanh": "0.5 * {g} * (1.0 + (2.0 * tl.sigmoid(2.0 * (0.7978845608028654 * ({g} + 0.044715 * {g} * {g} * {g}))) - 1.0))",
+GLU_EXPR = {  # dl.glu's activations, as the dialect's own ops compute them
+    "silu": SiluOp.TRITON,
+    "gelu": GELU_EXPR["none"],
+    "gelu_tanh": GELU_EXPR["tanh"],
 }
 
 
@@ -67,7 +69,7 @@ def emit_pointwise(w: Writer, names: Names, op) -> bool:
         expr = names[op.input]
     elif isinstance(op, GluOp):
         g = names[op.gate]
-        expr = f"({GLU_EXPR[op.act.data].format(g=g)}) * {names[op.up]}"
+        expr = f"{GLU_EXPR[op.act.data].format(x=g)} * {names[op.up]}"
     else:
         return False
     t = names.fresh("v")

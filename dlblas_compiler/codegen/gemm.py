@@ -49,7 +49,7 @@ from .exprs import Names, emit_pointwise, round_to
 from .interpreter import launch as launch_lib
 from .kernel import Kernel
 from .source import TL_DTYPE, Writer, cdiv, row_indices, wide_indices
-from .views import VIEW_OPS, Layout, view_chain
+from .views import VIEW_OPS, Layout, view_chain, view_source
 
 POINTWISE = (UnaryOp, BinaryOp, ConvertOp, GluOp, ConstantOp)
 
@@ -85,15 +85,12 @@ class GemmPlan:
 
 
 def input_view(v: SSAValue, inside: set, inputs: list[SSAValue]) -> tuple[SSAValue, list[Operation]] | None:
-    """(region input, view chain) that `v` is read through, if its layout is a view (no copy)."""
-    chain = []
-    while v.owner in inside and isinstance(v.owner, VIEW_OPS):
-        chain.append(v.owner)
-        v = v.owner.operands[0]
-    lay = view_chain(Layout.contiguous(shape_of(v)), chain[::-1]) if v in inputs else None
-    if lay is None or lay.offset:
+    """(region input, view chain) that `v` is read through, if its layout is a view (no copy) from offset 0."""
+    found = view_source(v, inside, inputs)
+    if found is None:
         return None
-    return v, chain[::-1]
+    lay = view_chain(Layout.contiguous(shape_of(found[0])), found[1])
+    return None if lay is None or lay.offset else found
 
 
 def _split_cols(c: Cols, old: tuple[int, ...], new: tuple[int, ...], nrow: int) -> Cols | None:

@@ -38,7 +38,7 @@ from ..tuning.space import SearchSpace, pow2
 from .exprs import Names, emit_pointwise, round_to
 from .kernel import Kernel
 from .source import TL_DTYPE, Writer, cdiv, row_indices, wide_indices
-from .views import VIEW_OPS, Layout, view_chain
+from .views import VIEW_OPS, Layout, view_chain, view_source
 
 MAX_N = 32768
 POINTWISE = (UnaryOp, BinaryOp, ConvertOp, ConstantOp, GluOp)
@@ -131,13 +131,10 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
                 continue
             if isinstance(v.owner, ConstantOp):
                 continue
-            chain, base = [], v
-            while base in produced:
-                chain.append(produced[base])
-                base = produced[base].operands[0]
-            chain.reverse()
-            if base not in inputs:
+            found = view_source(v, set(produced.values()), inputs)
+            if found is None:
                 return f"operand of {o.name} comes from outside the region without being an input"
+            base, chain = found
             vs = shape_of(v)
             lead_ok = all(a in (1, b) for a, b in zip(vs[-2::-1], it[-2::-1])) if len(vs) > 1 else True
             last_ok = not vs or vs[-1] in (1, it[-1]) or (isinstance(o, RotaryOp) and v in (o.cos, o.sin))

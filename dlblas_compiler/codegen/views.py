@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
 from ..dialects import VIEW_OPS, BroadcastOp, PermuteOp, ReshapeOp, SliceOp
 
@@ -116,3 +116,16 @@ class Unflatten:
         recon = " + ".join(terms) if terms else "0"
         cond = f"({rel} == {recon})"
         return f"({cond} & ({p} >= {self.layout.offset}))" if self.layout.offset else cond
+
+
+def view_source(v: SSAValue, inside: set, inputs: list[SSAValue]) -> tuple[SSAValue, list[Operation]] | None:
+    """(region input, the view ops from it to `v`, in order) when `v` is a region input read through views
+    inside the region; None when a non-view op computes it or the chain starts outside the inputs."""
+    chain: list[Operation] = []
+    while v.owner in inside:
+        if not isinstance(v.owner, VIEW_OPS):
+            return None
+        chain.append(v.owner)
+        v = v.owner.operands[0]
+    return (v, chain[::-1]) if v in inputs else None
+

@@ -277,7 +277,8 @@ class RMSNormOp(IRDLOperation):
 
 
 def rms_norm_reference(x, w, eps: float, offset: float = 0.0, scale_in_f32: bool = False):
-    xf = x.float()
+    """RMSNorm in torch: statistics in float32 (float64 stays float64), see dl.rms_norm."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     if w is None:
         return normed.to(x.dtype)

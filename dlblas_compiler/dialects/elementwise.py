@@ -61,6 +61,7 @@ def _unary(op_name: str, ref, expr: str, fns: tuple = (), doc: str = "") -> type
     class _Op(UnaryOp):
         name = op_name
         TORCH_FNS: ClassVar[tuple] = fns
+        TRITON: ClassVar[str] = expr  # the Triton expression of {x}
 
         def reference(self, x):
             return ref(x)
@@ -87,7 +88,11 @@ SiluOp = _unary("dl.silu", F.silu, "({x} * tl.sigmoid({x}))", (F.silu,))
 TanhOp = _unary("dl.tanh", torch.tanh, "(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)", (torch.tanh, F.tanh, "tanh"))
 ReluOp = _unary("dl.relu", torch.relu, "tl.where({x} < 0.0, 0.0, {x})", (torch.relu, F.relu, "relu"))
 
-_GELU_TANH = "(0.5 * {x} * (1.0 + (2.0 * tl.sigmoid(2.0 * (0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x}))) - 1.0)))"
+# GELU's Triton expressions by `approximate` (also the gated activations of dl.glu)
+GELU_EXPR = {
+    "none": "(0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476)))",
+    "tanh": "(0.5 * {x} * (1.0 + (2.0 * tl.sigmoid(2.0 * (0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x}))) - 1.0)))",
+}
 
 
 @irdl_op_definition
@@ -109,9 +114,7 @@ class GeluOp(UnaryOp):
         return F.gelu(x, approximate=self.approximate.data)
 
     def triton(self, x: str) -> str:
-        if self.approximate.data == "tanh":
-            return _GELU_TANH.format(x=x)
-        return f"(0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476)))"
+        return GELU_EXPR[self.approximate.data].format(x=x)
 
 
 @irdl_op_definition

@@ -164,11 +164,12 @@ def _tuned_config(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, mode: str) 
     M, K = a.shape
     N = b.shape[1]
     space = search_space(a.dtype, default_config(M, N, K, a.dtype, a.device))
-    out = tuning.tune(
+    job = tuning.TuneJob(
         "lib:matmul_persistent", "v1", space, lambda cfg: (lambda: _launch(a, b, c, cfg)),
-        {"M": M, "N": N, "K": K, "a": tuple(a.stride()), "b": tuple(b.stride())}, [a.dtype], a.device,
-        lambda: torch.matmul(a, b), mode=mode, token_dims=("M",), progress=False,
+        {"M": M, "N": N, "K": K, "a": tuple(a.stride()), "b": tuple(b.stride())}, (a.dtype,), a.device,
+        lambda: torch.matmul(a, b), token_dims=("M",),
     )  # fmt: skip
+    out = tuning.tune(job, mode, progress=False)
     return out.config
 
 

@@ -31,24 +31,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..dialects.compute import rms_norm_reference as dl_rms_norm_reference
 from .common import FLOAT_DTYPES
 from .registry import Optional, Scalar, Sig, Tensor, in_range, register_op, same_dtype, where
 from .templated import GEMM_SPACE, ROW_SPACE, run
 
-_LOW = (torch.float16, torch.bfloat16)
 
 
 # --------------------------------------------------------------------------------------------- torch references
 
 
-def _normed(x: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float() if x.dtype in _LOW else x
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """rms_norm in torch (statistics in float32 for 16-bit inputs; pass float64 tensors for a float64 reference)."""
-    return weight * _normed(x, eps)
+    """rms_norm in torch (statistics in float32 for 16-bit inputs; pass float64 tensors for a float64 reference):
+    the `dl.rms_norm` op's own reference."""
+    return dl_rms_norm_reference(x, weight, eps)
 
 
 def add_rms_norm_reference(
@@ -56,7 +52,7 @@ def add_rms_norm_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual, weight), x + residual) in torch."""
     s = x + residual
-    return weight * _normed(s, eps), s
+    return dl_rms_norm_reference(s, weight, eps), s
 
 
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:

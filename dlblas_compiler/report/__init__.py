@@ -16,7 +16,7 @@ from typing import Any
 
 from xdsl.dialects import func
 
-from ..dialects import FusedOp, ParamOp, TorchCallOp
+from ..dialects import VIEW_OPS, ConstantOp, FusedOp, ParamOp, TorchCallOp
 from ..dialects.traits import kind_of
 from ..fusion.planner import fusion_notes
 from ..runtime.steps import KernelChoice
@@ -97,7 +97,7 @@ class Report:
 
     def outside(self) -> list[str]:
         """Top-level compute ops left outside every region (views, parameters and constants aside)."""
-        skip = {"dl.fused", "dl.reshape", "dl.permute", "dl.slice", "dl.broadcast", "dl.constant", "dl.param"}
+        skip = {op.name for op in (*VIEW_OPS, FusedOp, ConstantOp, ParamOp)}
         return [name for name, n in self.ops.items() for _ in range(n) if name not in skip]
 
     def to_dict(self) -> dict:

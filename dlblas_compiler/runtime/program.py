@@ -101,9 +101,6 @@ class Program:
     def kernel_choices(self) -> list[KernelChoice]:
         return list(self.choices)
 
-    def kernel_summaries(self) -> list[dict]:
-        return [c.to_dict() for c in self.choices]
-
 
 class Builder:
     """Turns a lowered module into a Program."""

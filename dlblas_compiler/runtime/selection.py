@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tuning import CacheEntry, CacheKey, benchmark, default_cache, tune
+from ..tuning import CacheEntry, CacheKey, TuneJob, benchmark, default_cache, tune
 from .steps import RegionStep, first_line
 
 TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucketed to powers of two in cache keys
@@ -35,9 +35,9 @@ def _search(step: RegionStep, tensors: list, mode: str, progress: bool) -> None:
         return ref_out
 
     kind, key = k.tuning_key
-    out = tune(kind, key, k.space, lambda cfg: (lambda: step.launch(tensors, cfg)), k.shape_key,
-               [t.dtype for t in tensors], tensors[0].device, ref, mode=mode, token_dims=TOKEN_DIMS,
-               progress=progress)  # fmt: skip
+    job = TuneJob(kind, key, k.space, lambda cfg: (lambda: step.launch(tensors, cfg)), k.shape_key,
+                  tuple(t.dtype for t in tensors), tensors[0].device, ref, token_dims=TOKEN_DIMS)  # fmt: skip
+    out = tune(job, mode, progress=progress)
     c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
 
 

@@ -4,7 +4,7 @@ from .cache import CacheEntry, CacheKey, DeviceFingerprint, TuneCache, bucket, d
 from .policies import POLICIES, Progress, Trial, TuneResult, bayes, grid, random
 from .profiler import TuningCheckError, as_outputs, benchmark, make_objective
 from .space import Config, SearchSpace, pow2
-from .tuner import TUNE_MODES, TuneMode, TuneOutcome, TuningError, default_cache, tune
+from .tuner import TUNE_MODES, TuneJob, TuneMode, TuneOutcome, TuningError, default_cache, tune
 
 __all__ = [
     "Config",
@@ -30,6 +30,7 @@ __all__ = [
     "device_fingerprint",
     "TUNE_MODES",
     "TuneMode",
+    "TuneJob",
     "TuneOutcome",
     "TuningError",
     "default_cache",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,39 +104,52 @@ def _progress(name: str, total: int, enabled: bool) -> Iterator[Progress | None]
         yield _Bar(bar, bar.add_task(name, total=total, best="-"))
 
 
+@dataclass(frozen=True)
+class TuneJob:
+    """What to tune: kernel `name` (with the hash of its source) over `space`, for one shape, dtypes and device.
+
+    `build(config)` returns a callable that runs the candidate (on `arg_sets[i]` when given, else on no arguments)
+    and returns its outputs; `reference` (the outputs for the first argument set, or a zero-arg callable producing
+    them; None skips the check) is what each candidate must match to be eligible. `token_dims` names the
+    token-count dims of `shape`, which the cache key buckets to powers of two."""
+
+    name: str
+    source_hash: str
+    space: SearchSpace
+    build: Callable[[Config], Callable[..., Any]]
+    shape: Mapping[str, Any]
+    dtypes: tuple
+    device: str | torch.device
+    reference: Any = None
+    arg_sets: Sequence[tuple] | None = None
+    token_dims: tuple[str, ...] = ()
+
+    def cache_key(self) -> CacheKey:
+        return CacheKey.make(self.name, self.source_hash, self.shape, self.dtypes, self.device,
+                             self.space.fingerprint(), self.token_dims)  # fmt: skip
+
+
 def tune(
-    name: str,
-    source_hash: str,
-    space: SearchSpace,
-    build: Callable[[Config], Callable[..., Any]],
-    shape_key: Mapping[str, Any],
-    dtypes: Iterable[Any],
-    device: str | torch.device,
-    reference: Any = None,
+    job: TuneJob,
+    mode: str = "quick",
+    *,
     policy: str | None = None,
     budget: int | None = None,
     patience: int | None = None,
     cache: TuneCache | None = None,
     progress: bool = True,
-    *,
-    mode: str = "quick",
-    arg_sets: Sequence[tuple] | None = None,
-    token_dims: Iterable[str] = (),
     seed: int = 0,
     warmup_ms: float = 25.0,
     rep_ms: float = 100.0,
 ) -> TuneOutcome:
-    """Pick the fastest valid config of kernel `name` for this shape bucket, dtypes and device.
+    """Pick the fastest valid config of `job` for its shape bucket, dtypes and device.
 
-    `build(config)` returns a callable that runs the candidate (on `arg_sets[i]` when given, else on no
-    arguments) and returns its outputs; `reference` (the outputs for the first argument set, or a zero-arg
-    callable producing them; None skips the check) is what each candidate must match to be eligible.
     `mode` ("none", "quick", "full", see `TUNE_MODES`) sets the policy, budget and patience; explicit
-    `policy`/`budget`/`patience` override it. `token_dims` names the token-count dims of `shape_key`, which
-    the cache key buckets to powers of two. The `cache` (default: `default_cache()`) is consulted first: a hit
+    `policy`/`budget`/`patience` override it. The `cache` (default: `default_cache()`) is consulted first: a hit
     runs nothing. Otherwise the search runs, the default config is timed too (for the gain report) and the
     result is stored. Raises `TuningError` when every candidate failed.
     """
+    name, space = job.name, job.space
     if mode not in TUNE_MODES:
         raise ValueError(f"unknown tune mode {mode!r}; expected one of {list(TUNE_MODES)}")
     settings = TUNE_MODES[mode]
@@ -149,13 +162,13 @@ def tune(
     budget = settings.budget(space.size()) if budget is None else budget
     patience = settings.patience if patience is None else patience
     cache = default_cache() if cache is None else cache
-    key = CacheKey.make(name, source_hash, shape_key, dtypes, device, space.fingerprint(), token_dims)
+    key = job.cache_key()
     hit = cache.get(key)
     if hit is not None and space.is_valid(hit.config):
         return TuneOutcome(hit.config, hit.time, hit.default_time, hit.trials, True)
 
-    refs = reference() if callable(reference) else reference
-    objective = make_objective(build, refs, arg_sets, device=device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    refs = job.reference() if callable(job.reference) else job.reference
+    objective = make_objective(job.build, refs, job.arg_sets, device=job.device, warmup_ms=warmup_ms, rep_ms=rep_ms)
     with _progress(name, min(budget, space.size()), progress) as bar:
         result = search(space, objective, budget, patience, seed, bar)
     if result.best_config is None or result.best_time is None:
