@@ -9,7 +9,7 @@ import dlblas_compiler as dc
 from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
 from dlblas_compiler.numerics import rel_error
 
-from .hf import llama_config, llama_layer_and_inputs
+from ..hf import llama_config, llama_layer_and_inputs
 
 
 def _check(model, *args, tol=1e-5, **kwargs):

@@ -15,7 +15,7 @@ import dlblas_compiler as dc
 from dlblas_compiler.models import randomize_
 from dlblas_compiler.numerics import rel_error
 
-from .hf import llama_layer_and_inputs
+from ..hf import llama_layer_and_inputs
 
 
 def _regions(cm) -> dict[str, int]:

@@ -17,7 +17,7 @@ from dlblas_compiler import dynamo
 from dlblas_compiler.models import randomize_
 from dlblas_compiler.numerics import rel_error
 
-from .hf import llama_config
+from ..hf import llama_config
 
 SEQ = 7
 BASE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hidden_layers=2, vocab_size=128,

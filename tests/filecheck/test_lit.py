@@ -6,7 +6,7 @@ import sys
 
 
 def test_lit_filecheck_suite():
-    here = os.path.join(os.path.dirname(__file__), "filecheck")
+    here = os.path.dirname(__file__)
     proc = subprocess.run(
         [sys.executable, "-c", "from lit.main import main; main()", "-v", here], capture_output=True, text=True, timeout=900
     )

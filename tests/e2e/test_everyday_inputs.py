@@ -18,7 +18,7 @@ import dlblas_compiler as dc
 from dlblas_compiler.models import randomize_
 from dlblas_compiler.numerics import rel_error
 
-from .hf import llama_config
+from ..hf import llama_config
 
 BACKENDS = ["reference", "interpret"]
 

@@ -10,7 +10,7 @@ from dlblas_compiler.dialects import ALL_OPS, make_context
 from dlblas_compiler.dialects.compute import rms_norm_reference, rotary_reference
 from dlblas_compiler.dialects.traits import kind_of
 
-ROUNDTRIP = os.path.join(os.path.dirname(__file__), "filecheck", "dialect", "roundtrip.mlir")
+ROUNDTRIP = os.path.join(os.path.dirname(__file__), "..", "filecheck", "dialect", "roundtrip.mlir")
 
 
 def test_every_op_round_trips_through_text():

@@ -283,7 +283,7 @@ def test_attention_explicit_softmax_with_mask(backend, dtype):
 
 @pytest.mark.parametrize("backend,dtype", CASES)
 def test_hf_llama_decoder_layer(backend, dtype):
-    from .hf import llama_layer_and_inputs
+    from ..hf import llama_layer_and_inputs
 
     layer, args, kwargs = llama_layer_and_inputs(tokens=6)
     dev = _device(backend)
