@@ -41,7 +41,8 @@ def interpreted():
        patterns as integers (a bf16 `tl.dot` is off by ~1e11, a bf16 max orders negative numbers wrongly).
        For the duration of the launch, arithmetic, comparisons and dots on bf16 operands compute on the exact
        fp32 values and round results back to bf16 (round to nearest even), as the GPU does: a bf16 dot
-       multiplies exactly and accumulates in fp32.
+       multiplies exactly and accumulates in fp32; a cast to bf16 rounds to nearest even (the interpreter
+       truncates).
     """
     from triton.runtime.interpreter import InterpreterBuilder
     from triton.runtime.jit import JITFunction
@@ -85,7 +86,7 @@ def _f32_to_bf16(x):
 def _bf16_builder() -> dict[str, Callable]:
     """InterpreterBuilder methods that compute on bf16 operands as fp32 values (see `interpreted`)."""
     import numpy as np
-    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle, np_erf_fp32
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle, _get_np_dtype, np_erf_fp32
 
     def is_bf16(*handles) -> bool:
         return any(getattr(h, "dtype", None) is not None and h.dtype.scalar == tl.bfloat16 for h in handles)
@@ -102,7 +103,7 @@ def _bf16_builder() -> dict[str, Callable]:
         InterpreterBuilder.binary_op, InterpreterBuilder.unary_op, InterpreterBuilder.ternary_op,
     )  # fmt: skip
     base_dot, base_fma, base_rsqrt = InterpreterBuilder.create_dot, InterpreterBuilder.create_fma, InterpreterBuilder.create_rsqrt
-    base_erf = InterpreterBuilder.create_erf
+    base_erf, base_cast = InterpreterBuilder.create_erf, InterpreterBuilder.cast_impl
 
     def binary_op(self, lhs, rhs, op):
         if not is_bf16(lhs, rhs):
@@ -143,8 +144,17 @@ def _bf16_builder() -> dict[str, Callable]:
             return base_erf(self, arg)
         return result(np_erf_fp32(values(arg)), arg.dtype.scalar)
 
+    def cast_impl(self, src, dst_type):
+        dst = dst_type.scalar
+        if dst == tl.bfloat16 and src.dtype.scalar != tl.bfloat16 and src.dtype.scalar.is_floating():
+            return TensorHandle(_f32_to_bf16(src.data.astype(np.float32)), dst)  # an fptrunc rounds to nearest even
+        if src.dtype.scalar == tl.bfloat16 and dst != tl.bfloat16:
+            return TensorHandle(values(src).astype(_get_np_dtype(dst_type)), dst)
+        return base_cast(self, src, dst_type)
+
     return {"binary_op": binary_op, "unary_op": unary_op, "ternary_op": ternary_op, "create_dot": create_dot,
-            "create_fma": create_fma, "create_rsqrt": create_rsqrt, "create_erf": create_erf}  # fmt: skip
+            "create_fma": create_fma, "create_rsqrt": create_rsqrt, "create_erf": create_erf,
+            "cast_impl": cast_impl}  # fmt: skip
 
 
 _TWINS: dict = {}

@@ -43,8 +43,8 @@ def _roots(v: SSAValue, memo: dict[SSAValue, frozenset]) -> frozenset:
         out = frozenset({("const",)}).union(*(_roots(o, memo) for o in op.operands))
     elif isinstance(op, MAY_ALIAS):
         out = frozenset({("fresh", v)}).union(*(_roots(o, memo) for o in op.operands))
-    elif isinstance(op, FusedOp):  # a region's reference may return a view of one of its inputs
-        out = frozenset({("fresh", v)}).union(*(_roots(i, memo) for i in _region_sources(op, v)))
+    elif isinstance(op, FusedOp):  # a region's reference may return a view of an input or of another result
+        out = frozenset().union(*(_roots(i, memo) if i.owner is not op else {("fresh", i)} for i in _region_sources(op, v)))
     else:
         out = frozenset({("fresh", v)})
     memo[v] = out
@@ -52,7 +52,9 @@ def _roots(v: SSAValue, memo: dict[SSAValue, frozenset]) -> frozenset:
 
 
 def _region_sources(fused: FusedOp, result: SSAValue) -> list[SSAValue]:
-    """The region inputs a result of `fused` may be a view of."""
+    """What a result of `fused` may be a view of: region inputs (as the outer values), and the values computed
+    inside the region it is read through views from (as themselves: two results that are views of one inner
+    value share it)."""
     y = fused.yielded.values[list(fused.results).index(result)]
     found: list[SSAValue] = []
     stack = [y]
@@ -62,6 +64,8 @@ def _region_sources(fused: FusedOp, result: SSAValue) -> list[SSAValue]:
             found.append(fused.inputs[x.index])
         elif isinstance(x.owner, Operation) and isinstance(x.owner, MAY_ALIAS):
             stack.extend(x.owner.operands)
+        else:
+            found.append(x)
     return found
 
 
@@ -72,9 +76,10 @@ class OutputGuard:
     checks: list[tuple[int, list[tuple]]] = field(default_factory=list)  # output -> what it must not share
     copies: list[int] = field(default_factory=list)  # outputs that are kept weights: always copied
     contiguous: list[int] = field(default_factory=list)
+    dense: list[int] = field(default_factory=list)  # fresh in eager, maybe a view here: no overlapping elements
 
     def __bool__(self) -> bool:
-        return bool(self.checks or self.copies or self.contiguous)
+        return bool(self.checks or self.copies or self.contiguous or self.dense)
 
     def __call__(self, inputs: list, params: dict[str, torch.Tensor], outs: tuple) -> tuple:
         outs = list(outs)
@@ -87,10 +92,25 @@ class OutputGuard:
                 if _shares(o, other):
                     outs[i] = o.clone()
                     break
+        for i in self.dense:  # e.g. a broadcast of an input (or of its contiguous copy): eager's is writable
+            if not _dense(outs[i]):
+                outs[i] = outs[i].contiguous()
         for i in self.contiguous:
             if not outs[i].is_contiguous():
                 outs[i] = outs[i].contiguous()
         return tuple(outs)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Every element at its own address with no gaps (a permutation of a contiguous layout): writable as eager's."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _shares(a, b) -> bool:
@@ -123,6 +143,8 @@ def output_guard(module: ModuleOp, imported) -> OutputGuard:
         against += [("output", j) for j in range(i) if roots[j] & r and ("output", j) not in eager]
         if against:
             guard.checks.append((i, against))
+        if not eager and r - {("fresh", v)}:
+            guard.dense.append(i)
         if i < len(imported.contiguous) and imported.contiguous[i]:
             guard.contiguous.append(i)
     return guard
