@@ -1,71 +1,177 @@
 """Differential fuzzer: random modules compiled with each backend and compared with eager.
 
-    python scripts/fuzz.py --count 2000 --seed 1
+    python scripts/fuzz.py --count 2000 --backends reference,interpret --jobs 2
+    python scripts/fuzz.py --count 300 --dtype bfloat16 --backends triton --json bf16_gpu.json   # on a GPU
 
-Prints the graphs run, the failures (each shrunk and saved as a regression under
-tests/fuzz/regressions/, which tests/fuzz/test_fuzz.py replays) and what the backends did.
+Graph i of a run is drawn from random.Random(f"{seed}-{i}") (redrawn while out of float64 range), so a run
+splits over processes (--jobs) or machines (--start) and gives the same graphs. Prints the graphs run per
+dtype and, per backend, the mismatches, errors and unexpected fallbacks (a fused region running its
+reference for a reason tests/fuzz/generator.py's EXPECTED_REFERENCE does not list, or a dlblas_compiler
+warning), the kernels launched, and the distinct failures: the first graph of each (same backend, kind and
+message up to numbers) is shrunk and saved as a regression under tests/fuzz/regressions/, which
+tests/fuzz/test_fuzz.py replays. --json writes all of it (with the device and versions) to a file.
 Backends: reference and interpret, and triton when CUDA is available (or --backends).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
+import platform
 import random
+import re
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fuzz.generator import REGRESSIONS, check, default_backends, random_spec, save_regression, shrink  # noqa: E402
+import torch  # noqa: E402
+
+from tests.fuzz.generator import (  # noqa: E402
+    REGRESSIONS,
+    Outcome,
+    check,
+    default_backends,
+    features,
+    random_spec,
+    save_regression,
+    shrink,
+)
+
+KINDS = ("mismatch", "error", "fallback")
+
+
+def run_graph(job: tuple) -> dict:
+    """Draw graph `index` of the run and check it: the spec, its features and what each backend did."""
+    seed, index, dtype, max_ops, backends = job
+    rng = random.Random(f"{seed}-{index}")
+    redrawn = 0
+    while True:
+        spec = random_spec(rng, dtype, max_ops)
+        results = check(spec, backends)
+        if results is not None:
+            break
+        redrawn += 1
+    outcomes = [
+        {"backend": r.backend, "failure": r.failure, "message": r.message, "kernels": dict(r.kernels),
+         "fallbacks": r.fallbacks}
+        for r in results
+    ]  # fmt: skip
+    return {"index": index, "spec": spec, "redrawn": redrawn, "features": sorted(features(spec)), "results": outcomes}
+
+
+def _worker_init() -> None:
+    torch.set_num_threads(1)  # one core per process
+
+
+def signature(backend: str, failure: str, message: str) -> str:
+    """A failure with its numbers blanked: graphs failing alike count as one finding."""
+    return f"{backend} {failure}: " + re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", message)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--count", type=int, default=200, help="graphs to run")
+    ap.add_argument("--start", type=int, default=0, help="index of the first graph")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backends", default=",".join(default_backends()))
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
-                    help="one dtype (default: fp32 and fp16 at random, and bf16 with CUDA)")  # fmt: skip
+                    help="one dtype (default: fp32, fp16 and bf16 at random)")  # fmt: skip
     ap.add_argument("--max-ops", type=int, default=7)
+    ap.add_argument("--jobs", type=int, default=1, help="processes (CPU backends; one per core)")
     ap.add_argument("--save-dir", type=Path, default=REGRESSIONS)
     ap.add_argument("--no-shrink", action="store_true")
+    ap.add_argument("--shrink-budget", type=int, default=40, help="checks the shrinker may spend per finding")
+    ap.add_argument("--json", type=Path, help="write the summary (counts, findings, device) to this file")
     args = ap.parse_args(argv)
     backends = args.backends.split(",")
-    rng = random.Random(args.seed)
-    stats: Counter = Counter()
-    kernels: dict[str, Counter] = {b: Counter() for b in backends}
-    saved: list[str] = []
+    jobs = [(args.seed, i, args.dtype, args.max_ops, backends) for i in range(args.start, args.start + args.count)]
+
     t0 = time.time()
-    while stats["run"] < args.count:
-        spec = random_spec(rng, args.dtype, args.max_ops)
-        results = check(spec, backends)
-        if results is None:
-            stats["out of range"] += 1
-            continue
-        stats["run"] += 1
-        for r in results:
-            kernels[r.backend].update(r.kernels)
-            stats[f"{r.backend} fallback warnings"] += r.fallbacks
-        bad = next((r for r in results if r.failure), None)
-        if bad is not None:
-            stats["failures"] += 1
-            small = spec if args.no_shrink else shrink(spec, bad, backends)
-            path = save_regression(small, bad, args.save_dir)
-            saved.append(f"{path} ({bad.backend} {bad.failure}: {bad.message})")
-            print(f"[{stats['run']}] FAIL {bad.backend} {bad.failure}: {bad.message}\n    saved {path}", flush=True)
-        if stats["run"] % 50 == 0:
-            print(f"[{stats['run']}] {stats['failures']} failures, {time.time() - t0:.0f} s", flush=True)
-    print(f"graphs run: {stats['run']} (seed {args.seed}, backends {', '.join(backends)}; "
-          f"{stats['out of range']} redrawn: out of range in float64)")  # fmt: skip
+    graphs: list[dict] = []
+    by_dtype: Counter = Counter()
+    covered: Counter = Counter()
+    counts = {b: Counter() for b in backends}
+    kernels = {b: Counter() for b in backends}
+    findings: dict[str, dict] = {}
+    pool = None
+    if args.jobs > 1:
+        pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+    results = pool.map(run_graph, jobs, chunksize=4) if pool else map(run_graph, jobs)
+    for g in results:
+        graphs.append(g)
+        by_dtype[g["spec"]["dtype"]] += 1
+        covered.update(g["features"])
+        for r in g["results"]:
+            b = r["backend"]
+            kernels[b].update(r["kernels"])
+            if r["failure"] in ("mismatch", "error"):
+                counts[b][r["failure"]] += 1
+            if r["fallbacks"]:
+                counts[b]["fallback"] += 1  # graphs with an unexpected fallback (whatever else failed)
+                counts[b]["fallback regions"] += len(r["fallbacks"])
+            if r["failure"]:
+                key = signature(b, r["failure"], r["message"])
+                f = findings.setdefault(key, {**r, "graphs": 0, "first": g["index"], "spec": g["spec"]})
+                f["graphs"] += 1
+                if f["graphs"] == 1:
+                    print(f"[{len(graphs)}] graph {g['index']}: {b} {r['failure']}: {r['message']}", flush=True)
+        if len(graphs) % 50 == 0:
+            bad = sum(sum(c[k] for k in KINDS) for c in counts.values())
+            print(f"[{len(graphs)}] {bad} failures, {len(findings)} distinct, {time.time() - t0:.0f} s", flush=True)
+    if pool:
+        pool.shutdown()
+    seconds = time.time() - t0
+
+    for f in findings.values():  # shrink and save the first graph of each distinct finding
+        outcome = Outcome(f["backend"], f["failure"], f["message"])
+        small = f["spec"] if args.no_shrink else shrink(f["spec"], outcome, backends, budget=args.shrink_budget)
+        f["shrunk"] = small
+        f["saved"] = str(save_regression(small, outcome, args.save_dir))
+
+    redrawn = sum(g["redrawn"] for g in graphs)
+    dtypes = ", ".join(f"{d} {n}" for d, n in sorted(by_dtype.items()))
+    print(f"graphs run: {len(graphs)} ({dtypes}; seed {args.seed}, graphs {args.start}..{args.start + args.count - 1}; "
+          f"{redrawn} redrawn: out of range in float64), {seconds:.0f} s")  # fmt: skip
     for b in backends:
+        c = counts[b]
         by_pattern = ", ".join(f"{p} {n}" for p, n in sorted(kernels[b].items())) or "none"
-        print(f"  {b}: kernels launched: {by_pattern}; fallback warnings: {stats[f'{b} fallback warnings']}")
-    print(f"failures: {stats['failures']}")
-    for s in saved:
-        print(f"  {s}")
-    return 1 if stats["failures"] else 0
+        print(f"  {b}: {c['mismatch']} mismatches, {c['error']} errors, {c['fallback']} graphs with unexpected "
+              f"fallbacks ({c['fallback regions']} regions or warnings); kernels launched: {by_pattern}")  # fmt: skip
+    print(f"distinct failures: {len(findings)}")
+    for f in findings.values():
+        print(f"  {f['graphs']} graphs: {f['backend']} {f['failure']}: {f['message']}\n    saved {f['saved']}")
+    print("coverage (graphs): " + ", ".join(f"{k} {n}" for k, n in sorted(covered.items())))
+
+    if args.json:
+        summary = {
+            "graphs": len(graphs), "seed": args.seed, "start": args.start, "dtype": args.dtype, "backends": backends,
+            "by_dtype": dict(by_dtype), "redrawn": redrawn, "seconds": round(seconds, 1),
+            "counts": {b: {k: counts[b][k] for k in (*KINDS, "fallback regions")} for b in backends},
+            "kernels": {b: dict(kernels[b]) for b in backends},
+            "findings": [{k: f[k] for k in ("backend", "failure", "message", "graphs", "first", "spec", "shrunk",
+                                            "saved")} for f in findings.values()],
+            "failed_graphs": [{"index": g["index"], "results": [r for r in g["results"] if r["failure"]]}
+                              for g in graphs if any(r["failure"] for r in g["results"])],
+            "coverage": dict(covered),
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+            "versions": {"torch": torch.__version__, "triton": _version("triton"), "python": platform.python_version()},
+        }  # fmt: skip
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+        print(f"summary written to {args.json}")
+    return 1 if findings else 0
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
 
 
 if __name__ == "__main__":

@@ -1,14 +1,32 @@
 """Differential fuzzing: random modules built from the ops the compiler supports, checked against eager.
 
 A *spec* is plain JSON data: named dims (`{"d0": 7, ...}`), inputs (a shape and how to fill it), a list
-of ops over numbered values (the inputs first, then one value per op) and the outputs. Shapes are lists
-of entries, each an int or a product of dim names ("d2*d3"), so a spec stays consistent when a dim is
-shrunk. `build(spec)` turns a spec into an `nn.Module` (a fixed-signature forward that symbolic_trace
-follows); `random_spec(rng)` draws one; `check(spec, backends)` compiles it with each backend and
-compares with eager; `shrink(spec, ...)` reduces a failing spec while it keeps failing the same way.
+of ops over numbered values (the inputs first, then one value per op), the outputs and the structure
+they come back in. Shapes are lists of entries, each an int or a product of dim names ("d2*d3"), so a
+spec stays consistent when a dim is shrunk. `build(spec)` turns a spec into an `nn.Module` (a
+fixed-signature forward that symbolic_trace follows); `random_spec(rng)` draws one; `check(spec,
+backends)` compiles it with each backend and compares with eager; `shrink(spec, ...)` reduces a failing
+spec while it keeps failing the same way.
 
-The oracle: float64 eager on the same (dtype-rounded) inputs and weights is the truth. An output passes
-when it has eager's dtype and shape, non-finite values exactly where the truth has them, and
+Besides fresh dense tensors, specs hold the inputs and outputs everyday models see:
+- attention masks, bool or additive (-inf), on SDPA and on the explicit softmax(q k^T s + mask) v, with
+  padded and fully masked query rows (`"masked_rows": true`; eager gives 0 there for SDPA, NaN for the
+  explicit form);
+- an input that is another input passed again (`{"kind": "same", "of": k}`: `cm(x, x)`), maybe written
+  in place;
+- inputs given as views (`"layout"`): "transpose" (last two dims), "step" (every other element of a
+  wider tensor, NaN between), "offset" (a storage offset, NaN before) and "expand" (`expand()`-ed along
+  `expand_dim`, stride 0);
+- int64 index inputs, sliced and `.contiguous().view(...)`-ed into torch.gather and cross_entropy, and
+  float slices and `.contiguous().view(...)` chains;
+- outputs eager returns as fresh tensors where the IR sees one value: x.clone(), x * 1.0, x + 0.0, a
+  parameter's clone, the same expression twice, y beside y.clone(); one value returned twice;
+- outputs wrapped in a namedtuple, a dataclass, a dict or a list (`"structure"`).
+
+The oracle: float64 eager on the same (dtype-rounded) inputs and weights is the truth (specs where eager
+in the dtype puts NaN or inf elsewhere than the truth are out of range). An output passes when it has
+eager's container types, dtype and shape, is contiguous where eager's is, has NaN and inf exactly where
+the truth has them, and on the finite elements
     max |out - truth| <= ULPS[dtype] * eps(dtype) * scale + 4 * max |eager(dtype) - truth|,
 where `scale` is the largest finite magnitude of any intermediate value: a forward-error bound (relative
 error is meaningless after cancellation, as in x - mean(x) of a nearly constant row), widened by
@@ -16,11 +34,19 @@ eager's own error in the same dtype (an ill-conditioned op amplifies rounding in
 fuzzed graphs, generated kernels stay within 1.5 eps * scale (fp32) and 0.7 eps * scale (fp16; kernels
 compute in fp32 and round once per region output), so ULPS leaves a margin of about 10 and 6: a
 kernel off by a few percent on some elements fails.
+
+Beyond values: the inputs after the call equal eager's (in-place writes); outputs eager returns as
+distinct storages are distinct, and share no storage with an input or a parameter where eager's do not;
+writing into them changes neither the inputs, nor the parameters, nor what the next call returns. And no
+fallback: every `dl.fused` region runs its generated kernel (a region on its reference counts as a
+fallback unless its reason is one EXPECTED_REFERENCE lists) and the call emits no dlblas_compiler warning.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -43,6 +69,13 @@ ULPS = {torch.float32: 16, torch.float16: 4, torch.bfloat16: 4}
 MAGNITUDE_LIMIT = 1e3  # specs whose float64 intermediates exceed this are redrawn (fp16 overflows at 65504)
 REGRESSIONS = Path(__file__).parent / "regressions"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+LAYOUTS = ("transpose", "step", "offset", "expand")
+STRUCTURES = ("tuple", "namedtuple", "dataclass", "dict", "list")
+# The reasons a region may run its reference without counting as a fallback, by backend (start of the text).
+EXPECTED_REFERENCE = {
+    "interpret": ("empty tensors",),
+    "triton": ("empty tensors", "a lone GEMM runs on cuBLAS", "the reference (torch / cuBLAS) measured faster"),
+}
 
 
 def rotate_half(x):
@@ -105,6 +138,13 @@ ACT = {
     "relu": F.relu,
     "tanh": torch.tanh,
 }
+# Values equal to x that eager returns as fresh tensors (x itself for .contiguous() of a contiguous x).
+IDENTITY = {
+    "clone": lambda x: x.clone(),
+    "mul1": lambda x: x * 1.0,
+    "add0": lambda x: x + 0.0,
+    "contiguous": lambda x: x.contiguous(),
+}
 
 
 # -- shapes -----------------------------------------------------------------------------------------
@@ -119,6 +159,11 @@ def size(entry: int | str, dims: dict[str, int]) -> int:
 
 def shape(entries: list, dims: dict[str, int]) -> tuple[int, ...]:
     return tuple(size(e, dims) for e in entries)
+
+
+def product(entries: list) -> int | str:
+    """One entry for the product of entries (1 for none)."""
+    return "*".join(str(e) for e in entries) if entries else 1
 
 
 # -- the module -------------------------------------------------------------------------------------
@@ -164,11 +209,14 @@ def _softmax(x, how: str):
     return e / e.sum(-1, keepdim=True)
 
 
-def _explicit_attention(q, k, v, causal: bool, scale: float):
+def _explicit_attention(q, k, v, causal: bool, scale: float, mask=None):
+    """softmax(q k^T * scale + mask) v: NaN on a row whose keys are all masked, as in eager."""
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if causal:
         n, m = s.shape[-2], s.shape[-1]
         s = s + torch.full((n, m), float("-inf"), device=q.device, dtype=q.dtype).triu(1)
+    if mask is not None:
+        s = s + mask
     return torch.matmul(torch.softmax(s, dim=-1), v)
 
 
@@ -184,6 +232,68 @@ def _inplace(x, y, fn: str):
     return F.relu(x, inplace=True)
 
 
+def _slice_index(dim: int, start: int, n: int, step: int) -> tuple:
+    """x[index] takes n elements of dim `dim` from `start` on, every `step`-th (fewer where x is too short:
+    valid() rejects that)."""
+    return (slice(None),) * dim + (slice(start, start + step * (n - 1) + 1, step),)
+
+
+FuzzPair = collections.namedtuple("FuzzPair", "main rest")
+
+
+@dataclass
+class FuzzResult:
+    main: torch.Tensor
+    rest: list
+
+
+def _structure(outs: tuple, how: str):
+    """The outputs as the spec's structure returns them (a namedtuple or dataclass: the first, then the rest)."""
+    if how == "namedtuple":
+        return FuzzPair(outs[0], outs[1:])
+    if how == "dataclass":
+        return FuzzResult(outs[0], list(outs[1:]))
+    if how == "dict":
+        return {f"o{k}": o for k, o in enumerate(outs)}
+    if how == "list":
+        return list(outs)
+    return outs
+
+
+def leaves(out) -> list:
+    """The tensors of a (structured) output, in the order the spec lists them."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if dataclasses.is_dataclass(out):
+        return [t for f in dataclasses.fields(out) for t in leaves(getattr(out, f.name))]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in leaves(v)]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in leaves(v)]
+    return []
+
+
+def _structure_diff(out, ref, where: str = "the result") -> str | None:
+    """Why `out` is not built like eager's `ref` (container types, fields, keys, lengths), or None."""
+    if type(out) is not type(ref):
+        return f"{where} is a {type(out).__name__}, eager's a {type(ref).__name__}"
+    if isinstance(ref, torch.Tensor):
+        return None
+    if dataclasses.is_dataclass(ref):
+        pairs = [(getattr(out, f.name), getattr(ref, f.name), f"{where}.{f.name}") for f in dataclasses.fields(ref)]
+    elif isinstance(ref, dict):
+        if list(out) != list(ref):
+            return f"{where} has keys {list(out)}, eager's {list(ref)}"
+        pairs = [(out[k], ref[k], f"{where}[{k!r}]") for k in ref]
+    elif isinstance(ref, (list, tuple)):
+        if len(out) != len(ref):
+            return f"{where} has {len(out)} items, eager's {len(ref)}"
+        pairs = [(o, r, f"{where}[{k}]") for k, (o, r) in enumerate(zip(out, ref))]
+    else:
+        return None if out == ref else f"{where} is {out!r}, eager's {ref!r}"
+    return next((d for d in (_structure_diff(*p) for p in pairs) if d), None)
+
+
 class FuzzModule(nn.Module):
     """The module a spec describes. Weights are filled from the spec's seed (never ones or zeros)."""
 
@@ -191,6 +301,7 @@ class FuzzModule(nn.Module):
         super().__init__()
         self.ops = spec["ops"]
         self.outputs = spec["outputs"]
+        self.structure = spec.get("structure", "tuple")
         self.dims = dims = dict(spec["dims"])
         g = torch.Generator().manual_seed(spec["seed"])
         for i, op in enumerate(self.ops):
@@ -220,9 +331,12 @@ class FuzzModule(nn.Module):
                 setattr(self, f"w{i}", nn.Parameter(1.0 + 0.1 * torch.randn(n, generator=g)))
                 if kind == "layernorm":
                     setattr(self, f"b{i}", nn.Parameter(0.1 * torch.randn(n, generator=g)))
+            elif kind == "param":
+                setattr(self, f"p{i}", nn.Parameter(torch.randn(shape(op["w"], dims), generator=g)))
 
     def forward(self, a0, a1=None, a2=None, a3=None, a4=None, a5=None, a6=None, a7=None):
-        return tuple(self.values([a0, a1, a2, a3, a4, a5, a6, a7])[j] for j in self.outputs)
+        vals = self.values([a0, a1, a2, a3, a4, a5, a6, a7])
+        return _structure(tuple(vals[j] for j in self.outputs), self.structure)
 
     def values(self, args: list) -> list:
         """Every value of the graph: the inputs, then one per op."""
@@ -272,9 +386,24 @@ class FuzzModule(nn.Module):
                 enable_gqa=op["gqa"],
             )  # fmt: skip
         if kind == "attention":
-            return _explicit_attention(x, vals[a[1]], vals[a[2]], op["causal"], op["scale"])
+            mask = vals[a[3]] if len(a) > 3 else None
+            return _explicit_attention(x, vals[a[1]], vals[a[2]], op["causal"], op["scale"], mask)
         if kind == "inplace":  # writes x: every later reader of x sees the new value
             return _inplace(x, vals[a[1]] if len(a) > 1 else None, op["fn"])
+        if kind == "identity":
+            return IDENTITY[op["fn"]](x)
+        if kind == "param":  # a copy of a parameter; x only gives its shape (dropping the op keeps shapes)
+            p = getattr(self, f"p{i}")
+            return p.clone() if op["fn"] == "clone" else p * 1.0
+        if kind == "slice":
+            return x[_slice_index(op["dim"], op["start"], size(op["len"], self.dims), op["step"])]
+        if kind == "view":  # the .contiguous().view(...) idiom (a plain .view fails on a non-contiguous x)
+            x = x.contiguous()
+            return x.view(-1) if op["flat"] else x.view(shape(op["shape"], self.dims))
+        if kind == "gather":
+            return torch.gather(x, -1, vals[a[1]])
+        if kind == "cross_entropy":  # HF's loss: logits flattened to rows, labels a flat index tensor
+            return F.cross_entropy(x.reshape(-1, size(op["classes"], self.dims)), vals[a[1]])
         raise ValueError(f"unknown op {kind!r}")
 
 
@@ -283,38 +412,93 @@ def build(spec: dict) -> FuzzModule:
     return FuzzModule(spec).eval()
 
 
-def make_inputs(spec: dict, dtype: torch.dtype) -> list[torch.Tensor]:
-    """The spec's inputs, drawn from its seed: normal values, cos/sin of shared angles, masks."""
+def _keep(s: tuple, g: torch.Generator, masked_rows: bool) -> torch.Tensor:
+    """Which keys each query row attends to: random, the first key always kept; with `masked_rows`, padding
+    (the first keys of one sequence, maybe all of them) and one query row that sees no key at all."""
+    keep = torch.rand(s, generator=g) > 0.3
+    keep[..., 0] = True
+    if masked_rows and len(s) >= 2:
+        pad = int(torch.randint(1, s[-1] + 1, (), generator=g))
+        seq = keep[int(torch.randint(s[0], (), generator=g))] if len(s) == 4 else keep
+        seq[..., :pad] = False
+        keep[..., int(torch.randint(s[-2], (), generator=g)), :] = False
+    return keep
+
+
+def _layout(t: torch.Tensor, inp: dict) -> torch.Tensor:
+    """The tensor as the view the input's layout names (the same values; "expand" repeats the first slice)."""
+    how = inp.get("layout")
+    junk = float("nan") if t.is_floating_point() else True if t.dtype == torch.bool else -1
+    if how == "transpose" and t.dim() >= 2:
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if how == "step" and t.dim() >= 1:
+        wide = torch.full((*t.shape[:-1], 2 * t.shape[-1]), junk, dtype=t.dtype, device=t.device)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+    if how == "offset":
+        flat = torch.full((t.numel() + 3,), junk, dtype=t.dtype, device=t.device)
+        view = flat[3:].view(t.shape)
+        view.copy_(t)
+        return view
+    dim = inp.get("expand_dim", 0)
+    if how == "expand" and dim < t.dim():
+        return t.narrow(dim, 0, 1).expand(t.shape)
+    return t
+
+
+def make_inputs(spec: dict, dtype: torch.dtype, device: str = "cpu") -> list[torch.Tensor]:
+    """The spec's inputs, drawn from its seed (normal values, cos/sin of shared angles, masks, indices), in
+    their layouts; an input of kind "same" is an earlier input's tensor again."""
     g = torch.Generator().manual_seed(spec["seed"] + 1)
     dims, out, angles = spec["dims"], [], {}
     for inp in spec["inputs"]:
-        s, kind = shape(inp["shape"], dims), inp["kind"]
+        kind = inp["kind"]
+        if kind == "same":
+            out.append(out[inp["of"]])
+            continue
+        s = shape(inp["shape"], dims)
         if kind == "randn":
-            out.append((inp.get("scale", 1.0) * torch.randn(s, generator=g)).to(dtype))
+            t = (inp.get("scale", 1.0) * torch.randn(s, generator=g)).to(dtype)
         elif kind in ("cos", "sin"):
             key = (inp["angle"], s)
             ang = angles.setdefault(key, 3.0 * torch.rand(s, generator=g))
-            out.append((ang.cos() if kind == "cos" else ang.sin()).to(dtype))
+            t = (ang.cos() if kind == "cos" else ang.sin()).to(dtype)
+        elif kind == "index":
+            t = torch.randint(size(inp["high"], dims), s, generator=g)
         elif kind == "mask_bool":
-            m = torch.rand(s, generator=g) > 0.3
-            m[..., 0] = True  # no fully masked row (eager gives NaN there)
-            out.append(m)
+            t = _keep(s, g, inp.get("masked_rows", False))
         else:  # mask_add: 0 where kept, -inf where masked
-            keep = torch.rand(s, generator=g) > 0.3
-            keep[..., 0] = True
-            out.append(torch.where(keep, 0.0, float("-inf")).to(dtype))
+            t = torch.where(_keep(s, g, inp.get("masked_rows", False)), 0.0, float("-inf")).to(dtype)
+        out.append(_layout(t.to(device), inp))
+    return out
+
+
+def _meta_inputs(spec: dict) -> list[torch.Tensor]:
+    """The spec's inputs as meta tensors (dtypes, shapes and layouts; no values)."""
+    out = []
+    for inp in spec["inputs"]:
+        if inp["kind"] == "same":
+            if shape(inp["shape"], spec["dims"]) != tuple(out[inp["of"]].shape):
+                raise ValueError("an input passed twice with two shapes")
+            out.append(out[inp["of"]])
+            continue
+        dt = {"mask_bool": torch.bool, "index": torch.int64}.get(inp["kind"], torch.float32)
+        out.append(_layout(torch.empty(shape(inp["shape"], spec["dims"]), device="meta", dtype=dt), inp))
     return out
 
 
 def valid(spec: dict) -> bool:
-    """Whether the spec's graph runs (shapes agree) and every value is non-empty: an eager run on meta tensors."""
+    """Whether the spec's graph runs (shapes agree, slices are as long as they say) and every value is
+    non-empty: an eager run on meta tensors."""
     try:
         m = build(spec).to("meta")
-        dtypes = [torch.bool if i["kind"] == "mask_bool" else torch.float32 for i in spec["inputs"]]
-        shapes = [shape(i["shape"], spec["dims"]) for i in spec["inputs"]]
-        args = [torch.empty(s, device="meta", dtype=dt) for s, dt in zip(shapes, dtypes)]
+        args = _meta_inputs(spec)
         with torch.no_grad():
             vals = m.values(args + [None] * (MAX_INPUTS - len(args)))
+        n_in = len(args)
+        for i, op in enumerate(spec["ops"]):
+            if op["op"] == "slice" and vals[n_in + i].shape[op["dim"]] != size(op["len"], spec["dims"]):
+                return False
         return len(spec["inputs"]) <= MAX_INPUTS and all(v.numel() > 0 for v in vals)
     except Exception:  # noqa: BLE001 - any failure means the shapes do not fit
         return False
@@ -331,6 +515,10 @@ def _ragged(rng: random.Random, lo: int = 1, hi: int = 48) -> int:
             return v
 
 
+# Ops whose result may share its operand's storage in eager (in-place results included).
+VIEW_OPS = ("reshape", "transpose", "inplace", "slice", "view")
+
+
 @dataclass
 class _Draft:
     """A spec being drawn. Values have stable ids while drawing; `spec()` numbers them (inputs first)."""
@@ -340,8 +528,10 @@ class _Draft:
     inputs: list[tuple[int, dict]] = field(default_factory=list)
     ops: list[tuple[int, dict]] = field(default_factory=list)
     shapes: dict[int, list] = field(default_factory=dict)  # value id -> shape entries
-    floats: set[int] = field(default_factory=set)  # ids of float values (masks are not)
+    floats: set[int] = field(default_factory=set)  # ids of float values (masks and indices are not)
     views: dict[int, int] = field(default_factory=dict)  # value id -> the value it is a view of
+    twins: dict[int, int] = field(default_factory=dict)  # input id -> the input it is passed as again
+    readonly: set[int] = field(default_factory=set)  # expand()-ed inputs (and their twins): never written
     extra_outputs: list[int] = field(default_factory=list)  # values returned besides the last one
     angle_pairs: int = 0
 
@@ -358,20 +548,50 @@ class _Draft:
         return vid
 
     def inp(self, shp: list, kind: str = "randn", **kw) -> int:
-        vid = self._new(shp, kind != "mask_bool")
-        self.inputs.append((vid, {"shape": shp, "kind": kind, **kw}))
+        """A new input; sometimes an earlier one of the same shape passed again, sometimes given as a view."""
+        rng = self.rng
+        if kind == "randn" and not kw and rng.random() < 0.15:
+            same = [v for v, i in self.inputs if i["kind"] == "randn" and i["shape"] == shp]
+            if same:
+                return self.twin(rng.choice(same))
+        vid = self._new(shp, kind not in ("mask_bool", "index"))
+        info = {"shape": shp, "kind": kind, **kw}
+        if rng.random() < 0.2:
+            info["layout"] = rng.choice([h for h in LAYOUTS if len(shp) >= {"transpose": 2, "offset": 0}.get(h, 1)])
+            if info["layout"] == "expand":
+                info["expand_dim"] = rng.randrange(len(shp))
+                self.readonly.add(vid)
+        self.inputs.append((vid, info))
         return vid
 
-    def op(self, shp: list, **op) -> int:
-        vid = self._new(shp, True)
+    def twin(self, of: int) -> int:
+        """A new input that is input `of` passed again (the same tensor)."""
+        of = self.twins.get(of, of)
+        vid = self._new(self.shapes[of], True)
+        self.inputs.append((vid, {"shape": self.shapes[of], "kind": "same", "of": of}))
+        self.twins[vid] = of
+        if of in self.readonly:
+            self.readonly.add(vid)
+        return vid
+
+    def op(self, shp: list, is_float: bool = True, **op) -> int:
+        vid = self._new(shp, is_float)
         self.ops.append((vid, op))
-        if op["op"] in ("reshape", "transpose", "inplace"):
+        if op["op"] in VIEW_OPS or (op["op"] == "identity" and op["fn"] == "contiguous"):
             self.views[vid] = self.views.get(op["args"][0], op["args"][0])
         return vid
 
-    def pick(self, pred=lambda s: True) -> int | None:
-        """A float value satisfying pred, recent ones more often."""
-        cands = [i for i, s in self.shapes.items() if i in self.floats and pred(s)]
+    def writable(self, x: int) -> bool:
+        """Whether an in-place write to x stays within what the compiler supports: no view of it (or that it
+        is) is alive, counting the other names of an input passed twice, and x is not expand()-ed."""
+        root = self.twins.get(x, x)
+        names = {root, *(v for v, r in self.twins.items() if r == root)}
+        viewed = set(self.views) | set(self.views.values())
+        return x not in self.readonly and not names & viewed
+
+    def pick(self, pred=lambda s: True, ok=lambda v: True) -> int | None:
+        """A float value whose shape satisfies pred (and whose id, ok), recent ones more often."""
+        cands = [i for i, s in self.shapes.items() if i in self.floats and pred(s) and ok(i)]
         if not cands:
             return None
         return cands[-1] if self.rng.random() < 0.5 else self.rng.choice(cands)
@@ -379,7 +599,7 @@ class _Draft:
     def size(self, entry) -> int:
         return size(entry, self.dims)
 
-    def spec(self, seed: int, dtype: str, outputs: list[int]) -> dict:
+    def spec(self, seed: int, dtype: str, outputs: list[int], structure: str = "tuple") -> dict:
         order = {vid: k for k, vid in enumerate([v for v, _ in self.inputs] + [v for v, _ in self.ops])}
         ops = []
         for _, op in self.ops:
@@ -387,9 +607,9 @@ class _Draft:
             if op.get("residual") is not None:
                 op["residual"] = order[op["residual"]]
             ops.append(op)
-        inputs = [i for _, i in self.inputs]
+        inputs = [dict(i, of=order[i["of"]]) if i["kind"] == "same" else i for _, i in self.inputs]
         return {"seed": seed, "dtype": dtype, "dims": dict(self.dims), "inputs": inputs, "ops": ops,
-                "outputs": [order[o] for o in outputs]}  # fmt: skip
+                "outputs": [order[o] for o in outputs], "structure": structure}  # fmt: skip
 
 
 def _broadcast_partner(d: _Draft, s: list, grow: bool = True) -> tuple[int, list]:
@@ -427,43 +647,72 @@ def _gen_attention(d: _Draft, explicit: bool) -> None:
     hk = d.dim(rng.choice([1, 2]))
     groups = 1 if explicit else rng.choice([1, 1, 2])
     hq = hk if groups == 1 else f"{hk}*{d.dim(groups)}"
-    hd = d.dim(rng.choice([16, 16, 32, 8, 12]))  # powers of two >= 16 run the template; others its reference
-    causal = rng.random() < 0.5
+    hd = d.dim(rng.choice([16, 16, 32, 8, 12]))  # powers of two >= 16 run the template; others stay unfused
+    causal = rng.random() < 0.4
     length = s if causal or src is not None or rng.random() < 0.5 else d.dim(_ragged(rng, 1, 24))
 
-    def heads(h: str) -> int:
+    def heads(h: str, n: str) -> int:
         if src is not None and rng.random() < 0.8:  # project, split heads, transpose
             y = d.op([b, s, f"{h}*{hd}"], op="linear", args=[src], w=[f"{h}*{hd}", e], bias=rng.random() < 0.3,
                      module=rng.random() < 0.5, act="none", residual=None, scale=1.0)  # fmt: skip
             y = d.op([b, s, h, hd], op="reshape", args=[y], shape=[b, s, h, hd])
             return d.op([b, h, s, hd], op="transpose", args=[y], dims=[1, 2])
-        return d.inp([b, h, s if h == hq else length, hd])
+        return d.inp([b, h, n, hd])
 
-    q, k, v = heads(hq), heads(hk), heads(hk)
+    q, k, v = heads(hq, s), heads(hk, length), heads(hk, length)
     out_shape = [b, hq, s, hd]
+    args = [q, k, v]
+    if not causal and rng.random() < 0.8:  # a padding mask, mostly with fully masked rows
+        kind = "mask_add" if explicit else rng.choice(["mask_bool", "mask_add"])
+        mshape = rng.choice([[s, length], [b, 1, s, length], [b, hq, s, length]])
+        args.append(d.inp(mshape, kind, masked_rows=rng.random() < 0.7))
     if explicit:
-        o = d.op(out_shape, op="attention", args=[q, k, v], causal=causal, scale=1.0 / math.sqrt(d.size(hd)))
+        o = d.op(out_shape, op="attention", args=args, causal=causal, scale=1.0 / math.sqrt(d.size(hd)))
     else:
-        args = [q, k, v]
-        if not causal and rng.random() < 0.4:
-            args.append(d.inp(rng.choice([[s, length], [b, 1, s, length]]), rng.choice(["mask_bool", "mask_add"])))
         o = d.op(out_shape, op="sdpa", args=args, causal=causal, scale=rng.choice([None, 0.3]), gqa=groups > 1)
     if rng.random() < 0.7:  # merge the heads back
         o = d.op([b, s, hq, hd], op="transpose", args=[o], dims=[1, 2])
-        d.op([b, s, f"{hq}*{hd}"], op="reshape", args=[o], shape=[b, s, f"{hq}*{hd}"])
+        if rng.random() < 0.5:
+            d.op([b, s, f"{hq}*{hd}"], op="reshape", args=[o], shape=[b, s, f"{hq}*{hd}"])
+        else:
+            d.op([b, s, f"{hq}*{hd}"], op="view", args=[o], shape=[b, s, f"{hq}*{hd}"], flat=False)
+
+
+def _view_target(d: _Draft, s: list) -> tuple[list, bool]:
+    """The shape of a .view of a value of shape s: flat (view(-1)), the two leading dims merged, a product
+    dim split, or a unit dim inserted; and whether it is the flat one."""
+    r = d.rng.random()
+    if r < 0.3 or not s:
+        return [product(s)], True
+    if len(s) >= 2 and r < 0.65:
+        return [f"{s[0]}*{s[1]}", *s[2:]], False
+    if isinstance(s[-1], str) and "*" in s[-1]:
+        return [*s[:-1], *s[-1].split("*", 1)], False
+    return [*s[:-1], 1, s[-1]], False
+
+
+def _index_chain(d: _Draft, rows: int | str, cols: str, high: int | str) -> int:
+    """Indices below size(high), of shape [rows, cols]: an int64 input [rows, W] sliced to `cols` columns
+    (from column 1 on, or every other column), as HF's shifted labels are. The slice is not contiguous."""
+    rng = d.rng
+    start, step = rng.choice([(1, 1), (0, 2), (1, 2)])
+    width = d.dim(start + step * (d.size(cols) - 1) + 1 + rng.choice([0, 0, 1]))
+    base = d.inp([rows, width], "index", high=high)
+    return d.op([rows, cols], is_float=False, op="slice", args=[base], dim=1, start=start, len=cols, step=step)
 
 
 def _gen_op(d: _Draft) -> None:
     rng = d.rng
     kind = rng.choices(
         ["unary", "binary", "scalar", "reduce", "rmsnorm", "layernorm", "linear", "reshape", "transpose", "rotary",
-         "softmax", "sdpa", "attention", "inplace", "glu", "add_rmsnorm"],
-        weights=[14, 12, 6, 6, 6, 4, 14, 4, 4, 5, 5, 3, 2, 5, 3, 3],
+         "softmax", "sdpa", "attention", "inplace", "glu", "add_rmsnorm", "identity", "dup", "param", "slice",
+         "view", "gather", "cross_entropy", "twice"],
+        weights=[14, 12, 6, 6, 6, 4, 14, 4, 4, 5, 5, 6, 5, 5, 3, 3, 4, 2, 2, 3, 3, 2, 2, 2],
     )[0]  # fmt: skip
     if kind in ("sdpa", "attention"):
         _gen_attention(d, kind == "attention")
         return
-    pointwise = kind in ("unary", "binary", "scalar")
+    pointwise = kind in ("unary", "binary", "scalar", "identity")
     x = d.pick(lambda t: pointwise or len(t) >= 1)  # 0-d values (full reductions, scalars) feed pointwise ops only
     if x is None:
         return
@@ -508,7 +757,10 @@ def _gen_op(d: _Draft) -> None:
         i, j = rng.sample(range(len(s)), 2)
         t = list(s)
         t[i], t[j] = t[j], t[i]
-        d.op(t, op="transpose", args=[x], dims=[i, j])
+        y = d.op(t, op="transpose", args=[x], dims=[i, j])
+        if rng.random() < 0.4:  # x.transpose(..).contiguous().view(..)
+            t, flat = _view_target(d, t)
+            d.op(t, op="view", args=[y], shape=t, flat=flat)
     elif kind == "rotary":
         x = d.pick(lambda t: len(t) >= 2 and d.size(t[-1]) % 2 == 0)
         if x is None:
@@ -531,19 +783,64 @@ def _gen_op(d: _Draft) -> None:
     elif kind == "softmax":
         d.op(s, op="softmax", args=[x], how=rng.choice(["torch", "explicit", "fp32"]))
     elif kind == "inplace":
-        # an op's own result that no view shares (eager writes through views; the compiler refuses that)
-        inputs = {v for v, _ in d.inputs}
-        x = d.pick(lambda t: True)
-        shared = x in inputs or x in d.views or x in d.views.values()
-        if not shared:
+        # an input (maybe passed twice) or an op's result that no view shares (eager writes through views;
+        # the compiler refuses that), never an expand()-ed input (eager refuses that)
+        x = d.pick(ok=d.writable)
+        if x is not None:
+            s = d.shapes[x]
             fn = rng.choice(["add_", "copy_", "mul_", "relu"])
             y = [d.inp(rng.choice([s, s[-1:], [*s[:-1], 1], []]))] if fn in ("add_", "copy_") else []
             d.op(s, op="inplace", args=[x, *y], fn=fn)
+    elif kind == "twice":  # cm(x, x) writing one name, then reading both (eager: the write shows through both)
+        cands = [v for v, i in d.inputs if i["kind"] == "randn" and d.writable(v)]
+        a = rng.choice(cands) if cands and rng.random() < 0.5 else d.inp(s)
+        if d.writable(a):
+            first, second = rng.sample([a, d.twin(a)], 2)
+            s = d.shapes[a]
+            fn = rng.choice(["add_", "copy_", "mul_", "relu"])
+            y = [d.inp(rng.choice([s, s[-1:], []]))] if fn in ("add_", "copy_") else []
+            w = d.op(s, op="inplace", args=[first, *y], fn=fn)
+            d.op(s, op="binary", args=rng.sample([w, second], 2), fn=rng.choice(["add", "sub", "mul"]))
+    elif kind == "identity":  # a fresh copy of x (x itself for .contiguous() of a contiguous x), often beside x
+        y = d.op(s, op="identity", args=[x], fn=rng.choice(sorted(IDENTITY)))
+        if rng.random() < 0.5 and x not in {v for v, _ in d.inputs}:
+            d.extra_outputs += [x, y]
+    elif kind == "dup":  # the same expression again, both returned: fresh tensors even where the IR sees one value
+        same = [(v, op) for v, op in d.ops if v in d.floats and op["op"] in ("unary", "binary", "scalar", "identity")]
+        if same:
+            v, op = rng.choice(same)
+            d.extra_outputs += [v, d.op(d.shapes[v], **copy.deepcopy(op))]
+    elif kind == "param":  # a parameter's copy, returned (and maybe written or computed with later)
+        d.extra_outputs.append(d.op(s, op="param", args=[x], w=s, fn=rng.choice(["clone", "mul1"])))
+    elif kind == "slice":  # a strided slice, maybe made contiguous and viewed
+        dim = rng.randrange(len(s))
+        n = d.size(s[dim])
+        start, step = rng.choice([0, 1, 1, 2]), rng.choice([1, 1, 2])
+        length = len(range(start, n, step)) - rng.choice([0, 0, 1])
+        if length >= 1:
+            t = list(s)
+            t[dim] = d.dim(length)
+            y = d.op(t, op="slice", args=[x], dim=dim, start=start, len=t[dim], step=step)
+            if rng.random() < 0.5:
+                t, flat = _view_target(d, t)
+                d.op(t, op="view", args=[y], shape=t, flat=flat)
+    elif kind == "view":
+        t, flat = _view_target(d, s)
+        d.op(t, op="view", args=[x], shape=t, flat=flat)
+    elif kind == "gather" and len(s) >= 2:  # indices sliced, made contiguous and viewed: x.gather(-1, idx)
+        k = d.dim(_ragged(rng, 1, 8))
+        idx = _index_chain(d, product(s[:-1]), k, s[-1])
+        idx = d.op([*s[:-1], k], is_float=False, op="view", args=[idx], shape=[*s[:-1], k], flat=False)
+        d.op([*s[:-1], k], op="gather", args=[x, idx])
+    elif kind == "cross_entropy" and len(s) >= 2:  # cross_entropy(x rows, labels[..., 1:].contiguous().view(-1))
+        labels = _index_chain(d, product(s[:-2]), s[-2], s[-1])
+        labels = d.op([product(s[:-1])], is_float=False, op="view", args=[labels], shape=[product(s[:-1])], flat=True)
+        d.op([], op="cross_entropy", args=[x, labels], classes=s[-1])
 
 
 def default_dtypes() -> list[str]:
-    """fp32 and fp16; bf16 only with CUDA (the interpreter computes bf16 dots wrongly)."""
-    return ["float32", "float16"] + (["bfloat16"] if torch.cuda.is_available() else [])
+    """fp32, fp16 and bf16 (the interpreter emulates bf16 correctly)."""
+    return ["float32", "float16", "bfloat16"]
 
 
 def random_spec(rng: random.Random, dtype: str | None = None, max_ops: int = 7) -> dict:
@@ -557,14 +854,17 @@ def random_spec(rng: random.Random, dtype: str | None = None, max_ops: int = 7) 
         d.inp([*lead, d.dim(_ragged(rng))])
         for _ in range(rng.randint(1, max_ops)):
             _gen_op(d)
-        if not d.ops:
+        op_ids = [v for v, _ in d.ops if v in d.floats]
+        if not op_ids:
             continue
-        op_ids = [v for v, _ in d.ops]
         outs = [op_ids[-1], *(v for v in d.extra_outputs if v != op_ids[-1])]
         if len(op_ids) > 1 and rng.random() < 0.3:
             outs.append(rng.choice(op_ids[:-1]))
         outs = list(dict.fromkeys(outs))
-        spec = d.spec(seed, dt, outs)
+        if rng.random() < 0.1:  # one value returned twice
+            outs.append(rng.choice(outs))
+        structure = rng.choices(STRUCTURES, weights=[6, 1, 1, 1, 1])[0]
+        spec = d.spec(seed, dt, outs, structure)
         if valid(spec):
             return spec
 
@@ -574,26 +874,26 @@ def random_spec(rng: random.Random, dtype: str | None = None, max_ops: int = 7) 
 
 @dataclass
 class Outcome:
-    """What one backend did with a spec: None, or the kind ("error" / "mismatch") and a message."""
+    """What one backend did with a spec: None, or the kind ("error" / "mismatch" / "fallback") and a message."""
 
     backend: str
     failure: str | None = None
     message: str = ""
     kernels: Counter = field(default_factory=Counter)  # kernels launched, by pattern
-    fallbacks: int = 0
+    fallbacks: list[str] = field(default_factory=list)  # unexpected fallbacks and dlblas_compiler warnings
 
 
 def reference_values(spec: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], float] | None:
-    """(inputs in the spec's dtype, float64 outputs, scale), or None when the graph is out of range in float64."""
+    """(inputs in the spec's dtype, float64 outputs, scale), or None when the graph is out of range in float64.
+    The outputs may hold NaN (a fully masked attention row); `scale` is over finite values."""
     dtype = DTYPES[spec["dtype"]]
     inputs = make_inputs(spec, dtype)
     m64 = build(spec).to(dtype).to(torch.float64)  # weights rounded to the dtype, computed exactly
-    x64 = [x.double() if x.is_floating_point() else x for x in inputs]
+    wide: dict[int, torch.Tensor] = {}  # an input passed twice stays one tensor (a write shows through both)
+    x64 = [wide.setdefault(id(x), x.double() if x.is_floating_point() else x) for x in inputs]
     with torch.no_grad():
         vals = m64.values(x64 + [None] * (MAX_INPUTS - len(x64)))
     outs = [vals[j] for j in spec["outputs"]]
-    if not all(torch.isfinite(o).all() for o in outs):
-        return None
     finite = [v[torch.isfinite(v)] for v in vals if v.is_floating_point()]
     scale = max((f.abs().max().item() for f in finite if f.numel()), default=0.0)
     if scale > MAGNITUDE_LIMIT:
@@ -602,7 +902,145 @@ def reference_values(spec: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]
 
 
 def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+    """max |a - b| over the elements where b is finite."""
+    keep = torch.isfinite(b)
+    return (a[keep].double() - b[keep].double()).abs().max().item() if keep.any() else 0.0
+
+
+def _nonfinite_diff(o: torch.Tensor, t: torch.Tensor) -> str | None:
+    """Where o's NaN and inf differ from t's, or None."""
+    for name, test in (("NaN", torch.isnan), ("inf", torch.isinf)):
+        a, b = test(o), test(t)
+        if not torch.equal(a, b):
+            return f"{name} at {int(a.sum())} elements, float64 eager at {int(b.sum())} ({int((a != b).sum())} differ)"
+    inf = torch.isinf(t)
+    if not torch.equal(o[inf].double(), t[inf]):
+        return "inf of the other sign than float64 eager's"
+    return None
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN where the other has NaN."""
+    nan = a.isnan()
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
+
+
+def _storage(t) -> int | None:
+    return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.numel() else None
+
+
+def _alias_diff(outs: list, eager: list, xs: list, eager_xs: list, params: dict, eager_params: dict) -> str | None:
+    """Where compiled outputs share a storage that eager's keep apart: another output, an input, a parameter."""
+    for i, (o, e) in enumerate(zip(outs, eager)):
+        so, se = _storage(o), _storage(e)
+        if so is None:
+            continue
+        for j in range(i):
+            if so == _storage(outs[j]) and se != _storage(eager[j]):
+                return f"outputs {j} and {i} share storage where eager's do not"
+        for k, (x, ex) in enumerate(zip(xs, eager_xs)):
+            if so == _storage(x) and se != _storage(ex):
+                return f"output {i} shares storage with input {k} where eager's does not"
+        for name, p in params.items():
+            if so == _storage(p) and se != _storage(eager_params[name]):
+                return f"output {i} shares storage with parameter {name!r} where eager's does not"
+    return None
+
+
+def _write_diff(
+    call, outs: list, eager: list, xs: list, eager_xs: list, params: dict, eager_params: dict
+) -> str | None:
+    """The caller writes every output eager returns as its own storage (out.add_(1)): the inputs, the
+    parameters and the next call's outputs (`call()`, on fresh inputs) must not change."""
+    inputs_before = [x.clone() for x in xs]
+    params_before = {n: p.detach().clone() for n, p in params.items()}
+    outs_before = [o.clone() for o in outs]
+    theirs = {_storage(x) for x in eager_xs} | {_storage(p) for p in eager_params.values()}
+    with torch.no_grad():
+        for i, (o, e) in enumerate(zip(outs, eager)):
+            if _storage(e) not in theirs and o.is_floating_point():
+                try:
+                    o.add_(1)
+                except RuntimeError as err:  # an expanded or otherwise unwritable tensor
+                    return f"output {i} cannot be written in place as eager's can ({str(err).splitlines()[0]})"
+    for k, (x, before) in enumerate(zip(xs, inputs_before)):
+        if not _same(x, before):
+            return f"writing the outputs changed input {k}"
+    for name, p in params.items():
+        if not _same(p.detach(), params_before[name]):
+            return f"writing the outputs changed parameter {name!r}"
+    again = leaves(call())
+    for i, (o, before) in enumerate(zip(again, outs_before)):
+        if not _same(o, before):
+            return f"output {i} of a second call differs from the first's (which the caller then wrote)"
+    return None
+
+
+def _fallbacks(cm, backend: str, caught: list) -> list[str]:
+    """dlblas_compiler warnings (a region falling back, a call run eagerly), and regions running their
+    reference for a reason EXPECTED_REFERENCE does not list."""
+    found = [str(w.message) for w in caught if str(w.message).startswith("dlblas_compiler")]
+    expected = EXPECTED_REFERENCE.get(backend, ())
+    for k in getattr(cm._spec().executor, "kernel_summaries", lambda: [])():
+        reason = k.get("reason", "")
+        if k["impl"] == "reference" and not reason.startswith(expected) and not any(reason in f for f in found):
+            found.append(f"region {k['name']} ({k['pattern']}) runs its reference: {reason or 'no reason given'}")
+    return found
+
+
+def _value_diff(outs: list, eager: list, truth: list, bounds: list[float], xs: list, eager_xs: list) -> str | None:
+    """Where the inputs after the call or the outputs differ from eager's (dtype, shape, contiguity, NaN and
+    inf positions, error bound), or None."""
+    for k, (x, ex) in enumerate(zip(xs, eager_xs)):
+        if not _same(x.cpu(), ex):
+            return f"input {k} after the call differs from eager's by up to {_max_err(x.cpu(), ex):.3g}"
+    for i, (o, e, t, bound) in enumerate(zip(outs, eager, truth, bounds)):
+        if o.dtype != e.dtype or o.shape != e.shape:
+            return f"output {i}: {o.dtype}{tuple(o.shape)} vs eager {e.dtype}{tuple(e.shape)}"
+        if e.is_contiguous() and not o.is_contiguous():
+            return f"output {i} is not contiguous, eager's is"
+        if (bad := _nonfinite_diff(o.cpu(), t)) is not None:
+            return f"output {i}: {bad}"
+        if (err := _max_err(o.cpu(), t)) > bound:
+            return f"output {i}: max error {err:.3g} > bound {bound:.3g}"
+    return None
+
+
+def _check_backend(spec: dict, backend: str, model: nn.Module, eager_out, eager_xs: list, truth: list,
+                   bounds: list[float]) -> Outcome:  # fmt: skip
+    """Compile and call under no_grad, then compare with eager: structure, values, aliasing, writes into
+    the outputs and a second call; and collect unexpected fallbacks over both calls."""
+    res = Outcome(backend)
+    dtype = DTYPES[spec["dtype"]]
+    dev = "cuda" if backend == "triton" else "cpu"
+    m = model if dev == "cpu" else copy.deepcopy(model).to(dev)
+    params, eager_params = dict(m.named_parameters()), dict(model.named_parameters())
+    xs = make_inputs(spec, dtype, dev)
+    try:
+        cm = dc.compile(m, backend=backend, cuda_graphs=False)
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = cm(*xs)
+            summaries = getattr(cm._spec().executor, "kernel_summaries", lambda: [])()
+            res.kernels.update(k["pattern"] for k in summaries if k["impl"] == "kernel")
+            outs, eager = leaves(out), leaves(eager_out)
+            why = (
+                _structure_diff(out, eager_out)
+                or _value_diff(outs, eager, truth, bounds, xs, eager_xs)
+                or _alias_diff(outs, eager, xs, eager_xs, params, eager_params)
+                or _write_diff(lambda: cm(*make_inputs(spec, dtype, dev)), outs, eager, xs, eager_xs, params,
+                               eager_params)
+            )  # fmt: skip
+            res.fallbacks = _fallbacks(cm, backend, caught)
+    except Exception as e:  # noqa: BLE001 - every exception is a finding
+        text = str(e).strip()
+        res.failure, res.message = "error", f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+        return res
+    if why is not None:
+        res.failure, res.message = "mismatch", why
+    elif res.fallbacks:
+        res.failure, res.message = "fallback", res.fallbacks[0]
+    return res
 
 
 def check(spec: dict, backends: list[str]) -> list[Outcome] | None:
@@ -610,55 +1048,18 @@ def check(spec: dict, backends: list[str]) -> list[Outcome] | None:
     ref = reference_values(spec)
     if ref is None:
         return None
-    inputs, truth, scale = ref
+    _, truth, scale = ref
     dtype = DTYPES[spec["dtype"]]
     model = build(spec).to(dtype)
-    eager_inputs = [x.clone() for x in inputs]
+    eager_xs = make_inputs(spec, dtype)
     with torch.no_grad():
-        eager = model(*eager_inputs)  # a graph that writes an input writes this copy
-    if not all(torch.isfinite(e).all() for e in eager):
-        return None
-    eager_err = [_max_err(e, t) for e, t in zip(eager, truth)]
+        eager_out = model(*eager_xs)  # a graph that writes an input writes these
+    eager = leaves(eager_out)
+    if any(_nonfinite_diff(e, t) for e, t in zip(eager, truth)):
+        return None  # eager overflows (or loses a NaN) in the dtype where float64 does not
     tol = ULPS[dtype] * torch.finfo(dtype).eps
-    results = []
-    for backend in backends:
-        if backend == "interpret" and dtype == torch.bfloat16:
-            continue  # the Triton interpreter computes bf16 dots wrongly
-        res = Outcome(backend)
-        results.append(res)
-        dev = "cuda" if backend == "triton" else "cpu"
-        m = model if dev == "cpu" else copy.deepcopy(model).to(dev)
-        xs = [x.to(dev, copy=True) for x in inputs]
-        try:
-            cm = dc.compile(m, backend=backend, cuda_graphs=False)
-            with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                outs = cm(*xs)
-            res.fallbacks = sum("dlblas_compiler" in str(w.message) for w in caught)
-            summaries = getattr(cm._spec().executor, "kernel_summaries", lambda: [])()
-            res.kernels.update(k["pattern"] for k in summaries if k["impl"] == "kernel")
-        except Exception as e:  # noqa: BLE001 - every exception is a finding
-            text = str(e).strip()
-            res.failure, res.message = "error", f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
-            continue
-        if any(not torch.equal(a.cpu(), b) for a, b in zip(xs, eager_inputs)):
-            res.failure, res.message = "mismatch", "the inputs after the call differ from eager's"
-            continue
-        for i, (o, e, t, ee) in enumerate(zip(outs, eager, truth, eager_err)):
-            o = o.cpu()
-            if o.dtype != e.dtype or o.shape != e.shape:
-                got, want = f"{o.dtype}{tuple(o.shape)}", f"{e.dtype}{tuple(e.shape)}"
-                res.failure, res.message = "mismatch", f"output {i}: {got} vs eager {want}"
-                break
-            if not torch.equal(torch.isfinite(o), torch.isfinite(t)):
-                res.failure, res.message = "mismatch", f"output {i}: non-finite values where float64 eager has none"
-                break
-            err, bound = _max_err(o, t), tol * scale + 4 * ee
-            if err > bound:
-                res.failure = "mismatch"
-                res.message = f"output {i}: max error {err:.3g} > bound {bound:.3g} (scale {scale:.3g}, eager {ee:.3g})"
-                break
-    return results
+    bounds = [tol * scale + 4 * _max_err(e, t) for e, t in zip(eager, truth)]
+    return [_check_backend(spec, b, model, eager_out, eager_xs, truth, bounds) for b in backends]
 
 
 def first_failure(spec: dict, backends: list[str]) -> Outcome | None:
@@ -684,19 +1085,21 @@ def _drop_op(spec: dict, i: int) -> dict | None:
         op["args"] = [remap(j) for j in op["args"]]
         if op.get("residual") is not None:
             op["residual"] = remap(op["residual"])
-    s["outputs"] = sorted({remap(j) for j in s["outputs"]})
+    s["outputs"] = list(dict.fromkeys(remap(j) for j in s["outputs"]))
     if not s["ops"] or any(j < n_in for j in s["outputs"]):
         return None
     return _drop_unused_inputs(s)
 
 
 def _drop_unused_inputs(spec: dict) -> dict:
+    inputs = spec["inputs"]
     used = {j for op in spec["ops"] for j in op["args"]}
     used |= {op["residual"] for op in spec["ops"] if op.get("residual") is not None}
-    keep = [i for i in range(len(spec["inputs"])) if i in used]
-    if len(keep) == len(spec["inputs"]):
+    used |= {inputs[j]["of"] for j in used if j < len(inputs) and inputs[j]["kind"] == "same"}
+    keep = [i for i in range(len(inputs)) if i in used]
+    if len(keep) == len(inputs):
         return spec
-    n_in = len(spec["inputs"])
+    n_in = len(inputs)
     new = {old: k for k, old in enumerate(keep)}
 
     def remap(j):
@@ -707,21 +1110,42 @@ def _drop_unused_inputs(spec: dict) -> dict:
         if op.get("residual") is not None:
             op["residual"] = remap(op["residual"])
     spec["outputs"] = [remap(j) for j in spec["outputs"]]
-    spec["inputs"] = [spec["inputs"][i] for i in keep]
+    spec["inputs"] = [dict(inputs[i], of=new[inputs[i]["of"]]) if inputs[i]["kind"] == "same" else inputs[i]
+                      for i in keep]  # fmt: skip
     return spec
 
 
+def _plainer_inputs(spec: dict):
+    """The spec with one input plainer: contiguous, its own tensor rather than another passed again, a
+    mask without fully masked rows."""
+    for k, inp in enumerate(spec["inputs"]):
+        plain = None
+        if "layout" in inp:
+            plain = {key: v for key, v in inp.items() if key not in ("layout", "expand_dim")}
+        elif inp["kind"] == "same":
+            plain = {"shape": inp["shape"], "kind": "randn"}
+        elif inp.get("masked_rows"):
+            plain = dict(inp, masked_rows=False)
+        if plain is not None:
+            s = copy.deepcopy(spec)
+            s["inputs"][k] = plain
+            yield s
+
+
 def _candidates(spec: dict):
-    """Smaller specs: fewer ops, fewer outputs, smaller dims, float32 instead of float16."""
+    """Smaller specs: fewer ops, fewer outputs, plainer inputs and outputs, smaller dims, float32."""
     for i in reversed(range(len(spec["ops"]))):
         s = _drop_op(spec, i)
         if s is not None:
             yield s
     if len(spec["outputs"]) > 1:
-        for j in spec["outputs"]:
+        for j in dict.fromkeys(spec["outputs"]):
             s = copy.deepcopy(spec)
             s["outputs"] = [j]
             yield s
+    if spec.get("structure", "tuple") != "tuple":
+        yield dict(copy.deepcopy(spec), structure="tuple")
+    yield from _plainer_inputs(spec)
     for name, value in spec["dims"].items():
         for smaller in sorted({1, value // 2, value - 1}):
             if 1 <= smaller < value:
@@ -772,3 +1196,26 @@ def load_regressions(directory: Path = REGRESSIONS) -> list[tuple[str, dict[str,
 
 def default_backends() -> list[str]:
     return ["reference", "interpret"] + (["triton"] if torch.cuda.is_available() else [])
+
+
+def features(spec: dict) -> set[str]:
+    """The everyday inputs and outputs a spec exercises (for coverage counts)."""
+    n_in, inputs, f = len(spec["inputs"]), spec["inputs"], {f"dtype {spec['dtype']}"}
+    f.add(f"structure {spec.get('structure', 'tuple')}")
+    for inp in inputs:
+        f.add(f"input {inp['kind']}")
+        if "layout" in inp:
+            f.add(f"layout {inp['layout']}")
+        if inp.get("masked_rows"):
+            f.add(f"fully masked rows {inp['kind']}")
+    for op in spec["ops"]:
+        f.add(f"op {op['op']}" + (f" {op['fn']}" if op["op"] == "identity" else ""))
+        if op["op"] == "inplace" and op["args"][0] < n_in:
+            x = op["args"][0]
+            twice = any(i["kind"] == "same" and x in (k, i["of"]) for k, i in enumerate(inputs))
+            f.add("in-place write to an input" + (" passed twice" if twice else ""))
+        if op["op"] in ("sdpa", "attention") and len(op["args"]) > 3:
+            f.add(f"{op['op']} with {inputs[op['args'][3]]['kind']}")
+    if len(set(spec["outputs"])) < len(spec["outputs"]):
+        f.add("a value returned twice")
+    return f

@@ -1,25 +1,31 @@
-"""Differential fuzzing in CI: a fixed-seed sample of random graphs, every saved regression, and a check
-that the harness itself catches (and shrinks) a wrong kernel. `scripts/fuzz.py` runs thousands on demand."""
+"""Differential fuzzing in CI: a fixed-seed sample of random graphs (each must match eager, keep eager's
+aliasing and run every fused region as its kernel), every saved regression, and checks that the harness
+itself catches (and shrinks) a wrong kernel, an output sharing storage eager keeps apart, and a region
+falling back to its reference. `scripts/fuzz.py` runs thousands on demand."""
 
 import json
 import random
 
 import pytest
 
+import dlblas_compiler.api
 from dlblas_compiler.dialects import TanhOp
+from dlblas_compiler.runtime.program import RegionStep
 
 from .generator import (
     check,
     default_backends,
+    features,
     first_failure,
     load_regressions,
     random_spec,
+    reference_values,
     save_regression,
     shrink,
     valid,
 )
 
-SAMPLE = 250
+SAMPLE = 1200
 
 
 def _failures(spec: dict) -> list[str]:
@@ -28,15 +34,37 @@ def _failures(spec: dict) -> list[str]:
     return [f"{r.backend} {r.failure}: {r.message}" for r in results if r.failure]
 
 
-@pytest.mark.parametrize("seed", range(SAMPLE))
-def test_random_graph_matches_eager(seed):
+def _ci_spec(seed: int) -> tuple[dict, list]:
     rng = random.Random(f"ci-{seed}")
     results = None
     while results is None:  # redraw the rare graph out of float64 range
         spec = random_spec(rng, max_ops=6)
         results = check(spec, default_backends())
+    return spec, results
+
+
+@pytest.mark.parametrize("seed", range(SAMPLE))
+def test_random_graph_matches_eager_and_runs_its_kernels(seed):
+    """No mismatch, no error, and no unexpected fallback (a region on its reference, a dlblas_compiler warning)."""
+    spec, results = _ci_spec(seed)
     bad = [f"{r.backend} {r.failure}: {r.message}" for r in results if r.failure]
     assert not bad, f"{bad}\nspec: {json.dumps(spec)}"
+
+
+def test_the_sample_draws_every_everyday_input():
+    """The CI sample's first draws cover each kind of input, layout, output and dtype the generator knows."""
+    seen = set().union(*(features(random_spec(random.Random(f"ci-{seed}"), max_ops=6)) for seed in range(SAMPLE)))
+    want = {
+        "fully masked rows mask_bool", "fully masked rows mask_add", "sdpa with mask_bool", "sdpa with mask_add",
+        "attention with mask_add", "input same", "in-place write to an input",
+        "in-place write to an input passed twice", "input index", "op gather",
+        "op cross_entropy", "op slice", "op view", "op param", "op identity clone", "op identity mul1",
+        "op identity add0", "op identity contiguous", "a value returned twice",
+        *(f"layout {h}" for h in ("transpose", "step", "offset", "expand")),
+        *(f"structure {s}" for s in ("tuple", "namedtuple", "dataclass", "dict", "list")),
+        *(f"dtype {d}" for d in ("float32", "float16", "bfloat16")),
+    }  # fmt: skip
+    assert want <= seen, sorted(want - seen)
 
 
 @pytest.mark.parametrize("record", [pytest.param(r, id=name) for name, r in load_regressions()])
@@ -72,3 +100,72 @@ def test_harness_finds_shrinks_and_saves_a_wrong_kernel(monkeypatch, tmp_path):
     path = save_regression(small, bad, tmp_path)
     ((name, record),) = load_regressions(tmp_path)
     assert name == path.name and record["spec"] == small and record["failure"] == "mismatch"
+
+
+FRESH_OUTPUTS = {  # (x.clone(), x * 2, x * 2, w.clone()) in a dict
+    "seed": 3,
+    "dtype": "float32",
+    "dims": {"d0": 3, "d1": 5},
+    "inputs": [{"shape": ["d0", "d1"], "kind": "randn", "layout": "transpose"}],
+    "ops": [
+        {"op": "identity", "args": [0], "fn": "clone"},
+        {"op": "scalar", "args": [0], "fn": "mul", "c": 2.0},
+        {"op": "scalar", "args": [0], "fn": "mul", "c": 2.0},
+        {"op": "param", "args": [0], "w": ["d0", "d1"], "fn": "clone"},
+    ],
+    "outputs": [1, 2, 3, 4],
+    "structure": "dict",
+}
+
+
+def test_harness_catches_outputs_sharing_storage_eager_keeps_apart(monkeypatch):
+    assert first_failure(FRESH_OUTPUTS, ["reference", "interpret"]) is None
+    monkeypatch.setattr(dlblas_compiler.api, "output_guard", lambda *a: None)  # outputs as the IR has them
+    spec = dict(FRESH_OUTPUTS, outputs=[1, 2, 3])
+    bad = first_failure(spec, ["reference", "interpret"])
+    assert bad is not None and bad.failure == "mismatch" and "shares storage with input 0" in bad.message, bad
+    bad = first_failure(dict(FRESH_OUTPUTS, outputs=[4]), ["interpret"])
+    assert bad is not None and "Parameter" in bad.message, bad  # the parameter itself, not a fresh tensor
+
+
+def test_harness_counts_a_region_falling_back_to_its_reference(monkeypatch):
+    spec = dict(TANH_CHAIN, dims={"d0": 2, "d1": 3, "d2": 4})
+
+    def fail(self, tensors, config):
+        raise RuntimeError("launch failed")
+
+    monkeypatch.setattr(RegionStep, "launch", fail)
+    (ref, interp) = check(spec, ["reference", "interpret"])
+    assert ref.failure is None and interp.failure == "fallback", interp
+    assert interp.fallbacks and all("launch failed" in f for f in interp.fallbacks)
+
+
+MASKED = {  # explicit attention (NaN on a fully masked row) and SDPA (0 there) on one padded additive mask
+    "seed": 5,
+    "dtype": "float32",
+    "dims": {"b": 2, "h": 1, "s": 6, "d": 16},
+    "inputs": [
+        {"shape": ["b", "h", "s", "d"], "kind": "randn"},
+        {"shape": ["b", "h", "s", "d"], "kind": "randn"},
+        {"shape": ["b", "h", "s", "d"], "kind": "randn", "layout": "step"},
+        {"shape": ["b", 1, "s", "s"], "kind": "mask_add", "masked_rows": True, "layout": "expand", "expand_dim": 1},
+    ],
+    "ops": [
+        {"op": "attention", "args": [0, 1, 2, 3], "causal": False, "scale": 0.25},
+        {"op": "sdpa", "args": [0, 1, 2, 3], "causal": False, "scale": None, "gqa": False},
+    ],
+    "outputs": [4, 5],
+}
+
+
+def test_fully_masked_rows_are_nan_exactly_where_eager_has_nan():
+    _, (explicit, sdpa), _ = reference_values(MASKED)
+    assert explicit.isnan().any() and not sdpa.isnan().any() and (sdpa == 0).all(-1).any()
+    results = check(MASKED, ["reference", "interpret"])
+    assert [r.failure for r in results] == [None, None], [r.message for r in results]
+    assert results[1].kernels["attention"] == 2
+
+
+def test_bf16_runs_on_the_interpreter():
+    (res,) = check(dict(TANH_CHAIN, dtype="bfloat16"), ["interpret"])
+    assert res.failure is None and res.kernels == {"gemm": 1, "row": 1}, (res.message, res.kernels)
