@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from xdsl.builder import Builder
 from xdsl.dialects import func
@@ -305,6 +306,11 @@ class Importer:
         if not _has_tensor(value):  # sizes, dtypes, asserts: known at compile time
             self.env[n] = value
             return
+        same = next((a for a in n.all_input_nodes if _same_view(self.values.get(a), value)), None)
+        if same is not None and same in self.env:  # x.to(its device), x.view(x.shape), ...: the tensor itself,
+            self.alias_base[n] = self.alias_base.get(same, same)  # so a write through either name updates both
+            self.env[n] = self.env[same]
+            return
         args, kwargs = self._resolve(n.args), self._resolve(n.kwargs)
         if n.op == "call_function" and _container_type(n.target):
             try:  # a namedtuple / dataclass grouping values: built here around the SSA values
@@ -498,16 +504,20 @@ class Importer:
 
 
 def _same_view(a: Any, b: Any) -> bool:
-    """Two input tensors that are the same view of one storage (`cm(x, x)`)."""
+    """Two tensors that are the same view of one storage (`cm(x, x)`; `x.to(x.device)` in a graph): real
+    tensors compared by address, fake ones (a graph's example values) by their shared fake storage."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
     if a is b:
         return True
-    return a.device.type != "meta" and (
-        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel() > 0
-        and a.storage_offset() == b.storage_offset() and a.shape == b.shape and a.stride() == b.stride()
-        and a.dtype == b.dtype
-    )
+    if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype or a.numel() == 0:
+        return False
+    if a.storage_offset() != b.storage_offset():
+        return False
+    sa, sb = _storage(a), _storage(b)
+    if sa is not None and isinstance(a, FakeTensor):
+        return sa == sb
+    return a.device.type != "meta" and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _is_ssa(v: Any) -> bool:

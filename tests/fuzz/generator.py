@@ -73,6 +73,7 @@ LAYOUTS = ("transpose", "step", "offset", "expand")
 STRUCTURES = ("tuple", "namedtuple", "dataclass", "dict", "list")
 # The reasons a region may run its reference without counting as a fallback, by backend (start of the text).
 EXPECTED_REFERENCE = {
+    "reference": ("reference backend", "empty tensors"),
     "interpret": ("empty tensors",),
     "triton": ("empty tensors", "a lone GEMM runs on cuBLAS", "the reference (torch / cuBLAS) measured faster"),
 }
@@ -981,10 +982,10 @@ def _fallbacks(cm, backend: str, caught: list) -> list[str]:
     reference for a reason EXPECTED_REFERENCE does not list."""
     found = [str(w.message) for w in caught if str(w.message).startswith("dlblas_compiler")]
     expected = EXPECTED_REFERENCE.get(backend, ())
-    for k in getattr(cm._spec().executor, "kernel_summaries", lambda: [])():
-        reason = k.get("reason", "")
-        if k["impl"] == "reference" and not reason.startswith(expected) and not any(reason in f for f in found):
-            found.append(f"region {k['name']} ({k['pattern']}) runs its reference: {reason or 'no reason given'}")
+    for k in cm.report().kernels:
+        reason = k.reason
+        if k.impl == "reference" and not reason.startswith(expected) and not any(reason in f for f in found):
+            found.append(f"region {k.region} ({k.pattern}) runs its reference: {reason or 'no reason given'}")
     return found
 
 
@@ -1021,8 +1022,7 @@ def _check_backend(spec: dict, backend: str, model: nn.Module, eager_out, eager_
         with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = cm(*xs)
-            summaries = getattr(cm._spec().executor, "kernel_summaries", lambda: [])()
-            res.kernels.update(k["pattern"] for k in summaries if k["impl"] == "kernel")
+            res.kernels.update(k.pattern for k in cm.report().kernels if k.impl == "kernel")
             outs, eager = leaves(out), leaves(eager_out)
             why = (
                 _structure_diff(out, eager_out)

@@ -123,7 +123,7 @@ def test_harness_catches_outputs_sharing_storage_eager_keeps_apart(monkeypatch):
     monkeypatch.setattr(dlblas_compiler.api, "output_guard", lambda *a: None)  # outputs as the IR has them
     spec = dict(FRESH_OUTPUTS, outputs=[1, 2, 3])
     bad = first_failure(spec, ["reference", "interpret"])
-    assert bad is not None and bad.failure == "mismatch" and "shares storage with input 0" in bad.message, bad
+    assert bad is not None and bad.failure == "mismatch" and "storage" in bad.message, bad  # (either aliasing is caught)
     bad = first_failure(dict(FRESH_OUTPUTS, outputs=[4]), ["interpret"])
     assert bad is not None and "Parameter" in bad.message, bad  # the parameter itself, not a fresh tensor
 
