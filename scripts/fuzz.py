@@ -45,14 +45,27 @@ from tests.fuzz.generator import (  # noqa: E402
 KINDS = ("mismatch", "error", "fallback")
 
 
+_POISONED: list[str] = []  # a sticky CUDA error this worker process cannot recover from
+
+
 def run_graph(job: tuple) -> dict:
-    """Draw graph `index` of the run and check it: the spec, its features and what each backend did."""
+    """Draw graph `index` of the run and check it: the spec, its features and what each backend did. After a
+    sticky CUDA error (an illegal or misaligned access poisons the process's CUDA context) the worker answers
+    every later job with "retry", and the main process runs those in a fresh pool."""
     seed, index, dtype, max_ops, backends = job
+    if _POISONED:
+        return {"index": index, "retry": True}
     rng = random.Random(f"{seed}-{index}")
     redrawn = 0
     while True:
         spec = random_spec(rng, dtype, max_ops)
-        results = check(spec, backends)
+        try:
+            results = check(spec, backends)
+        except Exception as e:  # noqa: BLE001 - outside a backend's own try: the CUDA context is gone
+            if "CUDA error" not in str(e):
+                raise
+            _POISONED.append(str(e))
+            return {"index": index, "retry": True}
         if results is not None:
             break
         redrawn += 1
@@ -66,6 +79,28 @@ def run_graph(job: tuple) -> dict:
 
 def _worker_init() -> None:
     torch.set_num_threads(1)  # one core per process
+
+
+def _results(jobs: list[tuple], processes: int):
+    """Each job's result, from a pool of worker processes (or in this one); jobs a poisoned worker handed back
+    run again in a fresh pool."""
+    while jobs:
+        if processes <= 1:
+            results = map(run_graph, jobs)
+        else:
+            pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+            results = pool.map(run_graph, jobs, chunksize=4)
+        retry = []
+        for g in results:
+            if g.get("retry"):
+                retry.append(next(j for j in jobs if j[1] == g["index"]))
+            else:
+                yield g
+        if processes > 1:
+            pool.shutdown()
+        if retry and processes <= 1:
+            raise RuntimeError(f"the CUDA context was lost ({_POISONED[0][:200]}); run with --jobs 2 or more")
+        jobs = retry
 
 
 def signature(backend: str, failure: str, message: str) -> str:
@@ -98,11 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = {b: Counter() for b in backends}
     kernels = {b: Counter() for b in backends}
     findings: dict[str, dict] = {}
-    pool = None
-    if args.jobs > 1:
-        pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
-    results = pool.map(run_graph, jobs, chunksize=4) if pool else map(run_graph, jobs)
-    for g in results:
+    for g in _results(jobs, args.jobs):
         graphs.append(g)
         by_dtype[g["spec"]["dtype"]] += 1
         covered.update(g["features"])
@@ -123,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         if len(graphs) % 50 == 0:
             bad = sum(sum(c[k] for k in KINDS) for c in counts.values())
             print(f"[{len(graphs)}] {bad} failures, {len(findings)} distinct, {time.time() - t0:.0f} s", flush=True)
-    if pool:
-        pool.shutdown()
     seconds = time.time() - t0
 
     for f in findings.values():  # shrink and save the first graph of each distinct finding

@@ -460,6 +460,11 @@ class GluOp(IRDLOperation):
 MASKED_ROWS = ("zero", "nan")
 
 
+def _aligned(t):
+    """t itself when its data is 16-byte aligned, else an aligned copy."""
+    return t if t is None or t.device.type == "meta" or t.data_ptr() % 16 == 0 else t.clone()
+
+
 @irdl_op_definition
 class SDPAOp(IRDLOperation):
     """`dl.sdpa`: softmax(q k^T * scale + mask) v (F.scaled_dot_product_attention, no dropout).
@@ -539,6 +544,9 @@ class SDPAOp(IRDLOperation):
                 raise VerifyException(f"dl.sdpa: mask must be boolean or float, got {self.mask.type}")
 
     def reference(self, q, k, v, mask=None):
+        # torch's fused CUDA kernels read misaligned operands wrongly (a view with a storage offset: garbage or
+        # "misaligned address"); an explicit softmax form raised to dl.sdpa must not meet that where eager didn't
+        q, k, v, mask = (_aligned(t) for t in (q, k, v, mask))
         causal = self.causal
         if causal and mask is not None:  # torch takes one or the other: fold the causal mask (top-left aligned) in
             keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
