@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -115,7 +116,9 @@ class CompiledModule(torch.nn.Module):
         super().__init__()
         self.model = model
         self.options = options
-        self._specs: dict[tuple, Specialization] = {}
+        self._specs: OrderedDict[tuple, Specialization] = OrderedDict()  # least recently used first
+        self._weights: dict = {}  # derived weights, shared by the specializations' programs
+        self.compile_count = 0  # specializations compiled so far (evicted ones included)
         self._last: Specialization | None = None
         self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
         self._params = list(model.parameters())
@@ -132,6 +135,11 @@ class CompiledModule(torch.nn.Module):
         spec = self._specs.get(key)
         if spec is None:
             spec = self._specs[key] = self._specialize(args, kwargs)
+            self.compile_count += 1
+            while len(self._specs) > self.options.max_specializations:
+                self._specs.popitem(last=False)
+        else:
+            self._specs.move_to_end(key)
         self._last = spec
         return spec(args, kwargs)
 
@@ -165,7 +173,7 @@ class CompiledModule(torch.nn.Module):
             check = self._checker(imported, captured, args, kwargs, flat)
         result = run_pipeline(imported.module, self.options.pipeline, self.options.dump_ir, check)
         lowered = {} if self.options.backend == "reference" else lower_module(result.module, self.options.dump_ir)
-        program = build_program(result.module, lowered, imported, self.options)
+        program = build_program(result.module, lowered, imported, self.options, self._weights)
         spec = Specialization(
             captured, imported, result, program, time.perf_counter() - t0, [*captured.notes, *imported.notes]
         )
@@ -226,6 +234,7 @@ class CompiledModule(torch.nn.Module):
 
     @property
     def specializations(self) -> int:
+        """How many input signatures are compiled and kept (at most `max_specializations`)."""
         return len(self._specs)
 
 

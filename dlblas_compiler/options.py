@@ -35,6 +35,9 @@ class Options:
     holding its share of the experts. Without it, on the kernel backends they run as topk_gating + fused_moe.
     prefer_kernels: every region with a kernel runs it, even a lone GEMM that would run on cuBLAS or a tuned
     kernel that measured slower than its region's reference (the library's template-backed ops use this).
+    max_specializations: how many input signatures a compiled module keeps compiled (least recently used ones go,
+    with their buffers and CUDA graphs; derived weights are shared by all): memory does not grow with the number
+    of sequence lengths seen.
     """
 
     backend: str | None = None
@@ -47,6 +50,7 @@ class Options:
     check: bool | int = False
     expert_parallel: Any = None
     prefer_kernels: bool = False
+    max_specializations: int = 16
 
     def __post_init__(self):
         self.backend = self.backend or default_backend()
@@ -57,5 +61,7 @@ class Options:
             raise ValueError(f"tune must be one of {TUNE_MODES}, got {self.tune!r}")
         if not isinstance(self.check, bool) and (not isinstance(self.check, int) or self.check < 0):
             raise ValueError(f"check must be a bool or a number of calls >= 0, got {self.check!r}")
+        if not isinstance(self.max_specializations, int) or self.max_specializations < 1:
+            raise ValueError(f"max_specializations must be a positive int, got {self.max_specializations!r}")
         if self.backend == "triton" and not torch.cuda.is_available():
             raise ValueError("backend='triton' needs a CUDA GPU; use 'interpret' (Triton on CPU) or 'reference'")

@@ -598,6 +598,7 @@ class MoEOp(IRDLOperation):
     """
 
     name = "dl.moe"
+    UNFUSED: ClassVar[str] = "runs as the MoE library kernels (topk_gating + fused_moe, or EPMoE over a process group)"
     x = operand_def(DLFloatTensor)
     router_weight = operand_def(DLFloatTensor)
     w_gate_up = operand_def(DLFloatTensor)

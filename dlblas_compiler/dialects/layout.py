@@ -1,4 +1,4 @@
-"""Reorganize, shuffle and one-to-many ops: reshape, permute, slice, cat, broadcast.
+"""Reorganize, shuffle and one-to-many ops: reshape, permute, slice, cat, broadcast, index_copy.
 
 They move or replicate elements without arithmetic; the codegen absorbs them into index maps
 (strides) of the kernels that read them.
@@ -7,11 +7,13 @@ They move or replicate elements without arithmetic; the codegen absorbs them int
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
-from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, TensorType, i64
+from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, IntegerType, TensorType, i64
 from xdsl.ir import SSAValue
 from xdsl.irdl import (
+    BaseAttr,
     IRDLOperation,
     ParsePropInAttrDict,
     irdl_op_definition,
@@ -196,7 +198,47 @@ class BroadcastOp(IRDLOperation):
         return x.expand(shape_of(self.result))
 
 
-LAYOUT_OPS = [ReshapeOp, PermuteOp, SliceOp, CatOp, BroadcastOp]
+@irdl_op_definition
+class IndexCopyOp(IRDLOperation):
+    """`dl.index_copy`: `dest` with the slices `index` along `dim` replaced by `source`'s (torch.index_copy: the
+    value of `dest.index_copy_(dim, index, source)`, a KV-cache update). Value semantics like every dl op; the
+    runtime writes `dest` in place where nothing reads the old value afterwards (see runtime.inplace)."""
+
+    name = "dl.index_copy"
+    UNFUSED: ClassVar[str] = "a cache update: it writes its destination in place where nothing reads the old value after it"
+    dest = operand_def(DLFloatTensor)
+    index = operand_def(TensorType.constr(BaseAttr(IntegerType)))
+    source = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    dim = prop_def(IntegerAttr)
+    traits = traits_def(Pure(), SHUFFLE)
+    assembly_format = (
+        "$dest `[` $index `]` `=` $source attr-dict `:` type($dest) `,` type($index) `,` type($source) `->` type($result)"
+    )
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, dest: SSAValue, dim: int, index: SSAValue, source: SSAValue):
+        d = normalize_dim(dim, len(shape_of(dest)))
+        super().__init__(operands=[dest, index, source], result_types=[dest.type], properties={"dim": IntegerAttr(d, i64)})
+
+    @property
+    def axis(self) -> int:
+        return self.dim.value.data
+
+    def verify_(self):
+        d, ds, ss, ix = self.axis, shape_of(self.dest), shape_of(self.source), shape_of(self.index)
+        if not 0 <= d < len(ds) or len(ix) > 1 or len(ss) != len(ds):
+            raise VerifyException(f"dl.index_copy: dim {d}, index {ix} and source {ss} do not fit dest {ds}")
+        if any(not dims_match(a, b) for i, (a, b) in enumerate(zip(ss, ds)) if i != d) or (ix and ss[d] != ix[0]):
+            raise VerifyException(f"dl.index_copy: source {ss} does not match dest {ds} along dim {d}")
+        if elem_of(self.source) != elem_of(self.dest) or self.result.type != self.dest.type:
+            raise VerifyException("dl.index_copy: dest, source and result must share one type")
+
+    def reference(self, dest, index, source):
+        return torch.index_copy(dest, self.axis, index, source)
+
+
+LAYOUT_OPS = [ReshapeOp, PermuteOp, SliceOp, CatOp, BroadcastOp, IndexCopyOp]
 
 # Ops whose result is a view of their operand in PyTorch: they move no data, and templates read through them
 VIEW_OPS = (ReshapeOp, PermuteOp, SliceOp, BroadcastOp)

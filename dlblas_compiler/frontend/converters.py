@@ -28,6 +28,7 @@ from ..dialects import (
     ConvertOp,
     EmbeddingOp,
     GeluOp,
+    IndexCopyOp,
     LayerNormOp,
     LinearOp,
     MatmulOp,
@@ -305,6 +306,11 @@ def _cat(e, tensors, dim=0, *, axis=None):
     if len(xs) == 1:
         return xs[0]
     return _emit(e, CatOp(xs, normalize_dim(dim, len(shape_of(xs[0])))))
+
+
+@converts(torch.index_copy, "index_copy")
+def _index_copy(e, x, dim, index, source):
+    return _emit(e, IndexCopyOp(_tensor(x), dim, _tensor(index, "index"), _tensor(source, "source")))
 
 
 @converts(torch.stack, "stack")

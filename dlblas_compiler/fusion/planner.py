@@ -33,7 +33,6 @@ from ..dialects import (
     ConstantOp,
     FusedOp,
     LinearOp,
-    MoEOp,
     ParamOp,
     RMSNormOp,
     TorchCallOp,
@@ -187,8 +186,8 @@ def explain_unfused(plan: Plan) -> None:
         name = f"{op.name} %{op.results[0].name_hint or ''}" if op.results else op.name
         if isinstance(op, TorchCallOp):
             why = rule(K.OPAQUE, K.ONE_TO_ONE)
-        elif isinstance(op, MoEOp):
-            why = "runs as the MoE library kernels (topk_gating + fused_moe, or EPMoE over a process group)"
+        elif getattr(op, "UNFUSED", None):  # an op that says what runs it instead of a region
+            why = op.UNFUSED
         elif isinstance(op, VIEW_OPS):
             why = "a view between regions: torch returns it without a copy"
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,15 @@ import torch
 
 @dataclass
 class CudaGraph:
-    """The capture of `run` (a program's direct execution: inputs -> outputs) and its replays."""
+    """The capture of `run` (a program's direct execution: inputs -> outputs) and its replays.
+
+    Inputs are copied into the graph's own buffers before each replay, except the `static` ones (inputs the
+    program writes in place, such as a KV cache): those are captured at their own address, so a replay writes the
+    caller's tensor directly, and a replay with another tensor there is refused (`matches`). Their contents are
+    put back after the warm-up and timing runs, which would otherwise apply the update more than once."""
 
     run: Callable[[list], tuple]
+    static: tuple[int, ...] = ()
     note: str = ""  # the keep-or-drop measurement, for the report
     graph: Any = None
     static_in: list[torch.Tensor] | None = None
@@ -30,16 +37,17 @@ class CudaGraph:
     def capture(self, inputs: list) -> bool:
         """Warm up on a side stream (tunes and compiles kernels, settles the allocator), then capture. False
         (with a warning) when the program cannot be captured: it then runs without."""
-        self.static_in = [x.detach().clone().contiguous() for x in inputs]
+        self.static_in = [x if i in self.static else x.detach().clone().contiguous() for i, x in enumerate(inputs)]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(stream):
-                self.run(self.static_in)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.static_out = self.run(self.static_in)
+            with self._preserved():
+                with torch.cuda.stream(stream):
+                    self.run(self.static_in)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.static_out = self.run(self.static_in)
             self.graph = graph
             return True
         except Exception as e:  # noqa: BLE001 - a program that cannot be captured still runs
@@ -47,15 +55,31 @@ class CudaGraph:
             self.graph = None
             return False
 
+    def matches(self, inputs: list) -> bool:
+        return all(inputs[i].data_ptr() == self.static_in[i].data_ptr() for i in self.static)
+
     def replay(self, inputs: list) -> tuple:
-        for buf, x in zip(self.static_in, inputs):
-            buf.copy_(x)
+        for i, (buf, x) in enumerate(zip(self.static_in, inputs)):
+            if i not in self.static:
+                buf.copy_(x)
         self.graph.replay()
-        return tuple(o.clone() for o in self.static_out)
+        kept = {id(self.static_in[i]) for i in self.static}
+        return tuple(o if id(o) in kept else o.clone() for o in self.static_out)
 
     def pays(self, inputs: list) -> bool:
         """Whether replaying beats direct calls (see the module docstring); the timings go to `note`."""
-        return graph_pays(self, inputs)
+        with self._preserved():
+            return graph_pays(self, inputs)
+
+    @contextmanager
+    def _preserved(self):
+        """Put the static inputs' contents back afterwards (the runs inside apply their updates)."""
+        saved = [(self.static_in[i], self.static_in[i].clone()) for i in self.static]
+        try:
+            yield
+        finally:
+            for t, v in saved:
+                t.copy_(v)
 
 
 def graph_pays(runner: Any, inputs: list) -> bool:

@@ -25,10 +25,11 @@ from ..dialects import ConstantOp, FusedOp, ParamOp, TorchCallOp
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
 from .graphs import CudaGraph
+from .inplace import InPlaceIndexCopy, inplace_updates
 from .ops import op_step
 from .selection import tune_region
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
-from .weights import DerivedWeight, DerivedWeights
+from .weights import DerivedWeight, DerivedWeights, WeightCache
 
 
 def run_ops(ops: list[Operation], env: dict[SSAValue, Any]) -> None:
@@ -55,10 +56,12 @@ class Program:
     tuned: bool = False
     graph: CudaGraph | None = None
     graph_note: str = ""
+    static_inputs: tuple[int, ...] = ()  # inputs written in place (a KV cache): a graph captures them at their address
+    calls: int = 0
 
     def __repr__(self) -> str:
         lines = [f"Program({len(self.steps)} steps, inputs {self.inputs} -> outputs {self.outputs})"]
-        lines += [f"  {w!r}" for w in self.weights.weights] + [f"  {s!r}" for s in self.steps]
+        lines += [f"  slot {slot}: {w!r}" for slot, w in self.weights.weights] + [f"  {s!r}" for s in self.steps]
         return "\n".join(lines)
 
     def _env(self, inputs: list) -> list:
@@ -84,18 +87,21 @@ class Program:
         return tuple(env[s] for s in self.outputs)
 
     def __call__(self, inputs: list) -> tuple:
-        if not self.cuda_graphs:
+        self.calls += 1
+        if not self.cuda_graphs or self.calls < 2:  # a signature seen once (a growing length) is never captured
             return self.run(inputs)
-        if self.weights.values()[1]:
+        if self.weights.changed():
             self.graph = None  # a capture holds the old weights' buffers
         if self.graph is None:
-            graph = CudaGraph(self.run)
+            graph = CudaGraph(self.run, self.static_inputs)
             keep = graph.capture(inputs) and graph.pays(inputs)
             self.graph_note = graph.note
             if not keep:
                 self.cuda_graphs = False
                 return self.run(inputs)
             self.graph = graph
+        if not self.graph.matches(inputs):  # a cache at another address than the captured one
+            return self.run(inputs)
         return self.graph.replay(inputs)
 
     def kernel_choices(self) -> list[KernelChoice]:
@@ -105,8 +111,9 @@ class Program:
 class Builder:
     """Turns a lowered module into a Program."""
 
-    def __init__(self, module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options):
+    def __init__(self, module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options, weight_cache=None):
         self.lowered, self.imported, self.options = lowered, imported, options
+        self.weight_cache: WeightCache = {} if weight_cache is None else weight_cache
         self.fn = next(o for o in module.walk() if isinstance(o, func.FuncOp))
         self.slots: dict[SSAValue, int] = {}
         self.interpret = options.backend == "interpret"
@@ -117,6 +124,7 @@ class Builder:
     def build(self) -> Program:
         block = self.fn.body.block
         inputs = [self.slot(a) for a in block.args]
+        inplace = inplace_updates(self.fn, self.imported) if self.options.backend != "reference" else {}
         steps: list[Callable] = []
         weights = DerivedWeights()
         choices: list[KernelChoice] = []
@@ -127,13 +135,16 @@ class Builder:
             elif isinstance(op, ConstantOp):
                 steps.append(ConstantStep(self.slot(op.result), op.scalar))
             elif isinstance(op, ParamOp) or (op.results and all(is_constant(r) for r in op.results)):
-                weights.weights.extend(self._derived(r) for r in op.results)
+                weights.weights.extend((self.slot(r), self._derived(r)) for r in op.results)
             elif isinstance(op, FusedOp):
                 step = self._region(op)
                 steps.append(step)
                 choices.append(step.choice)
             elif isinstance(op, TorchCallOp):
                 steps.append(self._torch_call(op))
+            elif op in inplace:
+                steps.append(InPlaceIndexCopy(*(self.slot(v) for v in (op.dest,)), op.axis, self.slot(op.index),
+                                              self.slot(op.source), self.slot(op.result)))  # fmt: skip
             else:
                 ins, outs = [self.slot(v) for v in op.operands], [self.slot(r) for r in op.results]
                 registered = op_step(op, ins, outs, self.options) if self.options.backend != "reference" or (
@@ -145,10 +156,12 @@ class Builder:
         cuda_graphs = opts.cuda_graphs and opts.backend == "triton" and not opts.check
         if opts.expert_parallel is not None and any(op.name == "dl.moe" for op in block.ops):
             cuda_graphs = False  # the all-to-all exchanges token counts through the host
-        return Program(inputs, outputs, steps, len(self.slots), weights, choices, cuda_graphs, tune_mode)
+        return Program(inputs, outputs, steps, len(self.slots), weights, choices, cuda_graphs, tune_mode,
+                       static_inputs=tuple(sorted(set(inplace.values()))))  # fmt: skip
 
     def _derived(self, v: SSAValue) -> DerivedWeight:
-        """A weight-only value computed from the live parameters, and those parameters."""
+        """A weight-only value computed from the live parameters (shared with the module's other programs that
+        compute the same expression of the same parameters)."""
         ops: list[Operation] = []
 
         def visit(x: SSAValue):
@@ -167,7 +180,15 @@ class Builder:
             out = env[v]
             return out.contiguous() if isinstance(out, torch.Tensor) else out
 
-        return DerivedWeight(self.slot(v), compute, params)
+        index = {o: i for i, o in enumerate(ops)}
+        key = tuple(
+            ("param", o.pname, id(table[o.pname])) if isinstance(o, ParamOp)
+            else (o.name, str(o.properties), tuple((index[x.owner], x.index) for x in o.operands))
+            for o in ops
+        ) + ((v.index,),)  # fmt: skip
+        if key not in self.weight_cache:
+            self.weight_cache[key] = DerivedWeight(compute, params)
+        return self.weight_cache[key]
 
     def _torch_call(self, op: TorchCallOp) -> TorchStep:
         fn = self.imported.calls.get(op.node.data) or (lambda *a, _f=op.resolve(): as_tuple(_f(*a)))
@@ -215,5 +236,7 @@ class Builder:
         return step
 
 
-def build_program(module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options) -> Program:
-    return Builder(module, lowered, imported, options).build()
+def build_program(module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options, weight_cache=None) -> Program:
+    """The program of a lowered module; `weight_cache` (one dict per compiled module) shares derived weights
+    between the programs of its specializations."""
+    return Builder(module, lowered, imported, options, weight_cache).build()

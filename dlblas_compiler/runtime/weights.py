@@ -2,7 +2,12 @@
 weight folded into the next weights): computed once from the live parameters, and again whenever a source
 parameter is modified in place (its version counter moves) or gets new storage (`p.data = t`). Writes through
 `p.data` bypass the version counter and are not seen; nor are in-place writes to inference tensors (made under
-torch.inference_mode), which keep no version counter."""
+torch.inference_mode), which keep no version counter.
+
+A `DerivedWeight` is shared by every specialization of a compiled module that computes the same expression of
+the same parameters (`WeightCache`): a model compiled for twenty sequence lengths holds its concatenated weights
+once, not twenty times.
+"""
 
 from __future__ import annotations
 
@@ -14,36 +19,47 @@ import torch
 
 @dataclass
 class DerivedWeight:
-    slot: int  # where the program's value table holds it
     compute: Callable[[], torch.Tensor]
     sources: list[torch.Tensor]  # the parameters it is computed from
+    _versions: tuple | None = None
+    _value: torch.Tensor | None = None
+
+    def value(self) -> tuple[torch.Tensor, bool]:
+        """The current value, and whether this call (re)computed it."""
+        versions = tuple((_version(t), t.data_ptr()) for t in self.sources)
+        if self._value is not None and versions == self._versions:
+            return self._value, False
+        with torch.no_grad():
+            self._value = self.compute()
+        self._versions = versions
+        return self._value, True
 
     def __repr__(self) -> str:
-        return f"DerivedWeight(slot {self.slot} from {len(self.sources)} parameters)"
+        return f"DerivedWeight(from {len(self.sources)} parameters)"
+
+
+WeightCache = dict  # structural key of the expression -> DerivedWeight (one per compiled module)
 
 
 @dataclass
 class DerivedWeights:
-    weights: list[DerivedWeight] = field(default_factory=list)
-    _versions: list[tuple] | None = None
-    _values: list[torch.Tensor] | None = None
+    """The derived weights one program reads, and the slots of its value table they go to."""
 
-    def values(self) -> tuple[list[torch.Tensor], bool]:
-        """The current values, and whether they were (re)computed by this call."""
-        versions = [tuple((_version(t), t.data_ptr()) for t in w.sources) for w in self.weights]
-        if self._values is not None and versions == self._versions:
-            return self._values, False
-        with torch.no_grad():
-            self._values = [w.compute() for w in self.weights]
-        self._versions = versions
-        return self._values, True
+    weights: list[tuple[int, DerivedWeight]] = field(default_factory=list)
+    _seen: list[int] | None = None  # ids of the values last put into a table
 
     def fill(self, env: list) -> bool:
-        """Put the current values into a value table; True when they were recomputed."""
-        values, changed = self.values()
-        for w, v in zip(self.weights, values):
-            env[w.slot] = v
+        """Put the current values into a value table; True when any differs from the last call's."""
+        values = [w.value()[0] for _, w in self.weights]
+        for (slot, _), v in zip(self.weights, values):
+            env[slot] = v
+        ids = [id(v) for v in values]
+        changed, self._seen = ids != self._seen, ids
         return changed
+
+    def changed(self) -> bool:
+        """Whether a value differs from the last `fill`'s (a graph captured with the old one is stale)."""
+        return [id(w.value()[0]) for _, w in self.weights] != self._seen
 
 
 def _version(t: torch.Tensor) -> int:

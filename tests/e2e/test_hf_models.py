@@ -98,8 +98,9 @@ def test_torch_compile_logits_equal_eager(name, backend, fresh_dynamo):
 def test_generate_with_kv_cache_matches_eager(fresh_dynamo):
     """32 greedy tokens with the default DynamicCache. Dynamo compiles three graphs: the prefill, the first
     decode step, then (the cache length having changed again) one graph with a dynamic cache length that
-    serves every later step. We specialize each graph per concrete length: 1 + 1 + 30 = 32 specializations,
-    one per forward call (tuning, on a GPU, is keyed by power-of-two token buckets, so it is not redone)."""
+    serves every later step. We specialize each graph per concrete length: 1 + 1 + 30 = 32 compiles, one per
+    forward call (tuning, on a GPU, is keyed by power-of-two token buckets, so it is not redone), of which the
+    last graph keeps its 16 most recent (`max_specializations`)."""
     model, ids = causal_lm("llama"), _ids()
     kwargs = dict(max_new_tokens=32, min_new_tokens=32, do_sample=False, use_cache=True)
     with torch.no_grad():
@@ -108,4 +109,5 @@ def test_generate_with_kv_cache_matches_eager(fresh_dynamo):
         out = model.generate(ids, **kwargs)
     assert out.shape == (1, SEQ + 32)
     assert torch.equal(out, ref)
-    assert [cm.specializations for cm in dynamo.COMPILATIONS] == [1, 1, 30]
+    assert [cm.compile_count for cm in dynamo.COMPILATIONS] == [1, 1, 30]
+    assert [cm.specializations for cm in dynamo.COMPILATIONS] == [1, 1, 16]

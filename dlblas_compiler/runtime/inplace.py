@@ -1,0 +1,89 @@
+"""In-place writes into inputs (a KV-cache update) where eager's semantics allow them.
+
+The IR has value semantics: `k_cache.index_copy_(2, pos, k)` is `%k2 = dl.index_copy %k_cache[%pos] = %k`, the
+new cache is an extra result, and the compiled module copies it into the caller's tensor after the call. That is
+correct and costs two copies of the whole cache per call. `inplace_updates` finds the updates that may write the
+caller's tensor directly: the destination is an input, the update's result is the value written back to that
+input, and nothing reads the old value afterwards, directly or through a view (write after read in program
+order). Those run as `InPlaceIndexCopy` steps; the write-back then copies the tensor onto itself, which torch
+skips, and a CUDA graph captures the input at its own address (`CudaGraph.static`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.ir import BlockArgument, Operation, SSAValue
+
+from ..dialects import ConvertOp, IndexCopyOp, TorchCallOp, VIEW_OPS
+
+ALIASING = (*VIEW_OPS, ConvertOp, TorchCallOp)  # ops whose result may share its operand's memory at run time
+
+
+def inplace_updates(fn: func.FuncOp, imported) -> dict[IndexCopyOp, int]:
+    """The dl.index_copy ops that may write their destination input in place -> its block argument index."""
+    block = fn.body.block
+    order = {op: i for i, op in enumerate(block.ops)}
+    ret = block.last_op
+    written = {}  # block argument index -> the value written back into that input
+    n_out = len(ret.operands) - len(imported.writes)
+    for kind, key, res in imported.writes:
+        if kind == "input" and key in imported.arg_positions:
+            written[imported.arg_positions.index(key)] = ret.operands[res]
+    found: dict[IndexCopyOp, int] = {}
+    for op in block.ops:
+        if not isinstance(op, IndexCopyOp) or not isinstance(op.dest, BlockArgument):
+            continue
+        arg = op.dest.index
+        if written.get(arg) is not op.result or _read_after(op.dest, op, order):
+            continue
+        if any(v is op.result for v in list(ret.operands)[:n_out]):
+            continue  # also a user-visible output: eager returns the cache tensor there, keep it functional
+        found[op] = arg
+    return found
+
+
+def _read_after(v: SSAValue, write: Operation, order: dict[Operation, int]) -> bool:
+    """Whether any op after `write` reads v, or a value that may be a view of it."""
+    stack, seen = [v], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        for use in x.uses:
+            user = _top(use.operation, order)
+            if user is write:
+                continue
+            if user is None or order[user] > order[write]:
+                return True
+            if isinstance(user, ALIASING):
+                stack.extend(user.results)
+    return False
+
+
+def _top(op: Operation, order: dict[Operation, int]) -> Operation | None:
+    """The top-level op of the function that contains `op` (itself, or the dl.fused around it)."""
+    while op is not None and op not in order:
+        op = op.parent_op()
+    return op
+
+
+@dataclass
+class InPlaceIndexCopy:
+    """`dest.index_copy_(dim, index, source)` on the input's own tensor; its slot then holds that tensor."""
+
+    dest: int
+    dim: int
+    index: int
+    source: int
+    out: int
+
+    def __call__(self, env: list) -> None:
+        t = env[self.dest]
+        t.index_copy_(self.dim, env[self.index], env[self.source])
+        env[self.out] = t
+
+    def __repr__(self) -> str:
+        return f"InPlaceIndexCopy(slot {self.dest}[{self.index}] = {self.source} along dim {self.dim} -> {self.out})"
