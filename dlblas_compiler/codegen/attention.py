@@ -4,6 +4,14 @@ q [B, Hq, S, D], k/v [B, Hk, L, D], GQA (Hq a multiple of Hk), causal (top-left 
 is_causal) and/or an additive float or boolean mask broadcast to [B, Hq, S, L]. The views that
 produce q/k/v (head reshapes and transposes) and those that consume the output (transpose back and
 merge heads) are fused as strides, so the kernel reads projections and writes [B, S, H*D] directly.
+
+Two kernels, chosen by the query length:
+  prefill (S > DECODE_ROWS)  one program per block of BLOCK_M query rows of one head, looping over all keys.
+  decode  (S <= DECODE_ROWS) split-KV flash decoding: one program per (batch, KV head, split of the keys) takes
+                             the S query rows of every query head sharing that KV head (GQA: each K/V tile is
+                             read once for the group), and the last program of a (batch, KV head) to finish (an
+                             acq_rel counter) combines the splits' partial softmaxes. A key tile whose mask keeps
+                             nothing (a static cache's unused tail) is skipped: the work follows the valid length.
 """
 
 from __future__ import annotations
@@ -24,11 +32,18 @@ from .source import TL_DTYPE, Writer, cdiv, wide_indices
 from .views import VIEW_OPS, Layout, view_chain, view_source
 
 
+DECODE_ROWS = 16  # query rows up to which the split-KV decode kernel runs
+
+
 @dataclass
 class AttentionPlan:
     sdpa: SDPAOp
     chains: dict[str, tuple[SSAValue, list[Operation]]]  # q/k/v/mask -> (region input, view chain)
     out_chain: list[Operation]  # views from the sdpa result to the region output
+
+    @property
+    def decode(self) -> bool:
+        return shape_of(self.sdpa.query)[2] <= DECODE_ROWS
 
     @property
     def output(self) -> SSAValue:
@@ -194,6 +209,117 @@ def source(
     return w.text()
 
 
+def decode_source(
+    name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, nan_rows: bool,
+    in_dtype: torch.dtype, wide: bool = False,
+) -> str:
+    """The split-KV decode kernel (see the module docstring). Rows r = g * S + s of a program are query head
+    hk * GROUPS + g at query position s; partial results go to `ws` as (max, sum, acc) per row, in the same
+    score units as the prefill kernel's."""
+    float_mask = has_mask and not mask_bool
+    to_log2 = " * 1.4426950408889634" if float_mask else ""
+    dot = device.dot_args(in_dtype)
+    w = Writer()
+    w("@triton.jit")
+    w(f"def {name}(")
+    w.indent()
+    w("q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, ws_ptr, cnt_ptr,")
+    w("sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,")
+    w("sm_b, sm_h, sm_s, sm_l, so_b, so_h, so_s, so_d,")
+    w("HK, S, L, GROUPS, CHUNK, qk_scale,")
+    w("D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,")
+    w.dedent()
+    w("):")
+    w.indent()
+    w("bh = tl.program_id(0)")
+    w("split = tl.program_id(1)")
+    w("b = bh // HK")
+    w("hk = bh % HK")
+    w("r = tl.arange(0, BLOCK_R)")
+    w("si = r % S  # query position")
+    w("h = hk * GROUPS + r // S  # query head")
+    w("rmask = r < GROUPS * S")
+    if wide:
+        w("b, h, hk, si = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64), si.to(tl.int64)")
+    w("rd = tl.arange(0, D)")
+    w("q = tl.load(q_ptr + b * sq_b + h[:, None] * sq_h + si[:, None] * sq_s + rd[None, :] * sq_d, mask=rmask[:, None], other=0.0)")
+    w("q = (q.to(tl.float32) * qk_scale).to(q.dtype)")
+    w("m_i = tl.full((BLOCK_R,), float('-inf'), tl.float32)")
+    w("l_i = tl.zeros((BLOCK_R,), tl.float32)")
+    w("acc = tl.zeros((BLOCK_R, D), tl.float32)")
+    w("k_base = k_ptr + b * sk_b + hk * sk_h")
+    w("v_base = v_ptr + b * sv_b + hk * sv_h")
+    w("lo = split * CHUNK")
+    w("hi = tl.minimum(lo + CHUNK, L)")
+    w("for start in range(lo, hi, BLOCK_N):")
+    w.indent()
+    w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
+    w("nmask = rn < hi")
+    w("keep = nmask[None, :] & rmask[:, None]")
+    if causal:
+        w("keep = keep & (rn[None, :] <= si[:, None])")
+    if has_mask:
+        w("mv = tl.load(m_ptr + b * sm_b + h[:, None] * sm_h + si[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
+        if mask_bool:
+            w("keep = keep & (mv != 0)")
+        else:
+            w("keep = keep & (mv.to(tl.float32) != float('-inf'))")
+    w("if tl.max(keep.to(tl.int32)) > 0:  # a tile no row keeps (a cache's unused tail) costs no K/V reads")
+    w.indent()
+    w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d, mask=nmask[:, None], other=0.0)")
+    w(f"s = tl.dot(q, tl.trans(k){dot})")
+    if float_mask:
+        w("s = s + mv.to(tl.float32)")
+    w("s = tl.where(keep, s, float('-inf'))")
+    w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
+    w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
+    w(f"p = tl.exp2((s - m_safe[:, None]){to_log2})")
+    w(f"alpha = tl.exp2((m_i - m_safe){to_log2})")
+    w("l_i = l_i * alpha + tl.sum(p, axis=1)")
+    w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d, mask=nmask[:, None], other=0.0)")
+    w(f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{dot})")
+    w("m_i = m_new")
+    w.dedent()
+    w.dedent()
+    w("if SPLITS > 1:  # partial results of this split; the last split of (b, hk) to finish combines them")
+    w.indent()
+    w("part = ws_ptr + (bh * SPLITS + split) * BLOCK_R * (D + 2)")
+    w("tl.store(part + r, m_i)")
+    w("tl.store(part + BLOCK_R + r, l_i)")
+    w("tl.store(part + 2 * BLOCK_R + r[:, None] * D + rd[None, :], acc)")
+    w('last = tl.atomic_add(cnt_ptr + bh, 1, sem="acq_rel") == SPLITS - 1')
+    w("if last:")
+    w.indent()
+    w("mx = tl.full((BLOCK_R,), float('-inf'), tl.float32)")
+    w("for j in range(SPLITS):")
+    w('    mx = tl.maximum(mx, tl.load(ws_ptr + (bh * SPLITS + j) * BLOCK_R * (D + 2) + r, cache_modifier=".cg"))')
+    w("mx = tl.where(mx == float('-inf'), 0.0, mx)")
+    w("l_i = tl.zeros((BLOCK_R,), tl.float32)")
+    w("acc = tl.zeros((BLOCK_R, D), tl.float32)")
+    w("for j in range(SPLITS):")
+    w.indent()
+    w("part = ws_ptr + (bh * SPLITS + j) * BLOCK_R * (D + 2)")
+    w(f'sc = tl.exp2((tl.load(part + r, cache_modifier=".cg") - mx){to_log2})')
+    w('l_i += tl.load(part + BLOCK_R + r, cache_modifier=".cg") * sc')
+    w('acc += tl.load(part + 2 * BLOCK_R + r[:, None] * D + rd[None, :], cache_modifier=".cg") * sc[:, None]')
+    w.dedent()
+    w("tl.atomic_xchg(cnt_ptr + bh, 0)")
+    w.dedent()
+    w.dedent()
+    w("else:")
+    w("    last = True")
+    w("if last:")
+    w.indent()
+    if nan_rows:
+        w("out = acc / tl.where(rmask, l_i, 1.0)[:, None]  # a fully masked row: 0 / 0 = NaN, as softmax gives")
+    else:
+        w("out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a fully masked row: 0, as SDPA gives")
+    w(f"tl.store(o_ptr + b * so_b + h[:, None] * so_h + si[:, None] * so_s + rd[None, :] * so_d, out.to({TL_DTYPE[out_dtype]}), mask=rmask[:, None])")
+    w.dedent()
+    w.dedent()
+    return w.text()
+
+
 def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     op = plan.sdpa
     args = list(fused.block.args)
@@ -203,8 +329,11 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     has_mask = op.mask is not None
     mask_bool = has_mask and dtype_of(op.mask) == torch.bool
     wide = wide_indices([*args, *fused.yielded.values])
-    src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), wide, op.nan_rows and has_mask,
-                 dtype_of(op.query))
+    nan_rows = op.nan_rows and has_mask
+    if plan.decode:
+        src = decode_source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), nan_rows, dtype_of(op.query), wide)
+    else:
+        src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), wide, nan_rows, dtype_of(op.query))
     strides, idx = [], {}
     for key in ("q", "k", "v", "mask"):
         if key not in plan.chains:
@@ -231,6 +360,29 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
         t = tensors[idx[key]]
         return t.view(-1)[offsets[key]:] if key in offsets else t
 
+    counters: dict[torch.device, torch.Tensor] = {}
+    rows = _decode_rows(plan)
+
+    def launch_decode(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
+        q = ptr(tensors, "q")
+        out = torch.empty(out_shape, dtype=out_dtype, device=q.device)
+        m = ptr(tensors, "mask") if has_mask else q
+        splits, bn = config["SPLITS"], config["BLOCK_N"]
+        chunk = cdiv(cdiv(l_, splits), bn) * bn
+        if splits > 1:
+            ws = torch.empty(b * hk * splits * rows * (d + 2), dtype=torch.float32, device=q.device)
+            cnt = counters.get(q.device)
+            if cnt is None or cnt.numel() < b * hk:  # zeroed once; the last program of each (b, hk) resets it
+                cnt = counters[q.device] = torch.zeros(b * hk, dtype=torch.int32, device=q.device)
+        else:
+            ws = cnt = out
+        kernel[(b * hk, splits)](
+            q, ptr(tensors, "k"), ptr(tensors, "v"), m, out, ws, cnt, *strides, *olay.strides, hk, s, l_, groups, chunk,
+            qk_scale, D=d, BLOCK_R=rows, BLOCK_N=bn, SPLITS=splits, num_warps=config["num_warps"],
+            num_stages=config["num_stages"],
+        )  # fmt: skip
+        return [out]
+
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         q = ptr(tensors, "q")
         out = torch.empty(out_shape, dtype=out_dtype, device=q.device)
@@ -246,14 +398,49 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     causal_frac = 0.5 if op.causal else 1.0
     flops = 4.0 * b * hq * s * l_ * d * causal_frac
     nbytes = (b * hq * s * d * 2 + 2 * b * hk * l_ * d) * elem
-    return Kernel(name, src, launch, str(fused), {"S": s, "L": l_, "D": d, "H": hq}, flops, nbytes)
+    run = launch_decode if plan.decode else launch
+    return Kernel(name, src, run, str(fused), {"S": s, "L": l_, "D": d, "H": hq}, flops, nbytes)
 
 
 PARAMS = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]}
 
 
+DECODE_PARAMS = {"BLOCK_N": [16, 32, 64, 128], "SPLITS": [1, 2, 4, 8, 16, 32], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]}
+
+
+def _decode_rows(plan: AttentionPlan) -> int:
+    """Query rows of a decode program: the S queries of each query head sharing a KV head, padded for tl.dot."""
+    q, k = shape_of(plan.sdpa.query), shape_of(plan.sdpa.key)
+    return max(16, triton.next_power_of_2(q[1] // k[1] * q[2]))
+
+
+def decode_space(plan: AttentionPlan) -> SearchSpace:
+    """Key tiles and splits of the keys: enough programs to fill the GPU (batch x KV heads x splits), each
+    split at least one tile; shared memory for the q, k and v tiles; registers."""
+    op = plan.sdpa
+    b, _, _, d = shape_of(op.query)
+    hk, l_ = shape_of(op.key)[1], shape_of(op.key)[2]
+    rows, elem, smem, sms = _decode_rows(plan), dtype_of(op.query).itemsize, device.smem_limit(), device.sm_count()
+    splits = 1
+    while splits < 32 and b * hk * splits * 2 <= 2 * sms and l_ // (splits * 2) >= 256:
+        splits *= 2
+    return SearchSpace(
+        DECODE_PARAMS,
+        {
+            "no block much larger than L": lambda c: c["BLOCK_N"] <= max(16, triton.next_power_of_2(l_)),
+            "every split holds a tile": lambda c: c["SPLITS"] == 1 or cdiv(l_, c["SPLITS"]) >= c["BLOCK_N"],
+            "shared memory": lambda c: (rows + 2 * c["BLOCK_N"]) * d * elem * c["num_stages"] <= smem,
+            "registers": lambda c: rows * (d + c["BLOCK_N"]) <= 96 * 32 * c["num_warps"],
+        },
+        default={"BLOCK_N": 64 if l_ >= 64 else max(16, triton.next_power_of_2(l_)), "SPLITS": splits,
+                 "num_warps": 4, "num_stages": 2},  # fmt: skip
+    )
+
+
 def space(plan: AttentionPlan) -> SearchSpace:
     """Query and key blocks within the lengths, shared memory for the q, k and v tiles, and registers."""
+    if plan.decode:
+        return decode_space(plan)
     op = plan.sdpa
     _, _, s, d = shape_of(op.query)
     l_ = shape_of(op.key)[2]
