@@ -238,8 +238,45 @@ class CompiledModule(torch.nn.Module):
         return len(self._specs)
 
 
-def compile(model: torch.nn.Module, backend: str | None = None, **options) -> CompiledModule:  # noqa: A001
-    """Compile `model` (an nn.Module or fx.GraphModule); compilation happens on the first call of each input
-    signature. `backend` and the other keyword options are the fields of `Options` (see there): tune, dump_ir,
-    cuda_graphs, pipeline, check_each_pass, strict, check, expert_parallel, prefer_kernels."""
-    return CompiledModule(model, Options(backend=backend, **options))
+@dataclass
+class DynamoBackend:
+    """A torch.compile backend: each graph dynamo hands over becomes a CompiledModule (kept in `compilations`)."""
+
+    options: Options
+    compilations: list[CompiledModule] = field(default_factory=list)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        cm = CompiledModule(gm, self.options)
+        self.compilations.append(cm)
+
+        def run(*args):
+            return cm(*args)
+
+        run.compiled_module = cm  # for inspection: run.compiled_module.report()
+        return run
+
+
+def compile(model, backend: str | None = None, **options):  # noqa: A001
+    """Compile `model`; compilation happens on the first call of each input signature. `backend` and the other
+    keyword options are the fields of `Options` (see there): tune, dump_ir, cuda_graphs, pipeline,
+    check_each_pass, strict, check, expert_parallel, prefer_kernels, max_specializations.
+
+    An nn.Module (or fx.GraphModule) becomes a `CompiledModule`, captured whole (symbolic_trace, else dynamo's
+    export). Any other callable, such as `model.forward` of a Hugging Face causal LM for `generate()`, is compiled
+    through dynamo (`torch.compile` with this compiler as its backend: graph breaks, caches and their in-place
+    updates as dynamo handles them), each graph a CompiledModule; the returned function's `compilations` lists
+    them and `report()` gives the last one's report:
+
+        model.forward = dc.compile(model.forward, backend="interpret")
+        model.generate(ids, max_new_tokens=32, cache_implementation="static")
+    """
+    opts = Options(backend=backend, **options)
+    if isinstance(model, torch.nn.Module):
+        return CompiledModule(model, opts)
+    if not callable(model):
+        raise TypeError(f"dc.compile takes an nn.Module or a callable, got {type(model).__name__}")
+    dynamo_backend = DynamoBackend(opts)
+    fn = torch.compile(model, backend=dynamo_backend)
+    fn.compilations = dynamo_backend.compilations
+    fn.report = lambda: dynamo_backend.compilations[-1].report()
+    return fn

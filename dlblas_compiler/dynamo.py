@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .api import CompiledModule
-from .api import compile as dl_compile
+from .api import CompiledModule, DynamoBackend
+from .options import Options
 
 # One CompiledModule per dynamo graph handed to the backend (graph breaks and dynamo's recompilations add
 # more); each counts its own specializations (one per input signature it was called with).
@@ -22,12 +22,5 @@ COMPILATIONS: list[CompiledModule] = []
 
 
 def dlblas_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict | None = None, **kwargs):
-    options = dict(options or {}, **kwargs)
-    cm = dl_compile(gm, **options)
-    COMPILATIONS.append(cm)
-
-    def run(*args):
-        return cm(*args)
-
-    run.compiled_module = cm  # for inspection: run.compiled_module.report()
-    return run
+    backend = DynamoBackend(Options(**dict(options or {}, **kwargs)), COMPILATIONS)
+    return backend(gm, example_inputs)

@@ -94,3 +94,19 @@ def test_many_lengths_share_weights_and_keep_few_specializations(fresh_dynamo):
     assert grown.compile_count == 20 and grown.specializations == 4
     weights = [{id(w) for _, w in s.executor.weights.weights} for s in grown._specs.values()]
     assert weights[0] and all(w == weights[0] for w in weights)  # one set of derived weights for all
+
+
+def test_the_dc_compile_path_for_a_causal_lm(fresh_dynamo):
+    """`model.forward = dc.compile(model.forward, ...)`: dynamo captures, each graph a CompiledModule."""
+    import dlblas_compiler as dc
+
+    model = causal_lm("qwen2")
+    ids, mask = _batch(True)
+    kw = dict(attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0,
+              cache_implementation="static")  # fmt: skip
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+        model.forward = dc.compile(model.forward, backend="interpret")
+        out = model.generate(ids, **kw)
+    assert torch.equal(out, ref)
+    assert len(model.forward.compilations) == 2 and "gemm" in model.forward.report().patterns
