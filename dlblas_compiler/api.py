@@ -117,7 +117,6 @@ class CompiledModule(torch.nn.Module):
         self.model = model
         self.options = options
         self._specs: OrderedDict[tuple, Specialization] = OrderedDict()  # least recently used first
-        self._weights: dict = {}  # derived weights, shared by the specializations' programs
         self.compile_count = 0  # specializations compiled so far (evicted ones included)
         self._last: Specialization | None = None
         self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
@@ -173,7 +172,7 @@ class CompiledModule(torch.nn.Module):
             check = self._checker(imported, captured, args, kwargs, flat)
         result = run_pipeline(imported.module, self.options.pipeline, self.options.dump_ir, check)
         lowered = {} if self.options.backend == "reference" else lower_module(result.module, self.options.dump_ir)
-        program = build_program(result.module, lowered, imported, self.options, self._weights)
+        program = build_program(result.module, lowered, imported, self.options)
         spec = Specialization(
             captured, imported, result, program, time.perf_counter() - t0, [*captured.notes, *imported.notes]
         )
@@ -217,7 +216,7 @@ class CompiledModule(torch.nn.Module):
     @property
     def passes(self) -> list[str]:
         """The stage names `ir()` accepts, in order."""
-        return [s for s, _ in self._spec().pipeline.stages]
+        return list(self._spec().pipeline.names)
 
     def ir(self, stage: str = "final") -> str:
         """IR text of the last-used specialization: "input", "after:<pass>", "before:<pass>" or "final"."""

@@ -125,6 +125,7 @@ class Plan:
         """No path from the ops through an outside op back into them (so they can run as one kernel)."""
         inside = set(ops)
         first = min(self.order[o] for o in ops)
+        last = max(self.order[o] for o in ops)  # (uses come later in the block: past `last` nothing leads back)
         frontier = [u.operation for o in ops for r in o.results for u in r.uses if u.operation not in inside]
         seen: set[Operation] = set()
         while frontier:
@@ -132,7 +133,7 @@ class Plan:
             if op in seen or op.parent is not self.block:
                 continue
             seen.add(op)
-            if self.order[op] < first:
+            if not first <= self.order[op] <= last:
                 continue
             for r in op.results:
                 for u in r.uses:

@@ -4,8 +4,10 @@
   rewrites may read any weight anywhere;
 - horizontal fusion: linears that share their input (q/k/v, gate/up) become one linear over the
   concatenated weight, followed by slices of its output (one pass over the activations, one GEMM);
-- FlashNorm: when a normalized value feeds only linears, (x*r*g) @ W^T = (x*r) @ (W*g)^T, so the norm
-  weight folds into the weight and the norm left is a pure per-row scale (fusable into the GEMM);
+- FlashNorm (opt-in, `algebraic{fold_norm_weight=true}`): when a normalized value feeds only linears,
+  (x*r*g) @ W^T = (x*r) @ (W*g)^T, so the norm weight folds into the weight and the norm left is a pure per-row
+  scale. Off by default: W*g is a second copy of the weight in memory (the lm_head's is 1 GB for Llama-3-8B),
+  while the GEMM template applies g to the A tile it loads (one multiply per loaded element);
 - scalar chains: (x*a)*b = x*(a*b), (x+a)+b = x+(a+b), x*1 = x, x+(-0.0) = x (not x+0.0: -0.0+0.0 is +0.0);
 - layout: reshape(reshape(x)) = reshape(x), permute(permute(x)) = permute(x), no-op reshapes/permutes.
 Weight-only subexpressions (dl.cat / dl.mul of parameters) are evaluated once at load time by the runtime.
@@ -198,7 +200,7 @@ class AlgebraicPass(ModulePass):
 
     name = "algebraic"
     horizontal: bool = True
-    fold_norm_weight: bool = True
+    fold_norm_weight: bool = False  # FlashNorm: off by default, the folded weight would be a second copy of W
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for fn in [o for o in op.ops if isinstance(o, func.FuncOp)]:

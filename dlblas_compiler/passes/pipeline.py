@@ -1,6 +1,5 @@
-"""Run a pass pipeline with the IR kept (and optionally dumped) at every stage, verified after every
-pass, and optionally checked against eager outputs after every pass (naming the first pass that
-changed the result)."""
+"""Run a pass pipeline with the IR of every stage at hand (and optionally dumped), verified after every pass, and
+optionally checked against eager outputs after every pass (naming the first pass that changed the result)."""
 
 from __future__ import annotations
 
@@ -20,14 +19,33 @@ from .registry import parse_pipeline
 
 @dataclass
 class PipelineResult:
+    """The final module, and the IR text of every stage. The texts are made when asked for (or written at once
+    with `dump_dir`): the input's text is kept and the passes run again on it, recording each stage, since
+    printing a 32-layer model's IR after each of ten passes costs seconds that most compiles never use."""
+
     module: ModuleOp
-    stages: list[tuple[str, str]] = field(default_factory=list)  # (stage name, IR text)
+    passes: tuple = ()
+    names: list[str] = field(default_factory=list)  # stage names: "input", "after:<pass>", ...
+    input_text: str = ""
+    _stages: list[tuple[str, str]] | None = None
+
+    @property
+    def stages(self) -> list[tuple[str, str]]:
+        """(stage name, IR text) for every stage."""
+        if self._stages is None:
+            from xdsl.parser import Parser
+
+            again = Parser(make_context(), self.input_text).parse_module()
+            self._stages = run_pipeline(again, self.passes, keep_text=True)._stages
+        return self._stages
 
     def ir(self, stage: str = "final") -> str:
         """IR text at a stage: "input", "after:<pass>", "before:<pass>", "final" (a repeated pass: "after:cse#2")."""
-        names = [s for s, _ in self.stages]
+        names = self.names
         if stage == "final":
-            return self.stages[-1][1]
+            return str(self.module)
+        if stage == "input":
+            return self.input_text
         if stage.startswith("before:"):
             i = names.index("after:" + stage[7:]) if "after:" + stage[7:] in names else -1
             if i > 0:
@@ -42,23 +60,27 @@ def run_pipeline(
     spec: str | tuple[ModulePass, ...],
     dump_dir: str | None = None,
     check: Callable[[ModuleOp], str | None] | None = None,
-    keep_text: bool = True,
+    keep_text: bool = False,
 ) -> PipelineResult:
-    """Apply the passes in `spec` to `module` in place. `check(module)` returns None or a mismatch message."""
-    passes = parse_pipeline(spec) if isinstance(spec, str) else spec
+    """Apply the passes in `spec` to `module` in place. `check(module)` returns None or a mismatch message.
+    With `keep_text` (or `dump_dir`) every stage's text is recorded as the passes run."""
+    passes = parse_pipeline(spec) if isinstance(spec, str) else tuple(spec)
     ctx = make_context()
-    result = PipelineResult(module)
+    result = PipelineResult(module, passes, input_text=str(module))
+    if keep_text:
+        result._stages = []
     if dump_dir:
         os.makedirs(dump_dir, exist_ok=True)
     seen: dict[str, int] = {}
     index = iter(range(10**6))
 
     def record(stage: str) -> None:
+        result.names.append(stage)
         if not (keep_text or dump_dir):
             return
-        text = str(module)
+        text = result.input_text if stage == "input" else str(module)
         if keep_text:
-            result.stages.append((stage, text))
+            result._stages.append((stage, text))
         if dump_dir:
             fname = f"{next(index):02d}-{re.sub(r'[^A-Za-z0-9_.#-]', '-', stage)}.mlir"
             with open(os.path.join(dump_dir, fname), "w") as f:

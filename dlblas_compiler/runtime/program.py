@@ -21,7 +21,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
-from ..dialects import ConstantOp, FusedOp, ParamOp, TorchCallOp
+from ..dialects import CatOp, ConstantOp, FusedOp, ParamOp, TorchCallOp
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
 from .graphs import CudaGraph
@@ -29,7 +29,7 @@ from .inplace import InPlaceIndexCopy, inplace_updates
 from .ops import op_step
 from .selection import tune_region
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
-from .weights import DerivedWeight, DerivedWeights, WeightCache
+from .weights import DerivedWeight, DerivedWeights, derived_weight
 
 
 def run_ops(ops: list[Operation], env: dict[SSAValue, Any]) -> None:
@@ -54,10 +54,12 @@ class Program:
     cuda_graphs: bool = False
     tune_mode: str = "none"
     tuned: bool = False
-    graph: CudaGraph | None = None
+    graph: CudaGraph | None = None  # the graph captured for the static inputs' current addresses
     graph_note: str = ""
+    graphs_pay: bool | None = None  # the keep-or-drop decision, measured once
     static_inputs: tuple[int, ...] = ()  # inputs written in place (a KV cache): a graph captures them at their address
-    calls: int = 0
+    addresses: tuple = ()  # of the static inputs at the last call
+    repeats: int = 0  # consecutive calls with those addresses
 
     def __repr__(self) -> str:
         lines = [f"Program({len(self.steps)} steps, inputs {self.inputs} -> outputs {self.outputs})"]
@@ -87,21 +89,30 @@ class Program:
         return tuple(env[s] for s in self.outputs)
 
     def __call__(self, inputs: list) -> tuple:
-        self.calls += 1
-        if not self.cuda_graphs or self.calls < 2:  # a signature seen once (a growing length) is never captured
+        """Run, through a CUDA graph from the second consecutive call with the in-place written inputs (a KV
+        cache) at the same addresses: a signature seen once (a growing length) and a program that gets a new
+        cache each time (the prefill of each generate() call) are never captured; the decode steps are."""
+        if not self.cuda_graphs:
+            return self.run(inputs)
+        addresses = tuple(inputs[i].data_ptr() for i in self.static_inputs)
+        self.repeats = self.repeats + 1 if addresses == self.addresses else 1
+        self.addresses = addresses
+        if self.repeats < 2:
             return self.run(inputs)
         if self.weights.changed():
             self.graph = None  # a capture holds the old weights' buffers
+        if self.graph is not None and not self.graph.matches(inputs):
+            self.graph = None  # a new cache (another generate() call): captured again at its address
         if self.graph is None:
             graph = CudaGraph(self.run, self.static_inputs)
-            keep = graph.capture(inputs) and graph.pays(inputs)
-            self.graph_note = graph.note
-            if not keep:
+            keep = graph.capture(inputs)
+            if keep and self.graphs_pay is None:
+                self.graphs_pay = graph.pays(inputs)
+                self.graph_note = graph.note
+            if not keep or not self.graphs_pay:
                 self.cuda_graphs = False
                 return self.run(inputs)
             self.graph = graph
-        if not self.graph.matches(inputs):  # a cache at another address than the captured one
-            return self.run(inputs)
         return self.graph.replay(inputs)
 
     def kernel_choices(self) -> list[KernelChoice]:
@@ -111,9 +122,8 @@ class Program:
 class Builder:
     """Turns a lowered module into a Program."""
 
-    def __init__(self, module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options, weight_cache=None):
+    def __init__(self, module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options):
         self.lowered, self.imported, self.options = lowered, imported, options
-        self.weight_cache: WeightCache = {} if weight_cache is None else weight_cache
         self.fn = next(o for o in module.walk() if isinstance(o, func.FuncOp))
         self.slots: dict[SSAValue, int] = {}
         self.interpret = options.backend == "interpret"
@@ -186,9 +196,9 @@ class Builder:
             else (o.name, str(o.properties), tuple((index[x.owner], x.index) for x in o.operands))
             for o in ops
         ) + ((v.index,),)  # fmt: skip
-        if key not in self.weight_cache:
-            self.weight_cache[key] = DerivedWeight(compute, params)
-        return self.weight_cache[key]
+        cat = v.owner if isinstance(v.owner, CatOp) and v.owner.axis == 0 else None
+        parts = [table[x.owner.pname] for x in cat.inputs] if cat and all(isinstance(x.owner, ParamOp) for x in cat.inputs) else []
+        return derived_weight(key, compute, params, parts)
 
     def _torch_call(self, op: TorchCallOp) -> TorchStep:
         fn = self.imported.calls.get(op.node.data) or (lambda *a, _f=op.resolve(): as_tuple(_f(*a)))
@@ -236,7 +246,6 @@ class Builder:
         return step
 
 
-def build_program(module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options, weight_cache=None) -> Program:
-    """The program of a lowered module; `weight_cache` (one dict per compiled module) shares derived weights
-    between the programs of its specializations."""
-    return Builder(module, lowered, imported, options, weight_cache).build()
+def build_program(module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options) -> Program:
+    """The program of a lowered module (its derived weights shared with every other program that computes them)."""
+    return Builder(module, lowered, imported, options).build()

@@ -4,13 +4,18 @@ parameter is modified in place (its version counter moves) or gets new storage (
 `p.data` bypass the version counter and are not seen; nor are in-place writes to inference tensors (made under
 torch.inference_mode), which keep no version counter.
 
-A `DerivedWeight` is shared by every specialization of a compiled module that computes the same expression of
-the same parameters (`WeightCache`): a model compiled for twenty sequence lengths holds its concatenated weights
-once, not twenty times.
+A `DerivedWeight` is shared by every program that computes the same expression of the same parameters
+(`derived_weight`, a process-wide table held weakly: an entry lives as long as a program uses it): a model
+compiled for twenty sequence lengths, or captured by dynamo as a prefill and a decode graph, holds its
+concatenated weights once. And a concatenation of parameters (q/k/v, gate/up along the output dim) takes their place
+in memory: once the buffer is built, each source parameter's `.data` becomes its slice of the buffer, so the model
+holds those weights once (its values, and its own forward, are unchanged; an update of a parameter, in place or
+by `p.data = t`, writes or replaces its slice and the buffer is rebuilt as before).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +26,7 @@ import torch
 class DerivedWeight:
     compute: Callable[[], torch.Tensor]
     sources: list[torch.Tensor]  # the parameters it is computed from
+    share: list[torch.Tensor] = field(default_factory=list)  # parameters concatenated along dim 0: become views
     _versions: tuple | None = None
     _value: torch.Tensor | None = None
 
@@ -31,14 +37,49 @@ class DerivedWeight:
             return self._value, False
         with torch.no_grad():
             self._value = self.compute()
-        self._versions = versions
+            if _fits(self._value, self.share):  # the parameters now live in the buffer
+                start = 0
+                for p in self.share:
+                    p.data = self._value[start : start + p.shape[0]]
+                    start += p.shape[0]
+        self._versions = tuple((_version(t), t.data_ptr()) for t in self.sources)
         return self._value, True
 
     def __repr__(self) -> str:
         return f"DerivedWeight(from {len(self.sources)} parameters)"
 
 
-WeightCache = dict  # structural key of the expression -> DerivedWeight (one per compiled module)
+def _fits(buffer: torch.Tensor, parts: list[torch.Tensor]) -> bool:
+    """Whether each part can become its slice of `buffer` unchanged (same dtype, device, layout; each once)."""
+    if not parts or len({id(p) for p in parts}) != len(parts) or not isinstance(buffer, torch.Tensor):
+        return False
+    same = all(p.dtype == buffer.dtype and p.device == buffer.device and p.is_contiguous() for p in parts)
+    return same and sum(p.shape[0] for p in parts) == buffer.shape[0] and all(
+        p.shape[1:] == buffer.shape[1:] for p in parts
+    )
+
+
+_DERIVED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # structural key -> DerivedWeight
+_SHARED: dict[int, weakref.ref] = {}  # id -> parameter living in a concatenated buffer (by identity: a
+# tensor's == is elementwise, so no WeakSet)
+
+
+def _dead():
+    return None
+
+
+def derived_weight(key: tuple, compute: Callable[[], torch.Tensor], sources: list, concatenated: list) -> DerivedWeight:
+    """The DerivedWeight of an expression of parameters (`key` names it structurally, with the parameters'
+    identities), made once. `concatenated`: the parameters of a plain concatenation along dim 0, which move into
+    its buffer, unless one of them already lives in another's."""
+    found = _DERIVED.get(key)
+    if found is None:
+        shared = any(_SHARED.get(id(p), _dead)() is p for p in concatenated)
+        share = concatenated if concatenated and not shared else []
+        for p in share:
+            _SHARED[id(p)] = weakref.ref(p, lambda _, i=id(p): _SHARED.pop(i, None))
+        found = _DERIVED[key] = DerivedWeight(compute, sources, share)
+    return found
 
 
 @dataclass

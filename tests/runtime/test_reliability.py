@@ -564,6 +564,49 @@ def test_parameters_changed_after_compile_are_used(change):
     assert not warned and not torch.allclose(before, after)
 
 
+def test_concatenated_parameters_live_in_their_buffer_once():
+    """gate and up become slices of the merged weight (held once, also by a second compile of the module);
+    their values and the module's own forward are unchanged, and an update still reaches the kernels."""
+    m = randomize_(NormGLU()).eval()
+    x = _x(5, 24)
+    gate, up = m.gate.weight.detach().clone(), m.up.weight.detach().clone()
+    first, _ = _calls(dc.compile(m, backend="interpret"), x, n=1)
+    assert m.gate.weight.untyped_storage().data_ptr() == m.up.weight.untyped_storage().data_ptr()
+    assert torch.equal(m.gate.weight, gate) and torch.equal(m.up.weight, up)
+    _close(first, m(x))
+    other = dc.compile(m, backend="interpret")  # shares the buffer: nothing more is allocated
+    again, _ = _calls(other, x, n=1)
+    assert torch.equal(first, again) and m.gate.weight.untyped_storage().nbytes() == (gate.numel() + up.numel()) * 4
+    with torch.no_grad():
+        m.up.weight.mul_(-1.0)
+    changed, _ = _calls(other, x, n=1)
+    _close(changed, m(x))
+
+
+class PromotingCat(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(8, 24))
+        self.b = nn.Parameter(torch.randn(4, 24).half())
+
+    def forward(self, x):
+        return x @ torch.cat([self.a, self.b]).t()  # torch.cat promotes b to float32
+
+
+def test_parameters_of_another_dtype_keep_their_storage():
+    m = PromotingCat().eval()
+    x = _x(5, 24)
+    out, _ = _calls(dc.compile(m, backend="interpret"), x, n=1)
+    _close(out, m(x))
+    assert m.b.dtype == torch.float16 and m.a.untyped_storage().data_ptr() != m.b.untyped_storage().data_ptr()
+    from dlblas_compiler.runtime.weights import _fits
+
+    a, b = torch.randn(8, 24), torch.randn(4, 24)
+    assert _fits(torch.cat([a, b]), [a, b])
+    assert not _fits(torch.cat([a, b]), [a, b.half()]) and not _fits(torch.cat([a, a]), [a, a])
+    assert not _fits(torch.cat([a, b]), [a, torch.randn(24, 4).t()])  # not contiguous
+
+
 def test_replaced_parameter_object_is_not_seen():
     """Documented: the compiled module keeps the parameter tensors it captured."""
     m = randomize_(TwoRegions()).eval()
@@ -651,3 +694,40 @@ def test_cuda_graph_is_dropped_when_direct_calls_are_gpu_bound(monkeypatch):
     fake = types.SimpleNamespace(run=run, replay=replay)
     assert graph_pays(fake, []) is False
     assert "enqueueing" in fake.note
+
+
+def test_cuda_graph_capture_policy_for_a_cache_written_in_place(monkeypatch):
+    """A program whose cache input is written in place is captured from its second consecutive call with the
+    cache at the same address (the decode steps), never for a cache seen once (each generate()'s prefill), and
+    captured again when a new cache comes back twice; the keep-or-drop timing is measured once."""
+    events = []
+
+    class FakeGraph:
+        note = ""
+
+        def __init__(self, run, static):
+            self.run, self.static = run, static
+
+        def capture(self, inputs):
+            self.address = inputs[0].data_ptr()
+            events.append(("capture", self.address))
+            return True
+
+        def pays(self, inputs):
+            events.append(("timed",))
+            return True
+
+        def matches(self, inputs):
+            return inputs[0].data_ptr() == self.address
+
+        def replay(self, inputs):
+            events.append(("replay", inputs[0].data_ptr()))
+            return self.run(inputs)
+
+    monkeypatch.setattr(program_mod, "CudaGraph", FakeGraph)
+    program = program_mod.Program([0], [0], [], 1, cuda_graphs=True, static_inputs=(0,))
+    first, second, third = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    for cache in [first, second, second, second, first, third, third, third, second]:
+        program([cache])
+    b, c = second.data_ptr(), third.data_ptr()
+    assert events == [("capture", b), ("timed",), ("replay", b), ("replay", b), ("capture", c), ("replay", c), ("replay", c)]

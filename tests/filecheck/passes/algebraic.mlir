@@ -1,4 +1,4 @@
-// RUN: dl-opt %s -p recognize,algebraic,cse,dce | filecheck %s
+// RUN: dl-opt %s -p "recognize,algebraic{fold_norm_weight=true},cse,dce" | filecheck %s
 // Horizontal fusion (q/k share an input: one GEMM on the concatenated weight, then slices), FlashNorm
 // (the norm weight folds into that weight), but not for a norm whose value has a non-linear user;
 // scalar chains fold ((x*2)*3 + -0.0 = x*6, while y + 0.0 stays: -0.0 + 0.0 is +0.0); reshape/transpose chains
