@@ -27,21 +27,34 @@ from .runtime import Program, build_program
 from .runtime.outputs import OutputGuard, output_guard
 
 
+_FLAT = (torch.Tensor, torch.nn.Parameter, int, float, bool, type(None))
+
+
 def signature_of(args: tuple, kwargs: dict) -> tuple:
     """Hashable description of a call's inputs: what a specialization is keyed by (shapes, dtypes, devices,
-    non-tensor values, and which tensors share storage)."""
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    sig = []
+    non-tensor values, which tensors share storage, and the identity of each parameter passed as an input: dynamo
+    passes a module's parameters as graph inputs and one graph serves every instance of the module class, while a
+    specialization reads the parameters it was compiled with)."""
+    if not kwargs and all(type(a) in _FLAT for a in args):  # the common case (dynamo's calls), without pytree
+        leaves, spec = args, len(args)
+    else:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        spec = str(spec)
+    sig, tensors = [], []
     for v in leaves:
-        if isinstance(v, torch.Tensor):
-            sig.append(("T", tuple(v.shape), v.dtype, str(v.device)))
+        kind = type(v)  # (isinstance on Parameter runs Python code: too slow for hundreds of inputs per call)
+        if kind is torch.nn.Parameter or (kind is not torch.Tensor and isinstance(v, torch.nn.Parameter)):
+            sig.append(("P", id(v), v.shape, v.dtype, v.device))
+        elif kind is torch.Tensor or isinstance(v, torch.Tensor):
+            sig.append((v.shape, v.dtype, v.device))
+            tensors.append(v)
         else:
             try:
                 hash(v)
                 sig.append(("V", type(v).__name__, v))
             except TypeError:
                 sig.append(("V", type(v).__name__, repr(v)))
-    return (str(spec), tuple(sig), _alias_pattern([v for v in leaves if isinstance(v, torch.Tensor)]))
+    return (spec, tuple(sig), _alias_pattern(tensors))
 
 
 def _alias_pattern(tensors) -> tuple | None:
@@ -94,7 +107,9 @@ class Specialization:
         """Copy the final values of the inputs and buffers the model writes in place into them (eager semantics)."""
         with torch.no_grad():
             for kind, key, i in self.imported.writes:
-                (flat[key] if kind == "input" else self.imported.params[key]).copy_(outs[i])
+                target = flat[key] if kind == "input" else self.imported.params[key]
+                if outs[i] is not target:  # (a cache the program updated in place is already there)
+                    target.copy_(outs[i])
 
 
 def _check_devices(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -126,11 +141,7 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self._needs_grad(args, kwargs):
             return self._eager(args, kwargs)
-        if not kwargs and all(type(a) is torch.Tensor for a in args):  # the common case, without pytree
-            key = (tuple((a.shape, a.dtype, a.device) for a in args), _alias_pattern(args))
-        else:
-            key = signature_of(args, kwargs)
-        key = (key, tuple(m.training for m in self._submodules), _precision_mode())
+        key = (signature_of(args, kwargs), tuple(m.training for m in self._submodules), _precision_mode())
         spec = self._specs.get(key)
         if spec is None:
             spec = self._specs[key] = self._specialize(args, kwargs)
@@ -268,6 +279,11 @@ def compile(model, backend: str | None = None, **options):  # noqa: A001
 
         model.forward = dc.compile(model.forward, backend="interpret")
         model.generate(ids, max_new_tokens=32, cache_implementation="static")
+
+    For such a model, Hugging Face's own compilation of the decode step in generate() (on for static caches on a
+    GPU) is turned off (`model.generation_config.disable_compile = True`): it would trace through the compiled
+    forward and hand the decode step to Inductor. With `torch.compile(model.forward, backend="dlblas")` instead,
+    pass `disable_compile=True` to generate() for the same reason.
     """
     opts = Options(backend=backend, **options)
     if isinstance(model, torch.nn.Module):
@@ -276,6 +292,12 @@ def compile(model, backend: str | None = None, **options):  # noqa: A001
         raise TypeError(f"dc.compile takes an nn.Module or a callable, got {type(model).__name__}")
     dynamo_backend = DynamoBackend(opts)
     fn = torch.compile(model, backend=dynamo_backend)
+    owner = getattr(model, "__self__", None)  # (a bound method: model.forward)
+    generation = getattr(owner, "generation_config", None)
+    if generation is not None and hasattr(generation, "disable_compile"):
+        # Hugging Face's generate() compiles the decode step itself (torch.compile of the model's __call__, for
+        # static caches on a GPU); that compile would trace through this function and run Inductor instead
+        generation.disable_compile = True
     fn.compilations = dynamo_backend.compilations
     fn.report = lambda: dynamo_backend.compilations[-1].report()
     return fn

@@ -4,7 +4,9 @@ A template produces a `Kernel`: the Triton source of one `@triton.jit` function,
 space and default config, and a `launch(inputs, config) -> outputs` built for one specialization (it
 knows the shapes, allocates outputs, applies the view chains that were fused as index maps, and
 computes the grid). The kernel source is the same for every token count (row counts are runtime
-arguments), so a new batch size reuses the compiled kernel.
+arguments), so a new batch size reuses the compiled kernel; and regions whose kernels differ only in their
+names (the same pattern in every layer) share one compiled function (`Kernel.compiled`). `compile_configs`
+builds the candidates of a tuning batch in parallel threads (Triton's compiler releases the GIL).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import linecache
 import os
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import triton
@@ -83,5 +87,44 @@ class Kernel:
         ir = "\n".join("# " + line for line in self.region_ir.splitlines())
         return f"# dlblas_compiler kernel {self.name} (source hash {self.hash})\n# region:\n{ir}\n\n{HEADER}{self.source}"
 
+    @property
+    def shared_name(self) -> str:
+        """The name the kernel is compiled (and profiled) under: its kind and the hash of its source up to its
+        name, so every region with the same kernel (each layer's QKV GEMM, say) shares one compiled function."""
+        kind, digest = self.tuning_key
+        return f"{kind}_{digest[:8]}"
+
     def compiled(self, interpret: bool) -> Callable:
-        return compile_source(self.source, self.name, interpret)
+        """The jitted function, shared by every region whose kernel differs only in its name: Triton compiles
+        it once per config for all of them (not once per layer)."""
+        name = self.shared_name
+        return compile_source(re.sub(rf"\b{re.escape(self.name)}\b", name, self.source), name, interpret)
+
+
+class _Warmup:
+    """Stands in for a jitted function in a template's launch: `fn[grid](*args)` compiles `fn` for those
+    arguments and constants instead of launching it (asynchronously inside `triton.AsyncCompileMode`)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __getitem__(self, grid: Any) -> Callable:
+        return lambda *args, **kwargs: self.fn.run(*args, grid=grid, warmup=True, **kwargs)
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def compile_configs(kernel: Kernel, fn: Callable, tensors: list, configs: list[dict]) -> None:
+    """Compile `fn` (the kernel's jitted function) for each config on these inputs, in parallel threads, so
+    that launching any of them afterwards finds it built. A config that fails to compile is left for its launch
+    to report."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1)), thread_name_prefix="dlblas-compile")
+    with triton.AsyncCompileMode(_POOL, ignore_errors=True):
+        for config in configs:
+            try:
+                kernel.launch(_Warmup(fn), tensors, config)
+            except Exception:  # noqa: BLE001, S112 - the launch of this config reports it
+                continue

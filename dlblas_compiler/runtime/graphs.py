@@ -3,7 +3,8 @@
 A replay saves launch overhead and costs copying the inputs in and cloning the outputs. Where the direct calls
 are GPU-bound (enqueueing them takes under half their time) there is no overhead to save, so the graph goes.
 Otherwise both are timed, alternating (5 rounds of 3 calls, the best round of each: the first direct calls
-after a capture pay allocator growth), and the faster stays.
+after a capture pay allocator growth), and the faster stays. What a call writes into its inputs (a KV cache, its
+length counter) is put back before every timed call.
 """
 
 from __future__ import annotations
@@ -68,34 +69,46 @@ class CudaGraph:
 
     def pays(self, inputs: list) -> bool:
         """Whether replaying beats direct calls (see the module docstring); the timings go to `note`."""
-        with self._preserved():
-            return graph_pays(self, inputs)
+        with self._preserved() as reset:
+            return graph_pays(self, inputs, reset)
 
     @contextmanager
     def _preserved(self):
-        """Put the static inputs' contents back afterwards (the runs inside apply their updates)."""
+        """Put the static inputs' contents back afterwards, and whenever the `reset` it yields is called: each
+        run inside applies its updates (a KV-cache write at the position a counter input gives, and that counter's
+        increment), and runs that went on from each other's state would write past the cache's end."""
         saved = [(self.static_in[i], self.static_in[i].clone()) for i in self.static]
-        try:
-            yield
-        finally:
+
+        def reset() -> None:
             for t, v in saved:
                 t.copy_(v)
 
+        try:
+            yield reset
+        finally:
+            reset()
 
-def graph_pays(runner: Any, inputs: list) -> bool:
-    """The keep-or-drop rule for anything with `run(inputs)` and `replay(inputs)`; sets `runner.note`."""
+
+def graph_pays(runner: Any, inputs: list, reset: Callable[[], None] = lambda: None) -> bool:
+    """The keep-or-drop rule for anything with `run(inputs)` and `replay(inputs)`; sets `runner.note`. `reset`
+    puts back what a call writes into its inputs; it runs before every call, outside the timed span."""
 
     def seconds(fn) -> tuple[float, float]:  # (enqueue, enqueue + wait for the GPU) per call
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        enqueue = total = 0.0
         for _ in range(3):
+            reset()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
             fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        return (t1 - t0) / 3, (time.perf_counter() - t0) / 3
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            enqueue, total = enqueue + t1 - t0, total + time.perf_counter() - t0
+        return enqueue / 3, total / 3
 
     direct_fn, replay_fn = (lambda: runner.run(inputs)), (lambda: runner.replay(inputs))
-    direct_fn(), replay_fn()
+    for fn in (direct_fn, replay_fn):
+        reset()
+        fn()
     rounds = [(seconds(direct_fn), seconds(replay_fn)) for _ in range(5)]
     enqueue, direct = min((r[0] for r in rounds), key=lambda t: t[1])  # the fastest direct round
     replay = min(r[1][1] for r in rounds)

@@ -7,6 +7,11 @@ caller's tensor directly: the destination is an input, the update's result is th
 input, and nothing reads the old value afterwards, directly or through a view (write after read in program
 order). Those run as `InPlaceIndexCopy` steps; the write-back then copies the tensor onto itself, which torch
 skips, and a CUDA graph captures the input at its own address (`CudaGraph.static`).
+
+Every other input the model writes (a cache's length counter: `cumulative_length.add_(n)`) gets its final value
+copied into it by the program's last steps (`WriteInput`) rather than by the compiled module after the call, so
+that a CUDA graph captures that copy too and the input at its address: a replay then updates the caller's
+tensor, with no copy in, clone out or copy back on the host.
 """
 
 from __future__ import annotations
@@ -41,6 +46,24 @@ def inplace_updates(fn: func.FuncOp, imported) -> dict[IndexCopyOp, int]:
         if any(v is op.result for v in list(ret.operands)[:n_out]):
             continue  # also a user-visible output: eager returns the cache tensor there, keep it functional
         found[op] = arg
+    return found
+
+
+def input_writes(fn: func.FuncOp, imported, inplace: dict[IndexCopyOp, int]) -> list[tuple[int, SSAValue]]:
+    """(block argument index, the value written into that input) for the inputs the model writes whose new
+    value the program can copy into them as its last step: not already written in place, not the input itself
+    unchanged, and not also a user-visible output (eager returns the input tensor there)."""
+    ret = fn.body.block.last_op
+    n_out = len(ret.operands) - len(imported.writes)
+    done = {op.result for op in inplace}
+    found = []
+    for kind, key, res in imported.writes:
+        if kind != "input" or key not in imported.arg_positions:
+            continue
+        arg, value = imported.arg_positions.index(key), ret.operands[res]
+        if value in done or value is fn.body.block.args[arg] or any(v is value for v in list(ret.operands)[:n_out]):
+            continue
+        found.append((arg, value))
     return found
 
 
@@ -87,3 +110,21 @@ class InPlaceIndexCopy:
 
     def __repr__(self) -> str:
         return f"InPlaceIndexCopy(slot {self.dest}[{self.index}] = {self.source} along dim {self.dim} -> {self.out})"
+
+
+@dataclass
+class WriteInput:
+    """`input.copy_(value)` as one of the program's last steps; the value's slot then holds the input tensor (so
+    the compiled module's write-back finds it already there)."""
+
+    dest: int
+    value: int
+
+    def __call__(self, env: list) -> None:
+        t, v = env[self.dest], env[self.value]
+        if v is not t:
+            t.copy_(v)
+        env[self.value] = t
+
+    def __repr__(self) -> str:
+        return f"WriteInput(slot {self.dest} = {self.value})"

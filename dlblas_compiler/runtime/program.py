@@ -25,7 +25,7 @@ from ..dialects import CatOp, ConstantOp, FusedOp, ParamOp, TorchCallOp
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
 from .graphs import CudaGraph
-from .inplace import InPlaceIndexCopy, inplace_updates
+from .inplace import InPlaceIndexCopy, WriteInput, input_writes, inplace_updates
 from .ops import op_step
 from .selection import tune_region
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
@@ -161,13 +161,15 @@ class Builder:
                     self.options.expert_parallel is not None
                 ) else None
                 steps.append(registered or ReferenceStep(op.name, op.reference, ins, outs))
+        writes = input_writes(self.fn, self.imported, inplace) if self.options.backend != "reference" else []
+        steps += [WriteInput(inputs[arg], self.slot(value)) for arg, value in writes]
         opts = self.options
         tune_mode = opts.tune if opts.backend == "triton" else "none"
         cuda_graphs = opts.cuda_graphs and opts.backend == "triton" and not opts.check
         if opts.expert_parallel is not None and any(op.name == "dl.moe" for op in block.ops):
             cuda_graphs = False  # the all-to-all exchanges token counts through the host
         return Program(inputs, outputs, steps, len(self.slots), weights, choices, cuda_graphs, tune_mode,
-                       static_inputs=tuple(sorted(set(inplace.values()))))  # fmt: skip
+                       static_inputs=tuple(sorted({*inplace.values(), *(arg for arg, _ in writes)})))  # fmt: skip
 
     def _derived(self, v: SSAValue) -> DerivedWeight:
         """A weight-only value computed from the live parameters (shared with the module's other programs that

@@ -1,12 +1,14 @@
 """Tuning a region on its first call: its kernel's config is searched (`tuning.tune`), then the kernel is
 timed against the region's reference (cuBLAS for a lone GEMM, torch's SDPA for attention) on the same inputs
 and the faster kept, unless the region must keep its kernel (`prefer_kernels`). Both results live in the
-persistent tuning cache: the choice under the kernel's kind with ":impl" appended, keyed like its config."""
+persistent tuning cache: the choice under the kernel's kind with ":impl" appended, keyed like its config.
+On the GPU each batch of candidate configs is compiled in parallel before it is timed."""
 
 from __future__ import annotations
 
 import torch
 
+from ..codegen.kernel import compile_configs
 from ..tuning import CacheEntry, CacheKey, TuneJob, benchmark, default_cache, tune
 from .steps import RegionStep, first_line
 
@@ -35,8 +37,11 @@ def _search(step: RegionStep, tensors: list, mode: str, progress: bool) -> None:
         return ref_out
 
     kind, key = k.tuning_key
+    on_gpu = not step.interpret and tensors[0].is_cuda
+    prepare = (lambda configs: compile_configs(k, step.compiled, tensors, configs)) if on_gpu else None
     job = TuneJob(kind, key, k.space, lambda cfg: (lambda: step.launch(tensors, cfg)), k.shape_key,
-                  tuple(t.dtype for t in tensors), tensors[0].device, ref, token_dims=TOKEN_DIMS)  # fmt: skip
+                  tuple(t.dtype for t in tensors), tensors[0].device, ref, token_dims=TOKEN_DIMS,
+                  prepare=prepare)  # fmt: skip
     out = tune(job, mode, progress=progress)
     c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -84,23 +85,33 @@ def derived_weight(key: tuple, compute: Callable[[], torch.Tensor], sources: lis
 
 @dataclass
 class DerivedWeights:
-    """The derived weights one program reads, and the slots of its value table they go to."""
+    """The derived weights one program reads, and the slots of its value table they go to. A call compares the
+    source parameters' versions and addresses once (not per weight) to see that nothing changed."""
 
     weights: list[tuple[int, DerivedWeight]] = field(default_factory=list)
-    _seen: list[int] | None = None  # ids of the values last put into a table
+    _values: list | None = None  # the values last put into a table
+    _state: list | None = None  # the sources' versions and addresses then
 
     def fill(self, env: list) -> bool:
         """Put the current values into a value table; True when any differs from the last call's."""
-        values = [w.value()[0] for _, w in self.weights]
-        for (slot, _), v in zip(self.weights, values):
+        before = self._values
+        if self._values is None or self._sources_state() != self._state:
+            self._values = [w.value()[0] for _, w in self.weights]
+            self._state = self._sources_state()  # (after: a first computation may move parameters into a buffer)
+        for (slot, _), v in zip(self.weights, self._values):
             env[slot] = v
-        ids = [id(v) for v in values]
-        changed, self._seen = ids != self._seen, ids
-        return changed
+        return before is None or any(a is not b for a, b in zip(before, self._values))
 
     def changed(self) -> bool:
-        """Whether a value differs from the last `fill`'s (a graph captured with the old one is stale)."""
-        return [id(w.value()[0]) for _, w in self.weights] != self._seen
+        """Whether a source changed since the last `fill` (a graph captured with the old values is stale)."""
+        return self._sources_state() != self._state
+
+    def _sources_state(self) -> list:
+        return [(_version(t), t.data_ptr()) for t in self._sources]
+
+    @cached_property
+    def _sources(self) -> list[torch.Tensor]:  # (each parameter once; computed at the first call)
+        return list({id(t): t for _, w in self.weights for t in w.sources}.values())
 
 
 def _version(t: torch.Tensor) -> int:

@@ -4,11 +4,14 @@ Every policy has the signature `policy(space, objective, budget, patience, seed,
 `objective(config)` returns seconds and may raise: a raising config is recorded as a failed trial and can never
 win. Only valid configs (see `SearchSpace.violations`) are ever passed to the objective, each at most once.
 `budget` caps the number of objective evaluations; `patience` stops the search once that many evaluations in a
-row have not improved the best time.
+row have not improved the best time. `prepare(configs)`, when given, is told the configs about to be evaluated,
+up to `BATCH` at a time, before the first of them is (the compiler compiles their kernels in parallel there,
+so the objective's first call of each finds its kernel built).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random as _random
 from collections.abc import Callable
@@ -19,6 +22,8 @@ from typing import Any, Protocol
 from .space import Config, SearchSpace
 
 Objective = Callable[[Config], float]
+Prepare = Callable[[list[Config]], None]
+BATCH = 8  # configs proposed (and prepared) together
 
 
 class Progress(Protocol):
@@ -60,8 +65,9 @@ class _Search:
         budget: int | None,
         patience: int | None,
         progress: Progress | None,
+        prepare: Prepare | None = None,
     ) -> None:
-        self.space, self.objective, self.progress = space, objective, progress
+        self.space, self.objective, self.progress, self.prepare = space, objective, progress, prepare
         self.limit = space.size() if budget is None else min(budget, space.size())
         self.patience = patience
         self.memo: dict[tuple[Any, ...], Trial] = {}
@@ -72,6 +78,19 @@ class _Search:
     @property
     def done(self) -> bool:
         return len(self.trials) >= self.limit or (self.patience is not None and self.stale >= self.patience)
+
+    @property
+    def left(self) -> int:
+        return self.limit - len(self.trials)
+
+    def prefetch(self, configs: list[Config]) -> None:
+        """Tell `prepare` the configs (not evaluated yet) that come next."""
+        fresh = [dict(c) for c in configs if self.space.key(c) not in self.memo]
+        if self.prepare is not None and fresh:
+            try:
+                self.prepare(fresh)
+            except Exception:  # noqa: BLE001 - preparing is an optimisation: the evaluation reports any failure
+                pass
 
     def evaluate(self, config: Config) -> Trial:
         """Time a valid config once; a config seen before is answered from the memo."""
@@ -108,14 +127,25 @@ def grid(
     patience: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    prepare: Prepare | None = None,
 ) -> TuneResult:
     """Every valid config in grid order (the first `budget` of them when capped)."""
-    search = _Search(space, objective, budget, patience, progress)
-    for config in space.configs():
-        if search.done:
-            break
-        search.evaluate(config)
+    search = _Search(space, objective, budget, patience, progress, prepare)
+    _in_order(search, space.configs())
     return search.result()
+
+
+def _in_order(search: _Search, configs) -> None:
+    configs = iter(configs)
+    while not search.done:
+        batch = list(itertools.islice(configs, min(BATCH, search.left)))
+        if not batch:
+            return
+        search.prefetch(batch)
+        for config in batch:
+            if search.done:
+                return
+            search.evaluate(config)
 
 
 def random(
@@ -125,15 +155,13 @@ def random(
     patience: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    prepare: Prepare | None = None,
 ) -> TuneResult:
     """Valid configs in a seeded random order, without replacement."""
-    search = _Search(space, objective, budget, patience, progress)
+    search = _Search(space, objective, budget, patience, progress, prepare)
     configs = list(space.configs())
     _random.Random(seed).shuffle(configs)
-    for config in configs:
-        if search.done:
-            break
-        search.evaluate(config)
+    _in_order(search, configs)
     return search.result()
 
 
@@ -165,17 +193,19 @@ def bayes(
     patience: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    prepare: Prepare | None = None,
     max_misses: int = 16,
 ) -> TuneResult:
     """Bayesian optimisation with optuna's (constrained, multivariate) TPE sampler through ask/tell, starting
-    from the space's default and seeds (`SearchSpace.starts`).
+    from the space's default and seeds (`SearchSpace.starts`), proposing up to `BATCH` configs at a time (the
+    "constant liar" keeps a batch's proposals apart) so that their kernels can be prepared together.
 
     Proposals that violate a constraint are told to the study as infeasible without calling the objective,
     and so are configs whose evaluation failed; proposals already evaluated are answered from the memo and do
     not count against the budget. After `max_misses` proposals in a row brought nothing new, a random unseen
     valid config is enqueued so the search always makes progress.
     """
-    search = _Search(space, objective, budget, patience, progress)
+    search = _Search(space, objective, budget, patience, progress, prepare)
     if search.done:
         return search.result()
     varying = {n: c for n, c in space.params.items() if len(c) > 1}
@@ -184,35 +214,45 @@ def bayes(
     with _quiet_optuna() as optuna:
         dists = {n: _distribution(optuna, c) for n, c in varying.items()}
         sampler = optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=max(4, min(10, search.limit // 5)), multivariate=True, constant_liar=False
+            seed=seed, n_startup_trials=max(4, min(10, search.limit // 5)), multivariate=True, constant_liar=True
         )
         study = optuna.create_study(direction="minimize", sampler=sampler)
         for start in space.starts():
             study.enqueue_trial({n: space.params[n].index(v) for n, v in start.items() if n in varying})
         misses = 0
         while not search.done:
-            if misses >= max_misses:
+            batch: list[tuple[Any, Config]] = []  # (optuna trial, valid config) to evaluate
+            keys: set = set()
+            while len(keys) < min(BATCH, search.left) and misses < max_misses:
+                trial = study.ask(dists)
+                config = {**fixed, **{n: varying[n][i] for n, i in trial.params.items()}}
+                config = {n: config[n] for n in space.params}
+                violated = space.violations(config)
+                if violated:
+                    for name in violated:
+                        trial.set_constraint(name, 1.0)
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    misses += 1
+                    continue
+                key = space.key(config)
+                misses = misses + 1 if key in search.memo or key in keys else 0
+                keys.add(key)
+                batch.append((trial, config))
+            if misses >= max_misses and not keys - set(search.memo):
                 unseen = [c for c in space.configs() if space.key(c) not in search.memo]
                 study.enqueue_trial({n: space.params[n].index(rng.choice(unseen)[n]) for n in varying})
                 misses = 0
-            trial = study.ask(dists)
-            config = {**fixed, **{n: varying[n][i] for n, i in trial.params.items()}}
-            config = {n: config[n] for n in space.params}
-            violated = space.violations(config)
-            if violated:
-                for name in violated:
-                    trial.set_constraint(name, 1.0)
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                misses += 1
-                continue
-            seen = space.key(config) in search.memo
-            result = search.evaluate(config)
-            misses = misses + 1 if seen else 0
-            if result.time is None:
-                trial.set_constraint("failed", 1.0)
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            else:
-                study.tell(trial, result.time)
+            search.prefetch([c for _, c in batch])
+            for trial, config in batch:
+                if search.done:
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    continue
+                result = search.evaluate(config)
+                if result.time is None:
+                    trial.set_constraint("failed", 1.0)
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                else:
+                    study.tell(trial, result.time)
     return search.result()
 
 

@@ -24,13 +24,16 @@ class TuningError(DLError):
 
 @dataclass(frozen=True)
 class TuneMode:
-    """How hard to search: a policy, and a budget of `fraction` of the valid space clamped to [floor, cap]."""
+    """How hard to search: a policy, a budget of `fraction` of the valid space clamped to [floor, cap], and how
+    long each candidate is timed (`triton.testing.do_bench`'s warm-up and repetition milliseconds)."""
 
     policy: str
     fraction: float
     cap: int | None
     floor: int
     patience: int | None
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
 
     def budget(self, size: int) -> int:
         n = math.ceil(self.fraction * size)
@@ -41,7 +44,7 @@ class TuneMode:
 
 TUNE_MODES: dict[str, TuneMode | None] = {
     "none": None,  # the space's default config, no timing
-    "quick": TuneMode("bayes", fraction=0.12, cap=24, floor=8, patience=8),
+    "quick": TuneMode("bayes", fraction=0.12, cap=24, floor=8, patience=8, warmup_ms=10.0, rep_ms=30.0),
     "full": TuneMode("grid", fraction=1.0, cap=None, floor=0, patience=None),
 }
 
@@ -111,7 +114,8 @@ class TuneJob:
     `build(config)` returns a callable that runs the candidate (on `arg_sets[i]` when given, else on no arguments)
     and returns its outputs; `reference` (the outputs for the first argument set, or a zero-arg callable producing
     them; None skips the check) is what each candidate must match to be eligible. `token_dims` names the
-    token-count dims of `shape`, which the cache key buckets to powers of two."""
+    token-count dims of `shape`, which the cache key buckets to powers of two. `prepare(configs)` (optional) is
+    called with the configs about to be tried, a batch at a time (to compile their kernels in parallel)."""
 
     name: str
     source_hash: str
@@ -123,6 +127,7 @@ class TuneJob:
     reference: Any = None
     arg_sets: Sequence[tuple] | None = None
     token_dims: tuple[str, ...] = ()
+    prepare: Callable[[list[Config]], None] | None = None
 
     def cache_key(self) -> CacheKey:
         return CacheKey.make(self.name, self.source_hash, self.shape, self.dtypes, self.device,
@@ -139,8 +144,8 @@ def tune(
     cache: TuneCache | None = None,
     progress: bool = True,
     seed: int = 0,
-    warmup_ms: float = 25.0,
-    rep_ms: float = 100.0,
+    warmup_ms: float | None = None,
+    rep_ms: float | None = None,
 ) -> TuneOutcome:
     """Pick the fastest valid config of `job` for its shape bucket, dtypes and device.
 
@@ -167,10 +172,12 @@ def tune(
     if hit is not None and space.is_valid(hit.config):
         return TuneOutcome(hit.config, hit.time, hit.default_time, hit.trials, True)
 
+    warmup_ms = settings.warmup_ms if warmup_ms is None else warmup_ms
+    rep_ms = settings.rep_ms if rep_ms is None else rep_ms
     refs = job.reference() if callable(job.reference) else job.reference
     objective = make_objective(job.build, refs, job.arg_sets, device=job.device, warmup_ms=warmup_ms, rep_ms=rep_ms)
     with _progress(name, min(budget, space.size()), progress) as bar:
-        result = search(space, objective, budget, patience, seed, bar)
+        result = search(space, objective, budget, patience, seed, bar, prepare=job.prepare)
     if result.best_config is None or result.best_time is None:
         errors = sorted({t.error for t in result.failures if t.error})
         raise TuningError(f"{name}: all {result.evaluations} candidate configs failed: " + "; ".join(errors[:3]))

@@ -1,13 +1,14 @@
 """Generated kernels against a float64 torch reference, on ragged shapes.
 
 CPU: the same Triton kernels under the interpreter (`interpret` backend), fp32 and fp16 (the interpreter
-computes bf16 dots wrongly). GPU (marker `gpu`, run by bench/check_gpu.py on the device machine):
+computes bf16 dots wrongly). GPU (marker `gpu`, run by `GPU_TESTS=1 bench/device.sh` on the device machine, log in `$OUT/gpu-tests.log`):
 `triton` backend in fp16 and bf16. Tolerances: relative error ‖out−ref‖/‖ref‖ in float64 below
 dlblas_compiler.numerics.REL_TOL (fp32 1e-5, fp16 5e-3, bf16 2e-2). Every run uses fresh random
 inputs (never zeros); kernel outputs are freshly allocated, and a failed launch would fall back to the
 reference with a warning, which these tests turn into an error.
 """
 
+import copy
 import warnings
 
 import pytest
@@ -142,7 +143,7 @@ def test_gemm_bias_activation_residual_ragged(backend, dtype, bias):
          expect_regions={"gemm": 1})  # fmt: skip
 
 
-def test_same_kernel_in_two_layers_shares_one_tuning_entry():
+def test_same_kernel_in_two_layers_shares_one_tuning_entry_and_one_compiled_function():
     """Identical regions (every layer of a model) compile to kernels of different names that the tuning
     cache files under one key, so a model's layers are tuned once; a different shape gets its own kernel."""
     from dlblas_compiler.runtime.program import RegionStep
@@ -151,9 +152,45 @@ def test_same_kernel_in_two_layers_shares_one_tuning_entry():
     cm = dc.compile(randomize_(model), backend="interpret", cuda_graphs=False)
     with torch.no_grad():
         cm(_x(5, 32))
-    ks = [s.kernel for s in cm._spec().executor.steps if isinstance(s, RegionStep) and s.kernel is not None]
+    steps = [s for s in cm._spec().executor.steps if isinstance(s, RegionStep) and s.kernel is not None]
+    ks = [s.kernel for s in steps]
     assert len(ks) == 3 and len({k.name for k in ks}) == 3
     assert ks[0].tuning_key == ks[1].tuning_key != ks[2].tuning_key and ks[0].tuning_key[0] == "gemm"
+    # ... and run one jitted function, which Triton compiles once per config for both layers
+    assert steps[0].compiled is steps[1].compiled is not steps[2].compiled
+    assert steps[0].compiled.__name__ == ks[0].shared_name == ks[1].shared_name != ks[2].shared_name
+
+
+@pytest.mark.gpu
+def test_tuning_batch_compiles_in_parallel_then_launches_find_it_built():
+    """`compile_configs` builds a batch of candidate configs in threads (Triton's AsyncCompileMode); each launch
+    afterwards finds its binary in the jitted function's cache and computes the right values."""
+    from dlblas_compiler.codegen.kernel import compile_configs
+    from dlblas_compiler.runtime.program import RegionStep
+
+    model = randomize_(nn.Sequential(LinearEpilogueOne(256, 384))).cuda().half().eval()
+    cm = dc.compile(model, backend="triton", cuda_graphs=False)
+    x = _x(37, 256).cuda().half()
+    with torch.no_grad():
+        cm(x)
+    program = cm._spec().executor
+    (step,) = [s for s in program.steps if isinstance(s, RegionStep) and s.kernel is not None]
+    env = program._env([x])
+    for s in program.steps:  # (the value table as the region sees it)
+        s(env)
+    tensors = step.inputs(env)
+    configs = list(step.kernel.space.configs())[:6]
+    fn = step.compiled
+    cache = fn.device_caches[torch.cuda.current_device()][0]
+    before = len(cache)
+    compile_configs(step.kernel, fn, tensors, configs)
+    assert len(cache) >= before + len(configs) - 1  # (the default config may already be built)
+    built = len(cache)
+    ref = copy.deepcopy(model).double()(x.double())
+    for c in configs:
+        (out,) = step.launch(tensors, c)
+        assert rel_error(out.reshape(ref.shape), ref) < tolerance(torch.float16)
+    assert len(cache) == built, "a launch compiled again"
 
 
 class LinearEpilogueOne(nn.Module):

@@ -104,3 +104,18 @@ def test_compilation_counter_graphs_and_specializations():
     assert call(4, -1.0) == (3, [1, 1, 1])  # the other side of the branch
     assert call(6) == (5, [1, 1, 1, 1, 1])  # a new length: dynamo recompiles both frames taken, sizes dynamic
     assert call(8) == (5, [1, 1, 1, 2, 2])  # dynamic graphs are reused; we specialize on the new length
+
+
+def test_instances_of_one_class_use_their_own_parameters():
+    """Dynamo passes a module's parameters as graph inputs and hands one graph to every instance of the class:
+    each instance must run with its own weights (not the first instance's)."""
+    torch.manual_seed(0)
+    models = [randomize_(Mlp(), seed=s).eval() for s in (1, 2, 3)]
+    compiled = [torch.compile(m, backend="dlblas", options={"backend": "interpret"}) for m in models]
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        for _ in range(2):  # (the second round replays the kept specializations)
+            for m, c in zip(models, compiled):
+                assert rel_error(c(x), m(x)) < 1e-5
+    assert len(dynamo.COMPILATIONS) == 1  # one graph ...
+    assert dynamo.COMPILATIONS[0].specializations == 3  # ... specialized on each instance's parameters

@@ -10,7 +10,7 @@ import transformers
 
 from dlblas_compiler import dynamo
 from dlblas_compiler.models import randomize_
-from dlblas_compiler.runtime.inplace import InPlaceIndexCopy
+from dlblas_compiler.runtime.inplace import InPlaceIndexCopy, WriteInput
 
 BASE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hidden_layers=2, vocab_size=128,
             max_position_embeddings=256, num_key_value_heads=2)  # fmt: skip
@@ -77,9 +77,16 @@ def test_static_cache_is_updated_in_place(fresh_dynamo):
     out, ref = _generate(model, ids, mask, "static", 3, {"backend": "interpret"})
     assert torch.equal(out, ref)
     decode = dynamo.COMPILATIONS[-1]
-    steps = [s for s in decode._spec().executor.steps if isinstance(s, InPlaceIndexCopy)]
+    program = decode._spec().executor
+    steps = [s for s in program.steps if isinstance(s, InPlaceIndexCopy)]
     assert len(steps) == 2 * BASE["num_hidden_layers"]  # keys and values of each layer
     assert decode.specializations == 1  # every decode step has one signature
+    # the other inputs the step writes (the cache's length counters) get their new value from the program's
+    # last steps, so a CUDA graph captures those copies too: every written input is captured at its address
+    writes = [s for s in program.steps if isinstance(s, WriteInput)]
+    assert writes and program.steps[-len(writes):] == writes
+    static = {program.inputs.index(s.dest) for s in steps} | {program.inputs.index(s.dest) for s in writes}
+    assert set(program.static_inputs) == static
 
 
 def test_many_lengths_share_weights_and_keep_few_specializations(fresh_dynamo):
@@ -110,3 +117,46 @@ def test_the_dc_compile_path_for_a_causal_lm(fresh_dynamo):
         out = model.generate(ids, **kw)
     assert torch.equal(out, ref)
     assert len(model.forward.compilations) == 2 and "gemm" in model.forward.report().patterns
+
+
+def test_generate_does_not_hand_the_compiled_decode_step_to_inductor(fresh_dynamo):
+    """generate() compiles the decode step itself for static caches on a GPU (torch.compile of the model's
+    __call__, which would trace through our forward and run its own backend). dc.compile turns that off for the
+    model: here the auto-compile is forced on the CPU, and the decode graphs still reach this compiler."""
+    import dlblas_compiler as dc
+
+    model = causal_lm("llama")
+    ids, mask = _batch(False)
+    model.generation_config.compile_config = transformers.CompileConfig(backend="eager", mode=None)
+    model.generation_config.compile_config._compile_all_devices = True
+    kw = dict(attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0,
+              cache_implementation="static")  # fmt: skip
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+        model.forward = dc.compile(model.forward, backend="interpret")
+        assert model.generation_config.disable_compile
+        out = model.generate(ids, **kw)
+    assert torch.equal(out, ref)
+    assert len(model.forward.compilations) == 2  # the prefill and the decode graph, both here
+
+
+@pytest.mark.gpu
+def test_generate_on_the_gpu_with_the_decode_step_in_a_cuda_graph(fresh_dynamo):
+    """On the GPU (triton backend): a padded batch, greedy tokens equal eager's in two generate() calls, the
+    decode step captured as a CUDA graph (or measured not to pay) with the cache tensors and counters it
+    writes captured at their addresses."""
+    import dlblas_compiler as dc
+
+    model = causal_lm("llama").cuda()
+    ids, mask = (t.cuda() for t in _batch(True))
+    kw = dict(attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0,
+              cache_implementation="static", disable_compile=True)  # fmt: skip
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+        model.forward = dc.compile(model.forward, backend="triton")
+        outs = [model.generate(ids, **kw) for _ in range(2)]
+    assert all(torch.equal(o, ref) for o in outs)
+    program = model.forward.compilations[-1]._spec().executor
+    assert program.graph is not None or "CUDA graph replay" in program.graph_note
+    writes = [s for s in program.steps if isinstance(s, (InPlaceIndexCopy, WriteInput))]
+    assert {program.inputs.index(s.dest) for s in writes} == set(program.static_inputs)

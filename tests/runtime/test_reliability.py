@@ -696,6 +696,32 @@ def test_cuda_graph_is_dropped_when_direct_calls_are_gpu_bound(monkeypatch):
     assert "enqueueing" in fake.note
 
 
+def test_keep_or_drop_timing_puts_the_written_inputs_back_before_every_call(monkeypatch):
+    """A decode step writes the cache at the position its counter input gives, and increments the counter: the
+    ~30 timed calls must each start from the caller's state, or they write past the cache's end (a device-side
+    assert at a prompt of 1024 with 4 new tokens, found on the H100)."""
+    import types
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    counter, cache = torch.tensor([5]), torch.zeros(8)
+    seen = []
+
+    def step(inputs):  # cache[counter] = 1; counter += 1
+        seen.append(int(counter))
+        cache[int(counter)] = 1.0
+        counter.add_(1)
+
+    saved = (counter.clone(), cache.clone())
+
+    def reset():
+        counter.copy_(saved[0])
+        cache.copy_(saved[1])
+
+    fake = types.SimpleNamespace(run=step, replay=step)
+    graph_pays(fake, [], reset)
+    assert len(seen) == 32 and set(seen) == {5}
+
+
 def test_cuda_graph_capture_policy_for_a_cache_written_in_place(monkeypatch):
     """A program whose cache input is written in place is captured from its second consecutive call with the
     cache at the same address (the decode steps), never for a cache seen once (each generate()'s prefill), and

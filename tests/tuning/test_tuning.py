@@ -256,6 +256,38 @@ def test_progress_sees_every_evaluation(space):
     assert all(b1 >= b2 for (_, b1), (_, b2) in zip(seen, seen[1:], strict=False))
 
 
+@pytest.mark.parametrize("name", ["grid", "random", "bayes"])
+def test_prepare_sees_each_batch_before_its_evaluations(space, name):
+    """`prepare` (the compiler compiles a batch's kernels in parallel there) is told every evaluated config
+    before it is evaluated, at most BATCH at a time, and only valid configs not evaluated yet."""
+    from dlblas_compiler.tuning.policies import BATCH
+
+    prepared, batches = set(), []
+
+    def prepare(configs):
+        batches.append(configs)
+        assert all(space.is_valid(c) and space.key(c) not in obj.calls for c in configs)
+        prepared.update(space.key(c) for c in configs)
+
+    def timed(config):
+        assert space.key(config) in prepared, "evaluated before it was prepared"
+        return synthetic_time(config)
+
+    obj = Recorder(space, fn=timed)
+    r = POLICIES[name](space, obj, budget=30, patience=None, seed=2, progress=None, prepare=prepare)
+    assert r.evaluations == 30 and not obj.invalid
+    assert 1 < len(batches) and all(1 <= len(b) <= BATCH for b in batches)
+    assert len(prepared) - r.evaluations < BATCH  # (at most the last batch's unused part is prepared for nothing)
+
+
+def test_a_failing_prepare_does_not_stop_the_search(space):
+    def prepare(configs):
+        raise RuntimeError("compiler crashed")
+
+    r = bayes(space, synthetic_time, budget=12, seed=0, prepare=prepare)
+    assert r.evaluations == 12 and not r.failures
+
+
 # ---------------------------------------------------------------- profiler
 
 
