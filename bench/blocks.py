@@ -14,6 +14,11 @@ import torch.nn.functional as F
 
 from dlblas_compiler.models import RMSNorm, randomize_, rope_cos_sin, rotate_half
 
+try:
+    from ceilings import fixed
+except ImportError:  # imported as bench.blocks (dlblas-compiler tune bench.blocks:make_layer)
+    from bench.ceilings import fixed
+
 H, I, HQ, HK, D = 4096, 14336, 32, 8, 128
 EPS = 1e-5
 
@@ -151,11 +156,14 @@ BLOCKS = {
     "llama_2layer": make_model,
 }
 
-CEILINGS = {"H100": (3.0e12, 709e12), "H200": (4.25e12, 687e12)}
 
-
-def floor_us(gpu_name: str, nbytes: float, flops: float) -> float:
-    bw, fl = next((v for k, v in CEILINGS.items() if k in gpu_name), CEILINGS["H100"])
+def floor_us(gpu_name: str, nbytes: float, flops: float, ceilings: dict | None = None) -> float:
+    """max(bytes / copy bandwidth, flops / bf16 matmul rate) in µs: with `ceilings` (bench/ceilings.measure(),
+    measured in the same run) where given, else the fixed, unmeasured constants of bench/ceilings.FIXED."""
+    if ceilings:
+        bw, fl = ceilings["copy_bytes_per_s"], ceilings["bf16_matmul_flops"]
+    else:
+        bw, fl = fixed(gpu_name)
     return max(nbytes / bw, flops / fl) * 1e6
 
 

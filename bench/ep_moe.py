@@ -253,6 +253,11 @@ def main() -> None:
         "iters": args.iters,
         "dtype": "float32" if args.smoke else "bfloat16",
     }
+    if not args.smoke:  # the card's ceilings, measured in the same run (bench/ceilings.py), and NCCL's version
+        from ceilings import measure
+
+        env["ceilings"] = measure()
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ep_moe.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))

@@ -1,37 +1,163 @@
-"""Turn bench/run.py results into markdown tables and PNG plots.
+"""The tables of BENCHMARKS.md, generated from the raw JSON in bench/results/: the only writer of those tables.
 
-    python bench/report.py RESULTS.json [RESULTS2.json ...] --md OUT.md --plots DIR
+    python bench/report.py --write           # regenerate every marked section of BENCHMARKS.md
+    python bench/report.py --check           # exit 1 if a section differs from what its JSON gives, or if
+                                             # BENCHMARKS.md has a table outside the marked sections
+    python bench/report.py --section NAME    # print one section (names: --list)
+    python bench/report.py --plots DIR       # speedup plots of the block sections
+    python bench/report.py RESULTS.json ... [--md OUT.md] [--plots DIR]   # block tables of new run.py results
 
-One table per block: for each M, the floor and every mode's GPU time and call time (µs), then our
-speedups over eager and over the best Inductor mode. Rows come from the last run that measured them;
-every row of a table comes from one run (one process on one GPU), so ratios are same-run ratios.
+BENCHMARKS.md holds prose and marked sections, each regenerated from the files SECTIONS names for it:
+
+    <!-- report:NAME begin -->
+    ...generated: a table, then a line naming the card, the versions, the ceilings measured in that run
+    (or that none were) and the raw file(s)...
+    <!-- report:NAME end -->
+
+A new kind of result gets a renderer (a function of the loaded JSON that returns markdown) and an entry in
+SECTIONS; `generation_table` renders bench/generate.py's `*-generate.json` that way. Block tables name what
+ran each region of ours (our Triton kernel, or the region's torch reference: cuBLAS for a GEMM region, SDPA
+for attention) from the `kernels` each "ours" row of bench/run.py records.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import json
 import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ceilings import fixed  # noqa: E402 - stdlib only: this module needs no torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+DOC = os.path.join(os.path.dirname(HERE), "BENCHMARKS.md")
 
 BASELINES = ["eager", "inductor", "max-autotune-no-cudagraphs", "max-autotune"]
 INDUCTOR = ["inductor", "max-autotune-no-cudagraphs", "max-autotune"]
+H200 = "2026-11-26-h200-"
+
+# which files each block table reads (the last file that measured a block and M wins)
+BLOCK_SOURCES = {
+    "norm_qkv_rope": [H200 + "s4-blocks-a.json", H200 + "s4-blocks-b.json", H200 + "s4-blocks-c.json"],
+    "swiglu_mlp": [H200 + "s4-blocks-c.json"],
+    "add_rmsnorm": [H200 + "blocks.json"],
+    "attention": [H200 + "blocks.json"],
+    "decoder_layer": [H200 + "s4-decoder-a.json", H200 + "s4-decoder-b.json"],
+    "llama_2layer": [H200 + "s4-llama2layer.json"],
+}
+
+# region names of ours by kernel name (the compiled plan numbers its kernels; `cm.report()` lists each
+# region's ops), abbreviated in the tables
+REGIONS = {
+    "norm_qkv_rope": {"gemm_0": "QKV"},
+    "swiglu_mlp": {"gemm_0": "gate/up", "gemm_1": "down"},
+    "add_rmsnorm": {"row_0": "add+norm"},
+    "attention": {"attention_0": "attn"},
+    "decoder_layer": {"gemm_0": "QKV", "attention_4": "attn", "gemm_1": "o-proj", "gemm_2": "gate/up",
+                      "gemm_3": "down"},
+    "llama_2layer": {"gemm_0": "QKV", "gemm_4": "QKV", "attention_9": "attn", "attention_10": "attn",
+                     "gemm_1": "o-proj", "gemm_5": "o-proj", "gemm_2": "gate/up", "gemm_6": "gate/up",
+                     "gemm_3": "down", "gemm_7": "down", "gemm_8": "lm_head", "row_11": "rows", "row_12": "rows",
+                     "row_13": "rows"},
+}  # fmt: skip
+REGION_LEGEND = (
+    "QKV = RMSNorm → QKV GEMM → RoPE; attn = causal GQA attention; o-proj = o-proj GEMM + residual add; "
+    "gate/up = RMSNorm → gate/up GEMM → SiLU·up (or, in swiglu_mlp, without the norm); down = down GEMM "
+    "(+ residual add in the layer); add+norm = add + RMSNorm; lm_head = final RMSNorm → lm_head GEMM; rows = "
+    "small row kernels (rotary cos/sin tables)"
+)
+IMPL_LEGEND = (
+    "*ours ran*: what executed each region of ours. Triton = our generated kernel; cuBLAS = the region's torch "
+    "reference (its GEMM in cuBLAS, any epilogue ops in torch), kept because the tuner timed it faster; SDPA = "
+    "torch's `scaled_dot_product_attention` (cuDNN or flash backend, torch's choice), kept the same way; torch "
+    "= the region's torch ops; † = no candidate config passed the tuner's reference check (reason in the JSON)."
+)
 
 
-def load(paths: list[str]) -> dict[tuple[str, int], dict]:
-    """(block, M) -> {"meta": ..., "modes": {mode: row}}, the last run that measured the pair wins."""
-    table: dict[tuple[str, int], dict] = {}
-    for path in paths:
-        for run in json.load(open(path))["runs"]:
-            by_pair: dict[tuple[str, int], dict] = {}
-            for row in run["rows"]:
-                by_pair.setdefault((row["block"], row["M"]), {})[row["mode"]] = row
-            for pair, modes in by_pair.items():
-                table[pair] = {"meta": run["meta"], "modes": modes, "source": os.path.basename(path)}
-    return table
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _load(name: str) -> dict:
+    with open(os.path.join(RESULTS, name)) as f:
+        return json.load(f)
 
 
 def _fmt(x: float | None) -> str:
     return "–" if x is None else (f"{x:.1f}" if x < 1000 else f"{x:.0f}")
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "–"
+
+
+def ceilings_text(ceilings: dict | None) -> str:
+    if not ceilings:
+        return "ceilings not measured in this run"
+    return (f"ceilings measured in this run: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+            f"bf16 matmul {ceilings['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s")  # fmt: skip
+
+
+def floor_text(gpu: str, ceilings: dict | None) -> str:
+    if ceilings:
+        return "floors from the ceilings measured in the same run"
+    bw, fl = fixed(gpu)
+    return f"floors from the fixed, unmeasured {bw / 1e12:.2f} TB/s and {fl / 1e12:.0f} TFLOP/s of bench/ceilings.py"
+
+
+def source_line(entries: list[tuple[str, dict, str]], floors: bool = False) -> str:
+    """'Source: card · versions · run · date · ceilings · raw: files' for (file, env, what-it-gave) entries;
+    files with the same card, versions and ceilings share one line. env keys: gpu, torch, triton,
+    transformers, versions (a dict), run (a phrase), date, ceilings."""
+    groups: dict[str, list[str]] = {}
+    for name, env, what in entries:
+        versions = dict(env.get("versions") or {})
+        for k in ("torch", "triton", "transformers", "nccl"):
+            if env.get(k):
+                versions.setdefault(k, env[k])
+        parts = [env.get("gpu") or "card not recorded in the file"]
+        if versions:
+            parts.append(", ".join(f"{k} {v}" for k, v in versions.items()))
+        if env.get("run"):
+            parts.append(env["run"])
+        if env.get("date"):
+            parts.append(str(env["date"])[:10])
+        parts.append(ceilings_text(env.get("ceilings")))
+        if floors:
+            parts.append(floor_text(env.get("gpu") or "", env.get("ceilings")))
+        file = f"`bench/results/{name}`" + (f" ({what})" if what else "")
+        files = groups.setdefault(" · ".join(parts), [])
+        if file not in files:
+            files.append(file)
+    return "\n\n".join(f"*Source:* {head} · raw: {', '.join(files)}" for head, files in groups.items())
+
+
+# ----------------------------------------------------------------------------------------- block tables
+
+
+def load_runs(paths: list[str], block: str | None = None) -> dict[tuple[str, int], dict]:
+    """(block, M) -> {"meta", "modes": {mode: row}, "source"}; the last run that measured the pair wins."""
+    table: dict[tuple[str, int], dict] = {}
+    for path in paths:
+        with open(path if os.path.isabs(path) or os.path.exists(path) else os.path.join(RESULTS, path)) as f:
+            runs = json.load(f)["runs"]
+        for run in runs:
+            by_pair: dict[tuple[str, int], dict] = {}
+            for row in run["rows"]:
+                if block is None or row["block"] == block:
+                    by_pair.setdefault((row["block"], row["M"]), {})[row["mode"]] = row
+            for pair, modes in by_pair.items():
+                table[pair] = {"meta": run["meta"], "modes": modes, "source": os.path.basename(path)}
+    return table
 
 
 def gpu_of(modes: dict, mode: str) -> float | None:
@@ -40,42 +166,598 @@ def gpu_of(modes: dict, mode: str) -> float | None:
     return modes.get(other, {}).get("gpu_us")
 
 
-def markdown(table: dict) -> str:
+def call_of(modes: dict, mode: str) -> float | None:
+    return modes.get(mode, {}).get("call_us")
+
+
+def best_inductor(modes: dict, metric: str) -> float | None:
+    ts = [t for c in INDUCTOR if c in modes and (t := (gpu_of if metric == "gpu" else call_of)(modes, c))]
+    return min(ts) if ts else None
+
+
+def impl_label(k: dict) -> str:
+    """Triton / cuBLAS / SDPA / torch (with † when no candidate passed the check) for one kernel record."""
+    if k["impl"] == "kernel":
+        return "Triton"
+    kind = k.get("pattern") or k["name"].rsplit("_", 1)[0]
+    lib = {"gemm": "cuBLAS", "attention": "SDPA"}.get(kind, "torch")
+    return lib + ("†" if "candidate configs failed" in (k.get("reason") or "") else "")
+
+
+def region_name(block: str, k: dict) -> str:
+    if k["name"] in REGIONS.get(block, {}):
+        return REGIONS[block][k["name"]]
+    ops = [o.removeprefix("dl.") for o in k.get("ops", []) if o not in ("dl.reshape", "dl.permute", "dl.slice")]
+    return "+".join(dict.fromkeys(ops)) or k["name"]
+
+
+def impl_cell(block: str, kernels: list[dict]) -> str:
+    """'Triton: QKV ×2, gate/up ×2; cuBLAS: o-proj ×2' — which implementation ran which region."""
+    if not kernels:
+        return "–"
+    by_impl: dict[str, dict[str, int]] = {}
+    for k in kernels:
+        names = by_impl.setdefault(impl_label(k), {})
+        names[region_name(block, k)] = names.get(region_name(block, k), 0) + 1
+    if len(kernels) == 1:
+        return next(iter(by_impl))
+    return "; ".join(f"{impl}: " + ", ".join(n + (f" ×{c}" if c > 1 else "") for n, c in names.items())
+                     for impl, names in by_impl.items())  # fmt: skip
+
+
+def ours_ran(block: str, modes: dict) -> str:
+    a, b = modes.get("ours", {}).get("kernels"), modes.get("ours-nocg", {}).get("kernels")
+    if a and b and impl_cell(block, a) != impl_cell(block, b):
+        return f"ours: {impl_cell(block, a)} / ours-nocg: {impl_cell(block, b)}"
+    return impl_cell(block, a or b or [])
+
+
+def block_markdown(table: dict, heading: bool = True) -> str:
+    """One table per block: per M the floor, every mode's GPU / call time (µs), our speedups, our rel. err and
+    what ran each region of ours; under it the source line of each file."""
     out = []
-    blocks = sorted({b for b, _ in table}, key=lambda b: list(dict.fromkeys(b for b, _ in table)).index(b))
-    for block in blocks:
+    for block in dict.fromkeys(b for b, _ in table):
         ms = sorted(m for b, m in table if b == block)
-        first = table[(block, ms[0])]
-        meta = first["meta"]
-        out.append(f"### {block}\n")
-        sources = ", ".join(f"`{s}`" for s in dict.fromkeys(table[(block, m)]["source"] for m in ms))
-        out.append(f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['dtype']}, ours tuned `{meta['tune']}`, "
-                   f"{meta['date']} (sources in `bench/results/`, by M: {sources})\n")  # fmt: skip
+        if heading:
+            out.append(f"### {block}\n")
         cols = [m for m in BASELINES + ["ours"] if any(m in table[(block, x)]["modes"] for x in ms)]
-        out.append("| M | floor | " + " | ".join(f"{c} GPU / call" for c in cols) + " | ours vs eager (GPU) | ours vs best Inductor (GPU / call) | ours rel. err |")
-        out.append("|" + "---|" * (len(cols) + 5))
+        out.append("| M | floor | " + " | ".join(f"{c} GPU / call" for c in cols) + " | ours vs eager (GPU) | "
+                   "ours vs best Inductor (GPU / call) | ours rel. err | ours ran |")  # fmt: skip
+        out.append("|" + "---|" * (len(cols) + 6))
         for m in ms:
             modes = table[(block, m)]["modes"]
-            cells = []
-            for c in cols:
-                row = modes.get(c, {})
-                if "error" in row:
-                    cells.append("error")
-                else:
-                    cells.append(f"{_fmt(gpu_of(modes, c))} / {_fmt(row.get('call_us'))}")
+            cells = ["error" if "error" in modes.get(c, {}) else f"{_fmt(gpu_of(modes, c))} / {_fmt(call_of(modes, c))}"
+                     for c in cols]
             floor = next(iter(modes.values()))["floor_us"]
-            ours_gpu, ours_call = gpu_of(modes, "ours"), modes.get("ours", {}).get("call_us")
-            eager_gpu = gpu_of(modes, "eager")
-            ind_gpu = [g for c in INDUCTOR if (g := gpu_of(modes, c)) is not None]
-            ind_call = [r["call_us"] for c in INDUCTOR if (r := modes.get(c)) and "call_us" in r]
-            vs_eager = f"{eager_gpu / ours_gpu:.2f}x" if ours_gpu and eager_gpu else "–"
-            vs_ind = (f"{min(ind_gpu) / ours_gpu:.2f}x / {min(ind_call) / ours_call:.2f}x"
-                      if ours_gpu and ind_gpu and ours_call and ind_call else "–")  # fmt: skip
+            ours_gpu, ours_call = gpu_of(modes, "ours"), call_of(modes, "ours")
+            vs_ind = (f"{_ratio(best_inductor(modes, 'gpu'), ours_gpu)} / "
+                      f"{_ratio(best_inductor(modes, 'call'), ours_call)}")
             err = modes.get("ours", modes.get("ours-nocg", {})).get("rel_err")
-            out.append(f"| {m} | {_fmt(floor)} | " + " | ".join(cells) + f" | {vs_eager} | {vs_ind} | {err:.1e} |" if err is not None
-                       else f"| {m} | {_fmt(floor)} | " + " | ".join(cells) + f" | {vs_eager} | {vs_ind} | – |")  # fmt: skip
+            err_s = "–" if err is None else f"{err:.1e}"
+            vs_eager = _ratio(gpu_of(modes, "eager"), ours_gpu)
+            out.append(f"| {m} | {_fmt(floor)} | " + " | ".join(cells)
+                       + f" | {vs_eager} | {vs_ind} | {err_s} | {ours_ran(block, modes)} |")  # fmt: skip
         out.append("")
-    return "\n".join(out)
+        by_file: dict[str, list[int]] = {}
+        for m in ms:
+            by_file.setdefault(table[(block, m)]["source"], []).append(m)
+        entries = []
+        for name, fms in by_file.items():
+            meta = dict(table[(block, fms[0])]["meta"])
+            rounds = meta.get("rounds") or 1
+            meta["run"] = (f"{meta.get('dtype')}, ours tuned `{meta.get('tune')}`, "
+                           + (f"{rounds} rounds (medians)" if rounds > 1 else "one round"))  # fmt: skip
+            entries.append((name, meta, "M = " + ", ".join(map(str, fms))))
+        out.append(source_line(entries, floors=True))
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def block_section(block: str) -> str:
+    return block_markdown(load_runs(BLOCK_SOURCES[block], block), heading=False)
+
+
+def all_blocks() -> dict[tuple[str, int], dict]:
+    table: dict = {}
+    for block, files in BLOCK_SOURCES.items():
+        table.update(load_runs(files, block))
+    return table
+
+
+def legend_section() -> str:
+    return f"{IMPL_LEGEND} Regions: {REGION_LEGEND}.\n"
+
+
+def vs_eager_section() -> str:
+    """Speedup of ours over eager PyTorch per block and M, GPU time / call time."""
+    table = all_blocks()
+    ms = sorted({m for _, m in table})
+    out = ["| block | " + " | ".join(f"M = {m} (GPU / call)" for m in ms) + " |", "|" + "---|" * (len(ms) + 1)]
+    for block in BLOCK_SOURCES:
+        cells = []
+        for m in ms:
+            modes = table.get((block, m), {}).get("modes", {})
+            gpu = _ratio(gpu_of(modes, "eager"), gpu_of(modes, "ours"))
+            cells.append(f"{gpu} / {_ratio(call_of(modes, 'eager'), call_of(modes, 'ours'))}")
+        out.append(f"| {block} | " + " | ".join(cells) + " |")
+    out += ["", "*Source:* the block tables above (same files, same rows)."]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ goals
+
+
+def _pick(table, block, ms, fn) -> list:
+    return [fn(table[(block, m)]["modes"]) for m in ms]
+
+
+def _ours_floor(table, block, ms, limit):
+    g = _pick(table, block, ms, lambda md: gpu_of(md, "ours"))
+    f = _pick(table, block, ms, lambda md: next(iter(md.values()))["floor_us"])
+    r = [a / b for a, b in zip(g, f)]
+    text = (" / ".join(_fmt(x) for x in g) + " µs vs floor " + " / ".join(_fmt(x) for x in f) + ": "
+            + " / ".join(f"{x:.2f}x" for x in r))  # fmt: skip
+    return text, all(x <= limit for x in r)
+
+
+def _vs_inductor(table, block, ms, metric, limits):
+    ours = _pick(table, block, ms, lambda md: (gpu_of if metric == "gpu" else call_of)(md, "ours"))
+    ind = _pick(table, block, ms, lambda md: best_inductor(md, metric))
+    r = [i / o for i, o in zip(ind, ours)]
+    text = ", ".join(f"M = {m}: {x:.2f}x ({_fmt(o)} vs {_fmt(i)} µs)" for m, x, o, i in zip(ms, r, ours, ind))
+    return text, all(x >= lim for x, lim in zip(r, limits))
+
+
+def _bandwidth(table, block, m, share):
+    md = table[(block, m)]["modes"]
+    g, f = gpu_of(md, "ours"), next(iter(md.values()))["floor_us"]
+    meta = table[(block, m)]["meta"]
+    bw = (meta.get("ceilings") or {}).get("copy_bytes_per_s") or fixed(meta["gpu"])[0]
+    return f"{_fmt(g)} µs vs floor {_fmt(f)}: {f / g:.0%} of {bw / 1e12:.2f} TB/s", f / g >= share
+
+
+def _warm(table, block):
+    ms = sorted(m for b, m in table if b == block)
+    w = _pick(table, block, ms, lambda md: md.get("ours", {}).get("warm_compile_s"))
+    text = ", ".join(f"M = {m}: {x:.2f} s" for m, x in zip(ms, w) if x is not None)
+    return text, all(x <= 1.0 for x in w if x is not None)
+
+
+GOALS = [  # (goal, measure, its arguments after the table); measure returns (measured text, met)
+    ("RMSNorm→QKV→RoPE GPU time ≤ 1.3x floor at M ≤ 128", _ours_floor, "norm_qkv_rope", [1, 16, 128], 1.3),
+    ("… ≤ 1.1x floor at M = 2048", _ours_floor, "norm_qkv_rope", [2048], 1.1),
+    ("… call time ≥ 1.5x faster than best Inductor at M ≤ 128", _vs_inductor, "norm_qkv_rope", [1, 16, 128], "call",
+     [1.5] * 3),
+    ("SwiGLU MLP GPU time ≤ 1.1x floor at every M", _ours_floor, "swiglu_mlp", [1, 16, 128, 2048], 1.1),
+    ("add+RMSNorm ≥ 80% of copy bandwidth at M = 2048", _bandwidth, "add_rmsnorm", 2048, 0.8),
+    ("add+RMSNorm GPU time no slower than best Inductor at any M", _vs_inductor, "add_rmsnorm", [1, 16, 128, 2048],
+     "gpu", [1.0] * 4),
+    ("decoder layer GPU time ≤ 1.15x floor at M ≤ 16", _ours_floor, "decoder_layer", [1, 16], 1.15),
+    ("decoder layer GPU time ≥ 1.3x faster than best Inductor at 128, ≥ 1.05x at 2048", _vs_inductor, "decoder_layer",
+     [128, 2048], "gpu", [1.3, 1.05]),
+    ("decoder layer call time ≥ 1.2x faster than best Inductor at M ≤ 128", _vs_inductor, "decoder_layer", [1, 16, 128],
+     "call", [1.2] * 3),
+    ("2-layer model GPU time ≤ 1.15x floor at M ≤ 16", _ours_floor, "llama_2layer", [1, 16], 1.15),
+    ("2-layer model GPU time ≥ 1.3x faster than best Inductor at 128, ≥ 1.05x at 2048", _vs_inductor, "llama_2layer",
+     [128, 2048], "gpu", [1.3, 1.05]),
+    ("2-layer model call time ≥ 1.2x faster than best Inductor at M ≤ 128", _vs_inductor, "llama_2layer", [1, 16, 128],
+     "call", [1.2] * 3),
+    ("warm (cache hit) compile of a decoder layer ≤ 1 s", _warm, "decoder_layer"),
+]
+
+
+def goals_section() -> str:
+    """Issue 7's goals, each measured from the rows of the block tables."""
+    table = all_blocks()
+    out = ["| goal | measured | met |", "|---|---|---|"]
+    for goal, fn, *args in GOALS:
+        text, met = fn(table, *args)
+        out.append(f"| {goal} | {text} | {'**yes**' if met else 'no'} |")
+    out.append("| cold compile of a layer without tuning ≤ 5 s | no raw record in bench/results "
+               "(every kept run tuned) | not measured |")
+    out += ["", "*Source:* the block tables above (same files, same rows); ratios > 1 mean ours is faster."]
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------- decoder layer regions
+
+DECODER_RUNS = [
+    ("first", [H200 + "final.json"]),
+    ("re-run", [H200 + "decoder-rerun.json"]),
+    ("third", [H200 + "s3-decoder-final.json"]),
+    ("fourth", [H200 + "s4-decoder-a.json", H200 + "s4-decoder-b.json"]),
+]
+DECODER_REGIONS = ["gemm_0", "attention_4", "gemm_1", "gemm_2", "gemm_3"]
+
+
+def _config_note(cfg: dict) -> str:
+    notes = []
+    if cfg.get("BLOCK_M") == 1:
+        notes.append("one-row")
+    if cfg.get("SPLIT_K", 1) > 1:
+        notes.append(f"split-K {cfg['SPLIT_K']}")
+    if cfg.get("TMA"):
+        notes.append("TMA")
+    return f" ({', '.join(notes)})" if notes else ""
+
+
+def region_cell(k: dict | None) -> str:
+    if k is None:
+        return "–"
+    if k["impl"] == "kernel":
+        return f"{k['time'] * 1e6:.1f}{_config_note(k.get('config', {}))}"
+    lib = impl_label(k)
+    if lib.endswith("†"):
+        return f"{lib} (no candidate passed)"
+    return f"{lib} {k['reference_time'] * 1e6:.1f} (ours {k['time'] * 1e6:.1f})"
+
+
+def regions_section() -> str:
+    """The decoder layer per region as the tuner timed it (do_bench median, cold L2), per session."""
+    names = {"gemm_0": "norm+QKV+RoPE", "attention_4": "attention", "gemm_1": "o-proj+residual",
+             "gemm_2": "norm+gate/up+SiLU·up", "gemm_3": "down+residual"}  # fmt: skip
+    out = ["| session | M | " + " | ".join(names[r] for r in DECODER_REGIONS) + " | layer GPU time | floor |",
+           "|" + "---|" * (len(DECODER_REGIONS) + 4)]  # fmt: skip
+    entries = []
+    for label, files in DECODER_RUNS:
+        table = load_runs(files, "decoder_layer")
+        for m in sorted(m for _, m in table):
+            modes = table[("decoder_layer", m)]["modes"]
+            ks = {k["name"]: k for k in modes.get("ours", modes.get("ours-nocg", {})).get("kernels", [])}
+            floor = next(iter(modes.values()))["floor_us"]
+            out.append(f"| {label} | {m} | " + " | ".join(region_cell(ks.get(r)) for r in DECODER_REGIONS)
+                       + f" | {_fmt(gpu_of(modes, 'ours'))} | {_fmt(floor)} |")  # fmt: skip
+        for name in files:
+            meta = next(v["meta"] for v in table.values() if v["source"] == name)
+            ms = sorted(m for (_, m), v in table.items() if v["source"] == name)
+            entries.append((name, meta, f"{label}, M = {', '.join(map(str, ms))}"))
+    out += ["", source_line(entries)]
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------- sweeps
+
+SWEEP_REGIONS = {
+    ("norm_qkv_rope", 0): "norm+QKV+RoPE", ("swiglu_mlp", 0): "gate/up+SiLU·up (dual GEMM)", ("swiglu_mlp", 1): "down",
+    ("decoder_layer", 0): "norm+QKV+RoPE", ("decoder_layer", 1): "o-proj+residual",
+    ("decoder_layer", 2): "norm+gate/up+SiLU·up", ("decoder_layer", 3): "down+residual",
+}  # fmt: skip
+
+
+def _config(cfg: dict) -> str:
+    s = f"{cfg.get('BLOCK_M')}×{cfg.get('BLOCK_N')}×{cfg.get('BLOCK_K')}"
+    if cfg.get("SPLIT_K", 1) > 1:
+        s += f", split-K {cfg['SPLIT_K']}"
+    s += f", {cfg.get('num_warps')} warps, {cfg.get('num_stages')} stages"
+    return s + (", TMA" if cfg.get("TMA") else "")
+
+
+def sweeps_section() -> str:
+    """Exhaustive sweeps of single GEMM regions (bench/tuning_study.py): every config compiled, checked
+    against the region's reference and timed once."""
+    out = ["| sweep | region | M | configs (failed) | best µs | best config | weight TB/s at best | "
+           "best µs by BLOCK_M | default µs |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    entries = []
+    for name in (H200 + "s3-sweeps.json", H200 + "s4-sweeps.json"):
+        doc = _load(name)
+        if "sweeps" in doc:
+            items = [(k.split(": ", 1)[0], k.split(": ", 1)[1], v) for k, v in doc["sweeps"].items() if "space" in v]
+        else:
+            items = [(outer, k, v) for outer, group in doc.items() for k, v in group.items() if "space" in v]
+        for group, key, v in items:
+            block, idx, m = re.match(r"(\w+)\[(\d+)\] M=(\d+)", key).groups()
+            region = SWEEP_REGIONS.get((block, int(idx)), f"{block}[{idx}]")
+            tbps = f"{v['weight_TBps_at_best']:.2f}" if int(m) <= 16 else "—"
+            by_m = ", ".join(f"{bm}: {t:.1f}" for bm, t in v.get("best_us_by_BLOCK_M", {}).items())
+            out.append(f"| {group} | {region} | {m} | {v['space']} ({v['failed']}) | {v['exhaustive_best_us']:.1f} | "
+                       f"{_config(v['best_config'])} | {tbps} | {by_m} | {v['default_us']:.1f} |")  # fmt: skip
+        entries.append((name, doc.get("meta", {}), ""))
+    out += ["", source_line(entries)]
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- profiles
+
+PROFILES = H200 + "s4-profiles.json"
+S3_PROFILE = (H200 + "s3-sweeps.json", "profile decoder_layer M=2048 (kernel µs per call, direct vs graph)")
+
+
+def kernel_alias(name: str) -> str:
+    """A short, stable name for a profiled kernel (profiles cut names at 80 or 90 characters)."""
+    for key, alias in (("CUDAFunctor_add", "torch add"), ("gpu_kernel_impl_nocast", "torch copy (elementwise_kernel)"),
+                       ("splitKreduce", "cuBLAS splitKreduce"), ("flash_fwd_kernel", "flash SDPA (pytorch_flash)"),
+                       ("cudnn_generated", "cuDNN SDPA"), ("Memset", "memset")):  # fmt: skip
+        if key in name:
+            return alias
+    if name.startswith("nvjet"):
+        return f"cuBLAS {name[:34]}"
+    return name[:60]
+
+
+def _per_kernel(d: dict) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for n, t in d.items():
+        out[kernel_alias(n)] = out.get(kernel_alias(n), 0.0) + t
+    return out
+
+
+def profile_columns(m: int, ours: bool) -> list[tuple[str, dict, dict, dict, dict]]:
+    """(label, direct per-kernel, replay per-kernel, direct summary, replay summary) per profile of M."""
+    cols = []
+    if ours and m == 2048:
+        s3 = _load(S3_PROFILE[0])["sweeps"][S3_PROFILE[1]]
+        cols.append(("third session, back-to-back calls", _per_kernel(s3["direct"]), _per_kernel(s3["graph"]), {}, {}))
+    for label, entry in _load(PROFILES).items():
+        e = entry.get(f"M={m}")
+        if e is None:
+            continue
+        for mode in ("ours",) if ours else ("max-autotune-no-cudagraphs",):
+            d, g = e.get(f"{mode}/direct"), e.get(f"{mode}/graph")
+            if d and g:
+                cols.append((f"fourth session: {label}", _per_kernel(d["per_kernel"]), _per_kernel(g["per_kernel"]),
+                             d, g))  # fmt: skip
+    return cols
+
+
+def profile_table(m: int, ours: bool) -> str:
+    cols = profile_columns(m, ours)
+    names = list(dict.fromkeys(n for c in cols for n in sorted(c[1], key=lambda k: -c[1][k])))
+    out = ["| kernel (µs per call: direct → replay) | " + " | ".join(c[0] for c in cols) + " |",
+           "|" + "---|" * (len(cols) + 1)]
+
+    def cell(a, b):
+        return "–" if a is None or b is None else f"{a:.1f} → {b:.1f} ({(b / a - 1) * 100:+.1f}%)"
+
+    for n in names:
+        out.append(f"| {n} | " + " | ".join(cell(c[1].get(n), c[2].get(n)) for c in cols) + " |")
+    sums = [(c[3].get("kernel_sum", sum(c[1].values())), c[4].get("kernel_sum", sum(c[2].values()))) for c in cols]
+    out.append("| **kernel sum** (median over calls; where no calls were kept, the sum of the means) | "
+               + " | ".join(cell(*s) for s in sums) + " |")  # fmt: skip
+    for key, label in (("span", "span (first start → last end)"), ("do_bench_median", "do_bench median (L2 cleared)"),
+                       ("loop_per_call", "back-to-back loop, per call")):  # fmt: skip
+        out.append(f"| {label} | " + " | ".join(cell(c[3].get(key), c[4].get(key)) for c in cols) + " |")
+    return "\n".join(out) + "\n"
+
+
+def profile_section(m: int) -> str:
+    """Per-kernel GPU time of the decoder layer launched directly and replayed from a CUDA graph, ours and
+    Inductor (bench/profile_kernels.py traces)."""
+    doc = _load(PROFILES)
+    env = next(e for entry in doc.values() for e in entry.values() if isinstance(e, dict) and "gpu" in e)
+    entries = []
+    if m == 2048:
+        s3 = _load(S3_PROFILE[0])
+        entries.append((S3_PROFILE[0], s3["meta"], f"key “{S3_PROFILE[1]}”"))
+    entries.append((PROFILES, {"gpu": env["gpu"]}, ""))
+    out = ["**ours**", "", profile_table(m, True), "**Inductor (max-autotune-no-cudagraphs)**", "",
+           profile_table(m, False), source_line(entries)]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def smi_section(name: str = H200 + "s4-smi-during-profiles.csv") -> str:
+    """What nvidia-smi read while the fourth session's profiles ran (a CSV sampled every 250 ms)."""
+    import csv
+
+    with open(os.path.join(RESULTS, name)) as f:
+        rows = list(csv.reader(f))[1:]
+    s = [(int(r[1].split()[0]), float(r[3].split()[0])) for r in rows]  # SM MHz, W
+    busy = [x for x in s if x[1] > 300]
+    low = [x for x in busy if x[0] < 1900]
+    top = max(s, key=lambda x: x[1])
+    rest = [x[0] for x in busy if x[0] >= 1900]
+    return (f"nvidia-smi sampled {len(s)} times: {len(busy)} samples above 300 W, {len(low)} of them with the SM "
+            f"clock at {min(x[0] for x in low)}–{max(x[0] for x in low)} MHz and the rest at {min(rest)}–{max(rest)} "
+            f"MHz; the highest power read was {top[1]:.0f} W (one sample, at {top[0]} MHz). "
+            f"Raw: `bench/results/{name}`; the profile JSON has no timestamps, so no sample can be matched to a direct "
+            f"or a replay phase.\n")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------- tuning study
+
+
+def tuning_study_section() -> str:
+    name = H200 + "tuning-study.json"
+    doc = _load(name)
+    pols = ["random@10%", "random@20%", "random@40%", "bayes@10%", "bayes@20%", "bayes@40%"]
+    out = ["| M | valid configs | exhaustive best | " + " | ".join(p.replace("@", " ") + " mean (worst)" for p in pols)
+           + " |", "|" + "---|" * (len(pols) + 3)]  # fmt: skip
+    for key, v in doc.items():
+        cells = [f"{v['policies'][p]['mean']:.3f} ({v['policies'][p]['worst']:.3f})" for p in pols]
+        out.append(f"| {key.removeprefix('M=')} | {v['space']} | {v['exhaustive_best_us']:.1f} µs | "
+                   + " | ".join(cells) + " |")  # fmt: skip
+    out += ["", source_line([(name, {}, "the file records neither card nor versions")])]
+    return "\n".join(out) + "\n"
+
+
+# -------------------------------------------------------------------------------------- library kernels
+
+
+def library_table(doc: dict, kernels: set[str] | None = None) -> str:
+    """bench/gpu_kernels.py rows: GPU time (CUDA-graph replay) and its speedups first, call time and its
+    speedups apart, each labelled."""
+    out = ["| kernel | case | floor µs | ours GPU µs | baselines GPU µs | ours speedup (GPU time) | ours call µs | "
+           "baselines call µs | ours speedup (call time) | rel err |", "|" + "---|" * 10]  # fmt: skip
+    for r in doc["rows"]:
+        if kernels and r["kernel"] not in kernels:
+            continue
+        g, bg = r.get("ours_gpu_us"), r.get("baselines_gpu_us") or {}
+        c, bc = r.get("ours_us"), r.get("baselines_us") or {}
+        out.append(
+            f"| {r['kernel']} | {r['shape']} | {_fmt(r.get('floor_us'))} | {_fmt(g) if g else 'not measured'} | "
+            + (", ".join(f"{k} {_fmt(v)}" for k, v in bg.items()) or "not measured") + " | "
+            + (", ".join(f"{k} {_ratio(v, g)}" for k, v in bg.items()) if g else "–") + f" | {_fmt(c)} | "
+            + ", ".join(f"{k} {_fmt(v)}" for k, v in bc.items()) + " | "
+            + ", ".join(f"{k} {_ratio(v, c)}" for k, v in bc.items()) + f" | {r['rel_err']:.2e} |"
+        )  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def library_section(name: str, kernels: set[str] | None = None) -> str:
+    doc = _load(name)
+    env = dict(doc["env"])
+    return library_table(doc, kernels) + "\n" + source_line([(name, env, "")], floors=True) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- EP MoE
+
+
+def ep_moe_table(doc: dict) -> str:
+    rows = [r for r in doc["rows"] if "variant" in r]
+    best1 = {}
+    for r in rows:
+        if r["world"] == 1 and r["tokens_per_s"] > best1.get(r["layer"], {}).get("tokens_per_s", 0):
+            best1[r["layer"]] = r
+    out = ["| layer | GPUs | variant | rel err | tokens/s | vs best 1-GPU variant | ms | route ms | dispatch ms | "
+           "compute ms | combine ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        b = best1[r["layer"]]
+        vs = "best" if r is b else f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x of {b['variant']}"
+        phases = " | ".join(f"{r[k]:.2f}" if k in r else "" for k in ("route_ms", "dispatch_ms", "compute_ms",
+                                                                        "combine_ms"))  # fmt: skip
+        out.append(f"| {r['layer']} | {r['world']} | {r['variant']} | {r['rel_err']:.1e} | {r['tokens_per_s']:,.0f} | "
+                   f"{vs} | {r['ms']:.2f} | {phases} |")  # fmt: skip
+    for p in (r for r in doc["rows"] if "probe" in r):
+        out += ["", f"{p['probe']} on {p['world']} ranks: {p['MB_per_rank']:.1f} MB leave each rank in "
+                    f"{p['ms']:.3f} ms = {p['GB_per_s']:.1f} GB/s per rank "
+                    f"(peer access: {p['peer_access']})."]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def ep_moe_section() -> str:
+    name = "2026-11-26-h200x2-ep-moe.json"
+    doc = _load(name)
+    e = doc["env"]
+    gpus = max((r["world"] for r in doc["rows"]), default=1)
+    env = {"gpu": f"{gpus}× {e['device']}", "torch": e["torch"], "nccl": e.get("nccl"), "date": e["date"],
+           "ceilings": e.get("ceilings")}
+    return ep_moe_table(doc) + "\n" + source_line([(name, env, "")]) + "\n"
+
+
+# -------------------------------------------------------------------------------------------- generation
+
+
+def generation_table(doc: dict) -> str:
+    """bench/generate.py results: rows of {mode, batch, prompt, new, layers, first_call_s, prefill_ms,
+    decode_ms_per_token, peak_gib, logits_rel_err, tokens_equal_eager, floor_ms_per_token, error, graphs} under a
+    top level {gpu, versions, ceilings}; the source line names the card, versions and ceilings of the file. For
+    ours, *what ran* counts the regions of each compiled graph (prefill, decode) by implementation, with the
+    decode graph's replay time."""
+    out = ["| mode | batch | prompt | new | layers | first call s | prefill ms | decode ms/token | floor ms/token | "
+           "decode / floor | peak GiB | logits rel. err | leading tokens = eager | what ran |",
+           "|" + "---|" * 14]  # fmt: skip
+    for r in doc["rows"]:
+        head = "| " + " | ".join("–" if r.get(k) is None else str(r[k]) for k in
+                                 ("mode", "batch", "prompt", "new", "layers")) + " | "  # fmt: skip
+        if r.get("error"):
+            last = str(r["error"]).strip().splitlines()[-1]
+            why = last if last.startswith("timed out") or re.match(r"^\w+(Error|Exception)\b", last) else (
+                "the process ended without a result (its stderr's tail is in the JSON)")
+            out.append(head + f"error: {why[:160].replace('|', '/')} |" + " |" * 8)
+            continue
+        dec, floor, eq = r.get("decode_ms_per_token"), r.get("floor_ms_per_token"), r.get("tokens_equal_eager")
+        cells = [_num(r.get("first_call_s"), ".1f"), _num(r.get("prefill_ms"), ".2f"), _num(dec, ".3f"),
+                 _num(floor, ".3f"), _ratio(dec, floor), _num(r.get("peak_gib"), ".2f"),
+                 _num(r.get("logits_rel_err"), ".1e"), "–" if eq is None else f"{eq} of {r.get('new')}",
+                 _generation_impls(r)]  # fmt: skip
+        out.append(head + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _generation_impls(row: dict) -> str:
+    """What ran in each graph of ours: regions by implementation (kernel = our Triton; reference = cuBLAS or
+    SDPA through torch), and the decode graph's replay time."""
+    parts = []
+    for g in row.get("graphs", []):
+        counts = collections.Counter(g.get("regions", {}).values())
+        text = ", ".join(f"{n} {'Triton' if k == 'kernel' else 'torch (cuBLAS/SDPA)' if k == 'reference' else k}"
+                         for k, n in sorted(counts.items()))  # fmt: skip
+        note = g.get("graph_note") or ""
+        replay = re.search(r"replay (\d+) µs", note)
+        parts.append(text + (f"; CUDA graph replay {replay[1]} µs" if replay else ""))
+    return " / ".join(parts) if parts else ("torch" if row.get("mode") != "fp32" else "float32 reference")
+
+
+def generation_section(name: str) -> str:
+    doc = _load(name)
+    env = {"gpu": doc.get("gpu"), "versions": doc.get("versions"), "ceilings": doc.get("ceilings")}
+    return generation_table(doc) + "\n" + source_line([(name, env, "")]) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- sections
+
+SECTIONS = {
+    **{f"block-{b}": functools.partial(block_section, b) for b in BLOCK_SOURCES},
+    "impl-legend": legend_section,
+    "goals": goals_section,
+    "vs-eager": vs_eager_section,
+    "decoder-regions": regions_section,
+    "sweeps": sweeps_section,
+    "profile-1": functools.partial(profile_section, 1),
+    "profile-2048": functools.partial(profile_section, 2048),
+    "smi-s4": smi_section,
+    "tuning-study": tuning_study_section,
+    "library-tuned": functools.partial(library_section, H200 + "library-tuned.json"),
+    "library-untuned": functools.partial(library_section, H200 + "library-untuned.json",
+                                         {"matmul", "apply_rotary_pos_emb", "partial_rotary_emb"}),
+    "ep-moe": ep_moe_section,
+    **{f"generation-{x}": functools.partial(generation_section, f"2026-11-26-h100-s6-generate-{x}.json")
+       for x in "cdefg"},
+}  # fmt: skip
+
+MARK = re.compile(r"^<!-- report:(?P<name>[\w-]+) (?P<end>begin|end) -->$")
+
+
+def split_doc(text: str) -> list[tuple[str | None, str]]:
+    """[(None, prose) | (name, generated body)] in order; raises ValueError on unbalanced markers."""
+    parts: list[tuple[str | None, str]] = []
+    buf: list[str] = []
+    current = None
+    for line in text.splitlines(keepends=True):
+        m = MARK.match(line.rstrip("\n"))
+        if m and m["end"] == "begin":
+            if current is not None:
+                raise ValueError(f"section {m['name']} begins inside section {current}")
+            parts.append((None, "".join(buf) + line))
+            buf, current = [], m["name"]
+        elif m:
+            if m["name"] != current:
+                raise ValueError(f"end of section {m['name']} where {current} is open")
+            parts.append((current, "".join(buf)))
+            buf, current = [line], None
+        else:
+            buf.append(line)
+    if current is not None:
+        raise ValueError(f"section {current} is not closed")
+    parts.append((None, "".join(buf)))
+    return parts
+
+
+def render(name: str) -> str:
+    if name not in SECTIONS:
+        raise KeyError(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
+    return "\n" + SECTIONS[name]().rstrip("\n") + "\n\n"
+
+
+def regenerate(text: str) -> str:
+    return "".join(body if name is None else render(name) for name, body in split_doc(text))
+
+
+def problems(text: str) -> list[str]:
+    """What --check reports: sections that differ from their JSON, and tables outside any section."""
+    out = []
+    for name, body in split_doc(text):
+        if name is None:
+            for line in body.splitlines():
+                if line.lstrip().startswith("|"):
+                    out.append(f"a table outside the generated sections (only bench/report.py writes tables): "
+                               f"{line[:80]}")
+                    break
+        elif body != render(name):
+            out.append(f"section {name} differs from what its JSON gives (run: python bench/report.py --write)")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- plots
 
 
 def _time(md: dict, mode: str, metric: str) -> float | None:
@@ -120,20 +802,43 @@ def plots(table: dict, out_dir: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("results", nargs="+")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("results", nargs="*", help="bench/run.py JSON files: print (or --md) their block tables")
+    p.add_argument("--doc", default=DOC, help="the markdown file with marked sections (default BENCHMARKS.md)")
+    p.add_argument("--write", action="store_true", help="regenerate every marked section of --doc")
+    p.add_argument("--check", action="store_true", help="exit 1 if --doc differs from what the JSON gives")
+    p.add_argument("--section", help="print one section")
+    p.add_argument("--list", action="store_true", help="list the section names")
     p.add_argument("--md", default=None)
     p.add_argument("--plots", default=None)
     a = p.parse_args(argv)
-    table = load(a.results)
-    text = markdown(table)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text)
-    else:
-        print(text)
+    if a.list:
+        print("\n".join(SECTIONS))
+        return 0
+    if a.section:
+        print(SECTIONS[a.section]())
+        return 0
+    if a.write or a.check:
+        with open(a.doc) as f:
+            text = f.read()
+        if a.check:
+            found = problems(text)
+            print("\n".join(found) if found else f"{a.doc}: every table matches bench/results/")
+            return 1 if found else 0
+        new = regenerate(text)
+        if new != text:
+            with open(a.doc, "w") as f:
+                f.write(new)
+        print(f"{a.doc}: {sum(1 for n, _ in split_doc(new) if n)} sections written")
+    if a.results:
+        text = block_markdown(load_runs(a.results))
+        if a.md:
+            with open(a.md, "w") as f:
+                f.write(text)
+        else:
+            print(text)
     if a.plots:
-        print("\n".join(plots(table, a.plots)))
+        print("\n".join(plots(load_runs(a.results) if a.results else all_blocks(), a.plots)))
     return 0
 
 

@@ -9,7 +9,9 @@ what the GPU spends. Call time: one Python call as a user makes it (do_bench med
 and M are compiled first, then timed in `--rounds` rounds (order rotating); figures are medians over rounds.
 Every mode's output is compared with a float64 reference (relative error ‖out−ref‖/‖ref‖). Each block and M
 runs in its own process (one crash costs one pair); results are appended to OUT/results.json pair by pair,
-so a run cut short keeps what it measured.
+so a run cut short keeps what it measured. Each process first measures the GPU's ceilings (bench/ceilings.py:
+copy bandwidth, bf16 matmul rate), records them in its run's meta and computes the floors from them; each
+row keeps the bytes and flops of its floor, and for our modes what ran each region (kernel or reference).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import dlblas_compiler as dc  # noqa: E402
 from blocks import BLOCKS, floor_us  # noqa: E402
+from ceilings import measure as measure_ceilings  # noqa: E402
 from dlblas_compiler.numerics import rel_error  # noqa: E402
 
 MODES = ["eager", "inductor", "max-autotune", "max-autotune-no-cudagraphs", "ours", "ours-nocg"]
@@ -86,13 +89,15 @@ def make_fn(mode: str, mod, args, kwargs, tune: str):
     return (lambda: fn(*args, **kwargs)), time.perf_counter() - t0, fn
 
 
-def bench_one(block: str, m: int, modes: list[str], tune: str, dtype, rounds: int) -> list[dict]:
+def bench_one(
+    block: str, m: int, modes: list[str], tune: str, dtype, rounds: int, ceilings: dict | None = None
+) -> list[dict]:
     """Compile and check every mode, then time them all in `rounds` rounds (the order rotating each round),
     so that drift of the GPU's state over the run lands on every mode alike; each figure is the median over
     rounds, and the rounds' values are kept."""
     gpu = torch.cuda.get_device_name()
     mod, args, kwargs, nbytes, flops = BLOCKS[block](m, dtype, "cuda")
-    floor = floor_us(gpu, nbytes, flops)
+    floor = floor_us(gpu, nbytes, flops, ceilings)
     with torch.no_grad():
         ref_mod = copy.deepcopy(mod).double()
         dargs = pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, (args, kwargs))
@@ -101,7 +106,7 @@ def bench_one(block: str, m: int, modes: list[str], tune: str, dtype, rounds: in
     rows, timed = [], []
     torch._dynamo.reset()
     for mode in modes:
-        row = {"block": block, "M": m, "mode": mode, "floor_us": floor, "gpu": gpu}
+        row = {"block": block, "M": m, "mode": mode, "floor_us": floor, "bytes": nbytes, "flops": flops, "gpu": gpu}
         rows.append(row)
         try:
             with torch.no_grad():
@@ -112,9 +117,12 @@ def bench_one(block: str, m: int, modes: list[str], tune: str, dtype, rounds: in
                 # max-autotune and ours replay their own CUDA graphs: their GPU time is that of the same
                 # kernels without them (the -no-cudagraphs / -nocg mode)
                 graph = graphed(fn) if mode not in ("max-autotune", "ours") else None
-                if mode.startswith("ours"):
-                    kernels = [k.to_dict() for k in obj.report().kernels]
-                    row["kernels"] = [{k: v for k, v in d.items() if k in ("name", "impl", "config", "time", "default_time", "reference_time", "reason")} for d in kernels]
+                if mode.startswith("ours"):  # what ran each region: our kernel or its torch reference
+                    rep = obj.report()
+                    ops = {getattr(r, "kernel", None): list(r.ops) for r in rep.regions}
+                    keep = ("name", "pattern", "impl", "config", "time", "default_time", "reference_time", "reason")
+                    row["kernels"] = [{k: v for k, v in d.items() if k in keep} | {"ops": ops.get(d["name"], [])}
+                                      for d in (k.to_dict() for k in rep.kernels)]  # fmt: skip
                     if mode == "ours":
                         row["graph_note"] = obj._spec().executor.graph_note or "no CUDA graph"
                         t0 = time.perf_counter()
@@ -188,11 +196,16 @@ def main(argv=None) -> int:
         "tune": a.tune,
         "rounds": a.rounds,
     }
+    try:  # the ceilings of this card, measured in this process: the floors below divide by them
+        meta["ceilings"] = measure_ceilings()
+    except Exception as e:  # noqa: BLE001 - a run without ceilings falls back to bench/ceilings.FIXED, and says so
+        meta["ceilings_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     print(json.dumps(meta), flush=True)
     run = {"meta": meta, "rows": []}
     results["runs"].append(run)
     for block, m in pairs:
-        run["rows"] += bench_one(block, m, a.modes.split(","), a.tune, getattr(torch, a.dtype), a.rounds)
+        dtype = getattr(torch, a.dtype)
+        run["rows"] += bench_one(block, m, a.modes.split(","), a.tune, dtype, a.rounds, meta.get("ceilings"))
         with open(path, "w") as f:
             json.dump(results, f, indent=1)
     return 0

@@ -1,0 +1,234 @@
+"""LLM generation on the GPU: a Llama-3-8B-shaped LlamaForCausalLM (random weights, no download), bf16, greedy,
+HF's static KV cache, each mode in its own process.
+
+    python bench/generate.py --out OUT --batch 1 --prompt 128 --new 256 --modes eager,inductor,ours [--layers 32]
+
+Modes: eager; inductor (torch.compile default); max-autotune; reduce-overhead (HF's recommended static-cache
+setup: `model.forward = torch.compile(model.forward, mode="reduce-overhead")`); hf-auto (plain generate(): with a
+static cache on a GPU it compiles the decode step itself, torch.compile mode "reduce-overhead", prefill eager; every
+other mode passes `disable_compile=True` so that "eager" is eager and a compiled forward is not compiled again);
+ours (`model.forward = dc.compile(model.forward, backend="triton", tune="quick")`); ours-warm (ours again
+in a new process, the tuning cache now filled); fp32 (the float32 model's first-step logits, the reference of
+the relative errors). Per mode: the first generate() call's time (cold compile included), prefill ms (a generate
+of one token), decode ms/token ((time of N tokens - time of one) / (N - 1), medians of 3), peak GPU memory,
+first-step logits relative error against float32, and the number of leading tokens equal to eager's. The floor
+of a decode step: weights plus the keys and values read per token, over the copy bandwidth measured in the same
+process. A mode that fails records why. Results go to OUT/generate.json, one row per (batch, prompt, mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+H, I, HQ, HK, D, VOCAB = 4096, 14336, 32, 8, 128, 128256
+
+
+def build(layers: int, dtype, device="cuda"):
+    """The model made directly in `dtype` on the GPU, its parameters drawn there (a CPU generator takes a minute
+    for 8B values): norm weights around 1, matrices with std 0.3/sqrt(fan-in), the same draws for every dtype."""
+    import math
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=H, intermediate_size=I, num_attention_heads=HQ, num_key_value_heads=HK, head_dim=D,
+                      num_hidden_layers=layers, vocab_size=VOCAB, rms_norm_eps=1e-5, rope_theta=500000.0,
+                      max_position_embeddings=8192)  # fmt: skip
+    cfg._attn_implementation = "sdpa"
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    g = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g, device=device, dtype=torch.float32)
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.1 * r if "norm" in name else 0.1 * r)
+            else:
+                p.copy_(r * (0.3 / math.sqrt(p.shape[-1])))
+            del r
+    return model.to(dtype).eval()
+
+
+def run_mode(mode: str, args) -> dict:
+    import torch
+
+    import dlblas_compiler as dc
+
+    torch.manual_seed(0)
+    dtype = torch.float32 if mode == "fp32" else torch.bfloat16
+    model = build(args.layers, dtype)
+    ids = torch.randint(0, VOCAB, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1)).cuda()
+    row: dict = {"mode": mode, "batch": args.batch, "prompt": args.prompt, "new": args.new, "layers": args.layers}
+    gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
+    if mode != "hf-auto":  # (generate() would otherwise torch.compile the decode step itself)
+        gen["disable_compile"] = True
+    if mode == "fp32":
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=1, min_new_tokens=1, output_logits=True, return_dict_in_generate=True, **gen)
+        torch.save(out.logits[0].float().cpu(), os.path.join(args.scratch, f"logits-{args.batch}-{args.prompt}-fp32.pt"))
+        return row
+    if mode in ("inductor", "max-autotune", "reduce-overhead"):
+        model.forward = torch.compile(model.forward, mode=None if mode == "inductor" else mode)
+    elif mode.startswith("ours"):
+        model.forward = dc.compile(model.forward, backend="triton", tune=args.tune)
+
+    def generate(n: int, **kw):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen, **kw)
+        torch.cuda.synchronize()
+        return out, time.perf_counter() - t0
+
+    calls: list[float] = []  # the first forward calls of the first generate(): compile, tuning, capture
+    inner = model.forward
+
+    @functools.wraps(inner)
+    def timed(*a, **k):
+        if len(calls) >= 4:
+            return inner(*a, **k)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = inner(*a, **k)
+        torch.cuda.synchronize()
+        calls.append(time.perf_counter() - t0)
+        return out
+
+    model.forward = timed
+    torch.cuda.reset_peak_memory_stats()
+    first, row["first_call_s"] = generate(args.new, output_logits=True, return_dict_in_generate=True)
+    row["first_forward_calls_s"] = calls
+    torch.save(first.sequences.cpu(), os.path.join(args.scratch, f"tokens-{args.batch}-{args.prompt}-{mode}.pt"))
+    torch.save(first.logits[0].float().cpu(), os.path.join(args.scratch, f"logits-{args.batch}-{args.prompt}-{mode}.pt"))
+    one = [generate(1)[1] for _ in range(3)]
+    many = [generate(args.new)[1] for _ in range(3)]
+    row["prefill_ms"] = statistics.median(one) * 1e3
+    row["decode_ms_per_token"] = (statistics.median(many) - statistics.median(one)) / (args.new - 1) * 1e3
+    row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if args.profile:  # where the host's time per token goes (the GPU waits for it: generate() syncs each token)
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        generate(33)
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+        row["host_profile_33_tokens"] = text.getvalue().splitlines()[:60]
+    if mode.startswith("ours"):
+        comps = inner.compilations
+        row["graphs"] = [{"compiles": c.compile_count, "regions": c.report().impls(),
+                          "compile_s": [round(s.compile_seconds, 2) for s in c._specs.values()],
+                          "tuned": sum(1 for k in c._spec().executor.choices if k.trials and not k.from_cache),
+                          "trials": sum(k.trials or 0 for k in c._spec().executor.choices if not k.from_cache),
+                          "graph_note": c._spec().executor.graph_note} for c in comps]  # fmt: skip
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--tune", default="quick")
+    ap.add_argument("--profile", action="store_true", help="add a cProfile of generate(33) to each row")
+    ap.add_argument("--scratch", help="where the tokens and logits each mode saves go (default: OUT)")
+    ap.add_argument("--modes", default="fp32,eager,ours,ours-warm")
+    ap.add_argument("--timeout", default="540", help="seconds per mode (one number, or one per mode: 120,150,320)")
+    ap.add_argument("--mode", help=argparse.SUPPRESS)  # (a child process: run this one mode)
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    args.scratch = args.scratch or args.out
+    os.makedirs(args.scratch, exist_ok=True)
+    if args.mode:
+        try:
+            row = run_mode(args.mode, args)
+        except Exception as e:  # noqa: BLE001 - a failing mode is a result
+            traceback.print_exc()
+            row = {"mode": args.mode, "batch": args.batch, "prompt": args.prompt, "error": f"{type(e).__name__}: {str(e)[:600]}"}
+        print("ROW " + json.dumps(row), flush=True)
+        return 0
+    import torch
+
+    path = os.path.join(args.out, "generate.json")
+    doc = json.load(open(path)) if os.path.exists(path) else {"rows": []}
+    doc["gpu"] = torch.cuda.get_device_name()
+    doc["versions"] = {"torch": torch.__version__, "triton": __import__("triton").__version__,
+                       "transformers": __import__("transformers").__version__}  # fmt: skip
+    from ceilings import measure
+
+    ceilings = measure()  # (copy bandwidth and the bf16 matmul rate of this card, in this process)
+    bw = ceilings["copy_bytes_per_s"]
+    kv_bytes = lambda L: args.layers * 2 * args.batch * HK * L * D * 2  # noqa: E731  (bf16 keys and values)
+    weights = (args.layers * (H * (HQ + 2 * HK) * D + HQ * D * H + 3 * H * I + 2 * H) + 2 * VOCAB * H + H) * 2
+    mean_len = args.prompt + args.new / 2
+    doc["ceilings"] = ceilings
+    floor = {"batch": args.batch, "prompt": args.prompt, "floor_ms_per_token": (weights + kv_bytes(mean_len)) / bw * 1e3,
+             "weights_gb": weights / 1e9, "copy_tb_per_s": bw / 1e12}  # fmt: skip
+    print(json.dumps(floor), flush=True)
+    modes = args.modes.split(",")
+    timeouts = [int(t) for t in str(args.timeout).split(",")]
+    timeouts += [timeouts[-1]] * (len(modes) - len(timeouts))
+    for mode, timeout in zip(modes, timeouts):
+        cmd = [sys.executable, __file__, "--mode", mode, *sum((["--" + k, str(getattr(args, k))] for k in
+               ("out", "scratch", "batch", "prompt", "new", "layers", "tune")), [])]  # fmt: skip
+        cmd += ["--profile"] if args.profile else []
+        t0 = time.time()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")), None)
+            row = json.loads(line[4:]) if line else {"mode": mode, "error": proc.stderr[-800:]}
+        except subprocess.TimeoutExpired:
+            row = {"mode": mode, "batch": args.batch, "prompt": args.prompt, "error": f"timed out after {timeout} s"}
+        row["process_s"] = time.time() - t0
+        row.update({k: v for k, v in floor.items() if k not in row})
+        _compare(row, args)
+        doc["rows"] = [r for r in doc["rows"] if (r.get("mode"), r.get("batch"), r.get("prompt")) != (mode, args.batch, args.prompt)]
+        doc["rows"].append(row)
+        json.dump(doc, open(path, "w"), indent=1)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "graphs"}), flush=True)
+    return 0
+
+
+def _compare(row: dict, args) -> None:
+    """Logits error against float32 and tokens equal to eager's, where those files exist."""
+    import torch
+
+    def load(kind, mode):
+        p = os.path.join(args.scratch, f"{kind}-{args.batch}-{args.prompt}-{mode}.pt")
+        return torch.load(p) if os.path.exists(p) else None
+
+    mode = row["mode"]
+    ref, mine = load("logits", "fp32"), load("logits", mode)
+    if ref is not None and mine is not None:
+        row["logits_rel_err"] = ((mine - ref).norm() / ref.norm()).item()
+    eager, toks = load("tokens", "eager"), load("tokens", mode)
+    if eager is not None and toks is not None:
+        same = (eager == toks).all(0)[args.prompt:]
+        row["tokens_equal_eager"] = int(same.long().cumprod(0).sum().item())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
