@@ -60,6 +60,7 @@ class Program:
     static_inputs: tuple[int, ...] = ()  # inputs written in place (a KV cache): a graph captures them at their address
     addresses: tuple = ()  # of the static inputs at the last call
     repeats: int = 0  # consecutive calls with those addresses
+    frees: list[tuple[int, ...]] = field(default_factory=list)  # per step: the slots no later step reads
 
     def __repr__(self) -> str:
         lines = [f"Program({len(self.steps)} steps, inputs {self.inputs} -> outputs {self.outputs})"]
@@ -75,17 +76,17 @@ class Program:
         return env
 
     def run(self, inputs: list) -> tuple:
-        """Run every step directly (the first call with tuning on searches each kernel first)."""
+        """Run every step directly (the first call with tuning on searches each kernel first), dropping each
+        intermediate value after the last step that reads it (its memory goes once no view of it is alive)."""
         env = self._env(inputs)
-        if not self.tuned and self.tune_mode != "none":
-            self.tuned = True
-            for step in self.steps:
-                if isinstance(step, RegionStep) and step.kernel is not None and step.choice.impl == "kernel":
-                    tune_region(step, step.inputs(env), self.tune_mode)
-                step(env)
-            return tuple(env[s] for s in self.outputs)
-        for step in self.steps:
+        tuning = not self.tuned and self.tune_mode != "none"
+        self.tuned = self.tuned or tuning
+        for step, free in zip(self.steps, self.frees or [()] * len(self.steps)):
+            if tuning and isinstance(step, RegionStep) and step.kernel is not None and step.choice.impl == "kernel":
+                tune_region(step, step.inputs(env), self.tune_mode)
             step(env)
+            for slot in free:
+                env[slot] = None
         return tuple(env[s] for s in self.outputs)
 
     def __call__(self, inputs: list) -> tuple:
@@ -136,10 +137,14 @@ class Builder:
         inputs = [self.slot(a) for a in block.args]
         inplace = inplace_updates(self.fn, self.imported) if self.options.backend != "reference" else {}
         steps: list[Callable] = []
+        reads: list[list[SSAValue]] = []  # per step, the values it reads and makes (to drop them after their last read)
         weights = DerivedWeights()
         choices: list[KernelChoice] = []
         outputs: list[int] = []
         for op in block.ops:
+            if len(steps) > len(reads):  # the previous op made a step
+                reads.append([*prev.operands, *prev.results])
+            prev = op
             if isinstance(op, func.ReturnOp):
                 outputs = [self.slot(v) for v in op.operands]
             elif isinstance(op, ConstantOp):
@@ -163,13 +168,17 @@ class Builder:
                 steps.append(registered or ReferenceStep(op.name, op.reference, ins, outs))
         writes = input_writes(self.fn, self.imported, inplace) if self.options.backend != "reference" else []
         steps += [WriteInput(inputs[arg], self.slot(value)) for arg, value in writes]
+        reads += [[value] for _, value in writes]  # (a value nothing reads goes after the step that makes it)
+        kept = {*inputs, *outputs, *(slot for slot, _ in weights.weights)}
+        frees = _frees([[self.slot(v) for v in r] for r in reads], kept)
         opts = self.options
         tune_mode = opts.tune if opts.backend == "triton" else "none"
         cuda_graphs = opts.cuda_graphs and opts.backend == "triton" and not opts.check
         if opts.expert_parallel is not None and any(op.name == "dl.moe" for op in block.ops):
             cuda_graphs = False  # the all-to-all exchanges token counts through the host
         return Program(inputs, outputs, steps, len(self.slots), weights, choices, cuda_graphs, tune_mode,
-                       static_inputs=tuple(sorted({*inplace.values(), *(arg for arg, _ in writes)})))  # fmt: skip
+                       static_inputs=tuple(sorted({*inplace.values(), *(arg for arg, _ in writes)})),
+                       frees=frees)  # fmt: skip
 
     def _derived(self, v: SSAValue) -> DerivedWeight:
         """A weight-only value computed from the live parameters (shared with the module's other programs that
@@ -246,6 +255,16 @@ class Builder:
             step.choice.impl = "reference"
             step.choice.reason = "a lone GEMM runs on cuBLAS unless tuning measures the kernel faster"
         return step
+
+
+def _frees(reads: list[list[int]], kept: set[int]) -> list[tuple[int, ...]]:
+    """Per step, the slots it reads (or makes) for the last time (the inputs, outputs and weights stay)."""
+    last = {slot: i for i, slots in enumerate(reads) for slot in slots}
+    frees: list[list[int]] = [[] for _ in reads]
+    for slot, i in last.items():
+        if slot not in kept:
+            frees[i].append(slot)
+    return [tuple(f) for f in frees]
 
 
 def build_program(module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options) -> Program:
