@@ -37,12 +37,12 @@ H, I, HQ, HK, D, VOCAB = 4096, 14336, 32, 8, 128, 128256
 
 
 def build(layers: int, dtype, device="cuda"):
-    """The model made directly in `dtype` on the GPU, its parameters drawn there (a CPU generator takes a minute
-    for 8B values): norm weights around 1, matrices with std 0.3/sqrt(fan-in), the same draws for every dtype."""
-    import math
-
+    """The model made directly in `dtype` on the GPU, its parameters drawn there (`randomize_`: norm weights
+    around 1, matrices with std 0.3/sqrt(fan-in), the same draws for every dtype)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dlblas_compiler.models import randomize_
 
     cfg = LlamaConfig(hidden_size=H, intermediate_size=I, num_attention_heads=HQ, num_key_value_heads=HK, head_dim=D,
                       num_hidden_layers=layers, vocab_size=VOCAB, rms_norm_eps=1e-5, rope_theta=500000.0,
@@ -55,16 +55,7 @@ def build(layers: int, dtype, device="cuda"):
             model = LlamaForCausalLM(cfg)
     finally:
         torch.set_default_dtype(default)
-    g = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            r = torch.randn(p.shape, generator=g, device=device, dtype=torch.float32)
-            if p.dim() == 1:
-                p.copy_(1.0 + 0.1 * r if "norm" in name else 0.1 * r)
-            else:
-                p.copy_(r * (0.3 / math.sqrt(p.shape[-1])))
-            del r
-    return model.to(dtype).eval()
+    return randomize_(model, seed=0, scale=0.3, device=device).to(dtype).eval()
 
 
 def run_mode(mode: str, args) -> dict:

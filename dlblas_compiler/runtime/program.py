@@ -142,9 +142,6 @@ class Builder:
         choices: list[KernelChoice] = []
         outputs: list[int] = []
         for op in block.ops:
-            if len(steps) > len(reads):  # the previous op made a step
-                reads.append([*prev.operands, *prev.results])
-            prev = op
             if isinstance(op, func.ReturnOp):
                 outputs = [self.slot(v) for v in op.operands]
             elif isinstance(op, ConstantOp):
@@ -166,6 +163,8 @@ class Builder:
                     self.options.expert_parallel is not None
                 ) else None
                 steps.append(registered or ReferenceStep(op.name, op.reference, ins, outs))
+            if len(steps) > len(reads):  # this op made a step
+                reads.append([*op.operands, *op.results])
         writes = input_writes(self.fn, self.imported, inplace) if self.options.backend != "reference" else []
         steps += [WriteInput(inputs[arg], self.slot(value)) for arg, value in writes]
         reads += [[value] for _, value in writes]  # (a value nothing reads goes after the step that makes it)

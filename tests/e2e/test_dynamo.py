@@ -12,12 +12,7 @@ from dlblas_compiler.models import RMSNorm, randomize_
 from dlblas_compiler.numerics import rel_error
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    dynamo.COMPILATIONS.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Mlp(nn.Module):

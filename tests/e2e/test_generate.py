@@ -30,14 +30,6 @@ def causal_lm(name: str):
     return randomize_(model_cls(cfg), 0).eval()
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    dynamo.COMPILATIONS.clear()
-    yield
-    torch._dynamo.reset()
-
-
 def _generate(model, ids, mask, cache: str, new: int, options: dict):
     kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
     if cache == "static":

@@ -60,14 +60,6 @@ def _regions(cm) -> Counter:
     return Counter(cm.report().patterns)
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    dynamo.COMPILATIONS.clear()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("backend", ["reference", "interpret"])
 @pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "phi"])
 def test_dc_compile_logits_equal_eager(name, backend):
