@@ -237,7 +237,7 @@ class CompiledModule(torch.nn.Module):
         """What the compiler did (typed records; `str()` is the text): ops by mapping kind, regions, kernels,
         configs, fallbacks, notes (and, with check=True, each region's worst relative error against its reference
         on the inputs seen). With `html`, also writes that page (the graph drawn, then the text)."""
-        rep = Report.build(self._spec(), self.options.backend)
+        rep = Report.build(self._spec(), self.options.backend, self.options.tune)
         if html:
             rep.write_html(html)
         return rep

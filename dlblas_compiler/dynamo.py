@@ -1,7 +1,20 @@
 """`torch.compile(model, backend="dlblas")`: each FX graph dynamo hands over goes through the same pipeline.
 
-Registered by the `torch_dynamo_backends` entry point in pyproject, so no import is needed. Options pass
-through `torch.compile(..., options={"backend": "interpret", "tune": "quick", "dump_ir": "dir/"})`.
+Registered by the `torch_dynamo_backends` entry point in pyproject, so no import is needed.
+
+`mode=` takes torch.compile's modes and maps them onto `Options`:
+    "default" (or no mode)          tune="none"
+    "reduce-overhead"               cuda_graphs=True
+    "max-autotune"                  tune="full", cuda_graphs=True
+    "max-autotune-no-cudagraphs"    tune="full", cuda_graphs=False
+Any other mode is a ValueError naming these.
+
+`options=` takes the fields of `Options` (see there), e.g.
+`torch.compile(model, backend="dlblas", options={"backend": "interpret", "tune": "quick", "dump_ir": "dir/"})`.
+torch.compile refuses `mode=` and `options=` together, so to combine them put the mode among the options:
+`options={"mode": "max-autotune", "backend": "interpret"}`; the other keys override what the mode sets.
+Tuning times kernels on the GPU: it runs on the triton backend only, and `cm.report()` notes when it was skipped.
+
 A graph is specialized on the concrete shapes of each call (dynamo's symbolic sizes arrive as plain ints),
 so a growing sequence compiles once per length; tuning results are keyed by power-of-two token buckets,
 so it does not retune per length.
@@ -20,7 +33,31 @@ from .options import Options
 # more); each counts its own specializations (one per input signature it was called with).
 COMPILATIONS: list[CompiledModule] = []
 
+# torch.compile's modes -> the Options fields each sets.
+MODES: dict[str, dict[str, Any]] = {
+    "default": {"tune": "none"},
+    "reduce-overhead": {"cuda_graphs": True},
+    "max-autotune": {"tune": "full", "cuda_graphs": True},
+    "max-autotune-no-cudagraphs": {"tune": "full", "cuda_graphs": False},
+}
 
-def dlblas_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict | None = None, **kwargs):
-    backend = DynamoBackend(Options(**dict(options or {}, **kwargs)), COMPILATIONS)
+
+def options_for(mode: str | None = None, options: dict[str, Any] | None = None, **kwargs: Any) -> Options:
+    """The Options of a torch.compile call: the mode's fields (a "mode" key in `options` counts as the mode),
+    then `options` and keyword arguments over them."""
+    options = dict(options or {}, **kwargs)
+    mode = options.pop("mode", mode) or "default"
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))} (torch.compile's modes), got {mode!r}")
+    return Options(**{**MODES[mode], **options})
+
+
+def dlblas_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+    **kwargs: Any,
+):
+    backend = DynamoBackend(options_for(mode, options, **kwargs), COMPILATIONS)
     return backend(gm, example_inputs)

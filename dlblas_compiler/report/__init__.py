@@ -2,9 +2,9 @@
 
 A `Report` holds the ops by mapping kind, the fused regions (`RegionRecord`), the implementation of each
 (`runtime.steps.KernelChoice`: kernel and config, callable or reference and why, tuned times, check errors),
-the ops left to PyTorch with their source lines, and the notes (capture, fusion, CUDA graph). `str(report)` is
-the text, `report.to_dict()` / `to_json()` the data, `report.write_html(path)` the page with the graph drawn
-(`report.html`). Nothing is parsed back from the text.
+the ops left to PyTorch with their source lines, and the notes (capture, fusion, CUDA graph, tuning skipped).
+`str(report)` is the text, `report.to_dict()` / `to_json()` the data, `report.write_html(path)` the page with
+the graph drawn (`report.html`). Nothing is parsed back from the text.
 """
 
 from __future__ import annotations
@@ -52,10 +52,13 @@ class Report:
     graph: Graph = field(default_factory=Graph)
 
     @classmethod
-    def build(cls, spec: Any, backend: str) -> Report:
-        """The report of one specialization (`api.Specialization`)."""
+    def build(cls, spec: Any, backend: str, tune: str = "none") -> Report:
+        """The report of one specialization (`api.Specialization`) compiled with that backend and tune mode."""
         fn = next(o for o in spec.pipeline.module.walk() if isinstance(o, func.FuncOp))
         rep = cls(type(spec.captured.gm).__name__, backend, spec.compile_seconds, notes=list(spec.notes))
+        if tune != "none" and backend != "triton":
+            rep.notes.append(f"tune={tune!r} was skipped: tuning times kernels on a CUDA GPU and runs only on the "
+                             f"triton backend, not {backend!r}")  # fmt: skip
         sources = spec.imported.sources
         for op in fn.body.block.ops:
             if isinstance(op, (func.ReturnOp, ParamOp)):

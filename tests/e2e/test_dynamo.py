@@ -11,7 +11,6 @@ from dlblas_compiler import dynamo
 from dlblas_compiler.models import RMSNorm, randomize_
 from dlblas_compiler.numerics import rel_error
 
-
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
@@ -110,7 +109,69 @@ def test_instances_of_one_class_use_their_own_parameters():
     x = torch.randn(4, 32)
     with torch.no_grad():
         for _ in range(2):  # (the second round replays the kept specializations)
-            for m, c in zip(models, compiled):
+            for m, c in zip(models, compiled, strict=True):
                 assert rel_error(c(x), m(x)) < 1e-5
     assert len(dynamo.COMPILATIONS) == 1  # one graph ...
     assert dynamo.COMPILATIONS[0].specializations == 3  # ... specialized on each instance's parameters
+
+
+@pytest.mark.parametrize(
+    "mode,tune,cuda_graphs",
+    [("default", "none", True), ("reduce-overhead", "none", True), ("max-autotune", "full", True),
+     ("max-autotune-no-cudagraphs", "full", False)],
+)  # fmt: skip
+def test_torch_compile_modes_map_onto_options(mode, tune, cuda_graphs, monkeypatch):
+    """torch hands `mode` to the backend as a keyword ("default" not at all); each maps onto tune / cuda_graphs."""
+    from dlblas_compiler import options
+
+    monkeypatch.setattr(options, "default_backend", lambda: "reference")  # no real tuning, on a GPU too
+    model = randomize_(Mlp()).eval()
+    fast = torch.compile(model, backend="dlblas", mode=mode)
+    x = _inputs(3)
+    with torch.no_grad():
+        assert rel_error(fast(x), model(x)) < 1e-5
+    opts = dynamo.COMPILATIONS[-1].options
+    assert (opts.backend, opts.tune, opts.cuda_graphs) == ("reference", tune, cuda_graphs)
+
+
+def test_mode_among_options_and_options_override_it():
+    """torch.compile refuses mode= and options= together, so a "mode" key in options is the mode; other keys win."""
+    model = randomize_(Mlp()).eval()
+    with pytest.raises(RuntimeError, match="Either mode or options"):
+        torch.compile(model, backend="dlblas", mode="max-autotune", options={"backend": "interpret"})
+    fast = torch.compile(
+        model, backend="dlblas", options={"mode": "max-autotune", "backend": "interpret", "cuda_graphs": False}
+    )
+    x = _inputs(3)
+    with torch.no_grad():
+        assert rel_error(fast(x), model(x)) < 1e-5
+    opts = dynamo.COMPILATIONS[-1].options
+    assert (opts.backend, opts.tune, opts.cuda_graphs) == ("interpret", "full", False)
+    # tuning times kernels on the GPU: on the interpret backend it is skipped, and the report says so
+    (note,) = [n for n in dynamo.COMPILATIONS[-1].report().notes if "tune=" in n]
+    assert "tune='full' was skipped" in note and "triton backend" in note and "'interpret'" in note
+
+
+def test_unknown_mode_names_the_accepted_ones():
+    fast = torch.compile(randomize_(Mlp()).eval(), backend="dlblas", mode="fastest")
+    with pytest.raises(Exception, match="mode must be one of .*'max-autotune-no-cudagraphs'.*got 'fastest'"):
+        fast(_inputs(3))
+    with pytest.raises(ValueError, match="reduce-overhead"):
+        dynamo.options_for("turbo")
+    assert dynamo.options_for(None, {"backend": "reference"}).tune == "none"
+
+
+@pytest.mark.parametrize("tune", ["none", "quick"])
+def test_tuning_off_the_gpu_is_noted_in_the_report(tune):
+    """`dc.compile(tune=...)` off the triton backend runs every kernel with its default config: the report says so."""
+    import dlblas_compiler as dc
+
+    model = randomize_(Mlp()).eval()
+    cm = dc.compile(model, backend="interpret", tune=tune)
+    x = _inputs(3)
+    with torch.no_grad():
+        assert rel_error(cm(x), model(x)) < 1e-5
+    notes = [n for n in cm.report().notes if "tune=" in n]
+    skipped = "tune='quick' was skipped: tuning times kernels on a CUDA GPU and runs only on the triton backend"
+    assert notes == ([] if tune == "none" else [f"{skipped}, not 'interpret'"])
+    assert cm.report().kernels and all(k.time is None for k in cm.report().kernels)  # nothing was timed
