@@ -105,8 +105,11 @@ def run_mode(mode: str, args) -> dict:
 
     model.forward = timed
     torch.cuda.reset_peak_memory_stats()
-    first, row["first_call_s"] = generate(args.new, output_logits=True, return_dict_in_generate=True)
+    with Phases(enabled=mode.startswith("ours")) as phases:
+        first, row["first_call_s"] = generate(args.new, output_logits=True, return_dict_in_generate=True)
     row["first_forward_calls_s"] = calls
+    if phases.enabled:
+        row["first_call_phases_s"] = phases.summary(row["first_call_s"])
     torch.save(first.sequences.cpu(), os.path.join(args.scratch, f"tokens-{args.batch}-{args.prompt}-{mode}.pt"))
     torch.save(first.logits[0].float().cpu(), os.path.join(args.scratch, f"logits-{args.batch}-{args.prompt}-{mode}.pt"))
     one = [generate(1)[1] for _ in range(3)]
@@ -126,6 +129,9 @@ def run_mode(mode: str, args) -> dict:
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
         row["host_profile_33_tokens"] = text.getvalue().splitlines()[:60]
+    if args.trace:  # the GPU's view of a prefill and of decode steps: busy time against wall time, top kernels
+        row["trace_prefill"] = traced(lambda: generate(1))
+        row["trace_decode_8"] = traced(lambda: generate(9), lambda: generate(1))
     if mode.startswith("ours"):
         comps = inner.compilations
         row["graphs"] = [{"compiles": c.compile_count, "regions": c.report().impls(),
@@ -134,6 +140,98 @@ def run_mode(mode: str, args) -> dict:
                           "trials": sum(k.trials or 0 for k in c._spec().executor.choices if not k.from_cache),
                           "graph_note": c._spec().executor.graph_note} for c in comps]  # fmt: skip
     return row
+
+
+class Phases:
+    """Where the first generate() call's time goes in our modes: wall seconds inside the compiler's own phases
+    (compile = capture through import to the program; direct runs, tuning inside them; CUDA-graph capture and the
+    keep-or-drop timing). The rest is dynamo's tracing, Triton's compiles and loads outside tuning, and HF's
+    generate loop."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.seconds, self._patches, self._depth = enabled, {}, [], 0
+
+    def _wrap(self, owner, attr: str, phase: str, nested: bool = False) -> None:
+        """Time `owner.attr` as `phase`: the outermost phase gets the time (a run inside a capture is the
+        capture's); a `nested` phase (tuning, inside a run) is timed on its own and not summed."""
+        import torch
+
+        inner = getattr(owner, attr)
+
+        def timed(*a, **k):
+            if self._depth and not nested:
+                return inner(*a, **k)
+            self._depth += not nested
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                self._depth -= not nested
+                torch.cuda.synchronize()
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, attr, timed)
+        self._patches.append((owner, attr, inner))
+
+    def __enter__(self):
+        if self.enabled:
+            from dlblas_compiler import api
+            from dlblas_compiler.runtime import graphs, program
+
+            self._wrap(api.CompiledModule, "_specialize", "compile")
+            self._wrap(program.Program, "run", "direct runs (tuning included)")
+            self._wrap(program, "tune_region", "tuning (inside direct runs)", nested=True)
+            self._wrap(graphs.CudaGraph, "capture", "graph capture")
+            self._wrap(graphs.CudaGraph, "pays", "graph keep-or-drop timing")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, attr, inner in reversed(self._patches):
+            setattr(owner, attr, inner)
+
+    def summary(self, total: float) -> dict:
+        out = {k: round(v, 2) for k, v in self.seconds.items()}
+        inside = sum(v for k, v in self.seconds.items() if not k.startswith("tuning"))
+        out["other (dynamo tracing, Triton outside tuning, HF)"] = round(total - inside, 2)
+        return out
+
+
+def traced(body, baseline=None) -> dict:
+    """torch.profiler over `body()` (minus `baseline()`'s events when given: the decode steps of a generate()
+    beyond its prefill): wall ms, GPU busy ms (kernels, copies, memsets), event count, the 12 largest kernels."""
+    import torch
+    from profile_kernels import profiled
+
+    def measure(fn):
+        body()  # (warm)
+        wall = []
+
+        def timed():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            wall.append((time.perf_counter() - t0) * 1e3)
+
+        return profiled(timed), wall[0]
+
+    evs, wall = measure(body)
+    per: dict[str, list] = {}
+    for e in evs:
+        per.setdefault(e["name"][:100], [0, 0.0])
+        per[e["name"][:100]][0] += 1
+        per[e["name"][:100]][1] += (e["end"] - e["start"]) / 1e3
+    busy, n = sum(e["end"] - e["start"] for e in evs) / 1e3, len(evs)
+    if baseline is not None:
+        base, base_wall = measure(baseline)
+        busy -= sum(e["end"] - e["start"] for e in base) / 1e3
+        wall, n = wall - base_wall, n - len(base)
+        for e in base:
+            per[e["name"][:100]][1] -= (e["end"] - e["start"]) / 1e3
+            per[e["name"][:100]][0] -= 1
+    top = sorted(per.items(), key=lambda kv: -kv[1][1])[:12]
+    return {"wall_ms": round(wall, 2), "gpu_busy_ms": round(busy, 2), "events": n,
+            "top_kernels_ms": {k: [c, round(t, 3)] for k, (c, t) in top}}  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -145,6 +243,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--tune", default="quick")
     ap.add_argument("--profile", action="store_true", help="add a cProfile of generate(33) to each row")
+    ap.add_argument("--trace", action="store_true", help="add torch.profiler summaries of a prefill and 8 decode steps")
     ap.add_argument("--scratch", help="where the tokens and logits each mode saves go (default: OUT)")
     ap.add_argument("--modes", default="fp32,eager,ours,ours-warm")
     ap.add_argument("--timeout", default="540", help="seconds per mode (one number, or one per mode: 120,150,320)")
@@ -186,6 +285,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, __file__, "--mode", mode, *sum((["--" + k, str(getattr(args, k))] for k in
                ("out", "scratch", "batch", "prompt", "new", "layers", "tune")), [])]  # fmt: skip
         cmd += ["--profile"] if args.profile else []
+        cmd += ["--trace"] if args.trace else []
         t0 = time.time()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -106,12 +106,17 @@ class DerivedWeights:
         """Whether a source changed since the last `fill` (a graph captured with the old values is stale)."""
         return self._sources_state() != self._state
 
-    def _sources_state(self) -> list:
-        return [(_version(t), t.data_ptr()) for t in self._sources]
+    def _sources_state(self) -> tuple[list, list, list]:
+        tracked, untracked = self._sources
+        return [t._version for t in tracked], [t.data_ptr() for t in tracked], [t.data_ptr() for t in untracked]
 
     @cached_property
-    def _sources(self) -> list[torch.Tensor]:  # (each parameter once; computed at the first call)
-        return list({id(t): t for _, w in self.weights for t in w.sources}.values())
+    def _sources(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each source parameter once (computed at the first call), split into those with a version counter and
+        inference tensors (none; only their addresses are compared). Checked on every call, so kept cheap."""
+        params = list({id(t): t for _, w in self.weights for t in w.sources}.values())
+        inference = [t.is_inference() for t in params]
+        return [t for t, i in zip(params, inference) if not i], [t for t, i in zip(params, inference) if i]
 
 
 def _version(t: torch.Tensor) -> int:
