@@ -399,7 +399,7 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     flops = 4.0 * b * hq * s * l_ * d * causal_frac
     nbytes = (b * hq * s * d * 2 + 2 * b * hk * l_ * d) * elem
     run = launch_decode if plan.decode else launch
-    return Kernel(name, src, run, str(fused), {"S": s, "L": l_, "D": d, "H": hq}, flops, nbytes)
+    return Kernel(name, src, run, fused, {"S": s, "L": l_, "D": d, "H": hq}, flops, nbytes)
 
 
 PARAMS = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]}

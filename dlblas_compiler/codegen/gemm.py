@@ -619,7 +619,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     flops = 2.0 * m * k * gn * ns
     nbytes = (m * k + plan.n * k) * elem + sum(numel(s) * dt.itemsize for s, dt in zip(out_shapes, out_dtypes))
     nbytes += sum(numel(shape_of(v)) * dtype_of(v).itemsize for v, _, _ in em.ext)
-    return Kernel(name, src, launch, str(fused), {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes)
+    return Kernel(name, src, launch, fused, {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes)
 
 
 PARAMS = {

@@ -65,11 +65,15 @@ class Kernel:
     name: str
     source: str  # the @triton.jit function (without imports)
     launch: Callable[[Callable, list[torch.Tensor], dict], list[torch.Tensor]]
-    region_ir: str = ""
+    region: Any = ""  # the region (a dl.fused op) or its IR text: printed only when a kernel file is written
     shape_key: dict = field(default_factory=dict)  # what the tuning cache keys on (token dims bucketed)
     flops: float = 0.0
     bytes: float = 0.0
     space: SearchSpace | None = None  # its configs: the template's `space(plan)`, set when the region is lowered
+
+    @property
+    def region_ir(self) -> str:
+        return str(self.region)
 
     @property
     def hash(self) -> str:

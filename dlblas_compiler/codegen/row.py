@@ -339,7 +339,7 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     nbytes = sum(numel(shape_of(a)) * dtype_of(a).itemsize for a in inputs) + sum(
         numel(s) * dt.itemsize for s, dt in zip(out_shapes, out_dtypes)
     )
-    return Kernel(name, src, launch, str(fused), {"rows": n_rows, "N": n}, bytes=nbytes)
+    return Kernel(name, src, launch, fused, {"rows": n_rows, "N": n}, bytes=nbytes)
 
 
 PARAMS = {"BLOCK_M": pow2(1, 16), "num_warps": [1, 2, 4, 8, 16]}

@@ -29,6 +29,21 @@ class BreakConstantsPass(ModulePass):
                 o.parent.erase_op(o)
 
 
+@dc.register_pass
+@dataclass(frozen=True)
+class BreakIRPass(ModulePass):
+    """A deliberately broken pass: adds a reshape whose element count is wrong."""
+
+    name = "test-break-ir"
+
+    def apply(self, ctx, op):
+        from dlblas_compiler.dialects import ReshapeOp
+        from dlblas_compiler.dialects.types import shape_of
+
+        first = next(o for o in op.walk() if isinstance(o, ReshapeOp))
+        first.parent.insert_op_after(ReshapeOp(first.result, [*shape_of(first.result), 2]), first)
+
+
 def _block():
     cfg = BlockConfig()
     return randomize_(LlamaBlock(cfg)).eval(), llama_block_inputs(cfg, 1, 6)
@@ -55,6 +70,14 @@ def test_check_each_pass_names_the_pass_that_broke_the_result():
     model, inputs = _block()
     cm = dc.compile(model, backend="reference", pipeline="cse,test-break-constants,classify", check_each_pass=True)
     with pytest.raises(dc.CompileError, match="pass 'test-break-constants' changed the result"), torch.no_grad():
+        cm(*inputs)
+
+
+def test_invalid_ir_names_the_pass_that_made_it():
+    """The IR is verified once after the last pass; invalid IR there is traced back to the pass that made it."""
+    model, inputs = _block()
+    cm = dc.compile(model, backend="reference", pipeline="cse,test-break-ir,classify")
+    with pytest.raises(dc.CompileError, match="pass 'test-break-ir' produced invalid IR"), torch.no_grad():
         cm(*inputs)
 
 

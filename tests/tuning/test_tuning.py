@@ -371,6 +371,25 @@ def test_tune_caches_and_hits_with_zero_evaluations(tmp_path):
     assert calls
 
 
+def test_a_cache_hit_does_not_enumerate_the_space(tmp_path):
+    """A hit checks the stored config and nothing else: counting a GEMM space's valid configs takes ~0.1 s, and
+    a warm start of a 32-layer model looks up ~330 regions (it spent 31 s there before)."""
+    x = torch.randn(32, 32)
+    cache, checked = TuneCache(tmp_path / "tune.sqlite"), []
+
+    def counting_space():
+        return SearchSpace({"BLOCK": pow2(16, 128), "num_warps": [2, 4]},
+                           {"warps": lambda c: checked.append(c) or c["BLOCK"] >= 16 * c["num_warps"]})  # fmt: skip
+
+    def run(space):
+        job = TuneJob("relu", "h", space, _builder(x, []), {"M": 8}, (torch.float32,), "cpu", torch.relu(x))
+        return tune(job, "quick", cache=cache, progress=False, warmup_ms=1, rep_ms=3)
+
+    assert not run(counting_space()).from_cache
+    checked.clear()
+    assert run(counting_space()).from_cache and len(checked) == 1  # (the stored config's own check)
+
+
 def test_tune_never_chooses_a_wrong_candidate(tmp_path):
     x = torch.randn(32, 32)
     wrong = {"BLOCK": 32, "num_warps": 2}
