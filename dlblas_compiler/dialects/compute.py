@@ -505,6 +505,13 @@ class SDPAOp(IRDLOperation):
             props["scale"] = _float(scale)
         super().__init__(operands=[q, k, v, mask], result_types=[TensorType(elem_of(q), out)], properties=props)
 
+    @staticmethod
+    def multi_query(q: SSAValue, k: SSAValue, v: SSAValue) -> bool:
+        """k and v have one head that torch broadcasts over q's heads (multi-query attention, spelled without
+        enable_gqa): the same as enable_gqa with one group."""
+        heads = [shape_of(t)[-3] if len(shape_of(t)) >= 3 else None for t in (q, k, v)]
+        return heads[1] == heads[2] == 1 and heads[0] != 1
+
     @property
     def softmax_scale(self) -> float:
         return self.scale.value.data if self.scale is not None else 1.0 / math.sqrt(shape_of(self.query)[-1])

@@ -23,6 +23,7 @@ from xdsl.ir import SSAValue
 from ..dialects import (
     BINARY_OPS,
     UNARY_OPS,
+    AddOp,
     BroadcastOp,
     CatOp,
     ConvertOp,
@@ -248,8 +249,11 @@ def _getitem(e, x, idx):
         return x[idx]
     x = _tensor(x)
     idx = idx if isinstance(idx, tuple) else (idx,)
-    if any(isinstance(i, (SSAValue, torch.Tensor, list)) or (isinstance(i, bool)) for i in idx):
-        raise Unsupported("advanced (tensor / list / bool) indexing")
+    if any(isinstance(i, (SSAValue, torch.Tensor)) or isinstance(i, bool) for i in idx):
+        raise Unsupported("advanced (tensor / bool) indexing")
+    lists = [i for i in idx if isinstance(i, list)]
+    if lists and (len(lists) > 1 or any(isinstance(i, int) for i in idx)):
+        raise Unsupported("advanced indexing by several lists or a list and an int (the result's dims move)")
     rank = len(shape_of(x))
     used = sum(1 for i in idx if i is not None and i is not Ellipsis)
     if used > rank:
@@ -268,6 +272,8 @@ def _getitem(e, x, idx):
             if i.step is not None and i.step < 1:
                 raise Unsupported("negative or zero step")
             x = _slice(e, x, dim, i.start, i.stop, i.step or 1)
+        elif isinstance(i, list):  # one list alone: its dim stays in place, a slice when evenly spaced
+            x = _slice(e, x, dim, *_list_as_slice(i, shape_of(x)[dim]))
         elif isinstance(i, int):
             n = shape_of(x)[dim]
             k = i % n if -n <= i < n else None
@@ -279,6 +285,17 @@ def _getitem(e, x, idx):
         dim += 1
     shape = _out_shape(e)
     return x if shape_of(x) == shape else _emit(e, ReshapeOp(x, shape))
+
+
+def _list_as_slice(idx: list, n: int) -> tuple[int, int, int]:
+    """(start, end, step) of the slice picking the same rows as the index list `idx` (x[..., [-2], :] say)."""
+    if not idx or not all(isinstance(i, int) and not isinstance(i, bool) and -n <= i < n for i in idx):
+        raise Unsupported(f"index list {idx}")
+    rows = [i % n for i in idx]
+    step = rows[1] - rows[0] if len(rows) > 1 else 1
+    if step < 1 or rows != list(range(rows[0], rows[-1] + 1, step)):
+        raise Unsupported(f"index list {idx} is not an evenly spaced increasing range")
+    return rows[0], rows[-1] + 1, step
 
 
 @converts("narrow", torch.narrow)
@@ -320,6 +337,20 @@ def _stack(e, tensors, dim=0):
     d = normalize_dim(dim, len(shape))
     parts = [_emit(e, ReshapeOp(x, [*shape[:d], 1, *shape[d + 1 :]])) for x in xs]
     return parts[0] if len(parts) == 1 else _emit(e, CatOp(parts, d))
+
+
+@converts("repeat_interleave", torch.repeat_interleave)
+def _repeat_interleave(e, x, repeats, dim=None, *, output_size=None):
+    """Each slice along `dim` repeated `repeats` times in a row, spelled as GQA's repeat_kv spells it (a new
+    size-1 dim after `dim`, expanded, merged back): the form `recognize` reads as grouped attention."""
+    x = _tensor(x)
+    if not isinstance(repeats, int) or dim is None:
+        raise Unsupported("repeats given as a tensor, or no dim (a flattened result)")
+    s = shape_of(x)
+    d = normalize_dim(dim, len(s))
+    one = _emit(e, ReshapeOp(x, [*s[: d + 1], 1, *s[d + 1 :]]))
+    wide = _emit(e, BroadcastOp(one, [*s[: d + 1], repeats, *s[d + 1 :]]))
+    return _emit(e, ReshapeOp(wide, _out_shape(e)))
 
 
 @converts("split", torch.split, "chunk", torch.chunk, "unbind", torch.unbind, "tensor_split")
@@ -378,6 +409,15 @@ def _matmul(e, a, b):
     if len(shape_of(a)) < 2 or len(shape_of(b)) < 2:
         raise Unsupported("matmul with a 1-D operand")
     return _emit(e, MatmulOp(a, b))
+
+
+@converts(torch.addmm, "addmm", torch.ops.aten.addmm.default)
+def _addmm(e, bias, a, b, *, beta=1, alpha=1):
+    """bias + a @ b (GPT-2's Conv1D: x @ W + b with W [in, out]); `recognize` raises it to a linear when b is a
+    weight."""
+    if beta != 1 or alpha != 1:
+        raise Unsupported("addmm with beta or alpha")
+    return _emit(e, AddOp(_matmul(e, a, b), _tensor(bias, "bias")))
 
 
 @converts(F.linear, torch._C._nn.linear)
@@ -461,7 +501,9 @@ def _sdpa(e, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
     if dropout_p:
         raise Unsupported("attention dropout")
     mask = _tensor(attn_mask, "attn_mask") if attn_mask is not None else None
-    return _emit(e, SDPAOp(_tensor(q), _tensor(k), _tensor(v), mask, bool(is_causal), scale, bool(enable_gqa)))
+    q, k, v = _tensor(q), _tensor(k), _tensor(v)
+    gqa = bool(enable_gqa) or SDPAOp.multi_query(q, k, v)
+    return _emit(e, SDPAOp(q, k, v, mask, bool(is_causal), scale, gqa))
 
 
 @converts(F.embedding)

@@ -9,8 +9,10 @@
   scale. Off by default: W*g is a second copy of the weight in memory (the lm_head's is 1 GB for Llama-3-8B),
   while the GEMM template applies g to the A tile it loads (one multiply per loaded element);
 - scalar chains: (x*a)*b = x*(a*b), (x+a)+b = x+(a+b), x*1 = x, x+(-0.0) = x (not x+0.0: -0.0+0.0 is +0.0);
-- layout: reshape(reshape(x)) = reshape(x), permute(permute(x)) = permute(x), no-op reshapes/permutes.
-Weight-only subexpressions (dl.cat / dl.mul of parameters) are evaluated once at load time by the runtime.
+- layout: reshape(reshape(x)) = reshape(x), permute(permute(x)) = permute(x), no-op reshapes/permutes, and a
+  linear between reshapes that only regroup its rows is a linear of the unreshaped input.
+Weight-only subexpressions (dl.cat / dl.mul / dl.permute of parameters: `is_constant`) are evaluated once at load
+time by the runtime.
 """
 
 from __future__ import annotations
@@ -21,14 +23,13 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
     PatternRewriteWalker,
     RewritePattern,
-    op_type_rewrite_pattern,
 )
 from xdsl.rewriter import InsertPoint, Rewriter
 
@@ -45,18 +46,8 @@ from ..dialects import (
     RMSNormOp,
     SliceOp,
 )
-from .match import operand_pairs, producer, scalar, set_name, shape
+from .match import is_constant, operand_pairs, producer, scalar, set_name, shape
 from .registry import register_pass
-
-
-def is_constant(v: SSAValue) -> bool:
-    """v depends only on parameters and constants (a weight-only expression)."""
-    op = v.owner
-    if not isinstance(op, Operation):
-        return False
-    if isinstance(op, (ParamOp, ConstantOp)):
-        return True
-    return isinstance(op, (CatOp, MulOp, AddOp, SliceOp)) and all(is_constant(o) for o in op.operands)
 
 
 def hoist_constants(fn: func.FuncOp) -> None:
@@ -172,6 +163,27 @@ class FoldScalarChains(RewritePattern):
                 return
 
 
+def _rows_regrouped(op: ReshapeOp, rewriter: PatternRewriter) -> bool:
+    """reshape(linear(reshape(x))) where the outer reshape only regroups the rows (x.view(-1, K) @ W, then
+    .view(*x.shape[:-1], N), as GPT-2's Conv1D): a linear maps rows to rows, so that is linear(reshape(x)) with
+    the two reshapes merged (none left when x already has the output's rows)."""
+    lin = producer(op.input, LinearOp)
+    flat = producer(lin.input, ReshapeOp) if lin is not None and op.input.has_one_use() else None
+    if flat is None or shape(op.result)[-1:] != shape(op.input)[-1:]:
+        return False
+    rows = [*shape(op.result)[:-1], shape(flat.result)[-1]]
+    new: list[Operation] = []
+    x = flat.input
+    if list(shape(x)) != rows:
+        new.append(ReshapeOp(x, rows))
+        x = new[-1].results[0]
+    new.append(LinearOp(x, lin.weight, lin.bias))
+    set_name(new[-1].results[0], op.result)
+    rewriter.replace(op, new)
+    rewriter.erase_op(lin)
+    return True
+
+
 class FoldLayout(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter):
         if isinstance(op, ReshapeOp):
@@ -181,6 +193,8 @@ class FoldLayout(RewritePattern):
                 new = ReshapeOp(inner.input, shape(op.result))
                 set_name(new.result, op.result)
                 rewriter.replace(op, new)
+            else:
+                _rows_regrouped(op, rewriter)
         elif isinstance(op, PermuteOp):
             p = op.permutation
             if p == tuple(range(len(p))):

@@ -1,4 +1,5 @@
-"""Small helpers for matching `dl` subgraphs: producers, uses, scalar constants, commutative operands."""
+"""Small helpers for matching `dl` subgraphs: producers, uses, scalar constants, weight-only values, commutative
+operands."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TypeVar
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Operation, SSAValue
 
-from ..dialects import BinaryOp, ConstantOp, ConvertOp, ReshapeOp
+from ..dialects import AddOp, BinaryOp, CatOp, ConstantOp, ConvertOp, MulOp, ParamOp, PermuteOp, ReshapeOp, SliceOp
 
 OpT = TypeVar("OpT", bound=Operation)
 
@@ -25,6 +26,16 @@ def scalar(v: SSAValue | None) -> float | None:
     """The value of a scalar `dl.constant`, else None."""
     op = producer(v, ConstantOp)
     return op.scalar if op is not None else None
+
+
+def is_constant(v: SSAValue) -> bool:
+    """v depends only on parameters and constants (a weight-only expression, which the runtime computes once)."""
+    op = v.owner
+    if not isinstance(op, Operation):
+        return False
+    if isinstance(op, (ParamOp, ConstantOp)):
+        return True
+    return isinstance(op, (CatOp, MulOp, AddOp, SliceOp, PermuteOp)) and all(is_constant(o) for o in op.operands)
 
 
 def users(v: SSAValue) -> list[Operation]:

@@ -8,7 +8,14 @@ Patterns (each robust to the spellings real model code uses):
                 partial rotary cat(rotary(x[..., :rd]), x[..., rd:])
   glu           act(gate) * up with act = silu / gelu / gelu-tanh (SwiGLU, GeGLU)
   softmax       exp(x - max(x)) / sum(exp(x - max(x))) (and without the max)
-  sdpa          softmax(q k^T * scale + mask) v, with repeat_kv'd k/v seen as GQA
+  linear        x @ W with W weight-only and 2-D (a parameter or an expression of parameters: nn.Linear's
+                W.T / W.t() / W.transpose(0, 1), GPT-2 Conv1D's [in, out] W) -> linear(x, W^T), the transpose a
+                weight the runtime computes once; linear(x, W) + b with b weight-only [N] -> linear(x, W, b)
+  sdpa          softmax(q k^T * scale + mask) v
+  grouped sdpa  sdpa over k/v whose heads are repeated (repeat_kv's expand + reshape, before or after the
+                heads/sequence transpose; repeat_interleave imports as that) -> sdpa over the unrepeated k/v
+                with enable_gqa; a rotary of repeated heads (cos/sin alike for every head) is moved before the
+                repeat
 Every rewrite keeps the replaced value's type, so IR around it is untouched; the intermediate ops of a
 match must have no other users, else the match is refused (nothing is computed twice).
 """
@@ -16,13 +23,13 @@ match must have no other users, else the match is refused (nothing is computed t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.rewriter import InsertPoint
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
@@ -30,6 +37,7 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
     op_type_rewrite_pattern,
 )
+from xdsl.rewriter import InsertPoint
 
 from ..dialects import (
     AddOp,
@@ -41,6 +49,7 @@ from ..dialects import (
     ExpOp,
     GeluOp,
     GluOp,
+    LinearOp,
     MatmulOp,
     MulOp,
     NegOp,
@@ -62,8 +71,20 @@ from ..dialects import (
     SqrtOp,
     SubOp,
 )
-from .match import last_dim, only_user, operand_pairs, producer, scalar, set_name, shape, single_use, strip_convert
+from .match import (
+    is_constant,
+    last_dim,
+    only_user,
+    operand_pairs,
+    producer,
+    scalar,
+    set_name,
+    shape,
+    single_use,
+    strip_convert,
+)
 from .registry import register_pass
+
 
 def _discard(op: Operation) -> None:
     """Drop a candidate op that will not be inserted: its operand uses would otherwise stay behind
@@ -71,19 +92,23 @@ def _discard(op: Operation) -> None:
     op.erase()
 
 
-def _install(rewriter: PatternRewriter, new: Operation, old: SSAValue) -> bool:
+def _install(rewriter: PatternRewriter, new: Operation, old: SSAValue, before: Sequence[Operation] = ()) -> bool:
     """Replace the op defining `old` by the candidate `new` when `new` verifies and has `old`'s type, keeping
     the user-facing name; otherwise discard `new` and leave the code as it was (a recognizer that cannot
-    raise an op leaves it alone). True when installed."""
+    raise an op leaves it alone). `before`: new ops computing some of `new`'s operands, inserted ahead of it
+    (or discarded with it). True when installed."""
     try:
         new.verify()
+        fits = new.results[0].type == old.type
     except Exception:  # noqa: BLE001 - the candidate's operands do not fit (a gain of shape [1], cos/sin shapes)
-        _discard(new)
-        return False
-    if new.results[0].type != old.type:
-        _discard(new)
+        fits = False
+    if not fits:
+        for op in (new, *reversed(before)):
+            _discard(op)
         return False
     set_name(new.results[0], old)
+    if before:
+        rewriter.insert_op(list(before), InsertPoint.before(old.owner))
     rewriter.replace(old.owner, new)
     return True
 
@@ -252,8 +277,9 @@ def _rotated(rot: SSAValue, x: SSAValue) -> str | None:
         if cat is not None and len(cat.inputs) == 2 and cat.axis == len(shape(flat.input)) - 1:
             a, b = (producer(i, ReshapeOp) for i in cat.inputs)
             neg = producer(a.input, NegOp) if a is not None else None
-            if neg is not None and b is not None and _slice_of(neg.input, x, 1, d, 2) and _slice_of(b.input, x, 0, d, 2):
-                return "interleaved"
+            if neg is not None and b is not None and _slice_of(neg.input, x, 1, d, 2):
+                if _slice_of(b.input, x, 0, d, 2):
+                    return "interleaved"
     return None
 
 
@@ -327,24 +353,133 @@ class RecognizeSoftmax(RewritePattern):
         _install(rewriter, SoftmaxOp(x, dim), op.result)
 
 
+# -- linear ---------------------------------------------------------------------------------------
+
+
+class RecognizeLinear(RewritePattern):
+    """x @ W with W weight-only and 2-D -> linear(x, W^T). A transpose spelled in the code (x @ W.T, W.t(),
+    W.transpose(0, 1)) is read through; any other W gets a `dl.permute`, a weight computed once."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: MatmulOp, rewriter: PatternRewriter):
+        w = op.rhs
+        if len(shape(w)) != 2 or not is_constant(w):
+            return
+        t = producer(w, PermuteOp)
+        if t is not None and t.permutation == (1, 0):
+            _install(rewriter, LinearOp(op.lhs, t.input), op.result)
+        else:
+            wt = PermuteOp(w, [1, 0])
+            _install(rewriter, LinearOp(op.lhs, wt.result), op.result, [wt])
+
+
+class RecognizeLinearBias(RewritePattern):
+    """linear(x, W) + b with b weight-only [N] -> linear(x, W, b) (GPT-2's addmm, `x @ W.T + b`)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: AddOp, rewriter: PatternRewriter):
+        for y, b in operand_pairs(op):
+            lin = producer(y, LinearOp)
+            if lin is None or lin.bias is not None or not y.has_one_use() or not is_constant(b):
+                continue
+            if _install(rewriter, LinearOp(lin.input, lin.weight, b), op.result):
+                rewriter.erase_op(lin)
+                return
+
+
 # -- attention --------------------------------------------------------------------------------------
 
 
-def _unrepeat_kv(v: SSAValue) -> tuple[SSAValue, int]:
-    """(kv, groups) when v = repeat_kv(kv, groups) = reshape(broadcast(reshape(kv))), else (v, 1)."""
-    outer = producer(v, ReshapeOp)
-    bc = producer(outer.input, BroadcastOp) if outer else None
-    inner = producer(bc.input, ReshapeOp) if bc else None
-    if inner is None:
-        return v, 1
-    kv = inner.input
-    b, hk, s, d = (shape(kv) + (None,) * 4)[:4] if len(shape(kv)) == 4 else (None,) * 4
-    if b is None or shape(inner.result) != (b, hk, 1, s, d):
-        return v, 1
-    g = shape(bc.result)[2]
-    if shape(bc.result) != (b, hk, g, s, d) or shape(v) != (b, hk * g, s, d):
-        return v, 1
-    return kv, g
+@dataclass(frozen=True)
+class RepeatedHeads:
+    """v [..., Hk*g, L, D] = each head of kv [..., Hk, L, D] repeated g times in a row (head h reads kv head h // g,
+    as SDPA's enable_gqa): `expanded`, the tensor with a size-1 dim right after the heads, broadcast to g and
+    merged into the heads (then `perm`, the heads/sequence transpose, if it comes after)."""
+
+    expanded: SSAValue
+    kv_shape: tuple[int, ...]  # kv's shape before `perm`
+    perm: tuple[int, ...] | None
+    groups: int
+
+    def unrepeated(self) -> tuple[SSAValue, list[Operation]]:
+        """kv, and the new view ops computing it (none when it is an existing value)."""
+        new: list[Operation] = []
+        inner = producer(self.expanded, ReshapeOp)
+        if inner is not None and shape(inner.input) == self.kv_shape:  # repeat_kv's x[:, :, None]
+            kv = inner.input
+        else:
+            new.append(ReshapeOp(self.expanded, self.kv_shape))
+            kv = new[-1].results[0]
+        if self.perm is not None:
+            new.append(PermuteOp(kv, self.perm))
+            kv = new[-1].results[0]
+        return kv, new
+
+
+def repeated_heads(v: SSAValue) -> RepeatedHeads | None:
+    """How v repeats its heads, if it does: reshape(broadcast(t)) merging an expanded size-1 dim into the heads
+    dim before it, the heads/sequence transpose before or after (HF's repeat_kv, repeat_interleave, Falcon's
+    broadcast_to + flatten)."""
+    rank = len(shape(v))
+    if rank < 3:
+        return None
+    perm = producer(v, PermuteOp)
+    merged = perm.input if perm is not None else v
+    h = perm.permutation[rank - 3] if perm is not None else rank - 3  # the heads dim of `merged`
+    flat = producer(merged, ReshapeOp)
+    bc = producer(flat.input, BroadcastOp) if flat is not None else None
+    if bc is None:
+        return None
+    out, wide, src = shape(merged), shape(bc.result), shape(bc.input)
+    if len(wide) != rank + 1 or len(src) != rank + 1 or wide[:h] + wide[h + 2 :] != out[:h] + out[h + 1 :]:
+        return None
+    hk, g = wide[h], wide[h + 1]
+    kv_shape = (*wide[:h], hk, *wide[h + 2 :])
+    if g == 1 or hk * g != out[h] or src[h + 1] != 1 or (*src[: h + 1], *src[h + 2 :]) != kv_shape:
+        return None
+    return RepeatedHeads(bc.input, kv_shape, perm.permutation if perm is not None else None, g)
+
+
+def repeat_heads(x: SSAValue, groups: int) -> list[Operation]:
+    """The ops repeating each head of x [..., Hk, L, D] `groups` times in a row (repeat_kv's spelling); the last
+    one's result is [..., Hk*groups, L, D]."""
+    *lead, hk, n, d = shape(x)
+    one = ReshapeOp(x, [*lead, hk, 1, n, d])
+    wide = BroadcastOp(one.result, [*lead, hk, groups, n, d])
+    return [one, wide, ReshapeOp(wide.result, [*lead, hk * groups, n, d])]
+
+
+class RecognizeRotaryOfRepeatedHeads(RewritePattern):
+    """rotary(repeated heads) -> repeated heads of rotary(k) when cos/sin are the same for every head (Falcon's
+    new decoder architecture repeats k before its rotary): rotary then runs once per k head, and the repeat
+    meets the sdpa, where `RecognizeGroupedAttention` sees it."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: RotaryOp, rewriter: PatternRewriter):
+        rep = repeated_heads(op.input)
+        if rep is None or not op.input.has_one_use():
+            return
+        if any(len(shape(t)) >= 3 and shape(t)[-3] != 1 for t in (op.cos, op.sin)):
+            return
+        kv, new = rep.unrepeated()
+        rot = RotaryOp(kv, op.cos, op.sin, op.layout.data, op.dim)
+        *repeat, out = repeat_heads(rot.result, rep.groups)
+        _install(rewriter, out, op.result, [*new, rot, *repeat])
+
+
+class RecognizeGroupedAttention(RewritePattern):
+    """sdpa over k and v whose heads are repeated the same way -> sdpa over the unrepeated k/v with enable_gqa:
+    the attention kernel then reads each k/v head once per group, not a materialized copy per query head."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: SDPAOp, rewriter: PatternRewriter):
+        rk, rv = repeated_heads(op.key), repeated_heads(op.value)
+        if rk is None or rv is None or rk.groups != rv.groups:
+            return
+        (k, new_k), (v, new_v) = rk.unrepeated(), rv.unrepeated()
+        scale = op.scale.value.data if op.scale is not None else None
+        new = SDPAOp(op.query, k, v, op.mask, op.causal, scale, True, op.masked_rows.data)
+        _install(rewriter, new, op.result, [*new_k, *new_v])
 
 
 def _scaled_scores(s: SSAValue) -> tuple[SSAValue, float] | None:
@@ -389,17 +524,14 @@ class RecognizeAttention(RewritePattern):
         r = len(shape(q))
         if tr is None or tr.permutation != (*range(r - 2), r - 1, r - 2) or not kt.has_one_use() or r != 4:
             return
-        k, gk = _unrepeat_kv(tr.input)
-        v0, gv = _unrepeat_kv(v)
-        if gk != gv:
-            k, v0, gk = tr.input, v, 1
+        k = tr.input
         if q.type.element_type != k.type.element_type or op.result.type.element_type != q.type.element_type:
             return
-        if (gk == 1 and shape(k) != shape(tr.input)) or math.isnan(scale) or scale <= 0:
+        if math.isnan(scale) or scale <= 0:
             return
         # softmax of a row that the mask empties is NaN; SDPA's is 0: the op keeps the explicit form's NaN
         masked_rows = "nan" if mask is not None else "zero"
-        _install(rewriter, SDPAOp(q, k, v0, mask, False, scale, gk > 1, masked_rows), op.result)
+        _install(rewriter, SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), masked_rows), op.result)
 
 
 RECOGNIZERS: list[type[RewritePattern]] = [
@@ -409,13 +541,18 @@ RECOGNIZERS: list[type[RewritePattern]] = [
     RecognizeGlu,
     RecognizeSoftmax,
     RecognizeAttention,
+    RecognizeGroupedAttention,
+    RecognizeRotaryOfRepeatedHeads,
+    RecognizeLinear,
+    RecognizeLinearBias,
 ]
 
 
 @register_pass
 @dataclass(frozen=True)
 class RecognizePass(ModulePass):
-    """Raise decomposed norms, rotary, gated activations, softmax and attention to composite ops."""
+    """Raise decomposed norms, rotary, gated activations, softmax, attention (grouped too) and linears to composite
+    ops."""
 
     name = "recognize"
     add_rms_norm: bool = True

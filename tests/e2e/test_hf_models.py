@@ -1,7 +1,7 @@
 """Hugging Face causal LMs end to end on CPU, built from small random configs (no download).
 
 Each model is compiled both ways (`dc.compile` and `torch.compile(backend="dlblas")`) with the reference
-and interpret backends: logits equal eager, and every decoder layer fuses to its five kernels. Greedy
+and interpret backends: logits equal eager, and every decoder layer fuses to the kernels `REGIONS` lists. Greedy
 `generate()` through the dynamo backend with a KV cache gives eager's tokens.
 """
 
@@ -27,12 +27,21 @@ BASE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hi
 # The rotary embedding's cos and sin are one row kernel each. Phi: LayerNorm is a row kernel, the MLP's GELU
 # rides in the QKV GEMM's epilogue slot (attention and MLP read the same normed input), one residual GEMM adds both.
 LLAMA_LIKE = Counter({"row": 2, "gemm": 4 * 2 + 1, "attention": 2})
+# GPT-2: LayerNorms are row kernels (the first with the position embedding's add); per layer c_attn (+ bias and the
+# head split), attention, c_proj + residual, c_fc + GELU, c_proj + residual: the Conv1D addmm's are linears.
+# Falcon: cos/sin, LayerNorm(s) and each rotary are row kernels; q/k/v share one GEMM (with the MLP's up-projection
+# and GELU where attention and MLP read one norm), the down-projection adds both residuals; multi-query attention
+# (1 k/v head) and grouped attention (k/v broadcast per group, rotary applied after) run as GQA.
 REGIONS = {
     "llama": LLAMA_LIKE,
     "qwen2": LLAMA_LIKE,
     "mistral": LLAMA_LIKE,
     "phi": Counter({"row": 2 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
+    "gpt2": Counter({"row": 2 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
+    "falcon": Counter({"row": 2 + 3 * 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
+    "falcon-gqa": Counter({"row": 2 + 4 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
 }
+MODELS = list(REGIONS)
 
 
 def causal_lm(name: str) -> torch.nn.Module:
@@ -43,9 +52,18 @@ def causal_lm(name: str) -> torch.nn.Module:
     elif name == "mistral":  # GQA (4 query heads share 1 kv head) and a sliding window shorter than the sequence
         cfg = transformers.MistralConfig(**BASE, num_key_value_heads=1, head_dim=16, sliding_window=4)
         cls = transformers.MistralForCausalLM
-    else:  # phi: partial rotary, GELU MLP, LayerNorm, attention and MLP in parallel
+    elif name == "phi":  # partial rotary, GELU MLP, LayerNorm, attention and MLP in parallel
         cfg = transformers.PhiConfig(**BASE, num_key_value_heads=4, partial_rotary_factor=0.5)
         cls = transformers.PhiForCausalLM
+    elif name == "gpt2":  # Conv1D projections (torch.addmm, weights [in, out]), GELU-tanh spelled out, LayerNorm
+        cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256, bos_token_id=0,
+                                      eos_token_id=0)  # fmt: skip
+        cls = transformers.GPT2LMHeadModel
+    else:  # falcon: x @ W.T projections, rotary; multi-query (one k/v head) or the new decoder architecture (GQA)
+        heads = dict(new_decoder_architecture=True, num_kv_heads=2) if name == "falcon-gqa" else dict(multi_query=True)
+        shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128)
+        cfg = transformers.FalconConfig(**shape, **heads)
+        cls = transformers.FalconForCausalLM
     cfg._attn_implementation = "sdpa"
     model = randomize_(cls(cfg)).eval()
     model.generation_config.pad_token_id = 0
@@ -61,7 +79,7 @@ def _regions(cm) -> Counter:
 
 
 @pytest.mark.parametrize("backend", ["reference", "interpret"])
-@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "phi"])
+@pytest.mark.parametrize("name", MODELS)
 def test_dc_compile_logits_equal_eager(name, backend):
     model, ids = causal_lm(name), _ids()
     cm = dc.compile(model, backend=backend)
@@ -74,7 +92,7 @@ def test_dc_compile_logits_equal_eager(name, backend):
 
 
 @pytest.mark.parametrize("backend", ["reference", "interpret"])
-@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "phi"])
+@pytest.mark.parametrize("name", MODELS)
 def test_torch_compile_logits_equal_eager(name, backend, fresh_dynamo):
     model, ids = causal_lm(name), _ids()
     fast = torch.compile(model, backend="dlblas", options={"backend": backend})

@@ -1,8 +1,8 @@
 """Fusion on real decoder layers (region counts, numerics) and a property test of the row fuser."""
 
-from collections import Counter
-
+import copy
 import warnings
+from collections import Counter
 
 import pytest
 import torch
@@ -72,6 +72,108 @@ def test_llama_qkv_rotary_in_one_gemm_and_v_untouched():
     ir = cm.ir()
     first = ir.split('dl.fused "gemm"')[1].split("dl.yield")[0]
     assert first.count("dl.rotary") == 2 and "dl.rms_norm" in first and first.count("dl.linear") == 1
+
+
+# -- a matmul by a weight is a linear, however the code spells it ------------------------------------
+
+LINEAR_SPELLINGS = ["W.t()", "W.T", "W.transpose(0, 1)", "torch.matmul(x, W.T) + b", "x @ W_io", "torch.addmm"]
+
+
+class WeightMatmul(nn.Module):
+    """x times a weight in one of the spellings models use, then a residual add (the GEMM's epilogue)."""
+
+    def __init__(self, spelling: str):
+        super().__init__()
+        self.spelling = spelling
+        self.w = nn.Parameter(torch.randn(48, 32) / 6)  # [out, in]: nn.Linear's layout
+        self.w_io = nn.Parameter(torch.randn(32, 48) / 6)  # [in, out]: GPT-2 Conv1D's layout
+        self.b = nn.Parameter(torch.randn(48))
+
+    def forward(self, x, r):
+        s = self.spelling
+        if s == "W.t()":
+            y = x @ self.w.t()
+        elif s == "W.T":
+            y = x @ self.w.T
+        elif s == "W.transpose(0, 1)":
+            y = x @ self.w.transpose(0, 1)
+        elif s == "torch.matmul(x, W.T) + b":
+            y = torch.matmul(x, self.w.T) + self.b
+        elif s == "x @ W_io":
+            y = x @ self.w_io
+        else:  # GPT-2's Conv1D
+            y = torch.addmm(self.b, x.view(-1, x.shape[-1]), self.w_io).view(*x.shape[:-1], 48)
+        return y + r
+
+
+@pytest.mark.parametrize("spelling", LINEAR_SPELLINGS)
+def test_matmul_by_a_weight_is_one_gemm(spelling):
+    torch.manual_seed(0)
+    model = WeightMatmul(spelling).eval()
+    x, r = torch.randn(2, 5, 32), torch.randn(2, 5, 48)
+    cm = dc.compile(model, backend="interpret")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="dlblas_compiler")
+        out = cm(x, r)
+        ref = copy.deepcopy(model).double()(x.double(), r.double())
+    assert rel_error(out, ref) < 1e-5
+    assert _regions(cm) == {"gemm": 1}  # the linear, its bias and the residual add: one kernel
+    ir = cm.ir()
+    assert "dl.matmul" not in ir and "addmm" not in ir
+    linear = next(ln for ln in ir.splitlines() if "dl.linear" in ln)
+    assert ("bias" in linear) == (spelling in ("torch.matmul(x, W.T) + b", "torch.addmm"))
+    # a weight the code transposes in a way the linear does not read through is transposed once, at load time
+    assert ("= dl.permute" in ir) == (spelling in ("x @ W_io", "torch.addmm"))
+
+
+# -- grouped-query / multi-query attention, however the code spells it ------------------------------
+
+GQA_SPELLINGS = ["expand+reshape", "repeat_interleave", "enable_gqa", "expand before transpose"]
+GQA_SPELLINGS += ["multi-query", "explicit multi-query"]
+
+
+class GroupedAttention(nn.Module):
+    """Attention (causal) of 4 query heads over fewer k/v heads, k/v repeated per group in one of the spellings models
+    use (HF's repeat_kv, repeat_interleave, SDPA's enable_gqa, Falcon's broadcast_to + flatten on [B, S, H, D],
+    and one k/v head broadcast by SDPA itself or by the matmuls of softmax(q k^T s) v: multi-query)."""
+
+    def __init__(self, spelling: str):
+        super().__init__()
+        self.spelling = spelling
+
+    def forward(self, q, k, v):
+        s, g = self.spelling, q.shape[1] // k.shape[1]
+        b, hk, n, d = k.shape
+        if s == "expand+reshape":
+            k, v = (t[:, :, None].expand(b, hk, g, n, d).reshape(b, hk * g, n, d) for t in (k, v))
+        elif s == "repeat_interleave":
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        elif s == "expand before transpose":
+            bshd = (t.transpose(1, 2)[:, :, :, None].expand(b, n, hk, g, d) for t in (k, v))
+            k, v = (t.flatten(2, 3).transpose(1, 2) for t in bshd)
+        elif s == "explicit multi-query":  # (not causal)
+            return torch.softmax(q @ k.transpose(-1, -2) * d**-0.5, dim=-1) @ v
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=s == "enable_gqa")
+
+
+@pytest.mark.parametrize("spelling", GQA_SPELLINGS)
+def test_grouped_attention_is_one_kernel_over_the_unrepeated_heads(spelling):
+    hk = 1 if "multi-query" in spelling else 2
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 20, 16, generator=g)
+    k, v = torch.randn(2, hk, 20, 16, generator=g), torch.randn(2, hk, 20, 16, generator=g)
+    model = GroupedAttention(spelling)
+    cm = dc.compile(model, backend="interpret")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="dlblas_compiler")
+        out = cm(q, k, v)
+    ref = model(q.double(), k.double(), v.double())
+    assert rel_error(out, ref) < 1e-5
+    assert _regions(cm) == {"attention": 1}
+    sdpa = next(ln for ln in cm.ir().splitlines() if "dl.sdpa" in ln)
+    # the kernel reads each k/v head once per group: no repeated copy of k and v is made
+    assert "enable_gqa = true" in sdpa and f"tensor<2x4x20x16xf32>, tensor<2x{hk}x20x16xf32>" in sdpa
+    assert "dl.broadcast" not in cm.ir()
 
 
 # -- property test: random row programs, fused and run as generated kernels, equal eager ------------
