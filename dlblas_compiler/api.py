@@ -3,30 +3,41 @@
 A CompiledModule specializes on its input signature (tensor shapes, dtypes, devices, the non-tensor
 arguments, which inputs share storage) and on the module state that tracing reads (the training flags, torch's
 TF32 switch); each is compiled once and cached. Outputs come back in the structure the model returns.
+Each compile is logged (`dlblas_compiler.compile`, `.fusion`, `.codegen`: see `logs`) and, with a debug folder
+(`dump_ir`, `DLBLAS_DEBUG_DIR`), written to its own subfolder (see `report.debug`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 import time
 import warnings
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from .errors import FrontendError, UnsupportedError
 from .frontend import Captured, Imported, capture, import_graph
+from .fusion.planner import fusion_notes
+from .fusion.templates import KernelLowering
+from .logs import get_logger
 from .lowering import lower_module
 from .numerics import compare
 from .options import Options
 from .passes import PipelineResult, run_pipeline
-from .report import Report
+from .report import Report, debug
+from .report.text import count, times
 from .runtime import Program, build_program
 from .runtime.outputs import OutputGuard, output_guard
 
 
+log = get_logger("compile")
 _FLAT = (torch.Tensor, torch.nn.Parameter, int, float, bool, type(None))
 
 
@@ -82,6 +93,8 @@ class Specialization:
     compile_seconds: float
     notes: list[str] = field(default_factory=list)
     guard: OutputGuard | None = None  # eager's output aliasing and layout (None: nothing to do)
+    signature: str = ""  # the input tensors, for logs and the debug folder
+    debug_dir: str | None = None  # this specialization's debug folder (see `report.debug`)
 
     direct: bool = False  # the graph's inputs are exactly the call's positional arguments
     single: bool = False  # the output is one tensor
@@ -127,10 +140,12 @@ def _check_devices(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
 class CompiledModule(torch.nn.Module):
     """The compiled form of a module: call it like the module. See `ir()`, `passes`, `report()`."""
 
-    def __init__(self, model: torch.nn.Module, options: Options):
+    def __init__(self, model: torch.nn.Module, options: Options, name: str | None = None):
         super().__init__()
         self.model = model
         self.options = options
+        self.name = name or type(model).__name__  # the report's title and the debug folder's name
+        self._debug_dir: str | None = None  # this module's debug folder, made at its first compile
         self._specs: OrderedDict[tuple, Specialization] = OrderedDict()  # least recently used first
         self.compile_count = 0  # specializations compiled so far (evicted ones included)
         self._last: Specialization | None = None
@@ -148,8 +163,12 @@ class CompiledModule(torch.nn.Module):
             self.compile_count += 1
             while len(self._specs) > self.options.max_specializations:
                 self._specs.popitem(last=False)
-        else:
-            self._specs.move_to_end(key)
+            self._last = spec
+            out = spec(args, kwargs)
+            if spec.debug_dir:  # (after the first call: it tunes, and the choices are known)
+                self._write_debug(spec)
+            return out
+        self._specs.move_to_end(key)
         self._last = spec
         return spec(args, kwargs)
 
@@ -174,6 +193,8 @@ class CompiledModule(torch.nn.Module):
 
     def _specialize(self, args: tuple, kwargs: dict) -> Specialization:
         t0 = time.perf_counter()
+        signature = debug.signature_text(args, kwargs)
+        folder = self._spec_folder(signature)
         _check_devices(self.model, args, kwargs)
         captured = capture(self.model, args, kwargs)
         flat = captured.flatten(args, kwargs)
@@ -181,18 +202,69 @@ class CompiledModule(torch.nn.Module):
         check = None
         if self.options.check_each_pass:
             check = self._checker(imported, captured, args, kwargs, flat)
-        result = run_pipeline(imported.module, self.options.pipeline, self.options.dump_ir, check)
-        lowered = {} if self.options.backend == "reference" else lower_module(result.module, self.options.dump_ir)
+        ir_dir, kernel_dir = (os.path.join(folder, "ir"), os.path.join(folder, "kernels")) if folder else (None, None)
+        result = run_pipeline(imported.module, self.options.pipeline, ir_dir, check)
+        self._log_fusion(result)
+        lowered = {} if self.options.backend == "reference" else lower_module(result.module, kernel_dir)
+        self._log_codegen(lowered)
         program = build_program(result.module, lowered, imported, self.options)
         spec = Specialization(
             captured, imported, result, program, time.perf_counter() - t0, [*captured.notes, *imported.notes]
         )
+        spec.signature, spec.debug_dir = signature, folder
+        log.info("%s: compiled specialization %d (%s) in %.2f s%s", self.name, self.compile_count, signature,
+                 spec.compile_seconds, f"; debug folder {folder}" if folder else "")  # fmt: skip
         spec.guard = output_guard(result.module, imported) or None
         spec.direct = not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
         spec.direct = spec.direct and all(f is a for f, a in zip(flat, args))
         spec.single = imported.out_leaves == [("value", 0)] and captured.out_spec is None
         spec.single = spec.single and imported.out_spec == pytree.tree_flatten(object())[1]
         return spec
+
+    # -- logs and the debug folder ------------------------------------------------------------------------------
+    def _spec_folder(self, signature: str) -> str | None:
+        """The next specialization's debug folder (None without a debug folder)."""
+        if not self.options.dump_ir:
+            return None
+        if self._debug_dir is None:
+            self._debug_dir = debug.numbered_folder(self.options.dump_ir, self.name)
+        return os.path.join(self._debug_dir, f"{self.compile_count}-{debug.folder_name(signature)}")
+
+    def _write_debug(self, spec: Specialization) -> None:
+        try:
+            os.makedirs(spec.debug_dir, exist_ok=True)
+            debug.write_specialization(spec.debug_dir, self._report(spec))
+        except OSError as e:  # (a debugging aid must not break the model)
+            warnings.warn(f"dlblas_compiler: could not write the debug folder {spec.debug_dir}: {e}", stacklevel=3)
+
+    def _log_fusion(self, result: PipelineResult) -> None:
+        flog = get_logger("fusion")
+        if not flog.isEnabledFor(logging.INFO):  # (walking a 32-layer module costs time no one asked for)
+            return
+        from xdsl.dialects import func
+
+        from .dialects import FusedOp, TorchCallOp
+
+        top = [op for fn in result.module.ops if isinstance(fn, func.FuncOp) for op in fn.body.block.ops]
+        patterns = Counter(op.pattern.data for op in top if isinstance(op, FusedOp))
+        opaque = sum(isinstance(op, TorchCallOp) for op in top)
+        flog.info("%s: %s (%s); %s left to PyTorch", self.name, count(sum(patterns.values()), "region") + " fused",
+                  times(patterns) or "none", count(opaque, "op"))  # fmt: skip
+        for fn in result.module.ops:
+            if isinstance(fn, func.FuncOp):
+                for note in fusion_notes(fn):
+                    flog.debug("%s: %s", self.name, note)
+
+    def _log_codegen(self, lowered: dict) -> None:
+        clog = get_logger("codegen")
+        if not lowered or not clog.isEnabledFor(logging.INFO):
+            return
+        kernels = [low.name for low in lowered.values() if isinstance(low, KernelLowering)]
+        clog.info("%s: %s generated (%s), %s without one", self.name, count(len(kernels), "kernel"),
+                  ", ".join(kernels) or "none", count(len(lowered) - len(kernels), "region"))  # fmt: skip
+        for low in lowered.values():
+            if not isinstance(low, KernelLowering):
+                clog.debug("%s: region %s has no kernel: %s", self.name, low.name, getattr(low, "reason", "a callable"))
 
     def _checker(self, imported: Imported, captured: Captured, args, kwargs, flat):
         from .runtime.reference import run_reference
@@ -237,10 +309,13 @@ class CompiledModule(torch.nn.Module):
         """What the compiler did (typed records; `str()` is the text): ops by mapping kind, regions, kernels,
         configs, fallbacks, notes (and, with check=True, each region's worst relative error against its reference
         on the inputs seen). With `html`, also writes that page (the graph drawn, then the text)."""
-        rep = Report.build(self._spec(), self.options.backend, self.options.tune)
+        rep = self._report(self._spec())
         if html:
             rep.write_html(html)
         return rep
+
+    def _report(self, spec: Specialization) -> Report:
+        return Report.build(spec, self.options.backend, self.options.tune, title=self.name)
 
     @property
     def specializations(self) -> int:
@@ -254,16 +329,39 @@ class DynamoBackend:
 
     options: Options
     compilations: list[CompiledModule] = field(default_factory=list)
+    name: str | None = None  # the graphs' name (dc.compile of a bound method: its owner's class), else found
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        cm = CompiledModule(gm, self.options)
+        cm = CompiledModule(gm, self.options, self.name or traced_class() or type(gm).__name__)
         self.compilations.append(cm)
+        log.info("%s: dynamo graph %d handed over (%d nodes)", cm.name, len(self.compilations) - 1, len(gm.graph.nodes))
 
         def run(*args):
             return cm(*args)
 
         run.compiled_module = cm  # for inspection: run.compiled_module.report()
         return run
+
+
+def traced_class() -> str | None:
+    """The class of the module whose code dynamo is compiling while a torch.compile backend runs (`Mlp` for
+    `Mlp.forward`, for the code after a graph break in it, and for a decorator's wrapper around it, as Hugging
+    Face's forward has), else the compiled function's name; None outside a backend call. Read from the frame
+    dynamo's `convert_frame` holds: torch internals, so any surprise gives None."""
+    try:
+        f = sys._getframe(1)
+        while f is not None:
+            frame = f.f_locals.get("frame") if f.f_code.co_filename.endswith("convert_frame.py") else None
+            if frame is not None and hasattr(frame, "f_locals"):
+                owner = frame.f_locals.get("self")
+                if isinstance(owner, torch.nn.Module):
+                    return type(owner).__name__
+                code = getattr(frame, "f_code", None)
+                return code.co_name if code is not None else None
+            f = f.f_back
+    except Exception:  # noqa: BLE001 - a name is nice to have, never needed
+        return None
+    return None
 
 
 def compile(model, backend: str | None = None, **options):  # noqa: A001
@@ -275,7 +373,7 @@ def compile(model, backend: str | None = None, **options):  # noqa: A001
     export). Any other callable, such as `model.forward` of a Hugging Face causal LM for `generate()`, is compiled
     through dynamo (`torch.compile` with this compiler as its backend: graph breaks, caches and their in-place
     updates as dynamo handles them), each graph a CompiledModule; the returned function's `compilations` lists
-    them and `report()` gives the last one's report:
+    them (`fn.compilations[i].report()`) and `fn.report()` gives the last one's report:
 
         model.forward = dc.compile(model.forward, backend="interpret")
         model.generate(ids, max_new_tokens=32, cache_implementation="static")
@@ -290,9 +388,9 @@ def compile(model, backend: str | None = None, **options):  # noqa: A001
         return CompiledModule(model, opts)
     if not callable(model):
         raise TypeError(f"dc.compile takes an nn.Module or a callable, got {type(model).__name__}")
-    dynamo_backend = DynamoBackend(opts)
-    fn = torch.compile(model, backend=dynamo_backend)
     owner = getattr(model, "__self__", None)  # (a bound method: model.forward)
+    dynamo_backend = DynamoBackend(opts, name=type(owner).__name__ if isinstance(owner, torch.nn.Module) else None)
+    fn = torch.compile(model, backend=dynamo_backend)
     generation = getattr(owner, "generation_config", None)
     if generation is not None and hasattr(generation, "disable_compile"):
         # Hugging Face's generate() compiles the decode step itself (torch.compile of the model's __call__, for

@@ -15,6 +15,10 @@ torch.compile refuses `mode=` and `options=` together, so to combine them put th
 `options={"mode": "max-autotune", "backend": "interpret"}`; the other keys override what the mode sets.
 Tuning times kernels on the GPU: it runs on the triton backend only, and `cm.report()` notes when it was skipped.
 
+What was compiled: `dc.compilations()` lists the CompiledModule of every graph handed to this backend (in order;
+`cm.name` is the class dynamo traced, `cm.report()` its last-used specialization's report) and `dc.reports()`
+their reports.
+
 A graph is specialized on the concrete shapes of each call (dynamo's symbolic sizes arrive as plain ints),
 so a growing sequence compiles once per length; tuning results are keyed by power-of-two token buckets,
 so it does not retune per length.
@@ -28,10 +32,24 @@ import torch
 
 from .api import CompiledModule, DynamoBackend
 from .options import Options
+from .report import Report
 
 # One CompiledModule per dynamo graph handed to the backend (graph breaks and dynamo's recompilations add
 # more); each counts its own specializations (one per input signature it was called with).
 COMPILATIONS: list[CompiledModule] = []
+
+
+
+def compilations() -> list[CompiledModule]:
+    """The CompiledModule of every graph torch.compile(..., backend="dlblas") handed over, in order (graph breaks
+    and dynamo's recompilations add more; `torch._dynamo.reset()` does not clear them: `.clear()` the list)."""
+    return COMPILATIONS
+
+
+def reports() -> list[Report]:
+    """The report of each of `compilations()` that has run (its last-used input signature)."""
+    return [cm.report() for cm in COMPILATIONS if cm.compile_count]
+
 
 # torch.compile's modes -> the Options fields each sets.
 MODES: dict[str, dict[str, Any]] = {

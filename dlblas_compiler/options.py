@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,7 @@ from .passes import DEFAULT_PIPELINE
 
 BACKENDS = ("triton", "interpret", "reference")
 TUNE_MODES = ("none", "quick", "full")
+DEBUG_DIR_ENV = "DLBLAS_DEBUG_DIR"  # a debug folder for every compile (what `dump_ir` gives one)
 
 
 def default_backend() -> str:
@@ -22,7 +24,11 @@ class Options:
     """backend: "triton" (CUDA), "interpret" (the same Triton kernels on CPU), "reference" (the torch reference
     of every op); None picks triton when CUDA is available, else reference.
     tune: "none" (each kernel's default config), "quick" (Bayesian search, <= 24 trials), "full" (every config).
-    dump_ir: a directory for the IR after every pass and every kernel's source.
+    dump_ir: a debug folder: each compiled graph gets a subfolder `<graph index>-<model class>/`, and each input
+    signature of it one inside, `<specialization index>-<short signature>/`, holding the IR after every pass
+    (`ir/`), every kernel's source (`kernels/`), the kernel choices and tuning results (`tuning.json`) and the
+    report (`report.txt`, `report.json`, `report.html`). Unset, the `DLBLAS_DEBUG_DIR` environment variable
+    gives it.
     cuda_graphs: capture the program as one CUDA graph and replay it, where that measures faster.
     pipeline: the passes, xdsl-opt style ("canonicalize,cse,...,fuse").
     check_each_pass: run the reference after every pass and name the first pass that changed the result.
@@ -55,6 +61,7 @@ class Options:
     def __post_init__(self):
         self.backend = self.backend or default_backend()
         self.pipeline = self.pipeline or DEFAULT_PIPELINE
+        self.dump_ir = self.dump_ir or os.environ.get(DEBUG_DIR_ENV) or None
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.tune not in TUNE_MODES:

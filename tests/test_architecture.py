@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dlblas_compiler"
 
 # Each stage may import the stages in earlier rows (and itself), never a later one.
 LAYERS = [
-    {"errors", "numerics", "models"},
+    {"errors", "numerics", "models", "logs"},
     {"dialects"},
     {"frontend", "passes", "tuning"},
     {"fusion"},

@@ -6,7 +6,9 @@ produce q/k/v (head reshapes and transposes) and those that consume the output (
 merge heads) are fused as strides, so the kernel reads projections and writes [B, S, H*D] directly.
 
 Two kernels, chosen by the query length:
-  prefill (S > DECODE_ROWS)  one program per block of BLOCK_M query rows of one head, looping over all keys.
+  prefill (S > DECODE_ROWS)  one program per block of BLOCK_M query rows of one head, looping over all keys; a
+                             key tile the mask keeps nothing of (a materialized causal mask's upper triangle) is
+                             skipped after reading the mask tile.
   decode  (S <= DECODE_ROWS) split-KV flash decoding: one program per (batch, KV head, split of the keys) takes
                              the S query rows of every query head sharing that KV head (GQA: each K/V tile is
                              read once for the group), and the last program of a (batch, KV head) to finish (an
@@ -166,20 +168,23 @@ def source(
         w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
         if masked:
             w("nmask = rn < L")
+            w("keep = nmask[None, :] & mmask[:, None]")
+            if causal:
+                w("keep = keep & (rn[None, :] <= rm[:, None])")
+        if masked and has_mask:  # the mask tile first: a tile it keeps nothing of (the causal upper triangle that
+            # a materialized mask spells, a cache's unused tail) costs no K/V reads and no dots
+            w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
+            w("keep = keep & (mv != 0)" if mask_bool else "keep = keep & (mv.to(tl.float32) != float('-inf'))")
+            w("if tl.max(keep.to(tl.int32)) > 0:")
+            w.indent()
+        if masked:
             w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d, mask=nmask[:, None], other=0.0)")
         else:
             w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d)")
         w(f"s = tl.dot(q, tl.trans(k){device.dot_args(in_dtype)})")
         if masked:
-            w("keep = nmask[None, :] & mmask[:, None]")
-            if causal:
-                w("keep = keep & (rn[None, :] <= rm[:, None])")
-            if has_mask:
-                w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
-                if mask_bool:
-                    w("keep = keep & (mv != 0)")
-                else:
-                    w("s = s + mv.to(tl.float32)")
+            if has_mask and not mask_bool:
+                w("s = s + mv.to(tl.float32)")
             w("s = tl.where(keep, s, float('-inf'))")
         w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
         if masked:
@@ -199,6 +204,8 @@ def source(
             w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d)")
         w(f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{device.dot_args(in_dtype)})")
         w("m_i = m_new")
+        if masked and has_mask:
+            w.dedent()
         w.dedent()
     if nan_rows:
         w("out = acc / tl.where(mmask, l_i, 1.0)[:, None]  # a fully masked row: 0 / 0 = NaN, as softmax gives")

@@ -11,10 +11,14 @@ assignment recorded as `copy_` into the buffer, which the importer turns into a 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import operator
 import re
+import traceback
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +75,9 @@ def _plain_signature(model: torch.nn.Module) -> inspect.Signature | None:
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
     """Trace `model` for a call with these inputs (MoE blocks as one op each, see frontend/moe.py). Raises
-    FrontendError naming why both tracers failed."""
+    FrontendError naming why both tracers failed, or that the call does not fit forward's signature."""
+    if not isinstance(model, torch.fx.GraphModule):
+        check_arguments(model, args, kwargs)
     with moe_blocks_as_ops(model) as moe_names:
         captured = _capture(model, args, kwargs)
     if moe_names:
@@ -101,6 +107,48 @@ def _capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
         except Exception as e:  # noqa: BLE001 - any tracing failure sends us to dynamo
             failure = f"{type(e).__name__}: {_first_line(e)}"
     return _dynamo_capture(model, args, kwargs, failure)
+
+
+def check_arguments(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Raise FrontendError when (args, kwargs) do not bind to forward's parameters, saying how many it takes
+    and how many were given (before any tracer turns the mismatch into a tracing failure)."""
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # a builtin or C forward: nothing to check
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        params = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        required = [p for p in params if p.default is p.empty]
+        takes = f"{len(required)}" if len(required) == len(params) else f"{len(required)} to {len(params)}"
+        if any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
+            takes = f"at least {len(required)}"
+        given = f"{len(args)} positional" + (f" and {len(kwargs)} keyword ({', '.join(kwargs)})" if kwargs else "")
+        names = ", ".join(p.name for p in params)
+        raise FrontendError(
+            f"{type(model).__name__}.forward({names}) takes {takes} argument{'s' * (takes != '1')}, "
+            f"given {given}: {e}"
+        ) from None
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log() -> Iterator[list[logging.LogRecord]]:
+    """Capture what FakeTensorMode logs about an op that fails on fake tensors (its traceback, ~40 lines at ERROR
+    level): the failure reaches the user as one FrontendError naming the op and source line instead. Yields the
+    captured records."""
+    records: list[logging.LogRecord] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        records.append(record)
+        return False
+
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    logger.addFilter(keep)
+    try:
+        yield records
+    finally:
+        logger.removeFilter(keep)
 
 
 def _module_state(model: torch.nn.Module) -> dict[tuple[str, str], Any]:
@@ -186,9 +234,11 @@ def _dynamo_capture(model, args, kwargs, symbolic_failure: str) -> Captured:
     limits = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 << 20}
     before = _module_state(model)
     try:
-        with warnings.catch_warnings(), torch._dynamo.config.patch(limits):
+        with warnings.catch_warnings(), torch._dynamo.config.patch(limits), quiet_fake_tensor_log():
             warnings.simplefilter("ignore")
             result = torch._dynamo.export(model, aten_graph=False, assume_static_by_default=True)(*args, **kwargs)
+    except torch._dynamo.exc.TorchRuntimeError as e:  # an op failed on the inputs' (fake) tensors: a shape error
+        raise FrontendError(_shape_failure(model, e)) from None  # (dynamo's text says nothing more)
     except Exception as e:  # noqa: BLE001
         raise FrontendError(
             f"cannot trace {type(model).__name__}: torch.fx.symbolic_trace failed ({symbolic_failure}), "
@@ -219,14 +269,34 @@ def _first_line(e: BaseException) -> str:
 
 
 def _dynamo_reason(e: BaseException) -> str:
-    """The cause and user source line of a dynamo failure, without dynamo's long hints."""
-    text = str(e)
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    """The cause and user source line of a dynamo failure, without dynamo's long hints: the user frame from the
+    exception's `real_stack` (dynamo's record of the code it was tracing), the first line and the explanation from
+    its message."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     head = lines[0] if lines else type(e).__name__
-    m = re.search(r'File "([^"]+)", line (\d+)', text)
-    where = f" at {m.group(1)}:{m.group(2)}" if m else ""
-    explanation = next((ln.strip() for ln in lines if ln.strip().startswith("Explanation:")), "")
+    frame = _user_frame(getattr(e, "real_stack", None) or [])
+    where = f" at {frame}" if frame else ""
+    explanation = next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
     return f"{head}{where}" + (f" ({explanation})" if explanation else "")
+
+
+def _shape_failure(model: torch.nn.Module, e: BaseException) -> str:
+    """One line for an op that fails on the call's shapes while dynamo traces it: the op's source line and torch's
+    error (what dynamo's explanation quotes after "got")."""
+    frame = _user_frame(getattr(e, "real_stack", None) or [])
+    explanation = next((ln for ln in str(e).splitlines() if ln.strip().startswith("Explanation:")), "")
+    cause = explanation.partition("): got ")[2] or _first_line(e)
+    where = f" at {frame}" if frame else ""
+    return f"cannot compute the shape of an op of {type(model).__name__}{where}: {cause}"
+
+
+def _user_frame(stack: list[traceback.FrameSummary]) -> str | None:
+    """The innermost frame outside torch's own modules, as `file:line (code)`."""
+    frames = [f for f in stack if not any(p in f.filename for p in _INTERNAL)]
+    if not frames:
+        return None
+    f = frames[-1]
+    return f"{f.filename}:{f.lineno}" + (f" ({f.line.strip()})" if f.line and f.line.strip() else "")
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')

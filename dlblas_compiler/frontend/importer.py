@@ -34,7 +34,7 @@ from xdsl.utils.exceptions import VerifyException
 from ..dialects import ConstantOp, ConvertOp, ParamOp, TorchCallOp
 from ..dialects.types import COMPUTE_DTYPES, has_xdsl_dtype, tensor_type, xdsl_dtype
 from ..errors import FrontendError
-from .capture import Captured, source_line
+from .capture import Captured, quiet_fake_tensor_log, source_line
 from .converters import CONVERTERS, Unsupported, converter_key
 from .mutation import mutated_arg, out_of_place
 
@@ -60,6 +60,10 @@ class Imported:
     eager_aliases: list[frozenset | None] = field(default_factory=list)
     # per output value: eager's output is a contiguous tensor (a compiled one must be too: `.view` works on it)
     contiguous: list[bool] = field(default_factory=list)
+    # inputs the graph only moves to a device (placeholder index -> device), such as a CPU counter the forward
+    # calls `.to("cuda")` on: the runtime moves them before the program runs (a copy from the host inside it
+    # waits for the GPU to finish all work queued before it, and cannot be captured in a CUDA graph)
+    device_moves: dict[int, torch.device] = field(default_factory=dict)
 
 
 def _safe_name(name: str) -> str:
@@ -98,8 +102,10 @@ def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Nod
             return out
 
     fake_inputs = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in inputs]
-    with mode, torch.no_grad():
-        Recorder(gm).run(*fake_inputs)
+    recorder = Recorder(gm)
+    recorder.extra_traceback = False  # (the FrontendError names the node and its source line)
+    with mode, torch.no_grad(), quiet_fake_tensor_log():
+        recorder.run(*fake_inputs)
     return values
 
 
@@ -231,10 +237,28 @@ class Importer:
         fn = func.FuncOp("forward", (arg_types, [r.type for r in results]), Region(block))
         module = ModuleOp([fn])
         module.verify()
+        moves = {i: dev for i, n in enumerate(placeholders) if i in arg_positions and (dev := self._moved(n)) is not None}
         return Imported(
             module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
-            param_placeholders, writes, eager_aliases, contiguous,
+            param_placeholders, writes, eager_aliases, contiguous, moves,
         )  # fmt: skip
+
+    def _moved(self, n: torch.fx.Node) -> torch.device | None:
+        """The device a host input is only ever moved to (`.to(device)`, `.cuda()` by every user), else None."""
+        example = self.values.get(n)
+        if not isinstance(example, torch.Tensor) or example.device.type != "cpu" or not n.users:
+            return None
+        devices = set()
+        for u in n.users:
+            moves = (u.op == "call_method" and u.target in ("to", "cuda")) or (
+                u.op == "call_function" and u.target in (torch.Tensor.to, torch.Tensor.cuda)
+            )
+            out = self.values.get(u)
+            if not moves or u.args[0] is not n or not isinstance(out, torch.Tensor) or out.dtype != example.dtype:
+                return None
+            devices.add(out.device)
+        (dev,) = devices if len(devices) == 1 else (None,)
+        return dev if dev is not None and dev.type != "cpu" else None
 
     def _output_layouts(
         self, fakes: list, placeholders: list, param_placeholders: dict[int, str]

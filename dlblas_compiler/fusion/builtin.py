@@ -106,6 +106,6 @@ def attention_pattern(op: Operation, plan: Plan):
     return region if _takes("attention", region) else None
 
 
-register_fusion_pattern("attention", attention_pattern, "attention", priority=50)
-register_fusion_pattern("gemm", gemm_pattern, "gemm", priority=100)
-register_fusion_pattern("row", row_pattern, "row", priority=10)
+register_fusion_pattern("attention", attention_pattern, "attention", priority=50, builtin=True)
+register_fusion_pattern("gemm", gemm_pattern, "gemm", priority=100, builtin=True)
+register_fusion_pattern("row", row_pattern, "row", priority=10, builtin=True)

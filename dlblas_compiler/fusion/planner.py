@@ -43,7 +43,7 @@ from ..passes.algebraic import is_constant
 from ..passes.match import producer, set_name
 from ..passes.registry import register_pass
 from .patterns import FusionPattern, patterns_by_priority
-from .templates import WhyNot, can_lower
+from .templates import TEMPLATES, ReferenceLowering, WhyNot, can_lower
 
 K = MappingKind
 LEGALITY: dict[tuple[MappingKind, MappingKind], str] = {
@@ -249,14 +249,29 @@ def topo_sort(block: Block) -> None:
 
 
 def _build_region(region: RegionPlan, rid: int) -> FusedOp:
-    inside = set(region.ops)
-    inputs = external_inputs(region.ops)
+    fused, outputs = _region_op(region.pattern, region.ops, f"{region.pattern.name}_{rid}")
+    if region.profile:
+        fused.attributes["profile"] = UnitAttr()
+    for old, new in zip(outputs, fused.outputs):
+        if old.name_hint:
+            new.name_hint = old.name_hint
+        old.replace_all_uses_with(new)
+    # the fused op takes the place of the region's first op; materialize() re-sorts the block
+    region.ops[0].parent.insert_op_before(fused, region.ops[0])
+    return fused
+
+
+def _region_op(pattern: FusionPattern, ops: list[Operation], kernel: str) -> tuple[FusedOp, list[SSAValue]]:
+    """A detached dl.fused op computing `ops` (cloned into its body), and the values of `ops` it yields (those used
+    outside them)."""
+    inside = set(ops)
+    inputs = external_inputs(ops)
     body = Block(arg_types=[v.type for v in inputs])
     mapping: dict[SSAValue, SSAValue] = dict(zip(inputs, body.args))
     for v, a in zip(inputs, body.args):
         if v.name_hint:
             a.name_hint = v.name_hint
-    for o in region.ops:
+    for o in ops:
         for v in o.operands:
             c = v.owner
             if isinstance(c, ConstantOp) and v not in mapping:
@@ -269,37 +284,48 @@ def _build_region(region: RegionPlan, rid: int) -> FusedOp:
             mapping[old] = new
             if old.name_hint:
                 new.name_hint = old.name_hint
-    outputs = [r for o in region.ops for r in o.results if any(u.operation not in inside for u in r.uses)]
+    outputs = [r for o in ops for r in o.results if any(u.operation not in inside for u in r.uses)]
     body.add_op(YieldOp(*[mapping[r] for r in outputs]))
-    pattern = region.pattern
-    fused = FusedOp(pattern.name, inputs, body, kernel=f"{pattern.name}_{rid}", template=pattern.template)
-    if region.profile:
-        fused.attributes["profile"] = UnitAttr()
-    for old, new in zip(outputs, fused.outputs):
-        if old.name_hint:
-            new.name_hint = old.name_hint
-        old.replace_all_uses_with(new)
-    # the fused op takes the place of the region's first op; materialize() re-sorts the block
-    region.ops[0].parent.insert_op_before(fused, region.ops[0])
-    return fused
+    return FusedOp(pattern.name, inputs, body, kernel=kernel, template=pattern.template), outputs
+
+
+def lowering_failure(pattern: FusionPattern, ops: list[Operation]) -> str | None:
+    """Why the pattern's template fails to lower these ops (a user pattern's region is lowered once while planning,
+    so a failing lowering leaves its ops to the other patterns instead of running them as a reference), or None."""
+    trial, _ = _region_op(pattern, ops, f"{pattern.name}_trial")
+    try:
+        template = TEMPLATES[pattern.template]
+        low = template.lower(trial, template.can_lower(trial.body_ops, list(trial.block.args)), trial.label)
+        return low.reason if isinstance(low, ReferenceLowering) else None
+    except Exception as e:  # noqa: BLE001 - a user template's or callable's error, reported as a note
+        text = str(e).strip()
+        return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+    finally:
+        trial.erase()
 
 
 def plan_regions(block: Block, notes: list[str]) -> Plan:
     """Run every pattern over the block (by priority) and claim the regions their templates can lower."""
     plan = Plan(block, {o: i for i, o in enumerate(block.ops)}, notes=notes)
     for pattern in patterns_by_priority():
+        matched = False
         for o in list(block.ops):
             if not plan.free(o):
                 continue
             m = pattern.match(o, plan)
             if m is None:
                 continue
+            matched = True
             where = f"{pattern.name} at {o.name} %{o.results[0].name_hint if o.results else ''}"
             why = ask(pattern.template, plan.sorted(m.ops))
             if isinstance(why, WhyNot):  # a template refuses at planning time what it cannot lower
                 plan.notes.append(f"{where}: {why}")
+            elif not pattern.builtin and (failed := lowering_failure(pattern, plan.sorted(m.ops))):
+                plan.notes.append(f"{where}: lowering failed ({failed}); its ops are left to the other patterns")
             elif not plan.claim(pattern, m.ops, m.profile):
                 plan.notes.append(f"{where}: region not convex or ops taken")
+        if not matched and not pattern.builtin:
+            plan.notes.append(f"pattern {pattern.name!r} matched nothing")
     sink_views(plan)
     explain_unfused(plan)
     return plan

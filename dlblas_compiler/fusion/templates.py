@@ -14,6 +14,7 @@ every parameter and its choices). A user pattern whose lowering is a Python call
 from __future__ import annotations
 
 import abc
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -139,9 +140,30 @@ class CallTemplate:
         names = None
         if self.dag is not None:
             binding = self.dag.bind(fused.yielded.values[0].owner) or {}
-            by_value = {v: k for k, v in binding.items()}
+            by_value = {v: k for k, v in binding.items() if v is not None}
             names = [by_value.get(a, f"arg{i}") for i, a in enumerate(fused.block.args)]
+            attrs |= {k: None for k, v in binding.items() if v is None}  # an optional operand the op lacks
+        self._check_arguments(names or len(fused.block.args), attrs)
         return CallLowering(name, self.fn, attrs, names)
+
+    def _check_arguments(self, inputs: list[str] | int, attrs: dict) -> None:
+        """Raise TypeError when the callable cannot be called with the region's inputs and attrs (found while
+        planning, so the region's ops go to the other patterns instead of running their reference)."""
+        try:
+            sig = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return
+        try:
+            if isinstance(inputs, int):
+                sig.bind(*[None] * inputs, **attrs)
+            else:
+                sig.bind(**dict.fromkeys(inputs), **attrs)
+        except TypeError as e:
+            given = inputs if isinstance(inputs, list) else [f"{inputs} positional tensors"]
+            raise TypeError(
+                f"the lowering {getattr(self.fn, '__name__', self.fn)!r} of pattern {self.name!r} cannot take the "
+                f"region's arguments ({', '.join([*given, *attrs])}): {e}"
+            ) from None
 
 
 def _py(attr):

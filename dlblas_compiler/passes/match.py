@@ -1,13 +1,15 @@
 """Small helpers for matching `dl` subgraphs: producers, uses, scalar constants, weight-only values, commutative
-operands."""
+operands; and `install`, which puts a raised op in the place of the value it computes (or leaves the code alone)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Operation, SSAValue
+from xdsl.pattern_rewriter import PatternRewriter
+from xdsl.rewriter import InsertPoint
 
 from ..dialects import AddOp, BinaryOp, CatOp, ConstantOp, ConvertOp, MulOp, ParamOp, PermuteOp, ReshapeOp, SliceOp
 
@@ -86,3 +88,30 @@ def set_name(new: SSAValue, like: SSAValue) -> SSAValue:
     if like.name_hint:
         new.name_hint = like.name_hint
     return new
+
+
+def discard(op: Operation) -> None:
+    """Drop a candidate op that will not be inserted: its operand uses would otherwise stay behind
+    (breaking single-use checks, and handing the rewriter an op without a block)."""
+    op.erase()
+
+
+def install(rewriter: PatternRewriter, new: Operation, old: SSAValue, before: Sequence[Operation] = ()) -> bool:
+    """Replace the op defining `old` by the candidate `new` when `new` verifies and has `old`'s type, keeping
+    the user-facing name; otherwise discard `new` and leave the code as it was (a recognizer that cannot
+    raise an op leaves it alone). `before`: new ops computing some of `new`'s operands, inserted ahead of it
+    (or discarded with it). True when installed."""
+    try:
+        new.verify()
+        fits = new.results[0].type == old.type
+    except Exception:  # noqa: BLE001 - the candidate's operands do not fit (a gain of shape [1], cos/sin shapes)
+        fits = False
+    if not fits:
+        for op in (new, *reversed(before)):
+            discard(op)
+        return False
+    set_name(new.results[0], old)
+    if before:
+        rewriter.insert_op(list(before), InsertPoint.before(old.owner))
+    rewriter.replace(old.owner, new)
+    return True

@@ -16,6 +16,8 @@ Patterns (each robust to the spellings real model code uses):
                 heads/sequence transpose; repeat_interleave imports as that) -> sdpa over the unrepeated k/v
                 with enable_gqa; a rotary of repeated heads (cos/sin alike for every head) is moved before the
                 repeat
+SiLU and rotary spelled out another way (x * sigmoid(x), x / (1 + exp(-x)), rotary as a cat of halves or stacked
+pairs with per-half cos/sin) are first rewritten to one form (`spellings.py`).
 Every rewrite keeps the replaced value's type, so IR around it is untouched; the intermediate ops of a
 match must have no other users, else the match is refused (nothing is computed twice).
 """
@@ -23,7 +25,6 @@ match must have no other users, else the match is refused (nothing is computed t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -72,6 +73,8 @@ from ..dialects import (
     SubOp,
 )
 from .match import (
+    discard,
+    install,
     is_constant,
     last_dim,
     only_user,
@@ -84,34 +87,7 @@ from .match import (
     strip_convert,
 )
 from .registry import register_pass
-
-
-def _discard(op: Operation) -> None:
-    """Drop a candidate op that will not be inserted: its operand uses would otherwise stay behind
-    (breaking single-use checks, and handing the rewriter an op without a block)."""
-    op.erase()
-
-
-def _install(rewriter: PatternRewriter, new: Operation, old: SSAValue, before: Sequence[Operation] = ()) -> bool:
-    """Replace the op defining `old` by the candidate `new` when `new` verifies and has `old`'s type, keeping
-    the user-facing name; otherwise discard `new` and leave the code as it was (a recognizer that cannot
-    raise an op leaves it alone). `before`: new ops computing some of `new`'s operands, inserted ahead of it
-    (or discarded with it). True when installed."""
-    try:
-        new.verify()
-        fits = new.results[0].type == old.type
-    except Exception:  # noqa: BLE001 - the candidate's operands do not fit (a gain of shape [1], cos/sin shapes)
-        fits = False
-    if not fits:
-        for op in (new, *reversed(before)):
-            _discard(op)
-        return False
-    set_name(new.results[0], old)
-    if before:
-        rewriter.insert_op(list(before), InsertPoint.before(old.owner))
-    rewriter.replace(old.owner, new)
-    return True
-
+from .spellings import rewrite_spellings
 
 # -- rms_norm -------------------------------------------------------------------------------------
 
@@ -216,7 +192,7 @@ class RecognizeRMSNorm(RewritePattern):
                 x_in, w, offset, in_f32 = xf, weight[0], weight[1], False
         if down is not None and down.result.type.element_type != x0.type.element_type:
             return
-        _install(rewriter, RMSNormOp(x_in, w, eps, offset, in_f32), final)
+        install(rewriter, RMSNormOp(x_in, w, eps, offset, in_f32), final)
 
 
 class RecognizeAddRMSNorm(RewritePattern):
@@ -230,10 +206,10 @@ class RecognizeAddRMSNorm(RewritePattern):
         eps, offset, in_f32 = op.attrs
         new = AddRMSNormOp(add.lhs, add.rhs, op.weight, eps, offset, in_f32)
         if new.normed.type != op.result.type or new.sum.type != add.result.type:
-            return _discard(new)
+            return discard(new)
         w_def = producer(op.weight, ParamOp)
         if not _dominates(op.weight, add) and w_def is None:
-            return _discard(new)
+            return discard(new)
         set_name(new.normed, op.result)
         set_name(new.sum, add.result)
         if not _dominates(op.weight, add):  # a parameter read after the add: read it before instead
@@ -295,7 +271,7 @@ class RecognizeRotary(RewritePattern):
                     layout = _rotated(rot, x)
                     if layout is None or not rot.has_one_use():
                         continue
-                    if _install(rewriter, RotaryOp(x, cos, sin, layout), op.result):
+                    if install(rewriter, RotaryOp(x, cos, sin, layout), op.result):
                         return
 
 
@@ -316,7 +292,7 @@ class RecognizePartialRotary(RewritePattern):
         rd, d = shape(rot.input)[-1], shape(x)[-1]
         if not (_slice_of(rot.input, x, 0, rd) and _slice_of(op.inputs[1], x, rd, d)):
             return
-        _install(rewriter, RotaryOp(x, rot.cos, rot.sin, rot.layout.data, rd), op.result)
+        install(rewriter, RotaryOp(x, rot.cos, rot.sin, rot.layout.data, rd), op.result)
 
 
 # -- glu, softmax ----------------------------------------------------------------------------------
@@ -330,7 +306,7 @@ class RecognizeGlu(RewritePattern):
             if act is None or not a.has_one_use() or shape(act.input) != shape(up) or shape(up) != shape(op.result):
                 continue
             kind = "silu" if isinstance(act, SiluOp) else ("gelu_tanh" if act.approximate.data == "tanh" else "gelu")
-            if _install(rewriter, GluOp(act.input, up, kind), op.result):
+            if install(rewriter, GluOp(act.input, up, kind), op.result):
                 return
 
 
@@ -350,7 +326,7 @@ class RecognizeSoftmax(RewritePattern):
             mx = producer(sub.rhs, ReduceMaxOp)
             if mx is not None and mx.input == sub.lhs and mx.axes == (dim,) and mx.keep and single_use(x, sub.rhs):
                 x = sub.lhs
-        _install(rewriter, SoftmaxOp(x, dim), op.result)
+        install(rewriter, SoftmaxOp(x, dim), op.result)
 
 
 # -- linear ---------------------------------------------------------------------------------------
@@ -367,10 +343,10 @@ class RecognizeLinear(RewritePattern):
             return
         t = producer(w, PermuteOp)
         if t is not None and t.permutation == (1, 0):
-            _install(rewriter, LinearOp(op.lhs, t.input), op.result)
+            install(rewriter, LinearOp(op.lhs, t.input), op.result)
         else:
             wt = PermuteOp(w, [1, 0])
-            _install(rewriter, LinearOp(op.lhs, wt.result), op.result, [wt])
+            install(rewriter, LinearOp(op.lhs, wt.result), op.result, [wt])
 
 
 class RecognizeLinearBias(RewritePattern):
@@ -382,7 +358,7 @@ class RecognizeLinearBias(RewritePattern):
             lin = producer(y, LinearOp)
             if lin is None or lin.bias is not None or not y.has_one_use() or not is_constant(b):
                 continue
-            if _install(rewriter, LinearOp(lin.input, lin.weight, b), op.result):
+            if install(rewriter, LinearOp(lin.input, lin.weight, b), op.result):
                 rewriter.erase_op(lin)
                 return
 
@@ -464,7 +440,7 @@ class RecognizeRotaryOfRepeatedHeads(RewritePattern):
         kv, new = rep.unrepeated()
         rot = RotaryOp(kv, op.cos, op.sin, op.layout.data, op.dim)
         *repeat, out = repeat_heads(rot.result, rep.groups)
-        _install(rewriter, out, op.result, [*new, rot, *repeat])
+        install(rewriter, out, op.result, [*new, rot, *repeat])
 
 
 class RecognizeGroupedAttention(RewritePattern):
@@ -479,7 +455,7 @@ class RecognizeGroupedAttention(RewritePattern):
         (k, new_k), (v, new_v) = rk.unrepeated(), rv.unrepeated()
         scale = op.scale.value.data if op.scale is not None else None
         new = SDPAOp(op.query, k, v, op.mask, op.causal, scale, True, op.masked_rows.data)
-        _install(rewriter, new, op.result, [*new_k, *new_v])
+        install(rewriter, new, op.result, [*new_k, *new_v])
 
 
 def _scaled_scores(s: SSAValue) -> tuple[SSAValue, float] | None:
@@ -531,7 +507,7 @@ class RecognizeAttention(RewritePattern):
             return
         # softmax of a row that the mask empties is NaN; SDPA's is 0: the op keeps the explicit form's NaN
         masked_rows = "nan" if mask is not None else "zero"
-        _install(rewriter, SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), masked_rows), op.result)
+        install(rewriter, SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), masked_rows), op.result)
 
 
 RECOGNIZERS: list[type[RewritePattern]] = [
@@ -558,6 +534,7 @@ class RecognizePass(ModulePass):
     add_rms_norm: bool = True
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        rewrite_spellings(op)  # one form of SiLU and rotary first (passes/spellings.py)
         patterns = [p() for p in RECOGNIZERS]
         PatternRewriteWalker(GreedyRewritePatternApplier(patterns)).rewrite_module(op)
         if self.add_rms_norm:

@@ -15,6 +15,7 @@ from xdsl.ir import Operation, SSAValue
 
 from ..dialects import VIEW_OPS, ConstantOp, FusedOp, ParamOp, TorchCallOp, YieldOp
 from ..dialects.traits import kind_of
+from .text import regions_line
 
 
 @dataclass
@@ -84,14 +85,6 @@ def traffic_saved(fused: FusedOp) -> int:
     return total
 
 
-def _bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _type_text(v: SSAValue) -> str:
     t = v.type
     if isinstance(t, TensorType):
@@ -131,7 +124,7 @@ def _legend(report) -> str:
     regions = [swatch.format("#fff", pattern_color(p, patterns), p) for p in sorted(set(patterns))]
     kinds = [swatch.format(KIND_FILLS[k], "#444", k) for k in KIND_FILLS if k != "other"]
     return (
-        f"<p class='legend'>{len(report.regions)} fused regions (one kernel each), framed by pattern: "
+        f"<p class='legend'>{html_lib.escape(regions_line(report.counts()))}; framed by pattern: "
         f"{' '.join(regions) or 'none'}<br>ops filled by mapping kind: {' '.join(kinds)}</p>"
     )
 

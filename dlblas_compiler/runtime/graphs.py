@@ -9,6 +9,7 @@ length counter) is put back before every timed call.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -52,6 +53,8 @@ class CudaGraph:
             self.graph = graph
             return True
         except Exception as e:  # noqa: BLE001 - a program that cannot be captured still runs
+            logging.getLogger("dlblas_compiler.runtime").warning("CUDA graph capture failed (%s: %s)", type(e).__name__,
+                                                                 e)  # fmt: skip
             warnings.warn(f"dlblas_compiler: CUDA graph capture failed ({type(e).__name__}: {e}); running without", stacklevel=4)
             self.graph = None
             return False

@@ -12,6 +12,8 @@ and the cause (an error under strict=True); a region over empty tensors runs its
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +32,27 @@ from .ops import op_step
 from .selection import tune_region
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
 from .weights import DerivedWeight, DerivedWeights, derived_weight
+
+
+log = logging.getLogger("dlblas_compiler.runtime")
+
+
+def _log_choices(choices: list[KernelChoice], before: list[str]) -> None:
+    """After the first run: what runs the regions (INFO: counted; DEBUG: each), and each region that fell back
+    during it (WARNING, beside the warning the step gave)."""
+    for c, impl in zip(choices, before, strict=True):
+        if impl != "reference" and c.impl == "reference":
+            log.warning("region %s fell back to its reference: %s", c.region, c.reason)
+    if not choices or not log.isEnabledFor(logging.INFO):
+        return
+    impls = Counter(c.impl for c in choices)
+    log.info("what runs the regions: %s", ", ".join(f"{impl} {n}" for impl, n in impls.items()))
+    for c in choices:
+        if c.impl == "kernel":
+            timing = f", {c.time * 1e6:.1f} µs{' (from the cache)' if c.from_cache else ''}" if c.time else ""
+            log.debug("region %s runs its kernel with %s%s", c.region, c.config, timing)
+        else:
+            log.debug("region %s runs its %s: %s", c.region, c.impl, c.reason or "-")
 
 
 def run_ops(ops: list[Operation], env: dict[SSAValue, Any]) -> None:
@@ -61,6 +84,8 @@ class Program:
     addresses: tuple = ()  # of the static inputs at the last call
     repeats: int = 0  # consecutive calls with those addresses
     frees: list[tuple[int, ...]] = field(default_factory=list)  # per step: the slots no later step reads
+    moves: tuple[tuple[int, torch.device], ...] = ()  # (input, device): host inputs the program only moves there
+    logged: bool = False  # the first run's choices are logged
 
     def __repr__(self) -> str:
         lines = [f"Program({len(self.steps)} steps, inputs {self.inputs} -> outputs {self.outputs})"]
@@ -81,18 +106,25 @@ class Program:
         env = self._env(inputs)
         tuning = not self.tuned and self.tune_mode != "none"
         self.tuned = self.tuned or tuning
+        before = None if self.logged else [c.impl for c in self.choices]
         for step, free in zip(self.steps, self.frees or [()] * len(self.steps)):
             if tuning and isinstance(step, RegionStep) and step.kernel is not None and step.choice.impl == "kernel":
                 tune_region(step, step.inputs(env), self.tune_mode)
             step(env)
             for slot in free:
                 env[slot] = None
+        if before is not None:
+            self.logged = True
+            _log_choices(self.choices, before)
         return tuple(env[s] for s in self.outputs)
 
     def __call__(self, inputs: list) -> tuple:
         """Run, through a CUDA graph from the second consecutive call with the in-place written inputs (a KV
-        cache) at the same addresses: a signature seen once (a growing length) and a program that gets a new
-        cache each time (the prefill of each generate() call) are never captured; the decode steps are."""
+        cache) at the same addresses: a signature seen once (a growing length) is never captured, the decode steps
+        are, and so is the prefill of a prompt length seen again (HF's static cache is made inside it: it writes no
+        input in place). Host inputs the program only moves to the GPU are moved first."""
+        if self.moves:  # (before anything is queued: a copy from pageable host memory waits for the GPU)
+            inputs = _moved(inputs, self.moves)
         if not self.cuda_graphs:
             return self.run(inputs)
         addresses = tuple(inputs[i].data_ptr() for i in self.static_inputs)
@@ -110,6 +142,7 @@ class Program:
             if keep and self.graphs_pay is None:
                 self.graphs_pay = graph.pays(inputs)
                 self.graph_note = graph.note
+                log.info("CUDA graph %s: %s", "kept" if self.graphs_pay else "dropped", graph.note)
             if not keep or not self.graphs_pay:
                 self.cuda_graphs = False
                 return self.run(inputs)
@@ -177,7 +210,11 @@ class Builder:
             cuda_graphs = False  # the all-to-all exchanges token counts through the host
         return Program(inputs, outputs, steps, len(self.slots), weights, choices, cuda_graphs, tune_mode,
                        static_inputs=tuple(sorted({*inplace.values(), *(arg for arg, _ in writes)})),
-                       frees=frees)  # fmt: skip
+                       frees=frees, moves=self._moves())  # fmt: skip
+
+    def _moves(self) -> tuple[tuple[int, torch.device], ...]:
+        positions = self.imported.arg_positions
+        return tuple((positions.index(i), dev) for i, dev in self.imported.device_moves.items())
 
     def _derived(self, v: SSAValue) -> DerivedWeight:
         """A weight-only value computed from the live parameters (shared with the module's other programs that
@@ -234,6 +271,7 @@ class Builder:
             return step
         if isinstance(low, ReferenceLowering):
             if low.failure:
+                log.warning("region %s falls back to its reference: %s", fused.label, low.reason)
                 step.fall_back(low.reason)
             else:
                 step.choice.reason = low.reason
@@ -247,13 +285,25 @@ class Builder:
             config = low.space.default()
             step.compiled = low.kernel.compiled(self.interpret)
         except Exception as e:  # noqa: BLE001
-            step.fall_back(f"region {fused.label}: kernel source does not compile ({type(e).__name__}: {first_line(e)})", e)
+            why = f"region {fused.label}: kernel source does not compile ({type(e).__name__}: {first_line(e)})"
+            log.warning("region %s falls back to its reference: %s", fused.label, why)
+            step.fall_back(why, e)
             return step
         step.choice.impl, step.choice.config = "kernel", config
         if step.profile and opts.tune == "none" and not self.interpret and not step.prefer_kernel:
             step.choice.impl = "reference"
             step.choice.reason = "a lone GEMM runs on cuBLAS unless tuning measures the kernel faster"
         return step
+
+
+def _moved(inputs: list, moves: tuple[tuple[int, torch.device], ...]) -> list:
+    """The inputs with those host tensors copied to their device (through pinned memory, without waiting)."""
+    inputs = list(inputs)
+    for i, dev in moves:
+        x = inputs[i]
+        if x.device != dev:
+            inputs[i] = x.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else x.to(dev)
+    return inputs
 
 
 def _frees(reads: list[list[int]], kept: set[int]) -> list[tuple[int, ...]]:

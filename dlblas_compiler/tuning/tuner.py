@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -16,6 +17,8 @@ from .cache import CacheEntry, CacheKey, TuneCache, default_path
 from .policies import POLICIES, Progress, TuneResult
 from .profiler import make_objective
 from .space import Config, SearchSpace
+
+log = logging.getLogger("dlblas_compiler.tuning")
 
 
 class TuningError(DLError):
@@ -167,6 +170,8 @@ def tune(
     key = job.cache_key()
     hit = cache.get(key)
     if hit is not None and space.is_valid(hit.config):
+        log.info("%s %s: %s, %s (from the cache)", name, dict(job.shape), hit.config,
+                 "-" if hit.time is None else _format_seconds(hit.time))  # fmt: skip
         return TuneOutcome(hit.config, hit.time, hit.default_time, hit.trials, True)
 
     search = POLICIES[policy]  # (a miss from here on: counting the valid configs takes ~0.1 s for a GEMM space)
@@ -193,4 +198,7 @@ def tune(
         except Exception:  # the default failing is reported as "no default time", not an error
             default_time = None
     cache.put(key, CacheEntry(result.best_config, result.best_time, default_time, result.evaluations))
+    log.info("%s %s: %s, %s (searched %d configs; default %s)", name, dict(job.shape), result.best_config,
+             _format_seconds(result.best_time), result.evaluations,
+             "-" if default_time is None else _format_seconds(default_time))  # fmt: skip
     return TuneOutcome(result.best_config, result.best_time, default_time, result.evaluations, False, result)

@@ -51,12 +51,14 @@ def test_registered_by_entry_point_and_options_pass_through(tmp_path):
         assert rel_error(fast(x), model(x)) < 1e-5
     (cm,) = dynamo.COMPILATIONS
     assert (cm.options.backend, cm.options.tune, cm.options.dump_ir) == ("interpret", "none", dump)
-    files = os.listdir(dump)
+    (spec,) = os.listdir(os.path.join(dump, "0-Mlp"))  # the graph's folder (named for the traced class), the call's
+    spec = os.path.join(dump, "0-Mlp", spec)
+    files = os.listdir(os.path.join(spec, "ir"))
     assert any(f.endswith("-input.mlir") for f in files)
     (fused,) = [f for f in files if f.endswith("-after-fuse.mlir")]
-    assert 'dl.fused "gemm"' in open(os.path.join(dump, fused)).read()
-    kernels = [f for f in files if f.endswith(".py")]
-    assert kernels and all("@triton.jit" in open(os.path.join(dump, f)).read() for f in kernels)
+    assert 'dl.fused "gemm"' in open(os.path.join(spec, "ir", fused)).read()
+    kernels = os.listdir(os.path.join(spec, "kernels"))
+    assert kernels and all("@triton.jit" in open(os.path.join(spec, "kernels", f)).read() for f in kernels)
     assert _regions(cm) == ["gemm", "gemm"]  # norm+up+SiLU, down+residual
 
 

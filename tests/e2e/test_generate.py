@@ -170,3 +170,28 @@ def test_generate_on_the_gpu_with_the_decode_step_in_a_cuda_graph(fresh_dynamo):
     assert program.graph is not None or "CUDA graph replay" in program.graph_note
     writes = [s for s in program.steps if isinstance(s, (InPlaceIndexCopy, WriteInput))]
     assert {program.inputs.index(s.dest) for s in writes} == set(program.static_inputs)
+
+
+@pytest.mark.gpu
+def test_the_prefill_moves_host_counters_first_and_is_captured(fresh_dynamo):
+    """HF's static cache keeps each layer's length counter on the host until the prefill moves it to the GPU
+    (`.to(device)` in the forward): a copy from the host inside the program waited for the GPU at every layer
+    and made the prefill impossible to capture. The program moves such inputs before it starts, so the
+    prefill of a repeated prompt length is captured (or measured not to pay) and its tokens stay eager's."""
+    import warnings as w
+
+    import dlblas_compiler as dc
+
+    model = causal_lm("llama").cuda()
+    ids, mask = (t.cuda() for t in _batch(False))
+    kw = dict(attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0,
+              cache_implementation="static", disable_compile=True)  # fmt: skip
+    with torch.no_grad(), w.catch_warnings():
+        w.filterwarnings("error", message="dlblas_compiler")  # (a failed capture warns)
+        ref = model.generate(ids, **kw)
+        model.forward = dc.compile(model.forward, backend="triton")
+        outs = [model.generate(ids, **kw) for _ in range(3)]
+    assert all(torch.equal(o, ref) for o in outs)
+    prefill = model.forward.compilations[0]._spec().executor
+    assert prefill.moves and all(dev.type == "cuda" for _, dev in prefill.moves)
+    assert prefill.graph is not None or "CUDA graph replay" in prefill.graph_note

@@ -43,9 +43,32 @@ REGIONS = {
 }
 MODELS = list(REGIONS)
 
+# More architectures, compiled once (dc.compile, interpret backend: the generated kernels). Rows beyond the rotary
+# embedding's cos and sin (2): Gemma's embedding scale; Qwen3's q/k RMSNorms, each with its rotary after it (the norm
+# between the projection and the rotary keeps the rotary out of the GEMM: 4 per layer); Gemma2's post-attention and
+# post-MLP norms and its soft-capped logits; GPT-NeoX and StableLM's LayerNorms and partial rotary; OPT's and BERT's
+# LayerNorms (and the embedding sums); Mixtral's router softmax and top-k run inside dl.moe (library kernels), its
+# attention as Llama's. docs/architectures.md (scripts/architectures.py) lists each model's regions and what stays out.
+MORE_REGIONS = {
+    "qwen3": Counter({"row": 2 + 4 * 2, "gemm": 4 * 2 + 1, "attention": 2}),
+    "gemma": Counter({"row": 3, "gemm": 4 * 2 + 1, "attention": 2}),
+    "gemma2": Counter({"row": 7, "gemm": 4 * 2 + 1, "attention": 2}),
+    "phi3": LLAMA_LIKE,
+    "gpt_neox": Counter({"row": 11, "gemm": 4 * 2 + 1, "attention": 2}),
+    "opt": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
+    "stablelm": Counter({"row": 7, "gemm": 4 * 2 + 1, "attention": 2}),
+    "bert": Counter({"row": 5, "gemm": 4 * 2 + 1, "attention": 2}),
+    "t5_encoder": Counter({"row": 2, "gemm": 4 * 2, "attention": 2}),
+    "mixtral": Counter({"row": 6, "gemm": 2 * 2 + 1, "attention": 2}),
+}
+ENCODERS = ("bert", "t5_encoder")  # outputs last_hidden_state; the others are causal LMs (logits)
+
 
 def causal_lm(name: str) -> torch.nn.Module:
-    if name == "llama":
+    """The model `name` (a key of REGIONS or MORE_REGIONS) from a tiny random config: 2 layers, hidden 64."""
+    if name in MORE_REGIONS:
+        cfg, cls = _more_config(name)
+    elif name == "llama":
         cfg, cls = llama_config(), transformers.LlamaForCausalLM
     elif name == "qwen2":  # bias in q/k/v
         cfg, cls = transformers.Qwen2Config(**BASE, num_key_value_heads=2), transformers.Qwen2ForCausalLM
@@ -66,8 +89,45 @@ def causal_lm(name: str) -> torch.nn.Module:
         cls = transformers.FalconForCausalLM
     cfg._attn_implementation = "sdpa"
     model = randomize_(cls(cfg)).eval()
-    model.generation_config.pad_token_id = 0
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = 0
     return model
+
+
+def _more_config(name: str) -> tuple:
+    t, kv = transformers, dict(num_key_value_heads=2)
+    if name == "qwen3":  # q/k RMSNorm per head before the rotary
+        return t.Qwen3Config(**BASE, **kv, head_dim=16), t.Qwen3ForCausalLM
+    if name == "gemma":  # (1 + w) RMSNorm, GeGLU-tanh, scaled embedding
+        return t.GemmaConfig(**BASE, **kv, head_dim=16), t.GemmaForCausalLM
+    if name == "gemma2":  # post-norms, attention and final-logit soft-capping, a sliding window
+        return t.Gemma2Config(**BASE, **kv, head_dim=16, sliding_window=4), t.Gemma2ForCausalLM
+    if name == "phi3":  # fused qkv_proj and gate_up_proj weights
+        return t.Phi3Config(**BASE, **kv, pad_token_id=0, eos_token_id=0, bos_token_id=0), t.Phi3ForCausalLM
+    if name == "gpt_neox":  # fused interleaved-per-head qkv, partial rotary (25%), parallel attention and MLP
+        return t.GPTNeoXConfig(**BASE, rotary_pct=0.25), t.GPTNeoXForCausalLM
+    if name == "opt":  # learned positions, ReLU MLP, LayerNorm, biases everywhere
+        shape = dict(hidden_size=64, ffn_dim=160, num_attention_heads=4, num_hidden_layers=2, vocab_size=128)
+        return t.OPTConfig(**shape, max_position_embeddings=256, word_embed_proj_dim=64), t.OPTForCausalLM
+    if name == "stablelm":  # LayerNorm, partial rotary (25%), SwiGLU
+        return t.StableLmConfig(**BASE, **kv, partial_rotary_factor=0.25), t.StableLmForCausalLM
+    if name == "bert":  # encoder: bidirectional attention with a padding mask, post-LayerNorm, GELU
+        shape = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hidden_layers=2, vocab_size=128)
+        return t.BertConfig(**shape, max_position_embeddings=256), t.BertModel
+    if name == "t5_encoder":  # relative position bias added to unscaled scores, RMSNorm without mean, ReLU MLP
+        shape = dict(d_model=64, d_ff=160, d_kv=16, num_heads=4, num_layers=2, vocab_size=128)
+        return t.T5Config(**shape), t.T5EncoderModel
+    # mixtral: sparse MoE MLP captured as dl.moe (topk_gating + fused_moe)
+    return t.MixtralConfig(**BASE, **kv, num_local_experts=4, num_experts_per_tok=2), t.MixtralForCausalLM
+
+
+def run_kwargs(name: str) -> dict:
+    """Keyword arguments of a compiled call: causal LMs without a cache (a DynamicCache is no exportable output)."""
+    return {} if name in ENCODERS else {"use_cache": False}
+
+
+def main_output(name: str, out) -> torch.Tensor:
+    return out.last_hidden_state if name in ENCODERS else out.logits
 
 
 def _ids(seq: int = SEQ) -> torch.Tensor:
@@ -89,6 +149,20 @@ def test_dc_compile_logits_equal_eager(name, backend):
         ref = model(ids, use_cache=False)
     assert rel_error(out.logits, ref.logits) <= 1e-5
     assert _regions(cm) == REGIONS[name]
+
+
+@pytest.mark.parametrize("name", list(MORE_REGIONS))
+def test_more_architectures_equal_eager_on_interpret(name):
+    """Once each (dc.compile, interpret): outputs within 1e-5 relative error of eager's, no region fell back."""
+    model, ids = causal_lm(name), _ids()
+    cm = dc.compile(model, backend="interpret")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="dlblas_compiler")
+        out = main_output(name, cm(ids, **run_kwargs(name)))
+        ref = main_output(name, model(ids, **run_kwargs(name)))
+    assert rel_error(out, ref) <= 1e-5
+    assert _regions(cm) == MORE_REGIONS[name]
+    assert set(cm.report().impls().values()) == {"kernel"}
 
 
 @pytest.mark.parametrize("backend", ["reference", "interpret"])

@@ -1,6 +1,7 @@
 """`cm.report(html=...)`: the text report and the HTML page with the graph drawn as an SVG."""
 
 import io
+import json
 import re
 import xml.etree.ElementTree as ET
 
@@ -11,9 +12,10 @@ import torch.nn.functional as F
 
 import dlblas_compiler as dc
 from dlblas_compiler import P
-from dlblas_compiler.lowering import TritonTarget
 from dlblas_compiler.dialects import make_context
+from dlblas_compiler.lowering import TritonTarget
 from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
+from dlblas_compiler.report import Fallback
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -95,7 +97,109 @@ def test_reference_backend_says_no_kernel_runs(llama_block, tmp_path):
     labels = [t.text for t in svg.iter(SVG + "text") if t.get("class") == "cluster-label"]
     assert labels.count("no kernel launched (reference backend)") == 5
     assert "[1] attention · attention_4" in labels
-    assert "fused regions: 5" in text
+    # counted as references, not kernels, in the text and the page's legend
+    assert "5 fused regions: 0 generated kernels, 5 references (cuBLAS, SDPA, torch ops)" in text
+    assert "5 fused regions: 0 generated kernels, 5 references" in page and "one kernel each" not in page
+    assert "  [1] attention (sdpa): reference: reference backend" in text.splitlines()
+
+
+def test_concise_text_by_default_detailed_on_request(llama_block):
+    """`str(report)`: the model's class, the counts, one line per region saying what runs it; the weight
+    preparation (the q/k/v and gate/up weights concatenated once) apart; `text(detail=True)` has every op."""
+    model, inputs = llama_block
+    cm = dc.compile(model, backend="interpret")
+    with torch.no_grad():
+        cm(*inputs)
+    rep = cm.report()
+    lines = str(rep).splitlines()
+    assert lines[0].startswith("dlblas_compiler report: LlamaBlock (backend interpret, compiled in")
+    assert lines[1] == ("5 fused regions: 5 generated kernels, 0 references (cuBLAS, SDPA, torch ops); "
+                        "0 torch fallbacks (opaque calls); 2 ops computed once (weight preparation)")  # fmt: skip
+    regions = [ln for ln in lines if re.match(r"  \[\d\] ", ln)]
+    assert regions == [
+        "  [0] gemm (rms_norm linear rotary×2): kernel gemm_0",
+        "  [1] attention (sdpa): kernel attention_4",
+        "  [2] gemm (linear add): kernel gemm_1",
+        "  [3] gemm (rms_norm linear glu): kernel gemm_2",
+        "  [4] gemm (linear add): kernel gemm_3",
+    ]
+    assert "computed once (weight preparation): dl.cat ×2" in lines and rep.once == {"dl.cat": 2}
+    assert "BLOCK_M" not in str(rep)  # configs are detail
+    detail = rep.text(detail=True)
+    assert rep.detailed() == detail and len(detail.splitlines()) > len(lines)
+    assert "gemm_0 [kernel]: {'BLOCK_M'" in detail and "dl.slice dl.reshape dl.permute" in detail
+    assert "top-level ops each call: dl.fused x5" in detail
+    assert "computed once (weight preparation): dl.cat x2" in detail
+    assert "BLOCK_M" in rep  # `in` searches the detailed text
+    counts = rep.to_dict()["counts"]
+    assert counts == {"regions": 5, "kernels": 5, "callables": 0, "references": 0, "torch_fallbacks": 0,
+                      "unfused": 0, "computed_once": 2}  # fmt: skip
+    assert json.loads(rep.to_json())["computed_once"] == {"dl.cat": 2}
+
+
+class _IntPositions(nn.Module):
+    """Integer position arithmetic (not `dl` ops: torch fallbacks, their converters' notes spanning lines) and a
+    function the frontend does not know (`torch.cumsum`), beside a fused softmax."""
+
+    def __init__(self, n_int: int):
+        super().__init__()
+        self.n_int = n_int
+
+    def forward(self, x, pos):
+        for _ in range(self.n_int):
+            pos = pos + 1
+        return F.softmax(torch.cumsum(x, dim=-1), dim=-1), pos
+
+
+def test_fallbacks_have_readable_names_and_notes_are_one_line():
+    cm = dc.compile(_IntPositions(2), backend="interpret")
+    with torch.no_grad():
+        cm(torch.randn(4, 16), torch.arange(4))
+    rep = cm.report()
+    names = [f.name for f in rep.fallbacks]
+    assert names == ["operator.add", "operator.add", "torch.cumsum"]
+    assert rep.fallbacks[2].callee == "torch._VariableFunctionsClass.cumsum"  # (the IR's path)
+    text = str(rep)
+    assert "torch fallbacks (run by PyTorch each call): operator.add ×2, torch.cumsum" in text
+    assert "  torch_call cumsum: no converter for function torch.cumsum" in text.splitlines()
+    assert "_VariableFunctionsClass" not in text and "_VariableFunctionsClass" not in rep.text(detail=True)
+    assert "3 torch fallbacks (opaque calls)" in text and "1 generated kernel," in text
+    multi = [n for n in rep.notes if "\n" in n]  # the converters' verifier text spans lines ...
+    assert multi
+    for note in multi:  # ... the text gives each on one line
+        one = " ".join(note.replace("_operator.", "operator.").split())
+        assert f"  {one}" in text.splitlines() and f"  {one}" in rep.text(detail=True).splitlines()
+    assert rep.to_dict()["fallbacks"][2] == {"name": "torch.cumsum", "callee": "torch._VariableFunctionsClass.cumsum",
+                                             "node": "cumsum", "where": rep.fallbacks[2].where}  # fmt: skip
+    assert "test_report.py" in rep.fallbacks[2].where and "torch.cumsum(x, dim=-1)" in rep.fallbacks[2].where
+
+
+def test_many_alike_notes_are_summarized_in_the_concise_text():
+    cm = dc.compile(_IntPositions(6), backend="reference")
+    with torch.no_grad():
+        cm(torch.randn(4, 16), torch.arange(4))
+    rep = cm.report()
+    refused = [n for n in rep.notes if n.startswith("torch_call ")]
+    assert len(refused) == 7  # six integer adds, and cumsum
+    text = str(rep)
+    assert "  why 7 torch fallbacks are not dl ops: see the detailed text" in text.splitlines()
+    assert not any(ln.startswith("  torch_call ") for ln in text.splitlines())
+    assert sum(ln.startswith("  torch_call ") for ln in rep.text(detail=True).splitlines()) == 7
+
+
+@pytest.mark.parametrize(
+    ("callee", "name"),
+    [
+        ("torch._VariableFunctionsClass.addmm", "torch.addmm"),
+        ("torch._C._nn.gelu", "torch.nn.functional.gelu"),
+        ("_operator.getitem", "operator.getitem"),
+        ("torch.Tensor.unsqueeze", "torch.Tensor.unsqueeze"),
+        ("builtins.getattr", "getattr"),
+        ("my_pkg.ops.fancy", "my_pkg.ops.fancy"),
+    ],
+)
+def test_readable_callee_names(callee, name):
+    assert Fallback(callee, "n").name == name
 
 
 def test_user_pattern_region_is_labelled_as_a_callable(tmp_path):

@@ -58,10 +58,13 @@ def test_ir_at_every_stage_and_dumps(tmp_path):
     assert 'kind = "one-to-one"' in cm.ir("after:classify")
     assert "kind =" not in cm.ir("before:classify")
     assert cm.ir("final") == cm.ir("after:classify")
-    files = sorted(os.listdir(tmp_path))
+    (spec,) = os.listdir(tmp_path / "0-LlamaBlock")  # the module's folder, then the input signature's
+    assert spec == "0-f32_1x6x64-f32_6x16-f32_6x16"
+    ir = tmp_path / "0-LlamaBlock" / spec / "ir"
+    files = sorted(os.listdir(ir))
     assert files == ["00-input.mlir", "01-after-cse.mlir", "02-after-classify.mlir"]
     for f in files:
-        Parser(make_context(), open(tmp_path / f).read()).parse_module().verify()
+        Parser(make_context(), open(ir / f).read()).parse_module().verify()
     with pytest.raises(KeyError, match="stages are"):
         cm.ir("after:nothing")
 

@@ -1,0 +1,81 @@
+"""Errors a user meets first, each one FrontendError (or Python's own TypeError) in one message naming the cause:
+a call that does not fit forward's signature, a wrong hidden size (no fake-tensor log on stderr), a plain function."""
+
+import pytest
+import torch
+
+import dlblas_compiler as dc
+from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
+
+from ..hf import llama_layer_and_inputs
+
+
+@pytest.fixture
+def block():
+    cfg = BlockConfig()
+    return randomize_(LlamaBlock(cfg)).eval(), llama_block_inputs(cfg, batch=1, seq=8)
+
+
+@pytest.mark.parametrize(
+    "count, given, cause",
+    [(2, "given 2 positional", "missing a required argument: 'sin'"), (4, "given 4 positional", "too many positional")],
+)
+def test_wrong_argument_count_says_what_forward_takes(block, count, given, cause):
+    model, (x, cos, sin) = block
+    args = (x, cos, sin, sin)[:count]
+    with torch.no_grad(), pytest.raises(dc.FrontendError) as err:
+        dc.compile(model, backend="reference")(*args)
+    msg = str(err.value)
+    assert msg.startswith("LlamaBlock.forward(x, cos, sin) takes 3 arguments")
+    assert given in msg and cause in msg
+
+
+def test_hf_layer_given_too_many_arguments_names_the_clash():
+    layer, (x,), kw = llama_layer_and_inputs()
+    with torch.no_grad(), pytest.raises(dc.FrontendError, match="given 2 positional and 2 keyword") as err:
+        dc.compile(layer, backend="reference")(x, None, **kw)
+    assert "multiple values for argument 'attention_mask'" in str(err.value)
+
+
+def test_wrong_hidden_size_is_one_error_and_no_log(block, capfd):
+    """symbolic_trace path: the importer's fake-tensor run names the node and source line, without torch's
+    'While executing' traceback and without FakeTensorMode's ~40-line log."""
+    model, (x, cos, sin) = block
+    with torch.no_grad(), pytest.raises(dc.FrontendError) as err:
+        dc.compile(model, backend="reference")(torch.randn(1, 8, 48), cos, sin)
+    msg = str(err.value)
+    assert "models.py:" in msg and "self.weight * x.to(dtype)" in msg and "broadcast" in msg
+    assert "While executing" not in msg and "Original traceback" not in msg
+    assert capfd.readouterr().err == ""
+
+
+def test_wrong_hidden_size_through_dynamo_is_one_error_and_no_log(capfd):
+    """A Hugging Face layer (captured by dynamo): the op's source line from dynamo's stack, torch's error, nothing
+    on stderr, and no chained dynamo exception with its hints."""
+    layer, _, kw = llama_layer_and_inputs()
+    with torch.no_grad(), pytest.raises(dc.FrontendError) as err:
+        dc.compile(layer, backend="reference")(torch.randn(1, 8, 48), **kw)
+    msg = str(err.value)
+    assert msg.startswith("cannot compute the shape of an op of LlamaDecoderLayer at ")
+    assert "modeling_llama.py:" in msg and "hidden_states.to(input_dtype)" in msg and "broadcast" in msg
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+    assert capfd.readouterr().err == ""
+
+
+def _gate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(a) * b + 1.0
+
+
+def test_a_plain_function_compiles_through_dynamo():
+    a, b = torch.randn(4, 32), torch.randn(4, 32)
+    fn = dc.compile(_gate, backend="interpret")
+    with torch.no_grad():
+        torch.testing.assert_close(fn(a, b), _gate(a, b), rtol=1e-5, atol=1e-5)
+    assert len(fn.compilations) == 1 and fn.report().patterns == ["row"]
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'b'"):  # Python's own message
+        fn(a)
+
+
+def test_not_callable_is_a_type_error():
+    with pytest.raises(TypeError, match="takes an nn.Module or a callable, got int"):
+        dc.compile(3)

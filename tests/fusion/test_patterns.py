@@ -1,0 +1,138 @@
+"""The user pattern API's guard rails: a template name is checked at registration, a pattern that matches nothing
+or whose lowering fails says so in the report (and a failed one leaves its ops to the built-in patterns), `P`
+lists its ops, and a placeholder for a linear's bias matches linears with and without one."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dlblas_compiler as dc
+from dlblas_compiler import P
+from dlblas_compiler.fusion import TEMPLATES
+
+
+def ln_linear_gelu(x, w, b, W, bias):
+    return P.gelu(P.linear(P.layer_norm(x, w, b), W, bias))
+
+
+def run_ln_linear_gelu(x, w, b, W, bias, layer_norm_eps, gelu_approximate):
+    return F.gelu(F.linear(F.layer_norm(x, x.shape[-1:], w, b, layer_norm_eps), W, bias), approximate=gelu_approximate)
+
+
+def missing_attr(x, w, b, W, bias, layer_norm_eps):  # no gelu_approximate: cannot take the region's arguments
+    raise AssertionError("never called")
+
+
+class Block(nn.Module):
+    def __init__(self, bias: bool):
+        super().__init__()
+        self.ln = nn.LayerNorm(32)
+        self.proj = nn.Linear(32, 64, bias=bias)
+
+    def forward(self, x):
+        return F.gelu(self.proj(self.ln(x)))
+
+
+@pytest.fixture
+def pattern():
+    """Registers ln_linear_gelu with the lowering the test passes; unregisters it afterwards."""
+    yield lambda lowering: dc.register_fusion_pattern("ln_linear_gelu", ln_linear_gelu, lowering, priority=200)
+    dc.unregister_fusion_pattern("ln_linear_gelu")
+
+
+def _compile(model: nn.Module):
+    x = torch.randn(4, 32)
+    cm = dc.compile(model.eval(), backend="interpret")
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+    return cm.report()
+
+
+def test_a_template_name_typo_fails_at_registration():
+    with pytest.raises(ValueError, match=r"no template named 'gemmm'; registered templates: .*attention, gemm, .*row"):
+        dc.register_fusion_pattern("typo", ln_linear_gelu, "gemmm")
+    assert "typo" not in dc.fusion.PATTERNS
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_bias_placeholder_matches_linears_with_and_without_bias(pattern, bias):
+    pattern(run_ln_linear_gelu)
+    rep = _compile(Block(bias))
+    assert rep.patterns == ["ln_linear_gelu"] and rep.impls() == {"ln_linear_gelu_0": "callable"}
+
+
+def test_a_pattern_without_the_bias_does_not_match_a_linear_with_one():
+    dc.register_fusion_pattern("no_bias", lambda x, W: P.gelu(P.linear(x, W)), lambda x, W, gelu_approximate: None)
+    try:
+        rep = _compile(Block(True))
+    finally:
+        dc.unregister_fusion_pattern("no_bias")
+    assert sorted(rep.patterns) == ["gemm", "row"]
+    assert "pattern 'no_bias' matched nothing" in str(rep)
+
+
+def test_a_failing_lowering_leaves_the_ops_to_the_builtin_patterns(pattern):
+    """Without the user pattern: LayerNorm is a row kernel, linear + GELU a GEMM kernel. A lowering that cannot
+    take the region's arguments is found while planning, and the same two kernels run."""
+    pattern(missing_attr)
+    rep = _compile(Block(True))
+    assert sorted(rep.patterns) == ["gemm", "row"]
+    assert set(rep.impls().values()) == {"kernel"}
+    text = str(rep)
+    assert "ln_linear_gelu at dl.gelu %gelu: lowering failed (TypeError: the lowering 'missing_attr'" in text
+    assert "unexpected keyword argument 'gelu_approximate'" in text and "left to the other patterns" in text
+
+
+def test_a_failing_template_lowering_leaves_the_ops_too(pattern):
+    class Broken:
+        name = "broken"
+
+        def can_lower(self, ops, inputs):
+            return ops
+
+        def lower(self, fused, plan, name):
+            raise NotImplementedError("emit is missing")
+
+    dc.register_template(Broken())
+    try:
+        pattern("broken")
+        rep = _compile(Block(False))
+    finally:
+        dc.unregister_template("broken")
+    assert sorted(rep.patterns) == ["gemm", "row"]
+    assert "lowering failed (NotImplementedError: emit is missing)" in str(rep)
+
+
+def test_a_pattern_that_matches_nothing_says_so(pattern):
+    pattern(run_ln_linear_gelu)
+
+    class Relu(nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+
+    rep = _compile(Relu())
+    assert rep.patterns == ["row"]
+    assert "pattern 'ln_linear_gelu' matched nothing" in str(rep)
+
+
+def test_P_lists_its_ops():
+    names = dir(P)
+    assert {"linear", "layer_norm", "rms_norm", "gelu", "silu", "rotary", "sdpa", "glu"} <= set(names)
+    assert "fused" not in names and "yield" not in names
+    assert P.ops()["linear"] == "input, weight, bias?"
+    assert P.ops()["rms_norm"] == "input, weight?; eps, offset, scale_in_f32"
+    assert P.linear.__doc__.startswith("dl.linear(input, weight, bias?)")
+    with pytest.raises(AttributeError, match="no dl op named dl.gemm; P's ops: abs, add"):
+        P.gemm  # noqa: B018
+    assert set(TEMPLATES) >= {"gemm", "row", "attention"}
+
+
+def test_the_readme_table_lists_every_op_of_P():
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    table = readme[readme.index("| `P.<op>` |") :].split("\n\n")[0]
+    listed = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert listed == set(dir(P))
