@@ -683,6 +683,52 @@ def generation_section(name: str) -> str:
     return generation_table(doc) + "\n" + source_line([(name, env, "")]) + "\n"
 
 
+def generation_trace_table(doc: dict) -> str:
+    """The GPU's view of each mode (bench/generate.py --trace): a prefill (generate of one token) and 8 decode
+    steps (generate(9) minus generate(1)) under torch.profiler: wall time (profiler overhead included), GPU busy
+    time (kernels, copies, memsets) and events, then the largest kernels of the decode steps."""
+    out = ["| mode | batch | prompt | prefill wall ms | prefill GPU busy ms | prefill events | 8 decode steps wall ms | "
+           "8 decode steps GPU busy ms | decode events | largest decode kernels (calls, ms) |",
+           "|" + "---|" * 10]  # fmt: skip
+    for r in doc["rows"]:
+        p, d = r.get("trace_prefill"), r.get("trace_decode_8")
+        if not p or not d:
+            continue
+        top = "; ".join(f"{k[:48]} ({c}, {t:.2f})" for k, (c, t) in list(d["top_kernels_ms"].items())[:4])
+        out.append(f"| {r['mode']} | {r['batch']} | {r['prompt']} | {p['wall_ms']:.1f} | {p['gpu_busy_ms']:.1f} | "
+                   f"{p['events']} | {d['wall_ms']:.1f} | {d['gpu_busy_ms']:.1f} | {d['events']} | {top} |")  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def generation_trace_section(name: str) -> str:
+    doc = _load(name)
+    env = {"gpu": doc.get("gpu"), "versions": doc.get("versions"), "ceilings": doc.get("ceilings")}
+    return generation_trace_table(doc) + "\n" + source_line([(name, env, "")]) + "\n"
+
+
+def replay_section(name: str) -> str:
+    """Direct launches against CUDA-graph replay of the decoder layer (bench/profile_kernels.py): timings, kernel
+    sums of separate traces and of one interleaved trace, the largest kernels' interleaved times, and the SM clock
+    nvidia-smi read in each timing phase."""
+    doc = _load(name)
+    out = ["| mode | do_bench direct / replay µs | loop direct / replay µs | kernel sum, separate traces µs | "
+           "kernel sum, interleaved µs | largest kernels interleaved, direct → replay µs | launch shapes | "
+           "SM MHz (median) direct / replay timings |", "|" + "---|" * 8]  # fmt: skip
+    for mode in ("ours", "max-autotune-no-cudagraphs"):
+        d, g, il = doc[f"{mode}/direct"], doc[f"{mode}/graph"], doc[f"{mode}/interleaved"]
+        pd, pg = il["direct"]["per_kernel"], il["graph"]["per_kernel"]
+        top = "; ".join(f"{k[:36]} {pd[k]:.1f} → {pg.get(k, 0):.1f}" for k in sorted(pd, key=lambda k: -pd[k])[:3])
+        same = all(il["direct"]["launches"][k] == il["graph"]["launches"].get(k) for k in il["direct"]["launches"])
+        smi = doc.get("smi", {})
+        clocks = " / ".join(str(smi.get(f"{mode}/{how} timings", {}).get("sm_mhz_median", "–")) for how in ("direct", "graph"))
+        out.append(f"| {mode} | {d['do_bench_median']:.1f} / {g['do_bench_median']:.1f} | {d['loop_per_call']:.1f} / "
+                   f"{g['loop_per_call']:.1f} | {d['kernel_sum']:.1f} / {g['kernel_sum']:.1f} | "
+                   f"{il['direct']['kernel_sum']:.1f} / {il['graph']['kernel_sum']:.1f} | {top} | "
+                   f"{'identical' if same else 'differ'} | {clocks} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "ceilings": doc.get("ceilings")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"block {doc.get('block')}, M={doc.get('M')}")]) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
@@ -702,6 +748,11 @@ SECTIONS = {
     "ep-moe": ep_moe_section,
     **{f"generation-{x}": functools.partial(generation_section, f"2026-11-26-h100-s6-generate-{x}.json")
        for x in "cdefg"},
+    **{f"generation-s7-{x}": functools.partial(generation_section, f"2026-11-26-h100-s7-generate-{x}.json")
+       for x in "abcde"},
+    **{f"generation-trace-s7-{x}": functools.partial(generation_trace_section, f"2026-11-26-h100-s7-generate-{x}.json")
+       for x in "abcd"},
+    "replay-s7": functools.partial(replay_section, "2026-11-26-h100-s7-profile-decoder-2048.json"),
 }  # fmt: skip
 
 MARK = re.compile(r"^<!-- report:(?P<name>[\w-]+) (?P<end>begin|end) -->$")
