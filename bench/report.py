@@ -144,8 +144,9 @@ def source_line(entries: list[tuple[str, dict, str]], floors: bool = False) -> s
 # ----------------------------------------------------------------------------------------- block tables
 
 
-def load_runs(paths: list[str], block: str | None = None) -> dict[tuple[str, int], dict]:
-    """(block, M) -> {"meta", "modes": {mode: row}, "source"}; the last run that measured the pair wins."""
+def load_runs(paths: list[str], block: str | None = None, merge: bool = False) -> dict[tuple[str, int], dict]:
+    """(block, M) -> {"meta", "modes": {mode: row}, "source"}; the last run that measured the pair wins, or with
+    `merge` each mode comes from the last run that measured it (runs that split the modes between them)."""
     table: dict[tuple[str, int], dict] = {}
     for path in paths:
         with open(path if os.path.isabs(path) or os.path.exists(path) else os.path.join(RESULTS, path)) as f:
@@ -156,6 +157,9 @@ def load_runs(paths: list[str], block: str | None = None) -> dict[tuple[str, int
                 if block is None or row["block"] == block:
                     by_pair.setdefault((row["block"], row["M"]), {})[row["mode"]] = row
             for pair, modes in by_pair.items():
+                if merge and pair in table:
+                    table[pair]["modes"].update(modes)
+                    continue
                 table[pair] = {"meta": run["meta"], "modes": modes, "source": os.path.basename(path)}
     return table
 
@@ -753,6 +757,11 @@ SECTIONS = {
     **{f"generation-trace-s7-{x}": functools.partial(generation_trace_section, f"2026-11-26-h100-s7-generate-{x}.json")
        for x in "abcd"},
     "replay-s7": functools.partial(replay_section, "2026-11-26-h100-s7-profile-decoder-2048.json"),
+    "block-decoder_layer-h100-s7": lambda: block_markdown(load_runs(
+        ["2026-11-26-h100-s7-decoder-a.json", "2026-11-26-h100-s7-decoder-b.json"], "decoder_layer", merge=True),
+        heading=False) + "\nRun a measured eager, inductor, max-autotune and ours (call times, eager's GPU time); run b, right "
+        "after on the same machine, the -no-cudagraphs / -nocg modes whose GPU times stand for ours and max-autotune: "
+        "`bench/results/2026-11-26-h100-s7-decoder-a.json`, `-b.json`.\n",
 }  # fmt: skip
 
 MARK = re.compile(r"^<!-- report:(?P<name>[\w-]+) (?P<end>begin|end) -->$")
