@@ -30,7 +30,6 @@ from ..dialects import (
     RotaryOp,
     SoftmaxOp,
     UnaryOp,
-    YieldOp,
 )
 from ..dialects.types import dtype_of, numel, shape_of
 from ..fusion.templates import KernelTemplate, WhyNot, register_template
@@ -306,7 +305,6 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     plan.outputs = list(fused.yielded.values)
     src = RowEmitter(plan, inputs, name, wide_indices([*inputs, *plan.outputs])).source()
     it, n = plan.iter_shape, plan.n
-    nrow = len(plan.rows)
     block_n = triton.next_power_of_2(n)
     leaf_args: list[int] = []
     for leaf in plan.leaves.values():
