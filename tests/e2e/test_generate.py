@@ -61,15 +61,20 @@ def test_greedy_tokens_equal_eager(name, cache, padded, fresh_dynamo):
     assert set(decode.report().impls().values()) == {"kernel"}
 
 
+def _static_decode():
+    """Greedy tokens of a tiny Llama with a static cache on `interpret` equal eager's; the decode step's graph
+    (a CompiledModule) and its program."""
+    ids, mask = _batch(False)
+    out, ref = _generate(causal_lm("llama"), ids, mask, "static", 3, {"backend": "interpret"})
+    assert torch.equal(out, ref)
+    decode = dynamo.COMPILATIONS[-1]
+    return decode, decode._spec().executor
+
+
 def test_static_cache_is_updated_in_place(fresh_dynamo):
     """Each decode step writes the new keys and values into the caller's cache tensors (index_copy_ on them),
     instead of a functional copy of the whole cache and a copy back."""
-    model = causal_lm("llama")
-    ids, mask = _batch(False)
-    out, ref = _generate(model, ids, mask, "static", 3, {"backend": "interpret"})
-    assert torch.equal(out, ref)
-    decode = dynamo.COMPILATIONS[-1]
-    program = decode._spec().executor
+    decode, program = _static_decode()
     steps = [s for s in program.steps if isinstance(s, InPlaceIndexCopy)]
     assert len(steps) == 2 * BASE["num_hidden_layers"]  # keys and values of each layer
     assert decode.specializations == 1  # every decode step has one signature
@@ -88,12 +93,7 @@ def test_decode_attention_reads_the_cache_without_repeating_heads(fresh_dynamo, 
     import transformers.integrations.sdpa_attention as sdpa_attention
 
     monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", lambda *a, **k: False)
-    model = causal_lm("llama")
-    ids, mask = _batch(False)
-    out, ref = _generate(model, ids, mask, "static", 3, {"backend": "interpret"})
-    assert torch.equal(out, ref)
-    decode = dynamo.COMPILATIONS[-1]
-    program = decode._spec().executor
+    decode, program = _static_decode()
     assert not [s for s in program.steps if "broadcast" in repr(s)]
     ir = decode.ir("final")
     assert "dl.broadcast" not in ir and ir.count("enable_gqa = true") == BASE["num_hidden_layers"]

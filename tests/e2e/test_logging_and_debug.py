@@ -12,31 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import dlblas_compiler as dc
 from dlblas_compiler import P, dynamo, logs
-from dlblas_compiler.models import BlockConfig, LlamaBlock, RMSNorm, llama_block_inputs, randomize_
+from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
 from dlblas_compiler.tuning import SearchSpace, TuneCache, TuneJob, tune
 
+from .test_dynamo import Mlp  # (RMSNorm -> up -> SiLU, an optional graph break, down + residual)
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Mlp(nn.Module):
-    """RMSNorm -> up -> SiLU, a graph break (a print), then down + residual."""
-
-    def __init__(self, d: int = 32, graph_break: bool = False):
-        super().__init__()
-        self.norm = RMSNorm(d, 1e-6)
-        self.up = nn.Linear(d, 2 * d, bias=False)
-        self.down = nn.Linear(2 * d, d, bias=False)
-        self.graph_break = graph_break
-
-    def forward(self, x):
-        h = F.silu(self.up(self.norm(x)))
-        if self.graph_break:
-            print("dlblas test: between the two graphs")
-        return x + self.down(h)
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +202,7 @@ def test_the_environment_gives_every_compile_a_debug_folder(monkeypatch, tmp_pat
 
 @pytest.mark.usefixtures("fresh_dynamo")
 def test_dynamo_graphs_get_folders_named_for_the_traced_class_and_reports(tmp_path):
-    model = randomize_(Mlp(graph_break=True)).eval()
+    model = randomize_(Mlp(graph_break="print")).eval()
     fast = torch.compile(model, backend="dlblas", options={"backend": "interpret", "dump_ir": str(tmp_path)})
     with torch.no_grad():
         fast(torch.randn(1, 5, 32).abs())
