@@ -52,19 +52,39 @@ def inplace_updates(fn: func.FuncOp, imported) -> dict[IndexCopyOp, int]:
 def input_writes(fn: func.FuncOp, imported, inplace: dict[IndexCopyOp, int]) -> list[tuple[int, SSAValue]]:
     """(block argument index, the value written into that input) for the inputs the model writes whose new
     value the program can copy into them as its last step: not already written in place, not the input itself
-    unchanged, and not also a user-visible output (eager returns the input tensor there)."""
+    unchanged, not also a user-visible output (eager returns the input tensor there), and not an input whose old
+    value another write or an output still needs."""
     ret = fn.body.block.last_op
     n_out = len(ret.operands) - len(imported.writes)
     done = {op.result for op in inplace}
-    found = []
-    for kind, key, res in imported.writes:
-        if kind != "input" or key not in imported.arg_positions:
-            continue
-        arg, value = imported.arg_positions.index(key), ret.operands[res]
-        if value in done or value is fn.body.block.args[arg] or any(v is value for v in list(ret.operands)[:n_out]):
-            continue
-        found.append((arg, value))
-    return found
+    args = list(fn.body.block.args)
+    writes = [(imported.arg_positions.index(key), ret.operands[res]) for kind, key, res in imported.writes
+              if kind == "input" and key in imported.arg_positions]  # fmt: skip
+    # an input whose new value is (a view of) another written input's old value (`x.copy_(y)`, then `y.mul_(2)`):
+    # both are copied by the compiled module's write-back after the call, in the order the module wrote them,
+    # since a last step writing y would change what x must receive
+    written = {arg for arg, _ in writes}
+    tangled = set()
+    for arg, value in writes:
+        root = _input_root(value, args)
+        if root is not None and root != arg and root in written:
+            tangled |= {arg, root}
+    # and an input a user-visible output reads the old value of (`y = x.clone()` kept as x, or a view of x; then
+    # `x.mul_(2)`): the output is made from it after the program, so x is written after that
+    outputs = list(ret.operands)[:n_out]
+    read = {_input_root(v, args) for v in outputs}
+    return [
+        (arg, value) for arg, value in writes
+        if arg not in tangled and arg not in read and value not in done and value is not args[arg]
+        and not any(v is value for v in outputs)
+    ]  # fmt: skip
+
+
+def _input_root(v: SSAValue, args: list) -> int | None:
+    """The block argument `v` may be a view of (through view-like ops), as its index."""
+    while v not in args and isinstance(v.owner, ALIASING) and v.owner.operands:
+        v = v.owner.operands[0]
+    return args.index(v) if v in args else None
 
 
 def _read_after(v: SSAValue, write: Operation, order: dict[Operation, int]) -> bool:
