@@ -37,12 +37,9 @@ from .weights import DerivedWeight, DerivedWeights, derived_weight
 log = logging.getLogger("dlblas_compiler.runtime")
 
 
-def _log_choices(choices: list[KernelChoice], before: list[str]) -> None:
-    """After the first run: what runs the regions (INFO: counted; DEBUG: each), and each region that fell back
-    during it (WARNING, beside the warning the step gave)."""
-    for c, impl in zip(choices, before, strict=True):
-        if impl != "reference" and c.impl == "reference":
-            log.warning("region %s fell back to its reference: %s", c.region, c.reason)
+def _log_choices(choices: list[KernelChoice]) -> None:
+    """After the first run: what runs the regions (INFO: counted; DEBUG: each). Fallbacks log themselves
+    (`RegionStep.fall_back`)."""
     if not choices or not log.isEnabledFor(logging.INFO):
         return
     impls = Counter(c.impl for c in choices)
@@ -106,16 +103,15 @@ class Program:
         env = self._env(inputs)
         tuning = not self.tuned and self.tune_mode != "none"
         self.tuned = self.tuned or tuning
-        before = None if self.logged else [c.impl for c in self.choices]
         for step, free in zip(self.steps, self.frees or [()] * len(self.steps)):
             if tuning and isinstance(step, RegionStep) and step.kernel is not None and step.choice.impl == "kernel":
                 tune_region(step, step.inputs(env), self.tune_mode)
             step(env)
             for slot in free:
                 env[slot] = None
-        if before is not None:
+        if not self.logged:
             self.logged = True
-            _log_choices(self.choices, before)
+            _log_choices(self.choices)
         return tuple(env[s] for s in self.outputs)
 
     def __call__(self, inputs: list) -> tuple:
@@ -271,7 +267,6 @@ class Builder:
             return step
         if isinstance(low, ReferenceLowering):
             if low.failure:
-                log.warning("region %s falls back to its reference: %s", fused.label, low.reason)
                 step.fall_back(low.reason)
             else:
                 step.choice.reason = low.reason
@@ -285,9 +280,7 @@ class Builder:
             config = low.space.default()
             step.compiled = low.kernel.compiled(self.interpret)
         except Exception as e:  # noqa: BLE001
-            why = f"region {fused.label}: kernel source does not compile ({type(e).__name__}: {first_line(e)})"
-            log.warning("region %s falls back to its reference: %s", fused.label, why)
-            step.fall_back(why, e)
+            step.fall_back(f"region {fused.label}: kernel source does not compile ({type(e).__name__}: {first_line(e)})", e)
             return step
         step.choice.impl, step.choice.config = "kernel", config
         if step.profile and opts.tune == "none" and not self.interpret and not step.prefer_kernel:

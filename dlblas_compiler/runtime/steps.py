@@ -11,6 +11,7 @@ through the step its factory builds. Each step prints what it does (`repr`) and 
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,9 +136,12 @@ class RegionStep:
         return self.kernel.launch(self.compiled, tensors, config)
 
     def fall_back(self, why: str, cause: BaseException | None = None) -> None:
-        """Run the reference from now on, with one warning naming the region and the cause (strict: raise)."""
+        """Run the reference from now on, with one warning (and a WARNING log record, `dlblas_compiler.runtime`)
+        naming the region and the cause (strict: raise)."""
         if self.strict:
             raise CompileError(why) from cause
+        logging.getLogger("dlblas_compiler.runtime").warning("region %s fell back to its reference: %s",
+                                                             self.choice.region, why)  # fmt: skip
         warnings.warn(f"dlblas_compiler: {why}; using its reference", stacklevel=4)
         self.choice.impl, self.choice.reason = "reference", why
 
