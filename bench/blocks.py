@@ -147,6 +147,59 @@ def make_model(m, dtype, device, layers: int = 2):
     return model, (ids,), {"use_cache": False}, weights * e + m * cfg.vocab_size * e, flops
 
 
+# Published Hugging Face configurations of popular models (dims only; weights are random): the decoder layers
+# of issue 19's GEMM goals. name -> (model_type, config fields).
+HF_LAYERS = {
+    "llama3_8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                                num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0)),
+    "qwen25_7b": ("qwen2", dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
+                                num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=1000000.0)),
+    "gemma_7b": ("gemma", dict(hidden_size=3072, intermediate_size=24576, num_attention_heads=16,
+                               num_key_value_heads=16, head_dim=256, rms_norm_eps=1e-6, rope_theta=10000.0,
+                               hidden_activation="gelu_pytorch_tanh")),
+    "llama32_3b": ("llama", dict(hidden_size=3072, intermediate_size=8192, num_attention_heads=24,
+                                 num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0)),
+    "mistral_nemo_12b": ("mistral", dict(hidden_size=5120, intermediate_size=14336, num_attention_heads=32,
+                                         num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                                         rope_theta=1000000.0)),
+    "phi3_mini": ("phi3", dict(hidden_size=3072, intermediate_size=8192, num_attention_heads=32,
+                               num_key_value_heads=32, rms_norm_eps=1e-5, rope_theta=10000.0)),
+}  # fmt: skip
+
+
+def hf_layer_dims(name: str) -> dict:
+    """hidden, intermediate, q heads, kv heads, head dim of a HF_LAYERS entry."""
+    _, f = HF_LAYERS[name]
+    hq = f["num_attention_heads"]
+    return {"H": f["hidden_size"], "I": f["intermediate_size"], "HQ": hq, "HK": f["num_key_value_heads"],
+            "D": f.get("head_dim", f["hidden_size"] // hq)}  # fmt: skip
+
+
+def make_hf_layer(name: str, m: int, dtype, device):
+    """One decoder layer of a published HF configuration, random weights, called as its model calls it
+    (position embeddings from the model's rotary module, no mask: SDPA's causal path)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, fields = HF_LAYERS[name]
+    cfg = AutoConfig.for_model(model_type, num_hidden_layers=1, vocab_size=256, max_position_embeddings=8192,
+                                pad_token_id=None, bos_token_id=None, eos_token_id=None, **fields)
+    cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    layer, rotary = model.model.layers[0], model.model.rotary_emb
+    layer = randomize_(layer.to_empty(device=device)).to(dtype=dtype).eval()
+    rotary = type(rotary)(cfg, device=device)
+    d = hf_layer_dims(name)
+    h, i, hq, hk, dh = d["H"], d["I"], d["HQ"], d["HK"], d["D"]
+    x = _randn(1, m, h, dtype=dtype, device=device, seed=1)
+    cos, sin = rotary(x, torch.arange(m, device=device)[None])
+    n_qkv = (hq + 2 * hk) * dh
+    weights = h * n_qkv + hq * dh * h + 3 * h * i + 2 * h
+    flops = 2 * m * (h * n_qkv + hq * dh * h + 3 * h * i) + 4 * hq * m * m * dh / 2
+    e = dtype.itemsize
+    return layer, (x,), {"position_embeddings": (cos, sin), "attention_mask": None}, (weights + 2 * m * h) * e, flops
+
+
 BLOCKS = {
     "add_rmsnorm": make_add_rmsnorm,
     "swiglu_mlp": make_swiglu,
@@ -154,6 +207,7 @@ BLOCKS = {
     "attention": make_attention,
     "decoder_layer": make_layer,
     "llama_2layer": make_model,
+    **{f"layer_{n}": (lambda n: lambda m, dtype, device: make_hf_layer(n, m, dtype, device))(n) for n in HF_LAYERS},
 }
 
 

@@ -266,7 +266,7 @@ class GemmEmitter:
                     self.ext.append((v, p.info[o.results[0]], o.results[0]))
         args = ["x_ptr", "w_ptr"] + (["bias_ptr"] if has_bias else []) + (["nw_ptr"] if norm_w else [])
         args += [f"e{j}_ptr" for j in range(len(self.ext))] + [f"out{k}_ptr" for k in range(len(self.outputs))]
-        args += ["ws_ptr", "cnt_ptr", "rs_ptr", "M"] + [f"R{d}" for d in range(1, nrow)]
+        args += ["mm_ptr", "ws_ptr", "cnt_ptr", "rs_ptr", "M"] + [f"R{d}" for d in range(1, nrow)]
         for j in range(len(self.ext)):
             args += [f"e{j}_s{d}" for d in range(len(self.ext[j][1].perm))]
         for k, r in enumerate(self.outputs):
@@ -277,7 +277,7 @@ class GemmEmitter:
         w(", ".join(args) + ",")
         w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
         w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,")
-        w("EVEN_K: tl.constexpr, TMA: tl.constexpr, RS_INLINE: tl.constexpr, RS_BLOCK: tl.constexpr,")
+        w("EVEN_K: tl.constexpr, TMA: tl.constexpr, RS_INLINE: tl.constexpr, RS_BLOCK: tl.constexpr, MM: tl.constexpr,")
         w.dedent()
         w("):")
         w.indent()
@@ -310,7 +310,12 @@ class GemmEmitter:
         # With TMA the tiles come through tensor descriptors (bounds handled by the copy engine, W tiles
         # [BLOCK_N, BLOCK_K] K-major); otherwise through pointer loads.
         w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
-        w("if BLOCK_M == 1:")  # one row per program, CUDA cores: W tiles [BLOCK_N, BLOCK_K] read along K,
+        w("if MM:")  # the product x @ W^T came from cuBLAS (mm_ptr, [M, N of W]): this kernel is the epilogue
+        w.indent()
+        for s, off in enumerate(p.streams):
+            w(f"acc{s} = tl.load(mm_ptr + (rm % M).to(tl.int64)[:, None] * {p.n} + ((rn % GRID_N) + {off})[None, :]).to(tl.float32)")
+        w.dedent()
+        w("elif BLOCK_M == 1:")  # one row per program, CUDA cores: W tiles [BLOCK_N, BLOCK_K] read along K,
         w.indent()  # products kept per column and K position, summed over K once after the loop
         self._gemv_loop(w, norm_w)
         w.dedent()
@@ -352,8 +357,11 @@ class GemmEmitter:
         self._reduce_partials(w)
         w.dedent()
         if p.norm is not None:  # the rows' rsqrt(mean(x^2) + eps): from `row_rms` (see build), or for a
-            # few rows (RS_INLINE) read here from x by the tile's last program, which saves that launch
-            w("if RS_INLINE:")
+            # few rows (RS_INLINE) read here from x by the tile's last program, which saves that launch;
+            # none with MM: cuBLAS multiplied the normalized x (`row_norm`)
+            w("if MM:")
+            w("    rs = tl.full((BLOCK_M,), 1.0, tl.float32)")
+            w("elif RS_INLINE:")
             w.indent()
             w("rk2 = tl.arange(0, RS_BLOCK)")
             w("ss = tl.zeros((BLOCK_M, RS_BLOCK), dtype=tl.float32)")
@@ -367,7 +375,8 @@ class GemmEmitter:
             w("    rs = tl.load(rs_ptr + rm, mask=mmask, other=0.0)")
         for s, off in enumerate(p.streams):
             if p.norm is not None:
-                w(f"acc{s} = acc{s} * rs[:, None]")
+                w("if not MM:")
+                w(f"    acc{s} = acc{s} * rs[:, None]")
             if has_bias:
                 w(f"acc{s} += tl.load(bias_ptr + rn + {off}, mask=nmask, other=0.0).to(tl.float32)[None, :]")
             w(f"y{s} = {round_to(f'acc{s}', lin.result)}")
@@ -584,7 +593,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     elem = dtype_of(lin.input).itemsize
     counters: dict[torch.device, torch.Tensor] = {}
     has_norm = plan.norm is not None
-    eps = plan.norm.attrs[0] if has_norm else 0.0
+    eps, offset, scale_f32 = plan.norm.attrs if has_norm else (0.0, 0.0, False)
+    nw_arg = args.index(plan.norm.weight) if has_norm and plan.norm.weight is not None else None
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         dev = tensors[x_arg].device
@@ -599,8 +609,20 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
                 cnt = counters[dev] = torch.zeros(max(tiles, cdiv(m, 16) * cdiv(gn, 16)), dtype=torch.int32, device=dev)
         else:
             ws = cnt = outs[0]
-        rs_inline = has_norm and m <= RS_INLINE_ROWS
-        if has_norm and not rs_inline:  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
+        mm = config.get("MM", 0)
+        if mm:  # cuBLAS computes the product (of the normalized rows, as eager does); the kernel is the epilogue
+            a, wt = tensors[x_arg].reshape(m, k), tensors[w_arg]
+            if has_norm:
+                xn = torch.empty(m, k, dtype=wt.dtype, device=dev)
+                launch_lib(row_norm, (cdiv(m, RMS_ROWS),), dev, a, tensors[nw_arg] if nw_arg is not None else a, xn,
+                           m, k, eps, offset, HAS_W=nw_arg is not None, SCALE_F32=scale_f32,
+                           K_BLOCK=min(1024, triton.next_power_of_2(k)), ROWS=RMS_ROWS)  # fmt: skip
+                a = xn
+            prod = torch.matmul(a, wt.t())
+        else:
+            prod = outs[0]
+        rs_inline = has_norm and m <= RS_INLINE_ROWS and not mm
+        if has_norm and not rs_inline and not mm:  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
             rs = torch.empty(m, dtype=torch.float32, device=dev)
             launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, triton.next_power_of_2(k)), ROWS=RMS_ROWS)
         else:
@@ -609,10 +631,10 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         if tma:
             device.descriptor_scratch()
         kernel[(tiles, sk)](
-            *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, ws, cnt, rs, m, *row_sizes, *ext_strides,
+            *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, prod, ws, cnt, rs, m, *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
             K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
-            RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))), num_warps=config["num_warps"], num_stages=config["num_stages"],
+            RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))), MM=mm, num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
 
@@ -631,6 +653,7 @@ PARAMS = {
     "num_warps": [4, 8],
     "num_stages": [2, 3, 4, 5],
     "TMA": [0, 1],
+    "MM": [0, 1],  # 1: cuBLAS computes x @ W^T, the kernel is the prologue's scaling and the epilogue
 }
 
 
@@ -661,9 +684,11 @@ def space(plan: GemmPlan) -> SearchSpace:
             "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
             and (c["BLOCK_M"] > 1 or ns * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * c["num_warps"] * 32),
             "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
+            "a cuBLAS product (MM) has tensor-core-sized tiles and no K-loop parameters": lambda c: not c["MM"]
+            or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and not c["TMA"] and c["BLOCK_K"] == 32 and c["num_stages"] == 2),
         },
         default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem),
-        seeds=_seed_configs(m),
+        seeds=_seed_configs(m, ns),
     )
 
 
@@ -708,6 +733,33 @@ def row_rms(x_ptr, rs_ptr, M, K, eps, K_BLOCK: tl.constexpr, ROWS: tl.constexpr)
     tl.store(rs_ptr + rows, tl.rsqrt(tl.sum(acc, axis=1) / K + eps), mask=rows < M)
 
 
+@triton.jit
+def row_norm(x_ptr, w_ptr, y_ptr, M, K, eps, offset, HAS_W: tl.constexpr, SCALE_F32: tl.constexpr,
+             K_BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """y = RMSNorm(x) with `dl.rms_norm`'s rounding (see there), in y's dtype: the A operand of a cuBLAS product
+    (MM configs), as eager computes it."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, K_BLOCK)
+    acc = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
+    for k0 in range(0, K, K_BLOCK):
+        mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
+        v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc += v * v
+    rs = tl.rsqrt(tl.sum(acc, axis=1) / K + eps)
+    for k0 in range(0, K, K_BLOCK):
+        mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
+        offs = rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :]
+        n = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) * rs[:, None]
+        if HAS_W:
+            wv = tl.load(w_ptr + k0 + cols, mask=k0 + cols < K, other=0.0)
+            if SCALE_F32:
+                n = n * (wv.to(tl.float32) + offset)[None, :]
+            else:  # normalized value rounded to x's dtype, times (weight + offset) in the weight's dtype
+                wo = (wv.to(tl.float32) + offset).to(wv.dtype).to(tl.float32)
+                n = n.to(x_ptr.dtype.element_ty).to(tl.float32) * wo[None, :]
+        tl.store(y_ptr + offs, n.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int) -> dict:
     """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): one row streams
     the weight through CUDA cores in narrow tiles; other decode shapes stream it with more programs
@@ -720,7 +772,7 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
         while tiles * split * 2 <= 8 * sms and k // (split * 2) >= 4 * bk and split < 16:
             split *= 2
         return {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 1, "num_warps": 4,
-                "num_stages": 2, "TMA": 0}  # fmt: skip
+                "num_stages": 2, "TMA": 0, "MM": 0}  # fmt: skip
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
     bn = min(max(rot, 128), max(16, rot, triton.next_power_of_2(n)))  # no wider than N
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
@@ -734,12 +786,13 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": stages,
-            "TMA": int(tma and bm == 128)}  # fmt: skip
+            "TMA": int(tma and bm == 128), "MM": 0}  # fmt: skip
 
 
-def _seed_configs(m: int) -> list[dict]:
-    """The best configs of the exhaustive sweeps on H200 (bench/NOTES.md) for this row count's class: the
-    quick search tries them after the default (those the shape's constraints reject are skipped)."""
+def _seed_configs(m: int, ns: int) -> list[dict]:
+    """The best configs of the exhaustive sweeps on H200 (bench/NOTES.md) for this row count's class, then (above
+    16 rows) the cuBLAS product with this kernel as its epilogue: the quick search tries them after the default
+    (those the shape's constraints reject are skipped)."""
     if m == 1:  # QKV, down, gate/up at M=1
         tiles = [(1, 32, 256, 2, 8, 3, 0), (1, 16, 128, 8, 4, 2, 0), (1, 32, 128, 1, 4, 2, 0)]
     elif m <= 16:  # QKV (narrow rotary tiles), o-proj, gate/up
@@ -749,7 +802,12 @@ def _seed_configs(m: int) -> list[dict]:
     else:  # QKV, gate/up at 2048
         tiles = [(128, 128, 64, 1, 8, 4, 1), (128, 128, 64, 1, 8, 3, 1)]
     keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages", "TMA")
-    return [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1} for t in tiles]
+    seeds = [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1, "MM": 0} for t in tiles]
+    if m > 16:  # an epilogue pass over the product: wide tiles, one per 8 warps
+        bm = 64 if m <= 64 else 128
+        seeds.append({"BLOCK_M": bm, "BLOCK_N": 128 if ns == 1 else 64, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 8,
+                      "num_stages": 2, "TMA": 0, "GROUP_M": 8 if m > bm else 1, "MM": 1})  # fmt: skip
+    return seeds
 
 
 register_template(GemmTemplate())

@@ -108,6 +108,8 @@ def how(rep: Report, i: int) -> str:
         return "not run"
     if c.impl == "kernel":
         text = f"kernel {c.region}"
+        if c.config and c.config.get("MM"):  # (the GEMM template's MM configs)
+            text = f"cuBLAS GEMM + epilogue kernel {c.region}"
         if c.time:
             text += f", tuned {seconds(c.time)}" + (f" (default {seconds(c.default_time)})" if c.default_time else "")
             text += ", from the cache" if c.from_cache else ""

@@ -241,7 +241,7 @@ def test_gemm_configs_split_k_and_ragged_tiles(k):
         ref = model.double()(x.double())
         configs = [(16, 16, 32, 1, 0), (32, 32, 64, 2, 0), (16, 32, 32, 4, 0), (64, 16, 64, 2, 0), (16, 32, 64, 2, 1)]
         for bm, bn, bk, sk, tma in configs:  # TMA: the partial last K step is zero-filled by the descriptor
-            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma}
+            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0}
             (out,) = step.launch(tensors, cfg)
             assert rel_error(out, ref) <= tolerance(torch.float32), cfg
 
@@ -278,11 +278,24 @@ def test_gemm_tma_and_pointer_configs(tokens):
     down+residual) under tiles loaded by pointer and through TMA descriptors, split-K included (with
     1 token the norm statistics come from the GEMM itself), against the region's reference."""
     cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)  # K long enough to split
-    configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma}
+    configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0}
                for bn, bk, sk in [(32, 32, 4), (64, 64, 1), (128, 32, 2)] for tma in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
     assert {(c["SPLIT_K"] > 1, c["TMA"]) for _, c, _ in checked} == {(a, b) for a in (False, True) for b in (0, 1)}
+
+
+@pytest.mark.parametrize("tokens", [2, 19])
+def test_gemm_cublas_product_with_generated_epilogue(tokens):
+    """MM=1: cuBLAS (torch.matmul) computes x @ W^T and the generated kernel runs the rest of the region on it
+    (the norm's row scaling, rotary on the q/k heads, [B, H, S, D] stores, the dual GEMM's SiLU * up, residual
+    adds) on every GEMM region of a Llama block, tiles narrower than a head included, against the reference."""
+    cfg = BlockConfig(hidden=256, intermediate=320, heads=4, kv_heads=2, head_dim=64)
+    configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": g, "num_warps": 4,
+                "num_stages": 2, "TMA": 0, "MM": 1} for bm, bn, g in [(16, 64, 1), (16, 32, 1), (32, 128, 8)]]  # fmt: skip
+    checked = _check_gemm_regions(cfg, tokens, configs)
+    assert len({r for r, _, _ in checked}) == 4, checked
+    assert any(c["BLOCK_N"] < 64 and "dl.rotary" in r for r, c, _ in checked)
 
 
 @pytest.mark.parametrize("tokens", [1, 3])
@@ -291,7 +304,7 @@ def test_gemm_one_row_tiles(tokens):
     rotation pairs gathered from both halves of the head), split-K, grouped rows, a partial last K step."""
     cfg = BlockConfig(hidden=256, intermediate=320, heads=4, kv_heads=2, head_dim=64)
     configs = [{"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 8 if tokens > 1 else 1,
-                "num_warps": 4, "num_stages": 2, "TMA": 0}
+                "num_warps": 4, "num_stages": 2, "TMA": 0, "MM": 0}
                for bn, bk, sk in [(16, 64, 1), (32, 32, 2), (64, 128, 1), (16, 128, 1), (128, 32, 2)]]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked

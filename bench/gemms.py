@@ -1,0 +1,196 @@
+"""Every fused GEMM kernel of a compiled decoder layer against cuBLAS on the same GEMM shape (issue 19's goal).
+
+    python bench/gemms.py --out OUT [--layers llama3_8b,qwen25_7b,...] [--tokens 2048] [--tune quick]
+                          [--ablate] [--sweep]
+
+For each decoder layer of bench/blocks.HF_LAYERS (published HF configurations, random weights) and token count,
+the layer is compiled (`--tune`), called once (which tunes), and each region the GEMM template lowered is timed
+with its tuned config, and `torch.matmul` of operands of the same shape ([M, K] x [K, N·streams], the dual
+gate/up GEMM as one [M, K] x [K, 2I] product) beside it. Both are captured in a CUDA graph and replayed
+(do_bench median, L2 cleared before each replay), so host launch overhead does not count. `ratio` is cuBLAS time
+over kernel time: above 1 the fused kernel (which also does the region's norm, rotary, activation, residual and
+layout stores) beats the bare cuBLAS GEMM. `impl` says what the compiled layer runs for that region (its kernel,
+or the reference (cuBLAS and torch ops) where that measured faster).
+
+`--ablate`: the norm→QKV→RoPE region of Llama-3-8B built up one piece at a time (bare GEMM; + norm prologue;
++ head split and [B, H, S, D] stores; + rotary; all), each compiled alone, same timing: where the time goes.
+`--sweep`: also time a fixed list of configs on each region (the best is recorded).
+Writes OUT/gemms.json (appended per layer, so a run cut short keeps what it measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import triton  # noqa: E402
+from blocks import BLOCKS, HF_LAYERS, _randn  # noqa: E402
+
+import dlblas_compiler as dc  # noqa: E402
+from dlblas_compiler.models import RMSNorm, randomize_, rope_cos_sin, rotate_half  # noqa: E402
+from dlblas_compiler.runtime.steps import RegionStep  # noqa: E402
+
+SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, GROUP_M=8, num_warps=w, num_stages=s, TMA=1, MM=0)
+         for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4),
+                                  (64, 256, 64, 4, 4), (128, 256, 64, 8, 4), (128, 128, 128, 8, 3)]]  # fmt: skip
+
+
+def graph_time_us(fn) -> float:
+    """do_bench median (µs) of one CUDA-graph replay of fn, L2 cleared before each replay."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return triton.testing.do_bench(g.replay, warmup=25, rep=200) * 1e3
+
+
+def region_inputs(cm, args, kwargs) -> list[tuple[RegionStep, list]]:
+    """Each GEMM-template region of the compiled module with the inputs it saw (the program rerun step by step)."""
+    spec = cm._spec()
+    flat = spec.captured.flatten(args, kwargs)
+    env = spec.executor._env([flat[i] for i in spec.imported.arg_positions])
+    prog = spec.executor
+    found = []
+    for s in prog.steps:
+        if isinstance(s, RegionStep) and s.kernel is not None and s.choice.pattern == "gemm":
+            found.append((s, s.inputs(env)))
+        s(env)
+    return found
+
+
+def operands(step: RegionStep, tensors: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GEMM's A ([M, K]) and weight ([N·streams, K]) among the region's inputs, by the kernel's shape key."""
+    key = step.kernel.shape_key
+    m, n, k, ns = key["M"], key["N"], key["K"], key["streams"]
+    a = next(t for t in tensors if isinstance(t, torch.Tensor) and t.shape[-1] == k and t.numel() == m * k)
+    w = next(t for t in tensors if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[1] == k and t.shape[0] >= n * ns)
+    return a.reshape(m, k), w[: n * ns]
+
+
+def time_regions(cm, args, kwargs, sweep: bool) -> list[dict]:
+    rows = []
+    with torch.no_grad():
+        for step, tensors in region_inputs(cm, args, kwargs):
+            c = step.choice
+            key = step.kernel.shape_key
+            a, w = operands(step, tensors)
+            out = torch.empty(a.shape[0], w.shape[0], dtype=a.dtype, device=a.device)
+            cublas = graph_time_us(lambda: torch.matmul(a, w.t(), out=out))
+            kernel = graph_time_us(lambda: step.launch(tensors, c.config))
+            flops = 2.0 * a.shape[0] * a.shape[1] * w.shape[0]
+            row = {"region": c.region, "ops": [o.name for o in step.kernel.region.body_ops],
+                   "impl": c.impl, "config": c.config, "M": key["M"], "N": key["N"] * key["streams"], "K": key["K"],
+                   "kernel_us": kernel, "cublas_us": cublas, "ratio": cublas / kernel,
+                   "kernel_tflops": flops / kernel / 1e6, "cublas_tflops": flops / cublas / 1e6}  # fmt: skip
+            if sweep:
+                best = (kernel, c.config)
+                for cfg in SWEEP:
+                    if step.kernel.space.is_valid(cfg):
+                        try:
+                            t = graph_time_us(lambda: step.launch(tensors, cfg))
+                        except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
+                            print(f"    sweep {cfg}: {type(e).__name__}", flush=True)
+                            continue
+                        best = min(best, (t, cfg), key=lambda b: b[0])
+                row["sweep_best_us"], row["sweep_best_config"] = best
+            print(f"  {c.region:10s} {c.impl:9s} M={row['M']} N={row['N']} K={row['K']}: kernel {kernel:8.1f} µs "
+                  f"({row['kernel_tflops']:.0f} TFLOP/s), cuBLAS {cublas:8.1f} µs: {row['ratio']:.2f}x  {c.config}", flush=True)  # fmt: skip
+            rows.append(row)
+    return rows
+
+
+class QKVPiece(nn.Module):
+    """Llama-3-8B's norm→QKV→RoPE with pieces switched off (for --ablate)."""
+
+    H, HQ, HK, D = 4096, 32, 8, 128
+
+    def __init__(self, norm: bool, heads: bool, rope: bool):
+        super().__init__()
+        self.use_norm, self.heads, self.rope = norm, heads, rope
+        self.norm = RMSNorm(self.H, 1e-5)
+        self.qkv = nn.Linear(self.H, (self.HQ + 2 * self.HK) * self.D, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        y = self.qkv(self.norm(x) if self.use_norm else x)
+        if not self.heads:
+            return y
+        q, k, v = y.split([self.HQ * self.D, self.HK * self.D, self.HK * self.D], dim=-1)
+        q = q.view(b, s, self.HQ, self.D).transpose(1, 2)
+        k = k.view(b, s, self.HK, self.D).transpose(1, 2)
+        v = v.view(b, s, self.HK, self.D).transpose(1, 2)
+        if self.rope:
+            c, sn = cos[None, None], sin[None, None]
+            q, k = q * c + rotate_half(q) * sn, k * c + rotate_half(k) * sn
+        return q, k, v
+
+
+def ablate(m: int, tune: str, sweep: bool) -> list[dict]:
+    rows = []
+    for name, flags in [("gemm", (False, False, False)), ("norm+gemm", (True, False, False)),
+                        ("gemm+heads", (False, True, False)), ("gemm+heads+rope", (False, True, True)),
+                        ("norm+gemm+heads+rope", (True, True, True))]:  # fmt: skip
+        mod = randomize_(QKVPiece(*flags)).to("cuda", torch.bfloat16).eval()
+        x = _randn(1, m, QKVPiece.H, dtype=torch.bfloat16, device="cuda", seed=1)
+        cos, sin = rope_cos_sin(m, QKVPiece.D, 500000.0, torch.bfloat16, "cuda")
+        cm = dc.compile(mod, backend="triton", tune=tune, cuda_graphs=False, prefer_kernels=True)
+        with torch.no_grad():
+            cm(x, cos, sin)
+        print(f"ablate {name} M={m}", flush=True)
+        for r in time_regions(cm, (x, cos, sin), {}, sweep):
+            rows.append({"piece": name, **r})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layers", default="llama3_8b,qwen25_7b,gemma_7b,llama32_3b,mistral_nemo_12b")
+    ap.add_argument("--tokens", default="2048")
+    ap.add_argument("--tune", default="quick")
+    ap.add_argument("--ablate", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "gemms.json")
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": time.strftime("%Y-%m-%d"), "tune": a.tune, "layers": [], "ablate": []}  # fmt: skip
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+
+    tokens = [int(t) for t in a.tokens.split(",")]
+    if a.ablate:
+        for m in tokens:
+            res["ablate"] += ablate(m, a.tune, a.sweep)
+            save()
+    for name in [n for n in a.layers.split(",") if n]:
+        assert name in HF_LAYERS, f"unknown layer {name}: {', '.join(HF_LAYERS)}"
+        for m in tokens:
+            t0 = time.time()
+            mod, args, kwargs, _, _ = BLOCKS[f"layer_{name}"](m, torch.bfloat16, "cuda")
+            cm = dc.compile(mod, backend="triton", tune=a.tune, cuda_graphs=False)
+            with torch.no_grad():
+                cm(*args, **kwargs)
+            print(f"{name} M={m}: compiled and tuned in {time.time() - t0:.1f} s", flush=True)
+            for r in time_regions(cm, args, kwargs, a.sweep):
+                res["layers"].append({"layer": name, **r})
+            save()
+            del cm, mod
+            torch.cuda.empty_cache()
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
