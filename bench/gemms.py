@@ -39,9 +39,10 @@ import dlblas_compiler as dc  # noqa: E402
 from dlblas_compiler.models import RMSNorm, randomize_, rope_cos_sin, rotate_half  # noqa: E402
 from dlblas_compiler.runtime.steps import RegionStep  # noqa: E402
 
-SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, GROUP_M=8, num_warps=w, num_stages=s, TMA=1, MM=0)
+SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, GROUP_M=8, num_warps=w, num_stages=s, TMA=1, MM=0, NORM_PASS=p)
          for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4),
-                                  (64, 256, 64, 4, 4), (128, 256, 64, 8, 4), (128, 128, 128, 8, 3)]]  # fmt: skip
+                                  (64, 256, 64, 4, 4), (128, 256, 64, 8, 4), (128, 128, 128, 8, 3)]
+         for p in (0, 1)]  # fmt: skip
 
 
 def graph_time_us(fn) -> float:

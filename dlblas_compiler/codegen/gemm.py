@@ -82,6 +82,7 @@ class GemmPlan:
     rotary_dims: set[int] = field(default_factory=set)
     narrow_rotary: str | None = None  # layout of a rotary that tiles narrower than a head (see _rotary)
     input_views: list[Operation] = field(default_factory=list)  # views of operands, fused as strides
+    rotary_from_product: bool = False  # every rotary rotates a view of Y: MM configs read each partner column back
 
 
 def input_view(v: SSAValue, inside: set, inputs: list[SSAValue]) -> tuple[SSAValue, list[Operation]] | None:
@@ -177,10 +178,21 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
             if c.lo % d or d & (d - 1) or d > 256 or rd & (rd - 1) or d % rd:
                 return f"rotary on head dim {d} (rotary dim {rd}, column offset {c.lo}) does not tile: powers of two <= 256"
             plan.rotary_dims.add(d)
-    rots = {(plan.info[o.input].split[-1], o.dim, o.layout.data) for o in plan.epilogue if isinstance(o, RotaryOp)}
+    rotaries = [o for o in plan.epilogue if isinstance(o, RotaryOp)]
+    plan.rotary_from_product = bool(rotaries) and all(_view_of(o.input, lin.result) for o in rotaries)
+    rots = {(plan.info[o.input].split[-1], o.dim, o.layout.data) for o in rotaries}
     if len(rots) == 1 and (r := rots.pop())[0] == r[1] and plan.grid_n % r[0] == 0:
         plan.narrow_rotary = r[2]  # one full-head rotary over whole heads: tiles may hold part of a head
     return plan
+
+
+def _view_of(v: SSAValue, y: SSAValue) -> bool:
+    """v is y seen through slices, reshapes and permutes only (its values are Y's, unchanged)."""
+    while v is not y:
+        if not isinstance(v.owner, (SliceOp, ReshapeOp, PermuteOp)):
+            return False
+        v = v.owner.operands[0]
+    return True
 
 
 def _epilogue_op(plan: GemmPlan, o: Operation, inside: set, nrow: int) -> str | None:
@@ -278,6 +290,7 @@ class GemmEmitter:
         w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
         w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,")
         w("EVEN_K: tl.constexpr, TMA: tl.constexpr, RS_INLINE: tl.constexpr, RS_BLOCK: tl.constexpr, MM: tl.constexpr,")
+        w("NORMED: tl.constexpr,")
         w.dedent()
         w("):")
         w.indent()
@@ -358,8 +371,8 @@ class GemmEmitter:
         w.dedent()
         if p.norm is not None:  # the rows' rsqrt(mean(x^2) + eps): from `row_rms` (see build), or for a
             # few rows (RS_INLINE) read here from x by the tile's last program, which saves that launch;
-            # none with MM: cuBLAS multiplied the normalized x (`row_norm`)
-            w("if MM:")
+            # none where x arrives normalized (NORMED: `row_norm` wrote it)
+            w("if NORMED:")
             w("    rs = tl.full((BLOCK_M,), 1.0, tl.float32)")
             w("elif RS_INLINE:")
             w.indent()
@@ -375,7 +388,7 @@ class GemmEmitter:
             w("    rs = tl.load(rs_ptr + rm, mask=mmask, other=0.0)")
         for s, off in enumerate(p.streams):
             if p.norm is not None:
-                w("if not MM:")
+                w("if not NORMED:")
                 w(f"    acc{s} = acc{s} * rs[:, None]")
             if has_bias:
                 w(f"acc{s} += tl.load(bias_ptr + rn + {off}, mask=nmask, other=0.0).to(tl.float32)[None, :]")
@@ -453,8 +466,9 @@ class GemmEmitter:
         w("    a = tl.load(a_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
         if norm_w:
             _, offset, _ = self.plan.norm.attrs
-            w(f"nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32) + {offset!r}")
-            w("a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
+            w("if not NORMED:")
+            w(f"    nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32) + {offset!r}")
+            w("    a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
 
     def _split_k(self, w: Writer) -> None:
         """Split-K: each of SPLIT_K programs of a tile stores its partial sums; the last to finish
@@ -520,18 +534,38 @@ class GemmEmitter:
         return t
 
     def _rotary(self, w: Writer, o: RotaryOp) -> None:
-        """Rotate head columns in registers: the tile is reshaped so each rotation pair lands in one
-        axis of size 2 (split), rotated, and joined back. Heads of D columns start at tile boundaries
-        (BLOCK_N % D == 0); with partial rotary only the first rotary_dim columns of a head change. A tile
-        narrower than a head (plan.narrow_rotary) is one rotation group: for the half layout its columns
-        are the matching parts of the head's two halves (see `rn`), for the interleaved one a run of pairs."""
+        """Rotate head columns. With MM (the product in memory) each column's partner is read back from the
+        product: out = x * cos + sign * partner * sin, elementwise, for any tile width. Otherwise in registers:
+        the tile is reshaped so each rotation pair lands in one axis of size 2 (split), rotated, and joined
+        back. Heads of D columns start at tile boundaries (BLOCK_N % D == 0); with partial rotary only the
+        first rotary_dim columns of a head change. A tile narrower than a head (plan.narrow_rotary) is one
+        rotation group: for the half layout its columns are the matching parts of the head's two halves (see
+        `rn`), for the interleaved one a run of pairs."""
         c = self.plan.info[o.input]
         d, rd = c.split[-1], o.dim
-        _, _ = self._space(w, c)
+        dcol = self._space(w, c)[0][-1]  # the column within the head
         x, cos, sin = self.names[o.input], self.names[o.cos], self.names[o.sin]
         names = self.names
         parts = {tag: (names.fresh(tag), names.fresh(tag)) for tag in ("x", "c", "s")}
         t = names.fresh("rot")
+        if self.plan.rotary_from_product:
+            lin, h = self.plan.linear, rd // 2
+            if o.layout.data == "half":  # partner j + h of the first half, j - h of the second
+                delta, sign = f"tl.where({dcol} < {h}, {h}, -{h})", f"tl.where({dcol} < {h}, -1.0, 1.0)"
+            else:  # pairs (2j, 2j + 1)
+                delta, sign = f"tl.where({dcol} % 2 == 0, 1, -1)", f"tl.where({dcol} % 2 == 0, -1.0, 1.0)"
+            pc, xp = names.fresh("pc"), names.fresh("xp")
+            w("if MM:")
+            w.indent()
+            w(f"{pc} = ((rn % GRID_N) + {c.stream_lo})[None, :] + {delta}")
+            w(f"{xp} = tl.load(mm_ptr + (rm % M).to(tl.int64)[:, None] * {self.plan.n} + {pc}).to(tl.float32)")
+            if lin.bias is not None:
+                w(f"{xp} += tl.load(bias_ptr + {pc}).to(tl.float32)")
+            w(f"{xp} = {round_to(xp, lin.result)}")
+            w(f"{t} = {x} * {cos} + {sign} * {xp} * {sin}")
+            w.dedent()
+            w("else:")
+            w.indent()
 
         def rotate(groups: str, half: str) -> None:
             if o.layout.data == "half":  # pairs (j, j + half) of each group
@@ -555,8 +589,9 @@ class GemmEmitter:
             w.dedent()
         else:
             rotate(f"BLOCK_N // {rd}", str(rd // 2))
+        if self.plan.rotary_from_product:
+            w.dedent()
         if rd < d:  # partial rotary: the columns past rotary_dim in each head pass through
-            dcol = self._space(w, c)[0][-1]
             w(f"{t} = tl.where({dcol} < {rd}, {t}, {x})")
         names[o.result] = t
 
@@ -609,32 +644,31 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
                 cnt = counters[dev] = torch.zeros(max(tiles, cdiv(m, 16) * cdiv(gn, 16)), dtype=torch.int32, device=dev)
         else:
             ws = cnt = outs[0]
-        mm = config.get("MM", 0)
-        if mm:  # cuBLAS computes the product (of the normalized rows, as eager does); the kernel is the epilogue
-            a, wt = tensors[x_arg].reshape(m, k), tensors[w_arg]
-            if has_norm:
-                xn = torch.empty(m, k, dtype=wt.dtype, device=dev)
-                launch_lib(row_norm, (cdiv(m, RMS_ROWS),), dev, a, tensors[nw_arg] if nw_arg is not None else a, xn,
-                           m, k, eps, offset, HAS_W=nw_arg is not None, SCALE_F32=scale_f32,
-                           K_BLOCK=min(1024, triton.next_power_of_2(k)), ROWS=RMS_ROWS)  # fmt: skip
-                a = xn
-            prod = torch.matmul(a, wt.t())
-        else:
-            prod = outs[0]
-        rs_inline = has_norm and m <= RS_INLINE_ROWS and not mm
-        if has_norm and not rs_inline and not mm:  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
+        mm, normed = config["MM"], has_norm and config["NORM_PASS"]
+        ins = [tensors[i] for i in pre]
+        if normed:  # the normalized rows (as eager computes them) written once: the K loop reads them as they are
+            xn = torch.empty(m, k, dtype=ins[1].dtype, device=dev)
+            kb = min(8192, triton.next_power_of_2(k))  # whole rows up to 8192 columns: x read once
+            launch_lib(row_norm, (cdiv(m, max(1, 8192 // kb)),), dev, ins[0], tensors[nw_arg] if nw_arg is not None else xn,
+                       xn, m, k, eps, offset, HAS_W=nw_arg is not None, SCALE_F32=scale_f32, K_BLOCK=kb,
+                       ROWS=max(1, 8192 // kb), ONE_PASS=kb >= k, num_warps=8)  # fmt: skip
+            ins[0] = xn
+        # MM: cuBLAS computes the product and the kernel is the epilogue
+        prod = torch.matmul(ins[0].reshape(m, k), ins[1].t()) if mm else outs[0]
+        rs_inline = has_norm and m <= RS_INLINE_ROWS and not normed
+        if has_norm and not rs_inline and not normed:  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
             rs = torch.empty(m, dtype=torch.float32, device=dev)
             launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, triton.next_power_of_2(k)), ROWS=RMS_ROWS)
         else:
             rs = outs[0]
-        tma = config["TMA"] and all(tensors[i].data_ptr() % 16 == 0 for i in (x_arg, w_arg))
+        tma = config["TMA"] and all(t.data_ptr() % 16 == 0 for t in ins[:2])
         if tma:
             device.descriptor_scratch()
         kernel[(tiles, sk)](
-            *[tensors[i] for i in pre], *[tensors[i] for i in ext_args], *outs, prod, ws, cnt, rs, m, *row_sizes, *ext_strides,
+            *ins, *[tensors[i] for i in ext_args], *outs, prod, ws, cnt, rs, m, *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
             K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
-            RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))), MM=mm, num_warps=config["num_warps"], num_stages=config["num_stages"],
+            RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))), MM=mm, NORMED=bool(normed), num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
 
@@ -654,6 +688,7 @@ PARAMS = {
     "num_stages": [2, 3, 4, 5],
     "TMA": [0, 1],
     "MM": [0, 1],  # 1: cuBLAS computes x @ W^T, the kernel is the prologue's scaling and the epilogue
+    "NORM_PASS": [0, 1],  # 1: a row pass writes the normalized x (the K loop reads it unscaled, no row statistics)
 }
 
 
@@ -665,11 +700,12 @@ def space(plan: GemmPlan) -> SearchSpace:
     rot = max(plan.rotary_dims) if plan.rotary_dims else 16
     narrow = plan.narrow_rotary is not None
     smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
+    has_norm = plan.norm is not None
     return SearchSpace(
         PARAMS,
         {
-            "rotary heads fit the tile": lambda c: c["BLOCK_N"] % rot == 0
-            or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"]),
+            "rotary heads fit the tile (MM reads partners back: any width)": lambda c: c["BLOCK_N"] % rot == 0
+            or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"]) or (c["MM"] and plan.rotary_from_product),
             "one-row (CUDA-core) tiles only for a few rows": lambda c: c["BLOCK_M"] > 1
             or (m <= GEMV_ROWS and not c["TMA"]),
             "K blocks over 128 only for one-row tiles": lambda c: c["BLOCK_K"] <= 128 or c["BLOCK_M"] == 1,
@@ -686,9 +722,12 @@ def space(plan: GemmPlan) -> SearchSpace:
             "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
             "a cuBLAS product (MM) has tensor-core-sized tiles and no K-loop parameters": lambda c: not c["MM"]
             or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and not c["TMA"] and c["BLOCK_K"] == 32 and c["num_stages"] == 2),
+            "a norm pass only with a norm prologue, always under a cuBLAS product": lambda c: c["NORM_PASS"]
+            == (has_norm and (c["MM"] or c["NORM_PASS"])),
         },
-        default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem),
-        seeds=_seed_configs(m, ns),
+        default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
+                                has_norm),
+        seeds=_seed_configs(m, ns, has_norm),
     )
 
 
@@ -735,21 +774,30 @@ def row_rms(x_ptr, rs_ptr, M, K, eps, K_BLOCK: tl.constexpr, ROWS: tl.constexpr)
 
 @triton.jit
 def row_norm(x_ptr, w_ptr, y_ptr, M, K, eps, offset, HAS_W: tl.constexpr, SCALE_F32: tl.constexpr,
-             K_BLOCK: tl.constexpr, ROWS: tl.constexpr):
-    """y = RMSNorm(x) with `dl.rms_norm`'s rounding (see there), in y's dtype: the A operand of a cuBLAS product
-    (MM configs), as eager computes it."""
+             K_BLOCK: tl.constexpr, ROWS: tl.constexpr, ONE_PASS: tl.constexpr):
+    """y = RMSNorm(x) with `dl.rms_norm`'s rounding (see there), in y's dtype: the A operand of the K loop or of a
+    cuBLAS product (NORM_PASS, MM configs), as eager computes it. ONE_PASS (K <= K_BLOCK): x is read once."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, K_BLOCK)
-    acc = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
-    for k0 in range(0, K, K_BLOCK):
-        mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
-        v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
-        acc += v * v
+    if ONE_PASS:  # the whole row, kept in registers for the second loop
+        whole = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
+                        mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
+        acc = whole * whole
+    else:
+        whole = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
+        acc = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
+        for k0 in range(0, K, K_BLOCK):
+            mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
+            v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :], mask=mask, other=0.0)
+            acc += v.to(tl.float32) * v.to(tl.float32)
     rs = tl.rsqrt(tl.sum(acc, axis=1) / K + eps)
     for k0 in range(0, K, K_BLOCK):
         mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
         offs = rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :]
-        n = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) * rs[:, None]
+        if ONE_PASS:
+            n = whole * rs[:, None]
+        else:
+            n = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32) * rs[:, None]
         if HAS_W:
             wv = tl.load(w_ptr + k0 + cols, mask=k0 + cols < K, other=0.0)
             if SCALE_F32:
@@ -760,11 +808,14 @@ def row_norm(x_ptr, w_ptr, y_ptr, M, K, eps, offset, HAS_W: tl.constexpr, SCALE_
         tl.store(y_ptr + offs, n.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int) -> dict:
+def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int,
+                    has_norm: bool) -> dict:
     """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): one row streams
     the weight through CUDA cores in narrow tiles; other decode shapes stream it with more programs
     (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles (also for the dual GEMM) loaded
-    through TMA (at 128 rows TMA made the default slower: 81 vs 55 µs)."""
+    through TMA (at 128 rows TMA made the default slower: 81 vs 55 µs). Above 16 rows a norm prologue is a row
+    pass: scaling the A tile by the norm weight inside the K loop takes it out of the tensor cores' pipeline (H100,
+    M=2048: 171 vs 148 µs for the QKV GEMM, NOTES 36)."""
     if m == 1:  # about 8 programs per SM, each streaming 16 weight rows 128 wide (M=1 sweeps, NOTES 19)
         bn = 16 if narrow or rot <= 16 else rot
         bk = max(32, min(128, 8192 // (ns * bn), triton.next_power_of_2(k)))
@@ -772,7 +823,7 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
         while tiles * split * 2 <= 8 * sms and k // (split * 2) >= 4 * bk and split < 16:
             split *= 2
         return {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 1, "num_warps": 4,
-                "num_stages": 2, "TMA": 0, "MM": 0}  # fmt: skip
+                "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": 0}  # fmt: skip
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
     bn = min(max(rot, 128), max(16, rot, triton.next_power_of_2(n)))  # no wider than N
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
@@ -786,27 +837,28 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": stages,
-            "TMA": int(tma and bm == 128), "MM": 0}  # fmt: skip
+            "TMA": int(tma and bm == 128), "MM": 0, "NORM_PASS": int(has_norm and m > 16)}  # fmt: skip
 
 
-def _seed_configs(m: int, ns: int) -> list[dict]:
-    """The best configs of the exhaustive sweeps on H200 (bench/NOTES.md) for this row count's class, then (above
-    16 rows) the cuBLAS product with this kernel as its epilogue: the quick search tries them after the default
-    (those the shape's constraints reject are skipped)."""
+def _seed_configs(m: int, ns: int, has_norm: bool) -> list[dict]:
+    """The best configs of the exhaustive sweeps on H200 and H100 (bench/NOTES.md) for this row count's class,
+    then (above 16 rows) the cuBLAS product with this kernel as its epilogue: the quick search tries them after
+    the default (those the shape's constraints reject are skipped). Above 16 rows a norm is a row pass."""
     if m == 1:  # QKV, down, gate/up at M=1
         tiles = [(1, 32, 256, 2, 8, 3, 0), (1, 16, 128, 8, 4, 2, 0), (1, 32, 128, 1, 4, 2, 0)]
     elif m <= 16:  # QKV (narrow rotary tiles), o-proj, gate/up
         tiles = [(16, 64, 128, 4, 8, 2, 0), (16, 128, 128, 2, 4, 4, 0), (16, 128, 128, 1, 4, 3, 0)]
     elif m <= 256:  # QKV, gate/up at 128
         tiles = [(64, 128, 128, 1, 4, 4, 0), (64, 256, 64, 1, 8, 3, 1)]
-    else:  # QKV, gate/up at 2048
-        tiles = [(128, 128, 64, 1, 8, 4, 1), (128, 128, 64, 1, 8, 3, 1)]
+    else:  # QKV, gate/up at 2048 (H200); every plain GEMM of five layers at 2048 (H100, NOTES 36)
+        tiles = [(128, 128, 64, 1, 8, 4, 1), (128, 256, 64, 1, 8, 4, 1), (128, 256, 64, 1, 8, 3, 1)]
     keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages", "TMA")
-    seeds = [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1, "MM": 0} for t in tiles]
+    pas = int(has_norm and m > 16)
+    seeds = [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1, "MM": 0, "NORM_PASS": pas} for t in tiles]
     if m > 16:  # an epilogue pass over the product: wide tiles, one per 8 warps
         bm = 64 if m <= 64 else 128
         seeds.append({"BLOCK_M": bm, "BLOCK_N": 128 if ns == 1 else 64, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 8,
-                      "num_stages": 2, "TMA": 0, "GROUP_M": 8 if m > bm else 1, "MM": 1})  # fmt: skip
+                      "num_stages": 2, "TMA": 0, "GROUP_M": 8 if m > bm else 1, "MM": 1, "NORM_PASS": pas})  # fmt: skip
     return seeds
 
 

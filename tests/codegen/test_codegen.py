@@ -9,6 +9,7 @@ reference with a warning, which these tests turn into an error.
 """
 
 import copy
+import itertools
 import warnings
 
 import pytest
@@ -240,8 +241,9 @@ def test_gemm_configs_split_k_and_ragged_tiles(k):
         tensors = step.inputs(env)
         ref = model.double()(x.double())
         configs = [(16, 16, 32, 1, 0), (32, 32, 64, 2, 0), (16, 32, 32, 4, 0), (64, 16, 64, 2, 0), (16, 32, 64, 2, 1)]
-        for bm, bn, bk, sk, tma in configs:  # TMA: the partial last K step is zero-filled by the descriptor
-            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0}
+        for (bm, bn, bk, sk, tma), normed in itertools.product(configs, (0, 1)):  # TMA: the partial last K step is zero-filled
+            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2,
+                   "TMA": tma, "MM": 0, "NORM_PASS": normed}  # NORM_PASS: the norm as a row pass before the K loop
             (out,) = step.launch(tensors, cfg)
             assert rel_error(out, ref) <= tolerance(torch.float32), cfg
 
@@ -278,11 +280,12 @@ def test_gemm_tma_and_pointer_configs(tokens):
     down+residual) under tiles loaded by pointer and through TMA descriptors, split-K included (with
     1 token the norm statistics come from the GEMM itself), against the region's reference."""
     cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)  # K long enough to split
-    configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0}
-               for bn, bk, sk in [(32, 32, 4), (64, 64, 1), (128, 32, 2)] for tma in (0, 1)]  # fmt: skip
+    configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": p}
+               for bn, bk, sk in [(32, 32, 4), (64, 64, 1), (128, 32, 2)] for tma in (0, 1) for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
     assert {(c["SPLIT_K"] > 1, c["TMA"]) for _, c, _ in checked} == {(a, b) for a in (False, True) for b in (0, 1)}
+    assert {c["NORM_PASS"] for r, c, _ in checked if "dl.rms_norm" in r} == {0, 1}
 
 
 @pytest.mark.parametrize("tokens", [2, 19])
@@ -292,10 +295,62 @@ def test_gemm_cublas_product_with_generated_epilogue(tokens):
     adds) on every GEMM region of a Llama block, tiles narrower than a head included, against the reference."""
     cfg = BlockConfig(hidden=256, intermediate=320, heads=4, kv_heads=2, head_dim=64)
     configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": g, "num_warps": 4,
-                "num_stages": 2, "TMA": 0, "MM": 1} for bm, bn, g in [(16, 64, 1), (16, 32, 1), (32, 128, 8)]]  # fmt: skip
+                "num_stages": 2, "TMA": 0, "MM": 1, "NORM_PASS": p} for bm, bn, g in [(16, 64, 1), (16, 32, 1), (32, 128, 8)] for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
     assert any(c["BLOCK_N"] < 64 and "dl.rotary" in r for r, c, _ in checked)
+
+
+class BiasQKRotary(nn.Module):
+    """q/k projections with bias (Qwen2), split into heads, rotated (any layout of `Rotary`)."""
+
+    def __init__(self, k, heads, d, rd, inter):
+        super().__init__()
+        self.heads, self.d = heads, d
+        self.qk = nn.Linear(k, 2 * heads * d, bias=True)
+        self.rot = Rotary(rd, inter)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q, k = self.qk(x).split(self.heads * self.d, dim=-1)
+        q, k = (t.view(b, s, self.heads, self.d).transpose(1, 2) for t in (q, k))
+        return self.rot(q, cos, sin), self.rot(k, cos, sin)
+
+
+@pytest.mark.parametrize("rd,inter", [(None, False), (8, False), (None, True)])
+def test_gemm_rotary_partners_read_from_the_product(rd, inter):
+    """MM configs rotate by reading each column's partner back from the cuBLAS product (bias added), for any
+    tile width (narrower and wider than a head, not a multiple of it), in every rotary layout; K-loop configs
+    rotate in registers. Each against the region's reference."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    d, s = 16, 7
+    model = randomize_(BiasQKRotary(32, 3, d, rd, inter)).eval()
+    ang = _x(s, (rd or d) // 2, seed=3)
+    rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
+    args = [_x(1, s, 32), rep(ang.cos()), rep(ang.sin())]
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    base = {"BLOCK_M": 16, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0}
+    configs = [{**base, "BLOCK_N": bn, "MM": mm} for bn, mm in [(16, 1), (32, 1), (64, 1), (128, 1), (16, 0), (32, 0)]]
+    checked = []
+    with torch.no_grad():
+        cm(*args)
+        prog = cm._spec().executor
+        env = prog._env(args)
+        (step,) = [st for st in prog.steps if isinstance(st, RegionStep) and st.choice.pattern == "gemm"]
+        assert step.kernel.region_ir.count("dl.rotary") == 2
+        for st in prog.steps:
+            if st is step:
+                break
+            st(env)
+        tensors = step.inputs(env)
+        refs = step.reference([t.double() for t in tensors])
+        for c in configs:
+            if step.kernel.space.is_valid(c):
+                for o, r in zip(step.launch(tensors, c), refs):
+                    assert rel_error(o, r) <= tolerance(torch.float32), c
+                checked.append(c)
+    assert {(c["BLOCK_N"], c["MM"]) for c in checked} >= {(16, 1), (64, 1), (128, 1), (32, 0)}
 
 
 @pytest.mark.parametrize("tokens", [1, 3])
@@ -304,8 +359,8 @@ def test_gemm_one_row_tiles(tokens):
     rotation pairs gathered from both halves of the head), split-K, grouped rows, a partial last K step."""
     cfg = BlockConfig(hidden=256, intermediate=320, heads=4, kv_heads=2, head_dim=64)
     configs = [{"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 8 if tokens > 1 else 1,
-                "num_warps": 4, "num_stages": 2, "TMA": 0, "MM": 0}
-               for bn, bk, sk in [(16, 64, 1), (32, 32, 2), (64, 128, 1), (16, 128, 1), (128, 32, 2)]]  # fmt: skip
+                "num_warps": 4, "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": p}
+               for bn, bk, sk in [(16, 64, 1), (32, 32, 2), (64, 128, 1), (16, 128, 1), (128, 32, 2)] for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
     assert any(c["BLOCK_N"] < 64 and "dl.rotary" in r for r, c, _ in checked)  # a tile narrower than a head
@@ -339,3 +394,26 @@ def test_hf_llama_decoder_layer(backend, dtype):
     dev = _device(backend)
     kwargs["position_embeddings"] = tuple(t.to(device=dev, dtype=dtype) for t in kwargs["position_embeddings"])
     _run(layer, list(args), backend, dtype, kwargs, expect_regions={"gemm": 4, "attention": 1})
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+@pytest.mark.parametrize("offset,scale_f32", [(0.0, False), (1.0, True)])  # Llama, Gemma
+def test_row_norm_pass_rounds_as_rms_norm(one_pass, offset, scale_f32):
+    """The norm pass of NORM_PASS / MM configs equals dl.rms_norm's reference bit for bit in bf16 (rows read once
+    or, past K_BLOCK columns, twice), and within fp32 rounding in fp32."""
+    from dlblas_compiler.codegen.gemm import row_norm
+    from dlblas_compiler.codegen.interpreter import launch
+    from dlblas_compiler.dialects.compute import rms_norm_reference
+
+    for dtype in (torch.bfloat16, torch.float32):
+        m, k = 5, 100
+        x, wt = _x(m, k).to(dtype), _x(k, seed=1).to(dtype)
+        y = torch.empty_like(x)
+        kb = 128 if one_pass else 32
+        launch(row_norm, (m,), x.device, x, wt, y, m, k, 1e-6, offset, HAS_W=True, SCALE_F32=scale_f32, K_BLOCK=kb,
+               ROWS=1, ONE_PASS=one_pass)  # fmt: skip
+        ref = rms_norm_reference(x, wt, 1e-6, offset, scale_f32)
+        if dtype == torch.bfloat16:
+            assert torch.equal(y, ref)
+        else:
+            assert rel_error(y, ref) <= 1e-6
