@@ -182,7 +182,7 @@ def best_inductor(modes: dict, metric: str) -> float | None:
 def impl_label(k: dict) -> str:
     """Triton / cuBLAS / SDPA / torch (with † when no candidate passed the check) for one kernel record."""
     if k["impl"] == "kernel":
-        return "Triton"
+        return "cuBLAS + Triton epilogue" if (k.get("config") or {}).get("MM") else "Triton"
     kind = k.get("pattern") or k["name"].rsplit("_", 1)[0]
     lib = {"gemm": "cuBLAS", "attention": "SDPA"}.get(kind, "torch")
     return lib + ("†" if "candidate configs failed" in (k.get("reason") or "") else "")
@@ -733,6 +733,32 @@ def replay_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"block {doc.get('block')}, M={doc.get('M')}")]) + "\n"
 
 
+GEMM_REGION = {"gemm_0": "norm+QKV+RoPE", "gemm_1": "o-proj+residual", "gemm_2": "norm+gate/up+GLU", "gemm_3": "down+residual"}
+
+
+def gemm_ran(r: dict) -> str:
+    """What the compiled layer runs for a region: its kernel (K loop, or cuBLAS + the kernel as epilogue) or
+    the reference; the timed kernel is the tuned config either way."""
+    c = r["config"]
+    kern = "cuBLAS + epilogue kernel" if c.get("MM") else f"our K loop{' (TMA)' if c.get('TMA') else ''}"
+    if c.get("NORM_PASS"):
+        kern += " after a norm pass"
+    return kern if r["impl"] == "kernel" else f"reference (cuBLAS, torch ops); timed: {kern}"
+
+
+def gemms_section(name: str) -> str:
+    """bench/gemms.py: every fused GEMM kernel of each layer against cuBLAS on the same GEMM shape."""
+    doc = _load(name)
+    out = ["| layer | region | M × N × K | runs | kernel µs | cuBLAS µs | cuBLAS / kernel | kernel TFLOP/s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in doc["layers"]:
+        region = GEMM_REGION.get(r["region"], r["region"])
+        out.append(f"| {r['layer']} | {region} | {r['M']} × {r['N']} × {r['K']} | {gemm_ran(r)} | {r['kernel_us']:.1f} | "
+                   f"{r['cublas_us']:.1f} | {r['ratio']:.2f}x | {r['kernel_tflops']:.0f} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
@@ -762,6 +788,10 @@ SECTIONS = {
         heading=False) + "\nRun a measured eager, inductor, max-autotune and ours (call times, eager's GPU time); run b, right "
         "after on the same machine, the -no-cudagraphs / -nocg modes whose GPU times stand for ours and max-autotune: "
         "`bench/results/2026-11-26-h100-s7-decoder-a.json`, `-b.json`.\n",
+    "gemms-s8-a": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-a.json"),
+    "gemms-s8-e": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-e.json"),
+    "block-layer-llama3_8b-h100-s8": lambda: block_markdown(load_runs(
+        ["2026-11-26-h100-s8-layer-llama3_8b.json"], "layer_llama3_8b"), heading=False),
 }  # fmt: skip
 
 MARK = re.compile(r"^<!-- report:(?P<name>[\w-]+) (?P<end>begin|end) -->$")
