@@ -15,12 +15,14 @@ or the reference (cuBLAS and torch ops) where that measured faster).
 `--ablate`: the norm→QKV→RoPE region of Llama-3-8B built up one piece at a time (bare GEMM; + norm prologue;
 + head split and [B, H, S, D] stores; + rotary; all), each compiled alone, same timing: where the time goes.
 `--sweep`: also time a fixed list of configs on each region (the best is recorded).
+`--ln`: also the user pattern LayerNorm→Linear(bias)→GELU (Phi-2's MLP dims) lowered to one generated GEMM kernel.
 Writes OUT/gemms.json (appended per layer, so a run cut short keeps what it measured).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -63,7 +65,7 @@ def region_inputs(cm, args, kwargs) -> list[tuple[RegionStep, list]]:
     prog = spec.executor
     found = []
     for s in prog.steps:
-        if isinstance(s, RegionStep) and s.kernel is not None and s.choice.pattern == "gemm":
+        if isinstance(s, RegionStep) and s.kernel is not None and "streams" in s.kernel.shape_key:  # GEMM template
             found.append((s, s.inputs(env)))
         s(env)
     return found
@@ -153,6 +155,45 @@ def ablate(m: int, tune: str, sweep: bool) -> list[dict]:
     return rows
 
 
+class LNLinearGelu(nn.Module):
+    """LayerNorm → Linear(bias) → GELU (a GPT-2 / Phi-2 MLP up-projection), for the user pattern of --ln."""
+
+    def __init__(self, h: int, n: int):
+        super().__init__()
+        self.ln, self.proj = nn.LayerNorm(h), nn.Linear(h, n)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.proj(self.ln(x)), approximate="tanh")
+
+
+def ln_linear_gelu(m: int, tune: str, h: int = 2560, n: int = 10240) -> list[dict]:
+    """The user pattern LayerNorm→Linear(bias)→GELU registered with the GEMM template (Phi-2's MLP dims): its one
+    generated kernel against cuBLAS, and the call against eager, with the error of each against float64."""
+    from dlblas_compiler import P
+    from dlblas_compiler.numerics import rel_error
+
+    dc.register_fusion_pattern("ln_linear_gelu", lambda x, w, b, W, bias: P.gelu(P.linear(P.layer_norm(x, w, b), W, bias)),
+                               "gemm", priority=200)  # fmt: skip
+    try:
+        mod = randomize_(LNLinearGelu(h, n)).to("cuda", torch.bfloat16).eval()
+        x = _randn(1, m, h, dtype=torch.bfloat16, device="cuda", seed=1)
+        cm = dc.compile(mod, backend="triton", tune=tune, cuda_graphs=False)
+        with torch.no_grad():
+            out, eager = cm(x), mod(x)
+            ref = copy.deepcopy(mod).double()(x.double())
+            rows = time_regions(cm, (x,), {}, False)
+            eager_us = graph_time_us(lambda: mod(x))
+            ours_us = graph_time_us(lambda: cm(x))
+    finally:
+        dc.unregister_fusion_pattern("ln_linear_gelu")
+    for r in rows:
+        r.update(layer=f"ln_linear_gelu {h}->{n}", rel_err=rel_error(out, ref), eager_rel_err=rel_error(eager, ref),
+                 eager_us=eager_us, ours_us=ours_us)  # fmt: skip
+        print(f"  LayerNorm→Linear→GELU: ours {ours_us:.1f} µs, eager {eager_us:.1f} µs; rel. err {r['rel_err']:.2e} "
+              f"(eager {r['eager_rel_err']:.2e})", flush=True)  # fmt: skip
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -161,6 +202,7 @@ def main() -> None:
     ap.add_argument("--tune", default="quick")
     ap.add_argument("--ablate", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--ln", action="store_true", help="also the user pattern LayerNorm→Linear(bias)→GELU")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "gemms.json")
@@ -175,6 +217,10 @@ def main() -> None:
     if a.ablate:
         for m in tokens:
             res["ablate"] += ablate(m, a.tune, a.sweep)
+            save()
+    if a.ln:
+        for m in tokens:
+            res["layers"] += ln_linear_gelu(m, a.tune)
             save()
     for name in [n for n in a.layers.split(",") if n]:
         assert name in HF_LAYERS, f"unknown layer {name}: {', '.join(HF_LAYERS)}"

@@ -3,7 +3,8 @@
 K loop: tl.dot on tiles loaded by pointer or, with TMA (sm90+), through tensor descriptors; for a few
 rows (decode) also one-row tiles on CUDA cores (BLOCK_M = 1: weight tiles read along K, products summed
 over K after the loop). Split-K programs store partial sums and the last one of a tile runs the epilogue.
-Prologue: RMSNorm. The rows' rsqrt(mean(x^2) + eps) comes from the `row_rms` pass, or for a few rows
+Prologue: RMSNorm or LayerNorm. A norm pass (NORM_PASS, always for a LayerNorm) writes the normalized rows
+first, as eager does. Otherwise, for an RMSNorm: the rows' rsqrt(mean(x^2) + eps) comes from the `row_rms` pass, or for a few rows
 from the tile's last program, and scales the accumulator after the K loop; a norm weight that was not
 folded into W scales the A tile. Epilogue: everything the planner attached to Y, computed on the fp32
 tile before one store per output: bias, elementwise ops with other tensors (residual add, ...),
@@ -33,6 +34,7 @@ from ..dialects import (
     ConvertOp,
     FusedOp,
     GluOp,
+    LayerNormOp,
     LinearOp,
     PermuteOp,
     ReshapeOp,
@@ -71,7 +73,7 @@ class Cols:
 @dataclass
 class GemmPlan:
     linear: LinearOp
-    norm: RMSNormOp | None
+    norm: RMSNormOp | LayerNormOp | None  # a LayerNorm always runs as a row pass (NORM_PASS)
     rows: tuple[int, ...]
     k: int
     n: int  # columns of W
@@ -83,6 +85,11 @@ class GemmPlan:
     narrow_rotary: str | None = None  # layout of a rotary that tiles narrower than a head (see _rotary)
     input_views: list[Operation] = field(default_factory=list)  # views of operands, fused as strides
     rotary_from_product: bool = False  # every rotary rotates a view of Y: MM configs read each partner column back
+
+    @property
+    def rms(self) -> RMSNormOp | None:
+        """The RMSNorm prologue, which the K loop and epilogue can also apply themselves (NORM_PASS=0)."""
+        return self.norm if isinstance(self.norm, RMSNormOp) else None
 
 
 def input_view(v: SSAValue, inside: set, inputs: list[SSAValue]) -> tuple[SSAValue, list[Operation]] | None:
@@ -110,12 +117,12 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
         return "a GEMM region has exactly one linear"
     lin = linears[0]
     inside = set(ops)
-    norm = lin.input.owner if isinstance(lin.input.owner, RMSNormOp) and lin.input.owner in inside else None
+    norm = lin.input.owner if isinstance(lin.input.owner, (RMSNormOp, LayerNormOp)) and lin.input.owner in inside else None
     x = norm.input if norm else lin.input
     if x.owner in inside or x not in inputs:
-        return "the GEMM's A operand must be a region input"
-    if norm is not None and (norm.weight is not None and norm.weight.owner in inside):
-        return "the norm weight must be a region input"
+        return "the GEMM's A operand must be a region input (or the input of its RMSNorm / LayerNorm)"
+    if norm is not None and any(v is not None and v not in inputs for v in (norm.weight, getattr(norm, "bias", None))):
+        return "the norm's weight and bias must be region inputs"
     xs = shape_of(x)
     if len(xs) < 2 or any(d < 1 for d in xs):
         return f"linear input {xs}: need rank >= 2 and non-empty dims"
@@ -271,7 +278,7 @@ class GemmEmitter:
         ns = len(p.streams)
         lin = p.linear
         has_bias = lin.bias is not None
-        norm_w = p.norm is not None and p.norm.weight is not None
+        norm_w = p.rms is not None and p.rms.weight is not None
         for o in p.epilogue:  # external operands, each read through the view of its reader's result
             for v in o.operands:
                 if v not in p.info and not isinstance(v.owner, ConstantOp):
@@ -369,7 +376,7 @@ class GemmEmitter:
         w.indent()
         self._reduce_partials(w)
         w.dedent()
-        if p.norm is not None:  # the rows' rsqrt(mean(x^2) + eps): from `row_rms` (see build), or for a
+        if p.rms is not None:  # the rows' rsqrt(mean(x^2) + eps): from `row_rms` (see build), or for a
             # few rows (RS_INLINE) read here from x by the tile's last program, which saves that launch;
             # none where x arrives normalized (NORMED: `row_norm` wrote it)
             w("if NORMED:")
@@ -382,12 +389,12 @@ class GemmEmitter:
             w("    v = tl.load(x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k1 + rk2)[None, :],")
             w("                mask=((k1 + rk2) < K)[None, :], other=0.0).to(tl.float32)")
             w("    ss += v * v")
-            w(f"rs = tl.rsqrt(tl.sum(ss, axis=1) / K + {p.norm.attrs[0]!r})")
+            w(f"rs = tl.rsqrt(tl.sum(ss, axis=1) / K + {p.rms.attrs[0]!r})")
             w.dedent()
             w("else:")
             w("    rs = tl.load(rs_ptr + rm, mask=mmask, other=0.0)")
         for s, off in enumerate(p.streams):
-            if p.norm is not None:
+            if p.rms is not None:
                 w("if not NORMED:")
                 w(f"    acc{s} = acc{s} * rs[:, None]")
             if has_bias:
@@ -465,7 +472,7 @@ class GemmEmitter:
         w("else:")
         w("    a = tl.load(a_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
         if norm_w:
-            _, offset, _ = self.plan.norm.attrs
+            _, offset, _ = self.plan.rms.attrs
             w("if not NORMED:")
             w(f"    nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32) + {offset!r}")
             w("    a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
@@ -620,16 +627,17 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     pre = [x_arg, w_arg]
     if lin.bias is not None:
         pre.append(args.index(lin.bias))
-    if plan.norm is not None and plan.norm.weight is not None:
-        pre.append(args.index(plan.norm.weight))
+    if plan.rms is not None and plan.rms.weight is not None:
+        pre.append(args.index(plan.rms.weight))
     row_sizes = list(plan.rows[1:])
     ns = len(plan.streams)
     gn, k = plan.grid_n, plan.k
     elem = dtype_of(lin.input).itemsize
     counters: dict[torch.device, torch.Tensor] = {}
-    has_norm = plan.norm is not None
-    eps, offset, scale_f32 = plan.norm.attrs if has_norm else (0.0, 0.0, False)
+    has_norm, ln = plan.norm is not None, isinstance(plan.norm, LayerNormOp)
+    eps, offset, scale_f32 = plan.rms.attrs if plan.rms else (plan.norm.eps.value.data, 0.0, False) if ln else (0.0, 0.0, False)
     nw_arg = args.index(plan.norm.weight) if has_norm and plan.norm.weight is not None else None
+    nb_arg = args.index(plan.norm.bias) if ln else None
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         dev = tensors[x_arg].device
@@ -649,14 +657,19 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         if normed:  # the normalized rows (as eager computes them) written once: the K loop reads them as they are
             xn = torch.empty(m, k, dtype=ins[1].dtype, device=dev)
             kb = min(8192, triton.next_power_of_2(k))  # whole rows up to 8192 columns: x read once
-            launch_lib(row_norm, (cdiv(m, max(1, 8192 // kb)),), dev, ins[0], tensors[nw_arg] if nw_arg is not None else xn,
-                       xn, m, k, eps, offset, HAS_W=nw_arg is not None, SCALE_F32=scale_f32, K_BLOCK=kb,
-                       ROWS=max(1, 8192 // kb), ONE_PASS=kb >= k, num_warps=8)  # fmt: skip
+            grid, rows = (cdiv(m, max(1, 8192 // kb)),), max(1, 8192 // kb)
+            if ln:
+                launch_lib(row_layer_norm, grid, dev, ins[0], tensors[nw_arg], tensors[nb_arg], xn, m, k, eps,
+                           K_BLOCK=kb, ROWS=rows, ONE_PASS=kb >= k, num_warps=8)  # fmt: skip
+            else:
+                launch_lib(row_norm, grid, dev, ins[0], tensors[nw_arg] if nw_arg is not None else xn, xn, m, k, eps,
+                           offset, HAS_W=nw_arg is not None, SCALE_F32=scale_f32, K_BLOCK=kb, ROWS=rows,
+                           ONE_PASS=kb >= k, num_warps=8)  # fmt: skip
             ins[0] = xn
         # MM: cuBLAS computes the product and the kernel is the epilogue
         prod = torch.matmul(ins[0].reshape(m, k), ins[1].t()) if mm else outs[0]
         rs_inline = has_norm and m <= RS_INLINE_ROWS and not normed
-        if has_norm and not rs_inline and not normed:  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
+        if has_norm and not rs_inline and not normed:  # (an RMSNorm: a LayerNorm is always a pass)  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
             rs = torch.empty(m, dtype=torch.float32, device=dev)
             launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, triton.next_power_of_2(k)), ROWS=RMS_ROWS)
         else:
@@ -700,7 +713,7 @@ def space(plan: GemmPlan) -> SearchSpace:
     rot = max(plan.rotary_dims) if plan.rotary_dims else 16
     narrow = plan.narrow_rotary is not None
     smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
-    has_norm = plan.norm is not None
+    has_norm, ln = plan.norm is not None, isinstance(plan.norm, LayerNormOp)
     return SearchSpace(
         PARAMS,
         {
@@ -722,12 +735,12 @@ def space(plan: GemmPlan) -> SearchSpace:
             "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
             "a cuBLAS product (MM) has tensor-core-sized tiles and no K-loop parameters": lambda c: not c["MM"]
             or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and not c["TMA"] and c["BLOCK_K"] == 32 and c["num_stages"] == 2),
-            "a norm pass only with a norm prologue, always under a cuBLAS product": lambda c: c["NORM_PASS"]
-            == (has_norm and (c["MM"] or c["NORM_PASS"])),
+            "a norm pass only with a norm prologue, always under a cuBLAS product and for a LayerNorm": lambda c:
+            c["NORM_PASS"] == (has_norm and (c["MM"] or c["NORM_PASS"] or ln)),
         },
         default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
-                                has_norm),
-        seeds=_seed_configs(m, ns, has_norm),
+                                has_norm, ln),
+        seeds=_seed_configs(m, ns, has_norm, ln),
     )
 
 
@@ -808,8 +821,49 @@ def row_norm(x_ptr, w_ptr, y_ptr, M, K, eps, offset, HAS_W: tl.constexpr, SCALE_
         tl.store(y_ptr + offs, n.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def row_layer_norm(x_ptr, w_ptr, b_ptr, y_ptr, M, K, eps, K_BLOCK: tl.constexpr, ROWS: tl.constexpr,
+                   ONE_PASS: tl.constexpr):
+    """y = F.layer_norm(x, weight, bias) (statistics, scaling and shift in fp32, one rounding to y's dtype): the A
+    operand of a GEMM with a LayerNorm prologue. ONE_PASS (K <= K_BLOCK): x is read once."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, K_BLOCK)
+    if ONE_PASS:
+        whole = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
+                        mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
+        mean = tl.sum(whole, axis=1) / K
+        dev = tl.where((cols < K)[None, :], whole - mean[:, None], 0.0)
+        var = tl.sum(dev * dev, axis=1) / K
+    else:
+        whole = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
+        acc = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
+        for k0 in range(0, K, K_BLOCK):
+            mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
+            acc += tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(acc, axis=1) / K
+        acc = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
+        for k0 in range(0, K, K_BLOCK):  # the variance from the deviations (no cancellation)
+            mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
+            v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
+            d = tl.where(mask, v - mean[:, None], 0.0)
+            acc += d * d
+        var = tl.sum(acc, axis=1) / K
+    rstd = tl.rsqrt(var + eps)
+    for k0 in range(0, K, K_BLOCK):
+        mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
+        offs = rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :]
+        if ONE_PASS:
+            v = whole
+        else:
+            v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        wv = tl.load(w_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
+        bv = tl.load(b_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
+        y = (v - mean[:, None]) * rstd[:, None] * wv[None, :] + bv[None, :]
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int,
-                    has_norm: bool) -> dict:
+                    has_norm: bool, ln: bool = False) -> dict:
     """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): one row streams
     the weight through CUDA cores in narrow tiles; other decode shapes stream it with more programs
     (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles (also for the dual GEMM) loaded
@@ -823,7 +877,7 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
         while tiles * split * 2 <= 8 * sms and k // (split * 2) >= 4 * bk and split < 16:
             split *= 2
         return {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 1, "num_warps": 4,
-                "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": 0}  # fmt: skip
+                "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": int(ln)}  # fmt: skip
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
     bn = min(max(rot, 128), max(16, rot, triton.next_power_of_2(n)))  # no wider than N
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
@@ -837,10 +891,10 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": stages,
-            "TMA": int(tma and bm == 128), "MM": 0, "NORM_PASS": int(has_norm and m > 16)}  # fmt: skip
+            "TMA": int(tma and bm == 128), "MM": 0, "NORM_PASS": int(ln or (has_norm and m > 16))}  # fmt: skip
 
 
-def _seed_configs(m: int, ns: int, has_norm: bool) -> list[dict]:
+def _seed_configs(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dict]:
     """The best configs of the exhaustive sweeps on H200 and H100 (bench/NOTES.md) for this row count's class,
     then (above 16 rows) the cuBLAS product with this kernel as its epilogue: the quick search tries them after
     the default (those the shape's constraints reject are skipped). Above 16 rows a norm is a row pass."""
@@ -853,7 +907,7 @@ def _seed_configs(m: int, ns: int, has_norm: bool) -> list[dict]:
     else:  # QKV, gate/up at 2048 (H200); every plain GEMM of five layers at 2048 (H100, NOTES 36)
         tiles = [(128, 128, 64, 1, 8, 4, 1), (128, 256, 64, 1, 8, 4, 1), (128, 256, 64, 1, 8, 3, 1)]
     keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages", "TMA")
-    pas = int(has_norm and m > 16)
+    pas = int(ln or (has_norm and m > 16))
     seeds = [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1, "MM": 0, "NORM_PASS": pas} for t in tiles]
     if m > 16:  # an epilogue pass over the product: wide tiles, one per 8 warps
         bm = 64 if m <= 64 else 128

@@ -417,3 +417,20 @@ def test_row_norm_pass_rounds_as_rms_norm(one_pass, offset, scale_f32):
             assert torch.equal(y, ref)
         else:
             assert rel_error(y, ref) <= 1e-6
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_row_layer_norm_pass_matches_torch(one_pass):
+    """The LayerNorm pass of a GEMM with a LayerNorm prologue against F.layer_norm: bf16 within one rounding,
+    fp32 within fp32 rounding; rows read once or (past K_BLOCK columns) in three passes, large mean included."""
+    from dlblas_compiler.codegen.gemm import row_layer_norm
+    from dlblas_compiler.codegen.interpreter import launch
+
+    for dtype in (torch.bfloat16, torch.float32):
+        m, k = 5, 100
+        x, wt, b = (_x(m, k) + 30.0).to(dtype), _x(k, seed=1).to(dtype), _x(k, seed=2).to(dtype)
+        y = torch.empty_like(x)
+        launch(row_layer_norm, (m,), x.device, x, wt, b, y, m, k, 1e-5, K_BLOCK=128 if one_pass else 32, ROWS=1,
+               ONE_PASS=one_pass)  # fmt: skip
+        ref = F.layer_norm(x.double(), (k,), wt.double(), b.double(), 1e-5)
+        assert rel_error(y, ref) <= (4e-3 if dtype == torch.bfloat16 else 1e-6), dtype

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import dlblas_compiler as dc
 from dlblas_compiler import P
 from dlblas_compiler.fusion import TEMPLATES
+from dlblas_compiler.numerics import rel_error
 
 
 def ln_linear_gelu(x, w, b, W, bias):
@@ -60,6 +61,23 @@ def test_a_bias_placeholder_matches_linears_with_and_without_bias(pattern, bias)
     pattern(run_ln_linear_gelu)
     rep = _compile(Block(bias))
     assert rep.patterns == ["ln_linear_gelu"] and rep.impls() == {"ln_linear_gelu_0": "callable"}
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_linear_gelu_lowers_to_one_generated_gemm_kernel(pattern, bias):
+    """Registered with the GEMM template, LayerNorm→Linear(bias)→GELU is one generated kernel: the LayerNorm is
+    the GEMM's prologue (a row pass writing the normalized rows), bias and GELU its epilogue."""
+    pattern("gemm")
+    rep = _compile(Block(bias))
+    assert rep.patterns == ["ln_linear_gelu"] and rep.impls() == {"ln_linear_gelu_0": "kernel"}
+    assert "1 fused region: 1 generated kernel" in str(rep)
+    # bf16, 37 rows (ragged tiles): as close to a float64 reference as eager is
+    model, x = Block(bias).eval(), torch.randn(37, 32)
+    with torch.no_grad():
+        ref = model.double()(x.double())
+        model = model.to(torch.bfloat16)
+        out, eager = dc.compile(model, backend="interpret")(x.bfloat16()), model(x.bfloat16())
+    assert rel_error(out, ref) <= 1.05 * rel_error(eager, ref) + 1e-6
 
 
 def test_a_pattern_without_the_bias_does_not_match_a_linear_with_one():
