@@ -790,6 +790,7 @@ SECTIONS = {
         "`bench/results/2026-11-26-h100-s7-decoder-a.json`, `-b.json`.\n",
     "gemms-s8-a": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-a.json"),
     "gemms-s8-e": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-e.json"),
+    "gemms-s8-f": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-f.json"),
     "block-layer-llama3_8b-h100-s8": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s8-layer-llama3_8b.json"], "layer_llama3_8b"), heading=False),
 }  # fmt: skip
