@@ -21,6 +21,7 @@ canonical order, so one formula serves every layout.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -413,31 +414,74 @@ class GemmEmitter:
         for u in lin.result.uses:
             if isinstance(u.operation, SliceOp) and u.operation.result in p.info:
                 names[u.operation.result] = f"y{p.streams.index(p.info[u.operation.result].stream_lo)}"
-        ext_index = {(e[0], e[2]): j for j, e in enumerate(self.ext)}
-        for o in p.epilogue:
-            res = o.results[0]
-            if isinstance(o, (SliceOp, ReshapeOp, PermuteOp)):
-                if res not in names:
-                    names[res] = names[o.operands[0]]
-                continue
-            loaded = {v: self._load_ext(w, ext_index[(v, res)]) for v in o.operands if (v, res) in ext_index}
-            for v, t in loaded.items():
-                names[v] = t
-            if isinstance(o, RotaryOp):
-                self._rotary(w, o)
-            else:
-                emit_pointwise(w, names, o)
-            for v in loaded:
-                names.names.pop(v)
-        for k, r in enumerate(self.outputs):
-            c = p.info[r]
-            idx, member = self._space(w, c)
-            addr = " + ".join(f"({e}) * o{k}_s{d}" for d, e in enumerate(idx))
-            dt = TL_DTYPE[dtype_of(r)]
-            w(f"tl.store(out{k}_ptr + {addr}, {names[r]}.to({dt}), mask=mmask[:, None] & {member})")
+        cones = self._cones()
+        if cones is None:
+            for o in p.epilogue:
+                self._epilogue(w, o)
+            for k in range(len(self.outputs)):
+                self._store(w, k)
+        else:  # each output's own ops and store only in tiles holding some of its columns (q, k, v of one GEMM)
+            for c in dict.fromkeys(p.info.values()):
+                self._space(w, c)  # (index spaces defined once, outside the branches)
+            uses = Counter(o for cone in cones for o in cone)
+            for o in p.epilogue:
+                if uses[o] > 1:
+                    self._epilogue(w, o)
+            for k, (r, cone) in enumerate(zip(self.outputs, cones)):
+                c = p.info[r]
+                w(f"if (tl.max(rn, 0) >= {c.lo}) & (tl.min(rn, 0) < {c.hi}):  # this tile holds columns of output {k}")
+                w.indent()
+                for o in p.epilogue:
+                    if o in cone and uses[o] == 1:
+                        self._epilogue(w, o)
+                self._store(w, k)
+                w.dedent()
         w.dedent()
         w.dedent()
         return w.text()
+
+    def _cones(self) -> list[set[Operation]] | None:
+        """Per output, the epilogue ops it depends on; None where the epilogue is emitted whole (one output, or
+        two accumulators whose column ranges are relative to different streams)."""
+        p = self.plan
+        if len(self.outputs) < 2 or len(p.streams) > 1:
+            return None
+        producer = {o.results[0]: o for o in p.epilogue}
+        cones = []
+        for r in self.outputs:
+            cone: set[Operation] = set()
+            todo = [r]
+            while todo:
+                o = producer.get(todo.pop())
+                if o is not None and o not in cone:
+                    cone.add(o)
+                    todo.extend(o.operands)
+            cones.append(cone)
+        return cones
+
+    def _epilogue(self, w: Writer, o: Operation) -> None:
+        """Emit one epilogue op (views only rename; external operands are loaded through their reader's view)."""
+        names, res = self.names, o.results[0]
+        if isinstance(o, (SliceOp, ReshapeOp, PermuteOp)):
+            if res not in names:
+                names[res] = names[o.operands[0]]
+            return
+        ext_index = {(e[0], e[2]): j for j, e in enumerate(self.ext)}
+        loaded = {v: self._load_ext(w, ext_index[(v, res)]) for v in o.operands if (v, res) in ext_index}
+        for v, t in loaded.items():
+            names[v] = t
+        if isinstance(o, RotaryOp):
+            self._rotary(w, o)
+        else:
+            emit_pointwise(w, names, o)
+        for v in loaded:
+            names.names.pop(v)
+
+    def _store(self, w: Writer, k: int) -> None:
+        r = self.outputs[k]
+        idx, member = self._space(w, self.plan.info[r])
+        addr = " + ".join(f"({e}) * o{k}_s{d}" for d, e in enumerate(idx))
+        w(f"tl.store(out{k}_ptr + {addr}, {self.names[r]}.to({TL_DTYPE[dtype_of(r)]}), mask=mmask[:, None] & {member})")
 
     def _gemv_loop(self, w: Writer, norm_w: bool) -> None:
         """The K loop for one row: a [1, BLOCK_K] slice of x times [BLOCK_N, BLOCK_K] weight tiles,
@@ -553,7 +597,8 @@ class GemmEmitter:
         dcol = self._space(w, c)[0][-1]  # the column within the head
         x, cos, sin = self.names[o.input], self.names[o.cos], self.names[o.sin]
         names = self.names
-        parts = {tag: (names.fresh(tag), names.fresh(tag)) for tag in ("x", "c", "s")}
+        # (not "c": c<j> names the index spaces)
+        parts = {tag: (names.fresh(tag), names.fresh(tag)) for tag in ("x", "cos", "sin")}
         t = names.fresh("rot")
         if self.plan.rotary_from_product:
             lin, h = self.plan.linear, rd // 2
@@ -579,10 +624,10 @@ class GemmEmitter:
                 shape, perm = f"[BLOCK_M, {groups}, 2, {half}]", "[0, 1, 3, 2]"
             else:  # pairs (2j, 2j + 1)
                 shape, perm = f"[BLOCK_M, {groups}, {half}, 2]", "[0, 1, 2, 3]"
-            for v, tag in ((x, "x"), (cos, "c"), (sin, "s")):
+            for v, tag in ((x, "x"), (cos, "cos"), (sin, "sin")):
                 a, b = parts[tag]
                 w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, BLOCK_N]), {shape}), {perm}))")
-            (x1, x2), (c1, c2), (s1, s2) = parts["x"], parts["c"], parts["s"]
+            (x1, x2), (c1, c2), (s1, s2) = parts["x"], parts["cos"], parts["sin"]
             w(f"{t} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")
 
         if self.plan.narrow_rotary:
