@@ -791,6 +791,9 @@ SECTIONS = {
     "gemms-s8-a": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-a.json"),
     "gemms-s8-e": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-e.json"),
     "gemms-s8-f": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-f.json"),
+    "gemms-s8-g": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-g.json"),
+    "block-layer-llama3_8b-h100-s8-b": lambda: block_markdown(load_runs(
+        ["2026-11-26-h100-s8-layer-llama3_8b-b.json"], "layer_llama3_8b"), heading=False),
     "block-layer-llama3_8b-h100-s8": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s8-layer-llama3_8b.json"], "layer_llama3_8b"), heading=False),
 }  # fmt: skip
