@@ -24,6 +24,7 @@ from xdsl.traits import (
     HasParent,
     IsolatedFromAbove,
     IsTerminator,
+    MemoryEffect,
     Pure,
     RecursiveMemoryEffect,
     SingleBlockImplicitTerminator,
@@ -52,6 +53,15 @@ class ParamOp(IRDLOperation):
         return self.param_name.data
 
 
+class InputFreeIsPure(MemoryEffect):
+    """A torch_call the importer marked `input_free` (torch ops on constants: aranges, comparisons) has no
+    effect but its result, so dead code elimination drops it once nothing reads it; any other may write."""
+
+    @classmethod
+    def get_effects(cls, op: Operation):
+        return set() if "input_free" in op.attributes else None
+
+
 @irdl_op_definition
 class TorchCallOp(IRDLOperation):
     """`dl.torch_call`: an op the compiler does not know, executed by PyTorch and never fused.
@@ -66,7 +76,7 @@ class TorchCallOp(IRDLOperation):
     res = var_result_def(AnyTensorType)
     callee = prop_def(StringAttr)
     node = prop_def(StringAttr)
-    traits = traits_def(OPAQUE)
+    traits = traits_def(OPAQUE, InputFreeIsPure())
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, $res)"
     irdl_options = (ParsePropInAttrDict(),)
 

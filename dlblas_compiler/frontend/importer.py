@@ -22,11 +22,12 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from xdsl.builder import Builder
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, UnitAttr, i64
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.rewriter import InsertPoint
 from xdsl.utils.exceptions import VerifyException
@@ -36,6 +37,7 @@ from ..dialects.types import COMPUTE_DTYPES, has_xdsl_dtype, tensor_type, xdsl_d
 from ..errors import FrontendError
 from .capture import Captured, quiet_fake_tensor_log, source_line
 from .converters import CONVERTERS, Unsupported, converter_key
+from .masks import causal_offset, is_random
 from .mutation import mutated_arg, out_of_place
 
 
@@ -168,6 +170,9 @@ class Importer:
         self.written: dict[torch.fx.Node, SSAValue] = {}  # written input / get_attr node -> its final value
         self.attr_nodes: dict[int, torch.fx.Node] = {}  # id of a module tensor -> the first get_attr of it
         self.order: dict[torch.fx.Node, int] = {}
+        self._input_free: dict[torch.fx.Node, bool] = {}
+        self._real: dict[torch.fx.Node, Any] = {}
+        self.written_bases: set[torch.fx.Node] = set()  # tensors some node writes in place
 
     def run(self) -> Imported:
         values = self.values = _example_values(self.gm, self.inputs)
@@ -207,6 +212,7 @@ class Importer:
                 continue
             self._convert(n, values[n])
         assert out_node is not None
+        self._mark_causal_masks()
         # the output structure with every node replaced by its value: SSA values (possibly inside containers a
         # converter or a container constructor returned) and their eager example values, flattened in step
         leaves, spec = pytree.tree_flatten(_plain(out_node.args[0], self.env), is_leaf=_is_ssa)
@@ -242,6 +248,65 @@ class Importer:
             module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
             param_placeholders, writes, eager_aliases, contiguous, moves,
         )  # fmt: skip
+
+    # -- values that depend on no input ------------------------------------------------------------
+    def input_free(self, n: torch.fx.Node) -> bool:
+        """n computes the same value on every call of the specialization: a size or dtype, or torch ops on
+        constants and sizes only (torch.arange, comparisons, indexing...), with no graph input's values, module
+        state, random number or in-place write among its ancestors."""
+        known = self._input_free.get(n)
+        if known is None:
+            known = n.op in ("call_function", "call_method") and (
+                not _has_tensor(self.values.get(n))  # a size or dtype: fixed for the specialization
+                or not is_random(n)
+                and mutated_arg(n, self.gm) is None
+                and all(self.input_free(m) for m in n.all_input_nodes)
+            )
+            self._input_free[n] = known
+        return known
+
+    def _real_value(self, n: torch.fx.Node) -> Any:
+        """The value of an input-free node, computed for real (once)."""
+        if n not in self._real and not _has_tensor(self.values.get(n)):
+            self._real[n] = self.values.get(n)
+        if n not in self._real:
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), self._real_value)
+            with torch.no_grad():
+                self._real[n] = self._callable(n)(*args, **kwargs)
+        return self._real[n]
+
+    def _unwritten_input_free(self, n: torch.fx.Node) -> bool:
+        """n and every node it is computed from are input-free, and none of them is written in place later."""
+        seen, todo = set(), [n]
+        while todo:
+            m = todo.pop()
+            if m in seen:
+                continue
+            seen.add(m)
+            if m.op != "placeholder" and not _has_tensor(self.values.get(m)):
+                continue  # a size: fixed for the specialization, whatever tensor it was read from
+            if not self.input_free(m) or self.alias_base.get(m, m) in self.written_bases:
+                return False
+            todo.extend(m.all_input_nodes)
+        return True
+
+    def _mark_causal_masks(self) -> None:
+        """An attention mask made from constants alone that keeps the keys j <= i + d of row i: `d` is recorded
+        on the op that makes it (`causal_offset`), for `recognize` (frontend/masks.py)."""
+        for n in self.gm.graph.nodes:
+            if n.op != "call_function" or n.target not in (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention):
+                continue
+            mask = n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None)
+            if not isinstance(mask, torch.fx.Node) or not self._unwritten_input_free(mask):
+                continue
+            base = self.alias_base.get(mask, mask)  # (a view of the mask that is the whole mask shares its value)
+            v = self.env.get(mask)
+            if not isinstance(v, SSAValue) or not isinstance(v.owner, TorchCallOp) or v.owner.node.data != _safe_name(base.name):
+                continue
+            value = self._real_value(mask)
+            d = causal_offset(value) if isinstance(value, torch.Tensor) else None
+            if d is not None:
+                v.owner.attributes["causal_offset"] = IntegerAttr(d, i64)
 
     def _moved(self, n: torch.fx.Node) -> torch.device | None:
         """The device a host input is only ever moved to (`.to(device)`, `.cuda()` by every user), else None."""
@@ -388,6 +453,7 @@ class Importer:
         make every name of that tensor (the node and earlier in-place results on it) see it."""
         base = self.alias_base.get(written, written)
         self._refuse_aliased_write(n, base)
+        self.written_bases.add(base)
         new = self._written_value(n, written)
         for node in [base, *(k for k, b in self.alias_base.items() if b is base)]:
             self.env[node] = new
@@ -516,6 +582,8 @@ class Importer:
         name = _safe_name(n.name)
         self.calls[name] = call
         op = TorchCallOp(_qualname(n, self.gm), name, flat_in, [tensor_type(leaves[i].shape, leaves[i].dtype) for i in tensor_pos])
+        if clone is None and self.input_free(n):
+            op.attributes["input_free"] = UnitAttr()  # dead code elimination may drop it once unused
         self.emitter.builder.insert(op)
         for r in op.results:
             r.name_hint = name

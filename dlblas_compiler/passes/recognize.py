@@ -16,6 +16,8 @@ Patterns (each robust to the spellings real model code uses):
                 heads/sequence transpose; repeat_interleave imports as that) -> sdpa over the unrepeated k/v
                 with enable_gqa; a rotary of repeated heads (cos/sin alike for every head) is moved before the
                 repeat
+  causal mask   sdpa with a mask the frontend found causal (made from constants, keeping keys j <= i) -> torch's
+                causal sdpa over the first S keys
 SiLU and rotary spelled out another way (x * sigmoid(x), x / (1 + exp(-x)), rotary as a cat of halves or stacked
 pairs with per-half cos/sin) are first rewritten to one form (`spellings.py`).
 Every rewrite keeps the replaced value's type, so IR around it is untouched; the intermediate ops of a
@@ -458,6 +460,29 @@ class RecognizeGroupedAttention(RewritePattern):
         install(rewriter, new, op.result, [*new_k, *new_v])
 
 
+class RecognizeCausalMask(RewritePattern):
+    """sdpa whose mask the frontend found to keep exactly the keys j <= i of each query row i (a mask made from
+    constants alone, frontend/masks.py) -> torch's causal sdpa over the first S keys, the only ones a row can see:
+    no mask read (flash attention, and our kernel's causal loop bound) and a static cache's unused tail not read.
+    (A mask keeping j <= i + d with d > 0 stays as it is.)"""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: SDPAOp, rewriter: PatternRewriter):
+        owner = op.mask.owner if op.mask is not None else None
+        offset = owner.attributes.get("causal_offset") if isinstance(owner, Operation) else None
+        if offset is None or offset.value.data != 0 or op.causal:
+            return
+        q, k, m = shape(op.query), shape(op.key), shape(op.mask)
+        s, l_ = q[-2], k[-2]
+        if m[-2:] != (s, l_) or s > l_:
+            return
+        dim = len(k) - 2
+        cut = [SliceOp(t, dim, 0, s) for t in (op.key, op.value)] if s < l_ else []
+        key, value = (cut[0].result, cut[1].result) if cut else (op.key, op.value)
+        scale = op.scale.value.data if op.scale is not None else None
+        install(rewriter, SDPAOp(op.query, key, value, None, True, scale, op.gqa, op.masked_rows.data), op.result, cut)
+
+
 def _scaled_scores(s: SSAValue) -> tuple[SSAValue, float] | None:
     """(q @ k^T value, scale) for s = qk * c, qk / c or qk."""
     op = producer(s, (MulOp, DivOp))
@@ -518,6 +543,7 @@ RECOGNIZERS: list[type[RewritePattern]] = [
     RecognizeSoftmax,
     RecognizeAttention,
     RecognizeGroupedAttention,
+    RecognizeCausalMask,
     RecognizeRotaryOfRepeatedHeads,
     RecognizeLinear,
     RecognizeLinearBias,

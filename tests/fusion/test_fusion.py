@@ -176,6 +176,60 @@ def test_grouped_attention_is_one_kernel_over_the_unrepeated_heads(spelling):
     assert "dl.broadcast" not in cm.ir()
 
 
+class MaskedAttention(nn.Module):
+    """Attention over a static cache's keys (L > S) with a mask spelled several ways: made from constants
+    alone (causal ones the compiler can recognize by their values, and others), or from an input."""
+
+    def __init__(self, spelling: str):
+        super().__init__()
+        self.spelling = spelling
+
+    def forward(self, q, k, v, pos):
+        s, l_, sp = q.shape[-2], k.shape[-2], self.spelling
+        rows, cols = torch.arange(s)[None, None, :, None], torch.arange(l_)[None, None, None, :]
+        if sp == "aranges":  # Hugging Face's spelling under tracing
+            mask = cols <= rows
+        elif sp == "tril":
+            mask = torch.ones(s, l_, dtype=torch.bool).tril()
+        elif sp == "additive":
+            mask = torch.full((s, l_), float("-inf")).triu(1)
+        elif sp == "offset 2":
+            mask = cols <= rows + 2
+        elif sp == "sliding window":
+            mask = (cols <= rows) & (cols > rows - 3)
+        elif sp == "from an input":
+            mask = cols <= pos[None, None, :, None]
+        else:  # "written in place": causal, then padding from an input
+            mask = (cols <= rows).expand(q.shape[0], 1, s, l_).clone()
+            mask &= pos[: q.shape[0], None, None, None] <= cols
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+@pytest.mark.parametrize(
+    "spelling", ["aranges", "tril", "additive", "offset 2", "sliding window", "from an input", "written in place"]
+)
+def test_a_causal_mask_made_from_constants_becomes_causal_attention(spelling):
+    """A causal mask the graph builds from constants (here over 5 unused cache slots) is recognized by its
+    values: the attention runs torch's causal form over the first S keys and reads no mask. Other masks stay."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 9, 16, generator=g)
+    k, v = torch.randn(2, 2, 14, 16, generator=g), torch.randn(2, 2, 14, 16, generator=g)
+    pos = torch.arange(9) % 4  # an input (rows keep keys <= pos; in "written in place" the first keys padding)
+    model = MaskedAttention(spelling)
+    cm = dc.compile(model, backend="interpret")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="dlblas_compiler")
+        out = cm(q, k, v, pos)
+    ref = model(q.double(), k.double(), v.double(), pos)
+    assert rel_error(out, ref) < 1e-5
+    sdpa = next(ln for ln in cm.ir().splitlines() if "dl.sdpa" in ln)
+    if spelling in ("aranges", "tril", "additive"):
+        assert "is_causal = true" in sdpa and " mask " not in sdpa and "x9x16xf32>, tensor<2x2x9x16xf32>" in sdpa
+        assert "torch_call" not in cm.ir()  # the mask's ops are gone
+    else:
+        assert " mask " in sdpa and "is_causal" not in sdpa
+
+
 # -- property test: random row programs, fused and run as generated kernels, equal eager ------------
 
 UNARY = [torch.tanh, torch.sigmoid, F.silu, F.gelu, torch.abs, lambda t: t * 0.5, lambda t: -t]
