@@ -131,10 +131,14 @@ def test_narrow(space):
         space.narrow(BLOCK_K=48)
 
 
-def test_default_is_declared_when_valid_else_first_valid():
+def test_default_is_declared_when_valid_else_the_nearest_valid():
     s = SearchSpace({"A": [1, 2, 4], "B": [1, 2]}, {"a_ge_b": lambda c: c["A"] >= c["B"]}, default={"A": 4, "B": 2})
     assert s.default() == {"A": 4, "B": 2}
-    assert s.narrow(A=[1, 2]).default() == {"A": 1, "B": 1}  # the declared default was narrowed away
+    # the declared default was narrowed away: the valid config with the fewest parameters changed
+    assert s.narrow(A=[1, 2]).default() == {"A": 2, "B": 2}
+    assert s.narrow(A=[1]).default() == {"A": 1, "B": 1}  # two changed
+    no_default = SearchSpace({"A": [1, 2], "B": [2, 1]}, {"a_ge_b": lambda c: c["A"] >= c["B"]})
+    assert no_default.default() == {"A": 1, "B": 1}  # no default declared: the first valid config
     assert SearchSpace({"A": [2, 1]}).default() == {"A": 2}
     with pytest.raises(ValueError, match="no valid config"):
         SearchSpace({"A": [1]}, {"never": lambda c: False}).default()
