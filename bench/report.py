@@ -782,6 +782,9 @@ SECTIONS = {
        for x in "abcde"},
     **{f"generation-trace-s7-{x}": functools.partial(generation_trace_section, f"2026-11-26-h100-s7-generate-{x}.json")
        for x in "abcd"},
+    **{f"generation-s9-{x}": functools.partial(generation_section, f"2026-11-26-h100-s9-generate-{x}.json")
+       for x in "ab"},
+    "generation-trace-s9-a": functools.partial(generation_trace_section, "2026-11-26-h100-s9-generate-a.json"),
     "replay-s7": functools.partial(replay_section, "2026-11-26-h100-s7-profile-decoder-2048.json"),
     "block-decoder_layer-h100-s7": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s7-decoder-a.json", "2026-11-26-h100-s7-decoder-b.json"], "decoder_layer", merge=True),
