@@ -43,7 +43,7 @@ SMOKE_LAYERS = {
     "deepseek": {"E": 16, "H": 32, "I": 24, "k": 4},
 }
 MAX_REL_ERR = 1e-2
-PHASES = ("route", "dispatch", "compute", "combine")
+PHASES = ("route", "plan", "dispatch", "compute", "combine")
 
 
 def _weights(shape: dict[str, int], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -118,6 +118,10 @@ def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, devi
         row["ok"] = row["rel_err"] <= MAX_REL_ERR
         row.update(_time(fn, args.iters, args.warmup, cuda))
         row["tokens_per_s"] = ws * args.tokens / row["ms"] * 1e3
+        if ws > 1 and row.get("dispatch_ms"):
+            leaving = args.tokens * shape["k"] * shape["H"] * x.element_size() * (ws - 1) / ws
+            row["dispatch_GB_per_s"] = leaving / row["dispatch_ms"] / 1e6
+            row["combine_GB_per_s"] = leaving / row["combine_ms"] / 1e6
         rows.append(row)
     return rows
 

@@ -611,13 +611,17 @@ def ep_moe_table(doc: dict) -> str:
     for r in rows:
         if r["world"] == 1 and r["tokens_per_s"] > best1.get(r["layer"], {}).get("tokens_per_s", 0):
             best1[r["layer"]] = r
-    out = ["| layer | GPUs | variant | rel err | tokens/s | vs best 1-GPU variant | ms | route ms | dispatch ms | "
-           "compute ms | combine ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    keys = ["route_ms", *(["plan_ms"] if any("plan_ms" in r for r in rows) else []), "dispatch_ms", "compute_ms",
+            "combine_ms", *(["dispatch_GB_per_s"] if any("dispatch_GB_per_s" in r for r in rows) else [])]
+    names = {"dispatch_GB_per_s": "dispatch GB/s"}
+    columns = ["layer", "GPUs", "variant", "rel err", "tokens/s", "vs best 1-GPU variant", "ms",
+               *(names.get(k, k.replace("_ms", " ms")) for k in keys)]
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         b = best1[r["layer"]]
         vs = "best" if r is b else f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x of {b['variant']}"
-        phases = " | ".join(f"{r[k]:.2f}" if k in r else "" for k in ("route_ms", "dispatch_ms", "compute_ms",
-                                                                        "combine_ms"))  # fmt: skip
+        phases = " | ".join(f"{r[k]:.2f}" if k.endswith("_ms") and k in r else f"{r[k]:.0f}" if k in r else ""
+                            for k in keys)
         out.append(f"| {r['layer']} | {r['world']} | {r['variant']} | {r['rel_err']:.1e} | {r['tokens_per_s']:,.0f} | "
                    f"{vs} | {r['ms']:.2f} | {phases} |")  # fmt: skip
     for p in (r for r in doc["rows"] if "probe" in r):
@@ -627,8 +631,7 @@ def ep_moe_table(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def ep_moe_section() -> str:
-    name = "2026-11-26-h200x2-ep-moe.json"
+def ep_moe_section(name: str = "2026-11-26-h200x2-ep-moe.json") -> str:
     doc = _load(name)
     e = doc["env"]
     gpus = max((r["world"] for r in doc["rows"]), default=1)

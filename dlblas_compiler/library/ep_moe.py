@@ -11,7 +11,12 @@ Forward, on each rank (experts are SwiGLU MLPs, weights laid out as for fused_mo
      row's expert follows from the counts (rows arrive grouped by source rank, then expert), so no ids are sent;
   3. compute: the received rows through the local experts (fused_moe with k = 1 and unit weights);
   4. combine: the inverse `all_to_all_single` returns the results; the routing weights, which never leave the
-     sending rank, scale them and index_add sums each token's k rows (in float32; float64 for float64 x).
+     sending rank, scale them and one pass sums each token's k rows (in float32; float64 for float64 x): a Triton
+     kernel that gathers a token's rows by their position in the returned buffer (the torch gather on the
+     reference backend), where an index_add over float32 copies of all rows used to take ~5x its traffic.
+The plan waits for the host once per call: the per-expert counts, exchanged first, give the split sizes
+`all_to_all_single` needs (the kept pairs are counted and sorted on the GPU without a nonzero, which would wait
+for the router too).
 With overlap, the pairs are split by the half of the tokens they come from: both halves' dispatches are issued
 asynchronously at once, so the second half's proceeds while the first half computes, and the first half's combine
 while the second half computes. Ranks vote for overlap in the counts exchange and split only if all of them do,
@@ -26,8 +31,11 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
 from torch import nn
 
+from .common import launch, next_pow2
 from .gating import topk_gating, topk_gating_reference
 from .moe_gemm import fused_moe, fused_moe_reference
 
@@ -101,15 +109,48 @@ class _PhaseTimer:
 
 
 class _Exchange(NamedTuple):
-    """One all_to_all round trip. tok, weight: the token and routing weight of each row this rank sends, grouped
-    by destination rank, then expert; send_splits / recv_splits: rows to / from each rank; recv_expert: the local
-    expert of each row received."""
+    """One all_to_all round trip. tok: the token of each row this rank sends, grouped by destination rank, then
+    expert; pair: that row's (token, slot) as token * k + slot; send_splits / recv_splits: rows to / from each
+    rank; recv_expert: the local expert of each row received."""
 
     tok: torch.Tensor
-    weight: torch.Tensor
+    pair: torch.Tensor
     send_splits: list[int]
     recv_splits: list[int]
     recv_expert: torch.Tensor
+
+
+@triton.jit
+def _combine_kernel(back_ptr, pos_ptr, w_ptr, out_ptr, H, K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = sum over slots s with pos[t, s] >= 0 of w[t, s] * back[pos[t, s]], accumulated in float32."""
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    inside = cols < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for s in tl.static_range(K):
+        row = tl.load(pos_ptr + t * K + s)
+        if row >= 0:
+            w = tl.load(w_ptr + t * K + s).to(tl.float32)
+            acc += w * tl.load(back_ptr + row.to(tl.int64) * H + cols, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * H + cols, acc.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def combine(back: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor, use_triton: bool) -> torch.Tensor:
+    """out [T, H]: each token's returned rows back[pos[t, s]] (pos -1: a dropped slot) scaled by weights [T, k]
+    and summed in float32 (float64 for float64 rows), in back's dtype."""
+    T, k = pos.shape
+    out = back.new_empty(T, back.shape[1])
+    if T == 0:
+        return out
+    if use_triton and back.dtype != torch.float64:
+        block = min(1024, next_pow2(back.shape[1]))
+        launch(_combine_kernel, (T, triton.cdiv(back.shape[1], block)), back.device,
+               back.contiguous(), pos.contiguous(), weights.contiguous(), out, back.shape[1], K=k, BLOCK_H=block)
+        return out
+    acc = torch.promote_types(back.dtype, torch.float32)
+    rows = back.to(acc)[pos.clamp(min=0)]  # [T, k, H]
+    scale = torch.where(pos >= 0, weights.to(acc), 0)
+    return torch.einsum("tkh,tk->th", rows, scale).to(back.dtype)
 
 
 def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
@@ -177,7 +218,7 @@ class EPMoE(nn.Module):
     @torch.no_grad()
     def forward(self, x: torch.Tensor, timings: dict[str, float] | None = None) -> torch.Tensor:
         """x [..., H], this rank's tokens -> [..., H]. A `timings` dict is filled with milliseconds per phase
-        (route, dispatch, compute, combine; total), measured by CUDA events on CUDA (which synchronizes)."""
+        (route, plan, dispatch, compute, combine; total; plan: sorting the pairs and exchanging the counts), measured by CUDA events on CUDA (which synchronizes)."""
         x2 = x.reshape(-1, x.shape[-1])
         use_triton = self.backend == "triton" or (self.backend == "auto" and x.is_cuda)
         timer = _PhaseTimer(timings, x.device)
@@ -204,6 +245,7 @@ class EPMoE(nn.Module):
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, use_triton: bool, timer: _PhaseTimer
     ) -> torch.Tensor:
         exchanges = self._plan(ids, weights)
+        timer.lap("plan")
         dispatches = []
         for ex in exchanges:  # all issued at once: the second chunk's moves while the first computes
             send, recv = x[ex.tok], x.new_empty(sum(ex.recv_splits), x.shape[1])
@@ -219,31 +261,37 @@ class EPMoE(nn.Module):
             back = x.new_empty(ex.tok.shape[0], x.shape[1])
             work = dist.all_to_all_single(back, y, ex.send_splits, ex.recv_splits, group=self.group, async_op=True)
             combines.append((y, back, work))
-        acc_dtype = torch.promote_types(x.dtype, torch.float32)
-        out = torch.zeros(x.shape, device=x.device, dtype=acc_dtype)
+        pos = torch.full((ids.numel(),), -1, device=x.device, dtype=torch.int32)  # (token, slot) -> row of backs
+        start = 0
         for ex, (_, back, work) in zip(exchanges, combines, strict=True):
             work.wait()
-            out.index_add_(0, ex.tok, back.to(acc_dtype) * ex.weight.to(acc_dtype)[:, None])
+            pos[ex.pair] = torch.arange(start, start + back.shape[0], device=x.device, dtype=torch.int32)
+            start += back.shape[0]
+        backs = [back for _, back, _ in combines]
+        out = combine(backs[0] if len(backs) == 1 else torch.cat(backs), pos.view(ids.shape), weights, use_triton)
         timer.lap("combine")
-        return out.to(x.dtype)
+        return out
 
     def _plan(self, ids: torch.Tensor, weights: torch.Tensor) -> list[_Exchange]:
         """Sort the kept (token, slot) pairs by (expert, half of the tokens) and exchange the counts per (expert,
         half), with each rank's overlap vote appended. One _Exchange, or one per half if every rank voted yes."""
-        T, dev = ids.shape[0], ids.device
-        ws, n_local = self.world_size, self.local_experts
-        tok, slot = torch.nonzero(ids >= 0, as_tuple=True)
-        key = ids[tok, slot] * 2 + (tok >= (T + 1) // 2)
+        (T, k), dev = ids.shape, ids.device
+        ws, n_local, E = self.world_size, self.local_experts, self.num_experts
+        # every (token, slot) pair, keyed by (expert, half of the tokens); a dropped one (id -1) sorts last
+        tok = torch.arange(T, device=dev).repeat_interleave(k)
+        flat = ids.reshape(-1)
+        key = torch.where(flat >= 0, flat * 2 + (tok >= (T + 1) // 2), 2 * E)
         order = torch.argsort(key, stable=True)
-        tok, weight, key = tok[order], weights[tok, slot][order], key[order]
         vote = T >= OVERLAP_MIN_TOKENS if self.overlap == "auto" else self.overlap
-        counts = torch.bincount(key, minlength=2 * self.num_experts).view(ws, 2 * n_local)
+        counts = torch.bincount(key, minlength=2 * E + 1)[: 2 * E].view(ws, 2 * n_local)
         send = torch.cat([counts, torch.full((ws, 1), int(vote), device=dev, dtype=counts.dtype)], 1)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=self.group)
         recv_dev = recv[:, :-1].reshape(ws, n_local, 2)
         send, recv = torch.stack([send, recv]).cpu().unbind(0)  # the one host sync: split sizes
         send_counts, recv_counts = (c[:, :-1].reshape(ws, n_local, 2) for c in (send, recv))
+        order = order[: int(send_counts.sum())]  # the kept pairs, sorted
+        tok, key = tok[order], key[order]
         local = torch.arange(n_local, device=dev).repeat(ws)
 
         def exchange(sel: torch.Tensor | slice, sent: torch.Tensor, received: torch.Tensor, rows: torch.Tensor) -> _Exchange:
@@ -252,7 +300,7 @@ class EPMoE(nn.Module):
             thousands of rows cost ~5 ms a call on the GPU host)."""
             total = int(received.sum())
             experts = local.repeat_interleave(rows.flatten(), output_size=total)
-            return _Exchange(tok[sel], weight[sel], sent.sum(1).tolist(), received.sum(1).tolist(), experts)
+            return _Exchange(tok[sel], order[sel], sent.sum(1).tolist(), received.sum(1).tolist(), experts)
 
         if not bool(recv[:, -1].all()):
             return [exchange(slice(None), send_counts.sum(2), recv_counts.sum(2), recv_dev.sum(2))]

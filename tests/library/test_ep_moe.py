@@ -104,7 +104,7 @@ def _cases(rank: int, ws: int) -> None:
     out = EPMoE(router, w_gate_up, w_down, TOP_K, backend="triton", overlap=True)(x, timings=timings)
     ref = moe_reference(x.double(), router.double(), w_gate_up.double(), w_down.double(), TOP_K)
     torch.testing.assert_close(out.double(), ref, **F32_TOL)
-    assert set(timings) == {"route", "dispatch", "compute", "combine", "total"}
+    assert set(timings) == {"route", "plan", "dispatch", "compute", "combine", "total"}
 
 
 def _worker(rank: int, ws: int, init_file: str) -> None:
@@ -150,3 +150,26 @@ def test_ep_moe_bad_arguments() -> None:
         EPMoE(router, w_gate_up, w_down, TOP_K, overlap="yes")
     with pytest.raises(ValueError, match="w_gate_up"):
         EPMoE(router, w_gate_up[:, :INTER], w_down, TOP_K)
+
+
+@pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton-interpreter"])
+def test_combine_sums_each_tokens_rows_scaled_by_its_weights(use_triton: bool) -> None:
+    """combine: out[t] = sum_s w[t, s] * back[pos[t, s]] in float32, a dropped slot (pos -1) skipped; against
+    the float64 loop."""
+    from dlblas_compiler.library.ep_moe import combine
+
+    g = torch.Generator().manual_seed(0)
+    T, k, H = 7, 3, 40
+    back = torch.randn(T * k - 4, H, generator=g).to(torch.bfloat16)
+    pos = torch.randperm(T * k, generator=g).view(T, k).int()
+    pos[pos >= back.shape[0]] = -1  # four dropped slots
+    pos[2] = -1  # a token with no rows left: 0
+    w = torch.rand(T, k, generator=g)
+    out = combine(back, pos, w, use_triton)
+    ref = torch.zeros(T, H, dtype=torch.float64)
+    for t in range(T):
+        for s in range(k):
+            if pos[t, s] >= 0:
+                ref[t] += w[t, s].double() * back[pos[t, s]].double()
+    assert out.dtype == torch.bfloat16 and torch.equal(out[2], torch.zeros(H, dtype=torch.bfloat16))
+    torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
