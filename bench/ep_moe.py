@@ -122,8 +122,39 @@ def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, devi
             leaving = args.tokens * shape["k"] * shape["H"] * x.element_size() * (ws - 1) / ws
             row["dispatch_GB_per_s"] = leaving / row["dispatch_ms"] / 1e6
             row["combine_GB_per_s"] = leaving / row["combine_ms"] / 1e6
+        if args.trace and ws > 1 and label == "ep":
+            row["trace"] = _trace(fn, cuda)
         rows.append(row)
     return rows
+
+
+def _trace(fn: Callable[[dict[str, float]], Any], cuda: bool) -> dict[str, Any]:
+    """torch.profiler over 3 calls (every rank runs them; rank 0's summary is kept): the host ops and the GPU
+    kernels with the most time, and the host's waits for the GPU (synchronize and device-to-host copies)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    dist.barrier()
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            fn({})
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+
+    def top(key: Callable[[Any], float], n: int, keep: Callable[[Any], bool]) -> list[list]:
+        chosen = sorted((e for e in events if keep(e)), key=key, reverse=True)[:n]
+        return [[e.key[:90], e.count, round(key(e) / 1e3 / 3, 3)] for e in chosen]  # ms per call
+
+    def device_us(e: Any) -> float:
+        return getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0)
+
+    waits = [e for e in events if "Synchronize" in e.key or "MemcpyDtoH" in e.key or "cudaMemcpy" in e.key]
+    return {
+        "host_ops_ms_per_call": top(lambda e: e.self_cpu_time_total, 15, lambda e: True),
+        "gpu_kernels_ms_per_call": top(device_us, 12, lambda e: device_us(e) > 0),
+        "host_waits": [[e.key, e.count, round(e.self_cpu_time_total / 1e3 / 3, 3)] for e in waits],
+    }
 
 
 def _all_to_all_probe(ws: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -232,6 +263,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="untimed iterations first (3; smoke: 1)")
     parser.add_argument("--world-timeout", type=float, default=240.0, help="seconds allowed per world size")
     parser.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny layers, worlds 1 and 2")
+    parser.add_argument("--trace", action="store_true", help="add a torch.profiler summary of 3 calls of 'ep'")
     args = parser.parse_args()
     args.tokens = args.tokens or (64 if args.smoke else 4096)
     args.iters = args.iters or (3 if args.smoke else 20)

@@ -283,7 +283,9 @@ class EPMoE(nn.Module):
         key = torch.where(flat >= 0, flat * 2 + (tok >= (T + 1) // 2), 2 * E)
         order = torch.argsort(key, stable=True)
         vote = T >= OVERLAP_MIN_TOKENS if self.overlap == "auto" else self.overlap
-        counts = torch.bincount(key, minlength=2 * E + 1)[: 2 * E].view(ws, 2 * n_local)
+        # (not torch.bincount: on CUDA it reads the largest key back to the host first, a second wait)
+        counts = torch.zeros(2 * E + 1, device=dev, dtype=torch.int64).scatter_add_(0, key, torch.ones_like(key))
+        counts = counts[: 2 * E].view(ws, 2 * n_local)
         send = torch.cat([counts, torch.full((ws, 1), int(vote), device=dev, dtype=counts.dtype)], 1)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=self.group)
@@ -304,5 +306,7 @@ class EPMoE(nn.Module):
 
         if not bool(recv[:, -1].all()):
             return [exchange(slice(None), send_counts.sum(2), recv_counts.sum(2), recv_dev.sum(2))]
-        half = key % 2
-        return [exchange(half == h, send_counts[..., h], recv_counts[..., h], recv_dev[..., h]) for h in (0, 1)]
+        by_half = torch.argsort(key % 2, stable=True)  # (not a boolean mask: selecting by one waits for the GPU)
+        first = int(send_counts[..., 0].sum())
+        halves = (by_half[:first], by_half[first:])
+        return [exchange(halves[h], send_counts[..., h], recv_counts[..., h], recv_dev[..., h]) for h in (0, 1)]
