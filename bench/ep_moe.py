@@ -44,6 +44,7 @@ SMOKE_LAYERS = {
 }
 MAX_REL_ERR = 1e-2
 PHASES = ("route", "plan", "dispatch", "compute", "combine")
+MODULE = "dlblas_compiler.library.ep_moe"
 
 
 def _weights(shape: dict[str, int], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -91,7 +92,11 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, device: torch.device) -> list[dict]:
-    from dlblas_compiler.library import EPMoE, moe_reference
+    import importlib
+
+    from dlblas_compiler.library import moe_reference
+
+    EPMoE = importlib.import_module(args.module).EPMoE  # noqa: N806 - a class
 
     ws, rank = dist.get_world_size(), dist.get_rank()
     cuda = device.type == "cuda"
@@ -114,6 +119,8 @@ def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, devi
     rows = []
     for label, fn in variants.items():
         row: dict[str, Any] = {"layer": name, **shape, "world": ws, "variant": label, "tokens_per_rank": args.tokens}
+        if args.module != MODULE:
+            row["module"] = args.module
         row["rel_err"] = _rel_err(fn({}), ref)
         row["ok"] = row["rel_err"] <= MAX_REL_ERR
         row.update(_time(fn, args.iters, args.warmup, cuda))
@@ -263,6 +270,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="untimed iterations first (3; smoke: 1)")
     parser.add_argument("--world-timeout", type=float, default=240.0, help="seconds allowed per world size")
     parser.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny layers, worlds 1 and 2")
+    parser.add_argument("--module", default=MODULE, help="the module EPMoE comes from (an A/B against another version)")
     parser.add_argument("--trace", action="store_true", help="add a torch.profiler summary of 3 calls of 'ep'")
     args = parser.parse_args()
     args.tokens = args.tokens or (64 if args.smoke else 4096)
