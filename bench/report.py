@@ -779,6 +779,8 @@ SECTIONS = {
     "library-untuned": functools.partial(library_section, H200 + "library-untuned.json",
                                          {"matmul", "apply_rotary_pos_emb", "partial_rotary_emb"}),
     "ep-moe": ep_moe_section,
+    **{f"ep-moe-s9-{x}": functools.partial(ep_moe_section, f"2026-11-26-h100x4-s9-ep-moe-{x}.json")
+       for x in ("a", "c-before", "c-after", "d-after")},
     **{f"generation-{x}": functools.partial(generation_section, f"2026-11-26-h100-s6-generate-{x}.json")
        for x in "cdefg"},
     **{f"generation-s7-{x}": functools.partial(generation_section, f"2026-11-26-h100-s7-generate-{x}.json")
