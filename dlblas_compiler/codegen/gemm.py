@@ -9,8 +9,9 @@ from the tile's last program, and scales the accumulator after the K loop; a nor
 folded into W scales the A tile. Epilogue: everything the planner attached to Y, computed on the fp32
 tile before one store per output: bias, elementwise ops with other tensors (residual add, ...),
 column slices (one GEMM for q/k/v), reshapes splitting the columns into heads and permutes (written
-straight into [B, H, S, D]), rotary on head columns (partner column gathered within the tile; a tile
-narrower than a head takes the matching slices of its two halves), and a
+straight into [B, H, S, D]), an RMSNorm over each head's columns (Qwen3's q/k norms: the tile holds whole
+heads, reshaped [BLOCK_M, heads, D] for the statistics), rotary on head columns (partner column gathered
+within the tile; a tile narrower than a head takes the matching slices of its two halves), and a
 gated activation of two column halves computed as two accumulators sharing the A tile (dual GEMM).
 
 Index model: every epilogue value is a view of Y's tile: a column range [lo, hi) of one accumulator
@@ -86,6 +87,7 @@ class GemmPlan:
     narrow_rotary: str | None = None  # layout of a rotary that tiles narrower than a head (see _rotary)
     input_views: list[Operation] = field(default_factory=list)  # views of operands, fused as strides
     rotary_from_product: bool = False  # every rotary rotates a view of Y: MM configs read each partner column back
+    head_norm: bool = False  # an RMSNorm over head columns: tiles hold whole heads (their widths join rotary_dims)
 
     @property
     def rms(self) -> RMSNormOp | None:
@@ -189,7 +191,7 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
     rotaries = [o for o in plan.epilogue if isinstance(o, RotaryOp)]
     plan.rotary_from_product = bool(rotaries) and all(_view_of(o.input, lin.result) for o in rotaries)
     rots = {(plan.info[o.input].split[-1], o.dim, o.layout.data) for o in rotaries}
-    if len(rots) == 1 and (r := rots.pop())[0] == r[1] and plan.grid_n % r[0] == 0:
+    if len(rots) == 1 and (r := rots.pop())[0] == r[1] and plan.grid_n % r[0] == 0 and not plan.head_norm:
         plan.narrow_rotary = r[2]  # one full-head rotary over whole heads: tiles may hold part of a head
     return plan
 
@@ -233,6 +235,16 @@ def _epilogue_op(plan: GemmPlan, o: Operation, inside: set, nrow: int) -> str | 
         if c.perm[-1] != nrow + len(c.split) - 1:
             return "rotary must act on the innermost column dim"
         plan.info[o.result] = c
+        return None
+    if isinstance(o, RMSNormOp):  # over each head's columns (the innermost column dim)
+        d = c.split[-1]
+        if o.input is not ins[0] or len(c.split) < 2 or c.perm[-1] != nrow + len(c.split) - 1:
+            return "an RMSNorm in the epilogue normalizes the innermost column dim of heads split from the tile"
+        if c.lo % d or d & (d - 1) or d > 256:
+            return f"a per-head RMSNorm over {d} columns (offset {c.lo}) does not tile: powers of two <= 256"
+        plan.info[o.result] = c
+        plan.rotary_dims.add(d)  # (whole heads in a tile, as a rotary needs)
+        plan.head_norm = True
         return None
     if isinstance(o, POINTWISE):
         for v in ins[1:]:
@@ -472,6 +484,8 @@ class GemmEmitter:
             names[v] = t
         if isinstance(o, RotaryOp):
             self._rotary(w, o)
+        elif isinstance(o, RMSNormOp):
+            self._head_norm(w, o)
         else:
             emit_pointwise(w, names, o)
         for v in loaded:
@@ -583,6 +597,24 @@ class GemmEmitter:
         t = self.names.fresh("e")
         w(f"{t} = tl.load(e{j}_ptr + {addr}, mask={mask}, other=0.0).to(tl.float32)")
         return t
+
+    def _head_norm(self, w: Writer, o: RMSNormOp) -> None:
+        """RMSNorm over each head's D columns, with dl.rms_norm's rounding: the tile (whole heads, BLOCK_N % D
+        == 0) is reshaped [BLOCK_M, BLOCK_N // D, D] for each head's mean square."""
+        d = self.plan.info[o.input].split[-1]
+        eps, offset, in_f32 = o.attrs
+        names, x = self.names, self.names[o.input]
+        heads, ms, normed, y = names.fresh("hd"), names.fresh("ms"), names.fresh("nrm"), names.fresh("y")
+        w(f"{heads} = tl.reshape(tl.broadcast_to({x}, [BLOCK_M, BLOCK_N]), [BLOCK_M, BLOCK_N // {d}, {d}])")
+        w(f"{ms} = tl.sum({heads} * {heads}, axis=2) / {d}")
+        w(f"{normed} = tl.reshape({heads} * tl.rsqrt({ms} + {eps!r})[:, :, None], [BLOCK_M, BLOCK_N])")
+        if o.weight is None:
+            expr = normed
+        else:
+            weight = f"({names[o.weight]} + {offset!r})" if offset else names[o.weight]
+            expr = f"{normed} * {weight}" if in_f32 else f"{round_to(normed, o.input)} * {weight}"
+        w(f"{y} = {round_to(expr, o.result)}")
+        names[o.result] = y
 
     def _rotary(self, w: Writer, o: RotaryOp) -> None:
         """Rotate head columns. With MM (the product in memory) each column's partner is read back from the
@@ -762,7 +794,8 @@ def space(plan: GemmPlan) -> SearchSpace:
     return SearchSpace(
         PARAMS,
         {
-            "rotary heads fit the tile (MM reads partners back: any width)": lambda c: c["BLOCK_N"] % rot == 0
+            "heads (rotary, per-head norm) fit the tile (MM reads rotary partners back: any width)": lambda c:
+            c["BLOCK_N"] % rot == 0
             or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"]) or (c["MM"] and plan.rotary_from_product),
             "one-row (CUDA-core) tiles only for a few rows": lambda c: c["BLOCK_M"] > 1
             or (m <= GEMV_ROWS and not c["TMA"]),

@@ -10,6 +10,7 @@ reference with a warning, which these tests turn into an error.
 
 import copy
 import itertools
+from collections import Counter
 import warnings
 
 import pytest
@@ -351,6 +352,79 @@ def test_gemm_rotary_partners_read_from_the_product(rd, inter):
                     assert rel_error(o, r) <= tolerance(torch.float32), c
                 checked.append(c)
     assert {(c["BLOCK_N"], c["MM"]) for c in checked} >= {(16, 1), (64, 1), (128, 1), (32, 0)}
+
+
+class QKNormRotary(nn.Module):
+    """Qwen3's attention input: RMSNorm, one q/k/v projection, heads, an RMSNorm over each q and k head (its own
+    weight), then rotary on [B, H, S, D]."""
+
+    def __init__(self, k, heads, kv_heads, d):
+        super().__init__()
+        self.heads, self.kv_heads, self.d = heads, kv_heads, d
+        self.norm = nn.RMSNorm(k, eps=1e-6)
+        self.qkv = nn.Linear(k, (heads + 2 * kv_heads) * d, bias=False)
+        self.q_norm, self.k_norm = nn.RMSNorm(d, eps=1e-6), nn.RMSNorm(d, eps=1e-6)
+        self.rot = Rotary(None, False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.norm(x)).split([self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], -1)
+        q = self.q_norm(q.view(b, s, self.heads, self.d)).transpose(1, 2)
+        k = self.k_norm(k.view(b, s, self.kv_heads, self.d)).transpose(1, 2)
+        return self.rot(q, cos, sin), self.rot(k, cos, sin), v.view(b, s, self.kv_heads, self.d).transpose(1, 2)
+
+
+@pytest.mark.parametrize("tokens", [1, 19])
+def test_gemm_per_head_rms_norm_before_rotary(tokens):
+    """Qwen3's per-head q/k RMSNorms and the rotary after them run in the QKV GEMM's epilogue (one region):
+    K-loop and cuBLAS-product (MM) configs, split-K and one-row tiles, each against the region's float64
+    reference; tiles narrower than a head are not in the space. In bf16 the compiled module's error against
+    float64 is eager's."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    d, k = 32, 256  # (K long enough to split)
+    model = randomize_(QKNormRotary(k, 4, 2, d)).eval()
+    ang = _x(tokens, d // 2, seed=3)
+    args = [_x(1, tokens, k), torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)]
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0}
+    configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": p}
+               for bm, bn, sk, mm, p in [(16, 32, 1, 0, 0), (16, 64, 2, 0, 0), (16, 128, 1, 0, 1), (16, 32, 1, 1, 1),
+                                         (16, 64, 1, 1, 1), (1, 32, 1, 0, 0), (16, 16, 1, 0, 0), (16, 16, 1, 1, 1)]]  # fmt: skip
+    checked = []
+    with torch.no_grad():
+        out = cm(*args)
+        assert Counter(cm.report().patterns) == {"gemm": 1}
+        prog = cm._spec().executor
+        env = prog._env(args)
+        (step,) = [st for st in prog.steps if isinstance(st, RegionStep)]
+        assert step.kernel.region_ir.count("dl.rms_norm") == 3 and step.kernel.region_ir.count("dl.rotary") == 2
+        tensors = step.inputs(env)
+        refs = step.reference([t.double() for t in tensors])
+        for c in configs:
+            if step.kernel.space.is_valid(c):
+                for o, r in zip(step.launch(tensors, c), refs):
+                    assert rel_error(o, r) <= tolerance(torch.float32), c
+                checked.append(c)
+        ref = model.double()(*(a.double() for a in args))
+        assert all(rel_error(o, r) <= tolerance(torch.float32) for o, r in zip(out, ref))
+        bf = copy.deepcopy(model).to(torch.bfloat16)
+        bargs = [a.to(torch.bfloat16) for a in args]
+        ours, eager = dc.compile(bf, backend="interpret", cuda_graphs=False)(*bargs), bf(*bargs)
+        for o, e, r in zip(ours, eager, ref):
+            assert rel_error(o, r) <= 2 * rel_error(e, r) + 1e-3
+    assert {c["BLOCK_N"] for c in checked} == {32, 64, 128} and {c["MM"] for c in checked} == {0, 1}
+    assert (1 in {c["BLOCK_M"] for c in checked}) == (tokens == 1) and any(c["SPLIT_K"] == 2 for c in checked)
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+@pytest.mark.parametrize("tokens", [1, 37])
+def test_per_head_rms_norm_and_rotary_in_the_qkv_gemm(backend, dtype, tokens):
+    """The same region compiled and run as the tuner would (on the GPU: Triton, half precision), against float64."""
+    d = 64
+    ang = _x(tokens, d // 2, seed=3)
+    args = [_x(2, tokens, 128), torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)]
+    _run(randomize_(QKNormRotary(128, 4, 2, d)), args, backend, dtype, expect_regions={"gemm": 1})
 
 
 @pytest.mark.parametrize("tokens", [1, 3])

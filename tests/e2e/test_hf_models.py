@@ -44,13 +44,13 @@ REGIONS = {
 MODELS = list(REGIONS)
 
 # More architectures, compiled once (dc.compile, interpret backend: the generated kernels). Rows beyond the rotary
-# embedding's cos and sin (2): Gemma's embedding scale; Qwen3's q/k RMSNorms, each with its rotary after it (the norm
-# between the projection and the rotary keeps the rotary out of the GEMM: 4 per layer); Gemma2's post-attention and
+# embedding's cos and sin (2): Gemma's embedding scale (Qwen3's per-head q/k RMSNorms and the rotary after them ride
+# in the QKV GEMM's epilogue, as Llama's rotary does); Gemma2's post-attention and
 # post-MLP norms and its soft-capped logits; GPT-NeoX and StableLM's LayerNorms and partial rotary; OPT's and BERT's
 # LayerNorms (and the embedding sums); Mixtral's router softmax and top-k run inside dl.moe (library kernels), its
 # attention as Llama's. docs/architectures.md (scripts/architectures.py) lists each model's regions and what stays out.
 MORE_REGIONS = {
-    "qwen3": Counter({"row": 2 + 4 * 2, "gemm": 4 * 2 + 1, "attention": 2}),
+    "qwen3": LLAMA_LIKE,
     "gemma": Counter({"row": 3, "gemm": 4 * 2 + 1, "attention": 2}),
     "gemma2": Counter({"row": 7, "gemm": 4 * 2 + 1, "attention": 2}),
     "phi3": LLAMA_LIKE,
