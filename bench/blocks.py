@@ -164,6 +164,8 @@ HF_LAYERS = {
                                          rope_theta=1000000.0)),
     "phi3_mini": ("phi3", dict(hidden_size=3072, intermediate_size=8192, num_attention_heads=32,
                                num_key_value_heads=32, rms_norm_eps=1e-5, rope_theta=10000.0)),
+    "qwen3_8b": ("qwen3", dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
+                               num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0)),
 }  # fmt: skip
 
 
