@@ -173,6 +173,7 @@ class Importer:
         self._input_free: dict[torch.fx.Node, bool] = {}
         self._real: dict[torch.fx.Node, Any] = {}
         self.written_bases: set[torch.fx.Node] = set()  # tensors some node writes in place
+        self._by_storage: dict[int, list[torch.fx.Node]] | None = None  # storage -> nodes whose value is in it
 
     def run(self) -> Imported:
         values = self.values = _example_values(self.gm, self.inputs)
@@ -468,10 +469,13 @@ class Importer:
         storage = _storage(self.values.get(base))
         if storage is None:
             return
-        for m, v in self.values.items():
+        if self._by_storage is None:  # (built once: a scan of every value per write was quadratic in the graph)
+            self._by_storage = {}
+            for m, v in self.values.items():
+                if (st := _storage(v)) is not None:
+                    self._by_storage.setdefault(st, []).append(m)
+        for m in self._by_storage.get(storage, ()):
             if m is base or m is n or self.alias_base.get(m) is base or self.order[m] > self.order[n]:
-                continue
-            if not isinstance(v, torch.Tensor) or _storage(v) != storage:
                 continue
             if m.op in ("placeholder", "get_attr") or any(self.order[u] > self.order[n] for u in m.users):
                 where = source_line(n)

@@ -28,8 +28,15 @@ class PipelineResult:
     module: ModuleOp
     passes: tuple = ()
     names: list[str] = field(default_factory=list)  # stage names: "input", "after:<pass>", ...
-    input_text: str = ""
+    input_module: ModuleOp | None = None  # a copy of the input, printed when asked (a clone costs ~1/3 of a print)
+    _input_text: str | None = None
     _stages: list[tuple[str, str]] | None = None
+
+    @property
+    def input_text(self) -> str:
+        if self._input_text is None:
+            self._input_text = str(self.input_module) if self.input_module is not None else ""
+        return self._input_text
 
     @property
     def stages(self) -> list[tuple[str, str]]:
@@ -68,7 +75,7 @@ def run_pipeline(
     With `keep_text` (or `dump_dir`) every stage's text is recorded as the passes run."""
     passes = parse_pipeline(spec) if isinstance(spec, str) else tuple(spec)
     ctx = make_context()
-    result = PipelineResult(module, passes, input_text=str(module))
+    result = PipelineResult(module, passes, input_module=module.clone())
     if keep_text:
         result._stages = []
     if dump_dir:
