@@ -805,6 +805,8 @@ SECTIONS = {
     "gemms-s9-qwen3": functools.partial(gemms_section, "2026-11-26-h100-s9-gemms-qwen3.json"),
     "block-layer-qwen3_8b-h100-s9": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s9-layer-qwen3_8b.json"], "layer_qwen3_8b"), heading=False),
+    "block-layer-qwen3_8b-m1-h100-s9": lambda: block_markdown(load_runs(
+        ["2026-11-26-h100-s9-layer-qwen3_8b-m1-a-norm-apart.json"], "layer_qwen3_8b"), heading=False),
     "block-layer-llama3_8b-h100-s8": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s8-layer-llama3_8b.json"], "layer_llama3_8b"), heading=False),
 }  # fmt: skip
