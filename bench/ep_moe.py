@@ -14,7 +14,8 @@ environment is left as it is. Per layer and world size:
                compute / combine: EPMoE's CUDA-event split (medians, slowest rank); with overlap the
                dispatch and combine columns hold only the communication not hidden behind compute.
 Variants: 1 GPU: "torch loop" (moe_reference in bf16: router + loop over experts) and "fused_moe" (EPMoE on one
-rank: topk_gating + fused_moe); several GPUs: "ep" (EPMoE, overlap off) and "ep+overlap" (two chunks).
+rank: topk_gating + fused_moe); several GPUs: "ep" (EPMoE, overlap off), "ep+overlap" (two chunks) and
+"ep+padded" (padded_tokens = the tokens per rank: fixed blocks, no wait for the host).
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, devi
         layer = EPMoE(*weights, shape["k"])
         variants["fused_moe"] = lambda t: layer(x, timings=t)
     else:
-        for label, overlap in (("ep", False), ("ep+overlap", True)):
-            layer = EPMoE(*weights, shape["k"], overlap=overlap)
+        for label, kw in (("ep", {}), ("ep+overlap", {"overlap": True}), ("ep+padded", {"padded_tokens": args.tokens})):
+            layer = EPMoE(*weights, shape["k"], **kw)
             variants[label] = lambda t, layer=layer: layer(x, timings=t)
 
     rows = []

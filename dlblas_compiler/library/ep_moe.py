@@ -14,8 +14,9 @@ Forward, on each rank (experts are SwiGLU MLPs, weights laid out as for fused_mo
      sending rank, scale them and one pass sums each token's k rows (in float32; float64 for float64 x): a Triton
      kernel that gathers a token's rows by their position in the returned buffer (the torch gather on the
      reference backend), where an index_add over float32 copies of all rows used to take ~5x its traffic.
-The plan waits for the host once per call: the per-expert counts, exchanged first, give the split sizes
-`all_to_all_single` needs (the kept pairs are counted and sorted on the GPU without a nonzero, which would wait
+With `padded_tokens` (the most tokens any rank passes in a call; the same on every rank) the rows travel in
+fixed blocks with room for every pair, so nothing waits for the host (see `_padded_exchange`): a decode-sized
+mode. Otherwise the plan waits for the host once per call: the per-expert counts, exchanged first, give the split sizes `all_to_all_single` needs (the kept pairs are counted and sorted on the GPU without a nonzero, which would wait
 for the router too).
 With overlap, the pairs are split by the half of the tokens they come from: both halves' dispatches are issued
 asynchronously at once, so the second half's proceeds while the first half computes, and the first half's combine
@@ -172,7 +173,10 @@ class EPMoE(nn.Module):
     if world size > 1). Off by default because it measured slower on 2 NVLink-connected H200s (Mixtral-like layer,
     4096 tokens a rank: 9.05 vs 7.31 ms; DeepSeek-like: equal): the exchange takes ~0.2 ms against ~5 ms of
     expert GEMMs, and half-size GEMMs lose more than the hidden communication gains. All ranks of the group must
-    call forward together. After forward, `last_aux_loss` holds this rank's load-balancing loss."""
+    call forward together. padded_tokens: None (default: split sizes from the exchanged counts, one wait for the
+    host per call) or the most tokens any rank passes in one call, the same on every rank: fixed blocks of
+    padded_tokens * top_k rows per pair of ranks, no wait for the host (overlap is then ignored). After forward,
+    `last_aux_loss` holds this rank's load-balancing loss."""
 
     def __init__(
         self,
@@ -186,6 +190,7 @@ class EPMoE(nn.Module):
         group: dist.ProcessGroup | None = None,
         backend: str = "auto",
         overlap: bool | str = False,
+        padded_tokens: int | None = None,
     ) -> None:
         super().__init__()
         E, H = router_weight.shape
@@ -197,6 +202,8 @@ class EPMoE(nn.Module):
             )
         if backend not in BACKENDS:
             raise ValueError(f"EPMoE: backend must be one of {BACKENDS}, got {backend!r}")
+        if padded_tokens is not None and (not isinstance(padded_tokens, int) or padded_tokens < 1):
+            raise ValueError(f"EPMoE: padded_tokens must be a positive int or None, got {padded_tokens!r}")
         if overlap not in (True, False, "auto"):
             raise ValueError(f"EPMoE: overlap must be True, False or 'auto', got {overlap!r}")
         self.world_size, self.rank = _world(group)
@@ -212,7 +219,7 @@ class EPMoE(nn.Module):
         self.router_weight = nn.Parameter(router_weight.detach(), requires_grad=False)
         self.w_gate_up, self.w_down = local(w_gate_up), local(w_down)
         self.top_k, self.capacity_factor, self.renormalize = top_k, capacity_factor, renormalize
-        self.group, self.backend, self.overlap = group, backend, overlap
+        self.group, self.backend, self.overlap, self.padded_tokens = group, backend, overlap, padded_tokens
         self.last_aux_loss: torch.Tensor | None = None
 
     @torch.no_grad()
@@ -244,6 +251,8 @@ class EPMoE(nn.Module):
     def _exchange_and_compute(
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, use_triton: bool, timer: _PhaseTimer
     ) -> torch.Tensor:
+        if self.padded_tokens is not None:
+            return self._padded_exchange(x, ids, weights, use_triton, timer)
         exchanges = self._plan(ids, weights)
         timer.lap("plan")
         dispatches = []
@@ -269,6 +278,45 @@ class EPMoE(nn.Module):
             start += back.shape[0]
         backs = [back for _, back, _ in combines]
         out = combine(backs[0] if len(backs) == 1 else torch.cat(backs), pos.view(ids.shape), weights, use_triton)
+        timer.lap("combine")
+        return out
+
+    def _padded_exchange(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, use_triton: bool, timer: _PhaseTimer
+    ) -> torch.Tensor:
+        """The exchange without any wait for the host (padded_tokens set): every rank sends every rank a block of
+        P = padded_tokens * k rows, room for all of its pairs, the pairs bound there first and zero rows after
+        them, with each row's local expert (-1 for the padding, which the experts skip). Equal, fixed split sizes
+        need no counts on the host; the price is ws * P rows on the wire, which suits decode-sized calls."""
+        (T, k), dev, H = ids.shape, ids.device, x.shape[1]
+        ws, n_local, P = self.world_size, self.local_experts, self.padded_tokens * ids.shape[1]
+        if T > self.padded_tokens:
+            raise ValueError(f"EPMoE: {T} tokens on rank {self.rank} exceed padded_tokens={self.padded_tokens}")
+        flat = ids.reshape(-1)
+        dest = torch.where(flat >= 0, flat // n_local, ws)  # a dropped pair: "rank" ws, past the blocks
+        order = torch.argsort(dest, stable=True)
+        counts = torch.zeros(ws + 1, device=dev, dtype=torch.int64).scatter_add_(0, dest, torch.ones_like(dest))
+        sorted_dest = dest[order]
+        start = torch.cumsum(counts, 0) - counts
+        row = sorted_dest * P + torch.arange(T * k, device=dev) - start[sorted_dest]  # its row in the send blocks
+        row = torch.where(sorted_dest < ws, row, ws * P)  # dropped pairs: one spare row, not sent
+        send = x.new_zeros(ws * P + 1, H)
+        send[row] = x[order // k]
+        send_ids = torch.full((ws * P + 1,), -1, device=dev, dtype=torch.int32)
+        send_ids[row] = (flat[order] % n_local).to(torch.int32)
+        pos = torch.full((T * k,), -1, device=dev, dtype=torch.int32)  # (token, slot) -> its row coming back
+        pos[order] = torch.where(sorted_dest < ws, row, -1).to(torch.int32)
+        timer.lap("plan")
+        recv, recv_ids = x.new_empty(ws * P, H), torch.empty(ws * P, device=dev, dtype=torch.int32)
+        dist.all_to_all_single(recv_ids, send_ids[: ws * P], group=self.group)
+        dist.all_to_all_single(recv, send[: ws * P], group=self.group)
+        timer.lap("dispatch")
+        unit = torch.ones(ws * P, 1, device=dev, dtype=torch.float32)
+        y = self._experts(recv, recv_ids[:, None].long(), unit, use_triton)
+        timer.lap("compute")
+        back = x.new_empty(ws * P, H)
+        dist.all_to_all_single(back, y, group=self.group)
+        out = combine(back, pos.view(T, k), weights, use_triton)
         timer.lap("combine")
         return out
 

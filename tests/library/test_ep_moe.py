@@ -66,6 +66,7 @@ def _cases(rank: int, ws: int) -> None:
     kept = _experts_hit(x, router, 0.5).sum()
     assert 0 < kept < 48 * TOP_K, f"capacity case drops nothing (kept {kept})"
     _check_case(rank, ws, "capacity", no_bias, 48, capacity_factor=0.5, overlap=False)
+    _check_case(rank, ws, "capacity, padded blocks", no_bias, 48, capacity_factor=0.5, padded_tokens=64)
 
     # (b) uneven: rank 0's experts take over half the assignments, the other ranks still some
     uneven = 1.5 * (owner == 0).double()
@@ -75,6 +76,7 @@ def _cases(rank: int, ws: int) -> None:
     assert by_rank[0] > 0.5 * by_rank.sum() and (by_rank[1:] > 0).all(), by_rank
     _check_case(rank, ws, "uneven", uneven, 40, overlap=False)
     _check_case(rank, ws, "uneven + capacity", uneven, 40, capacity_factor=1.0, overlap=True)
+    _check_case(rank, ws, "uneven, padded blocks", uneven, 40, padded_tokens=40)
 
     # (c) the last rank receives no token
     starved = -20.0 * (owner == ws - 1).double()
@@ -83,6 +85,7 @@ def _cases(rank: int, ws: int) -> None:
     assert load.view(ws, per_rank)[-1].sum() == 0, load
     _check_case(rank, ws, "starved rank", starved, 40, overlap=False)
     _check_case(rank, ws, "starved rank, overlap", starved, 40, overlap=True)
+    _check_case(rank, ws, "starved rank, padded blocks", starved, 40, padded_tokens=40)
 
     # (d) overlap on vs off; with different token counts per rank "auto" must agree (rank 0 alone votes yes)
     router, w_gate_up, w_down = _weights(seed=2)
@@ -90,6 +93,8 @@ def _cases(rank: int, ws: int) -> None:
     outs = [EPMoE(router, w_gate_up, w_down, TOP_K, backend="reference", overlap=o)(x) for o in (False, True, "auto")]
     torch.testing.assert_close(outs[1], outs[0], **F64_TOL)
     torch.testing.assert_close(outs[2], outs[0], **F64_TOL)
+    padded = EPMoE(router, w_gate_up, w_down, TOP_K, backend="reference", padded_tokens=1100)(x)  # ranks' T differ
+    torch.testing.assert_close(padded, outs[0], **F64_TOL)
     torch.testing.assert_close(outs[0], moe_reference(x, router, w_gate_up, w_down, TOP_K), **F64_TOL)
 
     if ws == 4:  # experts must split evenly over the ranks
@@ -104,6 +109,9 @@ def _cases(rank: int, ws: int) -> None:
     out = EPMoE(router, w_gate_up, w_down, TOP_K, backend="triton", overlap=True)(x, timings=timings)
     ref = moe_reference(x.double(), router.double(), w_gate_up.double(), w_down.double(), TOP_K)
     torch.testing.assert_close(out.double(), ref, **F32_TOL)
+    assert set(timings) == {"route", "plan", "dispatch", "compute", "combine", "total"}
+    padded = EPMoE(router, w_gate_up, w_down, TOP_K, backend="triton", padded_tokens=20)(x, timings=timings)
+    torch.testing.assert_close(padded.double(), ref, **F32_TOL)  # padding rows (expert -1) skipped by fused_moe
     assert set(timings) == {"route", "plan", "dispatch", "compute", "combine", "total"}
 
 
