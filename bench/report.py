@@ -780,7 +780,8 @@ SECTIONS = {
                                          {"matmul", "apply_rotary_pos_emb", "partial_rotary_emb"}),
     "ep-moe": ep_moe_section,
     **{f"ep-moe-s9-{x}": functools.partial(ep_moe_section, f"2026-11-26-h100x4-s9-ep-moe-{x}.json")
-       for x in ("a", "c-before", "c-after", "d-after", "e-128-tokens")},
+       for x in ("a", "c-before", "c-after", "d-after", "e-128-tokens", "f-128-tokens-padded",
+                 "g-4096-tokens-padded")},
     **{f"generation-{x}": functools.partial(generation_section, f"2026-11-26-h100-s6-generate-{x}.json")
        for x in "cdefg"},
     **{f"generation-s7-{x}": functools.partial(generation_section, f"2026-11-26-h100-s7-generate-{x}.json")
