@@ -105,7 +105,7 @@ class Specialization:
             inputs = list(args)
         else:
             flat = self.captured.flatten(args, kwargs)
-            inputs = [flat[i] for i in self.imported.arg_positions]
+            inputs = self.imported.program_inputs(flat)
         outs = self.executor(inputs)
         if self.guard is not None:
             outs = self.guard(inputs, self.imported.params, outs)
@@ -215,7 +215,8 @@ class CompiledModule(torch.nn.Module):
         log.info("%s: compiled specialization %d (%s) in %.2f s%s", self.name, self.compile_count, signature,
                  spec.compile_seconds, f"; debug folder {folder}" if folder else "")  # fmt: skip
         spec.guard = output_guard(result.module, imported) or None
-        spec.direct = not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
+        spec.direct = (not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
+                       and not imported.complex_inputs)
         spec.direct = spec.direct and all(f is a for f, a in zip(flat, args))
         spec.single = imported.out_leaves == [("value", 0)] and captured.out_spec is None
         spec.single = spec.single and imported.out_spec == pytree.tree_flatten(object())[1]
@@ -277,7 +278,7 @@ class CompiledModule(torch.nn.Module):
                 mod._buffers[name] = buf
                 buf.copy_(value)
         exp_leaves = [v for v in pytree.tree_leaves(expected) if isinstance(v, torch.Tensor)]
-        inputs = [flat[i] for i in imported.arg_positions]
+        inputs = imported.program_inputs(flat)
         n_out = len(exp_leaves)
 
         def check(module) -> str | None:

@@ -37,6 +37,7 @@ from ..dialects.types import COMPUTE_DTYPES, has_xdsl_dtype, tensor_type, xdsl_d
 from ..errors import FrontendError
 from .capture import Captured, quiet_fake_tensor_log, source_line
 from .converters import CONVERTERS, Unsupported, converter_key
+from . import complex as complex_parts
 from .masks import causal_offset, is_random
 from .mutation import mutated_arg, out_of_place
 
@@ -66,6 +67,15 @@ class Imported:
     # calls `.to("cuda")` on: the runtime moves them before the program runs (a copy from the host inside it
     # waits for the GPU to finish all work queued before it, and cannot be captured in a CUDA graph)
     device_moves: dict[int, torch.device] = field(default_factory=dict)
+    # function arguments (indices into arg_positions) that are complex inputs, passed as torch.view_as_real of them
+    complex_inputs: tuple[int, ...] = ()
+
+    def program_inputs(self, flat: Any) -> list:
+        """The function's arguments from the call's flat inputs."""
+        inputs = [flat[i] for i in self.arg_positions]
+        for j in self.complex_inputs:
+            inputs[j] = torch.view_as_real(inputs[j])
+        return inputs
 
 
 def _safe_name(name: str) -> str:
@@ -173,6 +183,7 @@ class Importer:
         self._input_free: dict[torch.fx.Node, bool] = {}
         self._real: dict[torch.fx.Node, Any] = {}
         self.written_bases: set[torch.fx.Node] = set()  # tensors some node writes in place
+        self.complex_inputs: list[int] = []  # function arguments that are complex inputs' real views
         self._by_storage: dict[int, list[torch.fx.Node]] | None = None  # storage -> nodes whose value is in it
 
     def run(self) -> Imported:
@@ -184,6 +195,9 @@ class Importer:
             if isinstance(v, torch.nn.Parameter):  # dynamo lifts parameters to inputs: keep them as params
                 param_placeholders[i] = self._param_name(n.name, v)
             elif isinstance(v, torch.Tensor):
+                if v.is_complex():  # (a complex rotary table dynamo passes in): taken as its real view [..., 2]
+                    self.complex_inputs.append(len(arg_positions))
+                    v = torch.view_as_real(v)
                 if not has_xdsl_dtype(v.dtype):
                     raise FrontendError(f"input '{n.target}' has dtype {v.dtype}, which dlblas_compiler does not support")
                 arg_types.append(tensor_type(v.shape, v.dtype))
@@ -197,7 +211,7 @@ class Importer:
             elif isinstance(v, torch.Tensor):
                 arg = next(args)
                 arg.name_hint = _safe_name(str(n.target))
-                self.env[n] = arg
+                self.env[n] = complex_parts.of_real_view(self, arg) if v.is_complex() else arg
                 same = next((m for m, u in zip(placeholders[:i], self.inputs) if _same_view(u, v)), None)
                 if same is not None:  # the same tensor passed twice: one value, a write to either updates both
                     self.alias_base[n] = self.alias_base.get(same, same)
@@ -217,6 +231,9 @@ class Importer:
         # the output structure with every node replaced by its value: SSA values (possibly inside containers a
         # converter or a container constructor returned) and their eager example values, flattened in step
         leaves, spec = pytree.tree_flatten(_plain(out_node.args[0], self.env), is_leaf=_is_ssa)
+        if any(isinstance(v, complex_parts.Complex) for v in leaves):
+            raise FrontendError("an output is a complex tensor (complex64 / complex128), which dlblas_compiler does "
+                                "not support: return torch.view_as_real(...) of it")
         fakes = pytree.tree_leaves(_plain(out_node.args[0], self.values))
         if len(fakes) != len(leaves):
             fakes = [None] * len(leaves)
@@ -247,7 +264,7 @@ class Importer:
         moves = {i: dev for i, n in enumerate(placeholders) if i in arg_positions and (dev := self._moved(n)) is not None}
         return Imported(
             module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
-            param_placeholders, writes, eager_aliases, contiguous, moves,
+            param_placeholders, writes, eager_aliases, contiguous, moves, tuple(self.complex_inputs),
         )  # fmt: skip
 
     # -- values that depend on no input ------------------------------------------------------------
@@ -391,7 +408,10 @@ class Importer:
                     self.alias_base[n] = self.alias_base.get(first, first)
                     self.env[n] = self.env[first]
                     return
-                self.env[n] = self._emit_param(self._param_name(n.target, attr), attr)
+                if attr.is_complex():  # a rotary table of complex numbers: its two real parts
+                    self.env[n] = complex_parts.param_parts(self, n.target, attr)
+                else:
+                    self.env[n] = self._emit_param(self._param_name(n.target, attr), attr)
             else:
                 self.env[n] = attr
             return
@@ -409,6 +429,10 @@ class Importer:
             self.env[n] = self.env[same]
             return
         args, kwargs = self._resolve(n.args), self._resolve(n.kwargs)
+        if complex_parts.is_complex(value) or any(isinstance(a, complex_parts.Complex) for a in pytree.tree_leaves(
+                (args, kwargs), is_leaf=lambda v: isinstance(v, complex_parts.Complex))):  # fmt: skip
+            self.env[n] = complex_parts.convert(self, n, args, kwargs, value)
+            return
         if n.op == "call_function" and _container_type(n.target):
             try:  # a namedtuple / dataclass grouping values: built here around the SSA values
                 self.env[n] = n.target(*_plain(args, {}), **_plain(kwargs, {}))  # fx's immutable lists: plain
@@ -716,6 +740,6 @@ def _qualname(n: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
 def import_graph(captured: Captured, inputs: list) -> Imported:
     """Import a captured graph for one set of placeholder values."""
     for v in inputs:
-        if isinstance(v, torch.Tensor) and v.dtype not in COMPUTE_DTYPES and not has_xdsl_dtype(v.dtype):
+        if isinstance(v, torch.Tensor) and v.dtype not in COMPUTE_DTYPES and not has_xdsl_dtype(v.dtype) and not v.is_complex():
             raise FrontendError(f"an input has dtype {v.dtype}, which dlblas_compiler does not support")
     return Importer(captured, inputs).run()
