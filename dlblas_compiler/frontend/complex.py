@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from xdsl.ir import SSAValue
 
-from ..dialects import AddOp, MulOp, ReshapeOp, SliceOp, SubOp
+from ..dialects import AddOp, CatOp, MulOp, ReshapeOp, SliceOp, SubOp
 from ..dialects.types import shape_of
 from ..errors import FrontendError
 from .converters import CONVERTERS, Unsupported
@@ -59,8 +59,6 @@ def convert(importer: Any, n: Any, args: tuple, kwargs: dict, value: Any) -> Com
         (c,) = args
         shape = shape_of(c.re)
         parts = [emit(ReshapeOp(p, [*shape, 1])) for p in (c.re, c.im)]
-        from ..dialects import CatOp
-
         return emit(CatOp(parts, len(shape)))
     if target in MULTIPLY and not kwargs:
         a, b = args

@@ -35,9 +35,9 @@ from xdsl.utils.exceptions import VerifyException
 from ..dialects import ConstantOp, ConvertOp, ParamOp, TorchCallOp
 from ..dialects.types import COMPUTE_DTYPES, has_xdsl_dtype, tensor_type, xdsl_dtype
 from ..errors import FrontendError
+from . import complex as complex_parts
 from .capture import Captured, quiet_fake_tensor_log, source_line
 from .converters import CONVERTERS, Unsupported, converter_key
-from . import complex as complex_parts
 from .masks import causal_offset, is_random
 from .mutation import mutated_arg, out_of_place
 
