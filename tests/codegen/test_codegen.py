@@ -249,6 +249,18 @@ def test_gemm_configs_split_k_and_ragged_tiles(k):
             assert rel_error(out, ref) <= tolerance(torch.float32), cfg
 
 
+def _launch_valid(step, tensors: list, refs: list, configs: list[dict]) -> list[dict]:
+    """Launch each config the region's space accepts and compare every output with its reference; returns
+    the configs checked."""
+    checked = []
+    for c in configs:
+        if step.kernel.space.is_valid(c):
+            for o, r in zip(step.launch(tensors, c), refs):
+                assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
+            checked.append(c)
+    return checked
+
+
 def _check_gemm_regions(cfg: BlockConfig, tokens: int, configs: list[dict]) -> list[tuple]:
     """Launch each valid config on every GEMM region of a Llama block (interpreter) and compare with the
     region's reference; returns (region, config, K) for each config checked."""
@@ -265,11 +277,7 @@ def _check_gemm_regions(cfg: BlockConfig, tokens: int, configs: list[dict]) -> l
             if isinstance(step, RegionStep) and step.choice.pattern == "gemm":
                 tensors = step.inputs(env)
                 refs = step.reference(tensors)
-                for c in configs:
-                    if not step.kernel.space.is_valid(c):
-                        continue
-                    for o, r in zip(step.launch(tensors, c), refs):
-                        assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
+                for c in _launch_valid(step, tensors, refs, configs):
                     checked.append((step.kernel.region_ir, c, step.kernel.shape_key["K"]))
             step(env)
     return checked
@@ -333,7 +341,6 @@ def test_gemm_rotary_partners_read_from_the_product(rd, inter):
     cm = dc.compile(model, backend="interpret", cuda_graphs=False)
     base = {"BLOCK_M": 16, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0}
     configs = [{**base, "BLOCK_N": bn, "MM": mm} for bn, mm in [(16, 1), (32, 1), (64, 1), (128, 1), (16, 0), (32, 0)]]
-    checked = []
     with torch.no_grad():
         cm(*args)
         prog = cm._spec().executor
@@ -346,11 +353,7 @@ def test_gemm_rotary_partners_read_from_the_product(rd, inter):
             st(env)
         tensors = step.inputs(env)
         refs = step.reference([t.double() for t in tensors])
-        for c in configs:
-            if step.kernel.space.is_valid(c):
-                for o, r in zip(step.launch(tensors, c), refs):
-                    assert rel_error(o, r) <= tolerance(torch.float32), c
-                checked.append(c)
+        checked = _launch_valid(step, tensors, refs, configs)
     assert {(c["BLOCK_N"], c["MM"]) for c in checked} >= {(16, 1), (64, 1), (128, 1), (32, 0)}
 
 
@@ -391,7 +394,6 @@ def test_gemm_per_head_rms_norm_before_rotary(tokens):
     configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": p}
                for bm, bn, sk, mm, p in [(16, 32, 1, 0, 0), (16, 64, 2, 0, 0), (16, 128, 1, 0, 1), (16, 32, 1, 1, 1),
                                          (16, 64, 1, 1, 1), (1, 32, 1, 0, 0), (16, 16, 1, 0, 0), (16, 16, 1, 1, 1)]]  # fmt: skip
-    checked = []
     with torch.no_grad():
         out = cm(*args)
         assert Counter(cm.report().patterns) == {"gemm": 1}
@@ -401,11 +403,7 @@ def test_gemm_per_head_rms_norm_before_rotary(tokens):
         assert step.kernel.region_ir.count("dl.rms_norm") == 3 and step.kernel.region_ir.count("dl.rotary") == 2
         tensors = step.inputs(env)
         refs = step.reference([t.double() for t in tensors])
-        for c in configs:
-            if step.kernel.space.is_valid(c):
-                for o, r in zip(step.launch(tensors, c), refs):
-                    assert rel_error(o, r) <= tolerance(torch.float32), c
-                checked.append(c)
+        checked = _launch_valid(step, tensors, refs, configs)
         ref = model.double()(*(a.double() for a in args))
         assert all(rel_error(o, r) <= tolerance(torch.float32) for o, r in zip(out, ref))
         bf = copy.deepcopy(model).to(torch.bfloat16)
