@@ -9,6 +9,8 @@ Each compile is logged (`dlblas_compiler.compile`, `.fusion`, `.codegen`: see `l
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .dialects import ConstantOp, ParamOp, TorchCallOp
 from .errors import FrontendError, UnsupportedError
 from .frontend import Captured, Imported, capture, import_graph
 from .fusion.planner import fusion_notes
@@ -31,10 +34,12 @@ from .lowering import lower_module
 from .numerics import compare
 from .options import Options
 from .passes import PipelineResult, run_pipeline
+from .passes.families import NotAFamily, ShapeFamily, unify
 from .report import Report, debug
 from .report.text import count, times
 from .runtime import Program, build_program
 from .runtime.outputs import OutputGuard, output_guard
+from .tuning.cache import bucket
 
 
 log = get_logger("compile")
@@ -82,6 +87,155 @@ def _precision_mode() -> tuple:
     return (torch.backends.cuda.matmul.allow_tf32,)
 
 
+def sizes_of(key: tuple) -> tuple[tuple, tuple[int, ...]]:
+    """A specialization key split into its skeleton (sizes blanked) and its sizes: the dims of the input tensors
+    and the int arguments (dynamo passes a symbolic length as one)."""
+    (spec, sig, alias), *modes = key
+    skeleton, sizes = [], []
+    for e in sig:
+        if e[0] == "P":
+            skeleton.append(e)
+        elif e[0] == "V":
+            if e[1] == "int":
+                sizes.append(e[2])
+                skeleton.append(("V", "int"))
+            else:
+                skeleton.append(e)
+        else:
+            shape, dtype, device = e
+            sizes.extend(shape)
+            skeleton.append((len(shape), dtype, device))
+    return (spec, tuple(skeleton), alias, *modes), tuple(sizes)
+
+
+@dataclass
+class _Family:
+    """A shape family and what its instances share with the first compile."""
+
+    shapes: ShapeFamily
+    skeleton: tuple
+    captured: Captured
+    imported: Imported
+    pipeline: PipelineResult
+    notes: list[str]
+    call_moves: dict[str, list[tuple[int, int, int]]]  # torch call -> its constant integers that move (`_surroundings`)
+    inputs: ShapeFamily | None = None  # the imported IRs' family, where masks found causal are re-checked per instance
+
+
+def _surroundings(a: Specialization, b: Specialization) -> dict[str, list[tuple[int, int, int]]]:
+    """What runs beside two compiles' IRs must be the same up to integers (NotAFamily otherwise): the output
+    structure and its constants, the in-place writes, the kernels' sources, and the opaque torch calls' constant
+    arguments, whose integers may move like the IR's (`torch.arange(17)` then `torch.arange(18)`): returned as
+    {call: [(index among its constants, value at the first compile, at the second)]}. A decision the import took
+    from a tensor's values at these sizes (a mask found causal) refuses the family: it may not hold at others."""
+    ia, ib = a.imported, b.imported
+    for f in ("arg_positions", "out_leaves", "writes", "eager_aliases", "contiguous", "device_moves", "complex_inputs"):
+        if getattr(ia, f) != getattr(ib, f):
+            raise NotAFamily(f"their {f.replace('_', ' ')} differ")
+    if ia.value_decisions != ib.value_decisions:
+        raise NotAFamily("the import took other decisions from values: " + "; ".join(ia.value_decisions or ib.value_decisions))
+    ka = [s.kernel.source for s in a.executor.steps if getattr(s, "kernel", None) is not None]
+    kb = [s.kernel.source for s in b.executor.steps if getattr(s, "kernel", None) is not None]
+    if ka != kb:
+        raise NotAFamily("their kernels' sources differ")
+    moves = {}
+    ops = list(a.pipeline.module.walk())
+    if ia.value_decisions:  # (the masks they were taken from are re-checked per instance: their calls move too)
+        ops += list(a.pipeline.input_module.walk())
+    for op in ops:
+        if isinstance(op, TorchCallOp) and op.node.data not in moves:
+            name = op.node.data
+            ca, cb = ia.calls.get(name), ib.calls.get(name)
+            if ca is None or cb is None:
+                raise NotAFamily(f"torch call {name} is not in both compiles")
+            (la, sa), (lb, sb) = pytree.tree_flatten(_baked(ca)), pytree.tree_flatten(_baked(cb))
+            if sa != sb or len(la) != len(lb):
+                raise NotAFamily(f"torch call {name} has other constant arguments")
+            for i, (x, y) in enumerate(zip(la, lb)):
+                if x is y or (type(x) is type(y) and _equal(x, y)):
+                    continue
+                if type(x) is not int or type(y) is not int:
+                    raise NotAFamily(f"torch call {name} has other constant arguments ({x!r} against {y!r})")
+                moves.setdefault(name, []).append((i, x, y))
+    return moves
+
+
+def _masks_hold(module, imported: Imported) -> str | None:
+    """None where every attention mask the import found causal from its values (`causal_offset`) is still
+    causal with the same offset in `module` (an instance of the imported IR at other sizes, evaluated with
+    `imported`'s torch calls); else what changed."""
+    from .frontend.masks import causal_offset
+
+    for op in module.walk():
+        if isinstance(op, TorchCallOp) and "causal_offset" in op.attributes and len(op.results) == 1:
+            value = _evaluate(op.results[0], imported, {})
+            d = causal_offset(value) if isinstance(value, torch.Tensor) else None
+            if d != op.attributes["causal_offset"].value.data:
+                return f"the mask {op.node.data} is not causal with offset {op.attributes['causal_offset'].value.data} at these sizes"
+    return None
+
+
+def _evaluate(v, imported: Imported, memo: dict) -> Any:
+    """The value of an input-free IR value: its ops run by their torch references and torch calls."""
+    if v in memo:
+        return memo[v]
+    op = v.owner
+    if isinstance(op, ParamOp):
+        out = (imported.params[op.pname],)
+    elif isinstance(op, ConstantOp):
+        out = (op.scalar,)
+    elif isinstance(op, TorchCallOp):
+        out = imported.calls[op.node.data](*[_evaluate(x, imported, memo) for x in op.args])
+    elif hasattr(op, "reference"):
+        out = op.reference(*[_evaluate(x, imported, memo) for x in op.operands])
+        out = out if isinstance(out, tuple) else (out,)
+    else:
+        raise NotAFamily(f"the mask depends on {v}")
+    for r, x in zip(op.results, out):
+        memo[r] = x
+    return memo[v]
+
+
+def _baked(fn: Callable) -> tuple:
+    """What a torch call's function was made with (its default arguments)."""
+    return fn.__defaults__, fn.__kwdefaults__
+
+
+def _equal(x: Any, y: Any) -> bool:
+    try:
+        return bool(x == y)
+    except Exception:  # noqa: BLE001 - values that do not compare: not equal
+        return False
+
+
+def _moved_calls(family: _Family, t) -> dict[str, Callable]:
+    """The torch calls whose constant integers move, rebuilt at parameter t (NotAFamily where one is not whole)."""
+    calls = {}
+    for name, moves in family.call_moves.items():
+        fn = family.imported.calls[name]
+        leaves, spec = pytree.tree_flatten(_baked(fn))
+        for i, x, y in moves:
+            v = x + (y - x) * t
+            if v.denominator != 1:
+                raise NotAFamily(f"a constant of torch call {name} is {v}")
+            leaves[i] = int(v)
+        _, kwdefaults = pytree.tree_unflatten(leaves, spec)
+        calls[name] = functools.partial(fn, **kwdefaults)
+    return calls
+
+
+def _finish(spec: Specialization, args: tuple, kwargs: dict, flat: list) -> Specialization:
+    """The call path's shortcuts and eager's output layout for a specialization."""
+    imported, captured = spec.imported, spec.captured
+    spec.guard = output_guard(spec.pipeline.module, imported) or None
+    spec.direct = (not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
+                   and not imported.complex_inputs)  # fmt: skip
+    spec.direct = spec.direct and all(f is a for f, a in zip(flat, args))
+    spec.single = imported.out_leaves == [("value", 0)] and captured.out_spec is None
+    spec.single = spec.single and imported.out_spec == pytree.tree_flatten(object())[1]
+    return spec
+
+
 @dataclass
 class Specialization:
     """One compiled input signature."""
@@ -98,6 +252,9 @@ class Specialization:
 
     direct: bool = False  # the graph's inputs are exactly the call's positional arguments
     single: bool = False  # the output is one tensor
+    skeleton: tuple = ()  # the signature with its sizes blanked (`sizes_of`)
+    sizes: tuple[int, ...] = ()  # its sizes
+    family: _Family | None = None  # the shape family it was instantiated from (None: compiled in full)
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.direct and not kwargs:
@@ -148,6 +305,8 @@ class CompiledModule(torch.nn.Module):
         self._debug_dir: str | None = None  # this module's debug folder, made at its first compile
         self._specs: OrderedDict[tuple, Specialization] = OrderedDict()  # least recently used first
         self.compile_count = 0  # specializations compiled so far (evicted ones included)
+        self.instances = 0  # specializations instantiated from a shape family instead (see `_instance`)
+        self._families: list[_Family] = []
         self._last: Specialization | None = None
         self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
         self._params = list(model.parameters())
@@ -159,8 +318,15 @@ class CompiledModule(torch.nn.Module):
         key = (signature_of(args, kwargs), tuple(m.training for m in self._submodules), _precision_mode())
         spec = self._specs.get(key)
         if spec is None:
-            spec = self._specs[key] = self._specialize(args, kwargs)
-            self.compile_count += 1
+            skeleton, sizes = sizes_of(key)
+            spec = self._instance(skeleton, sizes, args, kwargs) if self.options.shape_families else None
+            if spec is None:
+                spec = self._specialize(args, kwargs)
+                spec.skeleton, spec.sizes = skeleton, sizes
+                self.compile_count += 1
+                if self.options.shape_families:
+                    self._join_family(spec)
+            self._specs[key] = spec
             while len(self._specs) > self.options.max_specializations:
                 self._specs.popitem(last=False)
             self._last = spec
@@ -214,13 +380,68 @@ class CompiledModule(torch.nn.Module):
         spec.signature, spec.debug_dir = signature, folder
         log.info("%s: compiled specialization %d (%s) in %.2f s%s", self.name, self.compile_count, signature,
                  spec.compile_seconds, f"; debug folder {folder}" if folder else "")  # fmt: skip
-        spec.guard = output_guard(result.module, imported) or None
-        spec.direct = (not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
-                       and not imported.complex_inputs)
-        spec.direct = spec.direct and all(f is a for f, a in zip(flat, args))
-        spec.single = imported.out_leaves == [("value", 0)] and captured.out_spec is None
-        spec.single = spec.single and imported.out_spec == pytree.tree_flatten(object())[1]
-        return spec
+        return _finish(spec, args, kwargs, flat)
+
+    # -- shape families: one compile serves every length of a bucket ---------------------------------------------
+    def _join_family(self, spec: Specialization) -> None:
+        """After a full compile: if an earlier full compile differs from it only in sizes (all in the same
+        power-of-two buckets) and both IRs are one structure (`passes.families.unify`), the pair becomes a
+        family whose later sizes are instantiated instead of compiled."""
+        for other in reversed(list(self._specs.values())):
+            if other.family is not None or other.skeleton != spec.skeleton or other.sizes == spec.sizes:
+                continue
+            if any(a != b and bucket(a) != bucket(b) for a, b in zip(other.sizes, spec.sizes)):
+                continue
+            try:
+                call_moves = _surroundings(other, spec)
+                shapes = unify(other.pipeline.module, spec.pipeline.module, (other.sizes, spec.sizes))
+                inputs = unify(other.pipeline.input_module, spec.pipeline.input_module, (other.sizes, spec.sizes)) if (
+                    other.imported.value_decisions) else None  # fmt: skip
+            except NotAFamily as e:
+                log.info("%s: sizes %s and %s do not form a shape family: %s", self.name, other.sizes, spec.sizes, e)
+                return
+            family = _Family(shapes, spec.skeleton, other.captured, other.imported, other.pipeline, list(other.notes),
+                             call_moves, inputs)  # fmt: skip
+            self._families.append(family)
+            del self._families[: -self.options.max_specializations]
+            log.info("%s: sizes %s and %s form a shape family (%d sizes move); other sizes in their buckets are "
+                     "instantiated, not compiled", self.name, other.sizes, spec.sizes, len(shapes.moves))  # fmt: skip
+            return
+
+    def _instance(self, skeleton: tuple, sizes: tuple[int, ...], args: tuple, kwargs: dict) -> Specialization | None:
+        """The specialization for these sizes from a shape family covering them (None: compile it)."""
+        for family in reversed(self._families):
+            if family.skeleton != skeleton or not family.shapes.covers(sizes):
+                continue
+            t0 = time.perf_counter()
+            try:
+                module = family.shapes.instantiate(sizes)
+                calls = _moved_calls(family, family.shapes.parameter(sizes))
+                imported = dataclasses.replace(family.imported, calls={**family.imported.calls, **calls}) if calls else family.imported
+                if family.inputs is not None and (why := _masks_hold(family.inputs.instantiate(sizes), imported)):
+                    log.info("%s: sizes %s compiled in full: %s", self.name, sizes, why)
+                    return None
+            except NotAFamily as e:  # a size that is not affine in the others: the family's instances go with it
+                log.warning("%s: shape family of sizes %s dropped: %s", self.name, family.shapes.sizes, e)
+                self._families.remove(family)
+                for key in [k for k, s in self._specs.items() if s.family is family]:
+                    del self._specs[key]
+                return None
+            signature = debug.signature_text(args, kwargs)
+            folder = self._spec_folder(signature)
+            lowered = {} if self.options.backend == "reference" else lower_module(
+                module, os.path.join(folder, "kernels") if folder else None)  # fmt: skip
+            program = build_program(module, lowered, imported, self.options)
+            pipeline = dataclasses.replace(family.pipeline, module=module)
+            note = (f"instantiated from the shape family of sizes {family.shapes.sizes[0]} and {family.shapes.sizes[1]}"
+                    f" (no capture, import, passes or tuning; the stage texts of `ir()` are the first compile's)")  # fmt: skip
+            spec = Specialization(family.captured, imported, pipeline, program, time.perf_counter() - t0,
+                                  [*family.notes, note])  # fmt: skip
+            spec.signature, spec.debug_dir, spec.family, spec.skeleton, spec.sizes = signature, folder, family, skeleton, sizes
+            self.instances += 1
+            log.info("%s: instantiated sizes %s from a shape family in %.3f s", self.name, sizes, spec.compile_seconds)
+            return _finish(spec, args, kwargs, family.captured.flatten(args, kwargs))
+        return None
 
     # -- logs and the debug folder ------------------------------------------------------------------------------
     def _spec_folder(self, signature: str) -> str | None:

@@ -44,6 +44,10 @@ class Options:
     max_specializations: how many input signatures a compiled module keeps compiled (least recently used ones go,
     with their buffers and CUDA graphs; derived weights are shared by all): memory does not grow with the number
     of sequence lengths seen.
+    shape_families: when a second input signature differs from a compiled one only in sizes within the same
+    power-of-two buckets, and the two compiled IRs have one structure, every further size of those buckets is
+    instantiated from the first IR (its sizes affine in the new ones, verified) instead of compiled: a prompt or
+    cache length whose bucket was seen twice compiles no more (`passes.families`). False compiles every signature.
     """
 
     backend: str | None = None
@@ -57,6 +61,7 @@ class Options:
     expert_parallel: Any = None
     prefer_kernels: bool = False
     max_specializations: int = 16
+    shape_families: bool = True
 
     def __post_init__(self):
         self.backend = self.backend or default_backend()

@@ -26,3 +26,15 @@ def llama_layer_and_inputs(tokens: int = 8, dtype=torch.float32, seed: int = 0, 
     pos = torch.arange(tokens)[None]
     cos, sin = LlamaRotaryEmbedding(cfg)(x, pos)
     return layer, (x,), {"position_embeddings": (cos, sin), "attention_mask": None}
+
+
+def family_compiles(lengths) -> int:
+    """Full compiles expected for a decode graph called once per cache length (past length P, mask length P + 1):
+    shape families (`Options.shape_families`) compile the first two lengths whose sizes share their power-of-two
+    buckets and instantiate the rest."""
+    from collections import Counter
+
+    from dlblas_compiler.tuning.cache import bucket
+
+    groups = Counter((bucket(p), bucket(p + 1)) for p in lengths)
+    return sum(min(2, n) for n in groups.values())

@@ -69,6 +69,9 @@ class Imported:
     device_moves: dict[int, torch.device] = field(default_factory=dict)
     # function arguments (indices into arg_positions) that are complex inputs, passed as torch.view_as_real of them
     complex_inputs: tuple[int, ...] = ()
+    # decisions taken from a tensor's values at this specialization's sizes (a constant mask found causal): they
+    # may not hold at other sizes, so no shape family is formed over them
+    value_decisions: tuple[str, ...] = ()
 
     def program_inputs(self, flat: Any) -> list:
         """The function's arguments from the call's flat inputs."""
@@ -185,6 +188,7 @@ class Importer:
         self.written_bases: set[torch.fx.Node] = set()  # tensors some node writes in place
         self.complex_inputs: list[int] = []  # function arguments that are complex inputs' real views
         self._by_storage: dict[int, list[torch.fx.Node]] | None = None  # storage -> nodes whose value is in it
+        self.value_decisions: list[str] = []
 
     def run(self) -> Imported:
         values = self.values = _example_values(self.gm, self.inputs)
@@ -265,6 +269,7 @@ class Importer:
         return Imported(
             module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
             param_placeholders, writes, eager_aliases, contiguous, moves, tuple(self.complex_inputs),
+            tuple(self.value_decisions),
         )  # fmt: skip
 
     # -- values that depend on no input ------------------------------------------------------------
@@ -325,6 +330,7 @@ class Importer:
             d = causal_offset(value) if isinstance(value, torch.Tensor) else None
             if d is not None:
                 v.owner.attributes["causal_offset"] = IntegerAttr(d, i64)
+                self.value_decisions.append(f"the mask of {n.name} was found causal (offset {d}) from its values at these sizes")
 
     def _moved(self, n: torch.fx.Node) -> torch.device | None:
         """The device a host input is only ever moved to (`.to(device)`, `.cuda()` by every user), else None."""
@@ -624,8 +630,7 @@ class Importer:
             return n.target
         if n.op == "call_module":
             return self.gm.get_submodule(n.target)
-        name = n.target
-        return lambda self_, *a, **k: getattr(self_, name)(*a, **k)
+        return _Method(n.target)
 
 
 def _same_view(a: Any, b: Any) -> bool:
@@ -683,6 +688,16 @@ def register_dataclasses(value: Any) -> None:
     elif isinstance(value, dict):
         for v in value.values():
             register_dataclasses(v)
+
+
+@dataclass(frozen=True)
+class _Method:
+    """Calls the method `name` of its first argument (compared by name: two imports' calls of it are equal)."""
+
+    name: str
+
+    def __call__(self, self_: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self_, self.name)(*args, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,8 @@ class Builder:
         index = {o: i for i, o in enumerate(ops)}
         key = tuple(
             ("param", o.pname, id(table[o.pname])) if isinstance(o, ParamOp)
-            else (o.name, str(o.properties), tuple((index[x.owner], x.index) for x in o.operands))
+            else (o.name, str(o.properties), tuple((index[x.owner], x.index) for x in o.operands),
+                  tuple(str(r.type) for r in o.results))  # (a shape family's instances differ in their types only)
             for o in ops
         ) + ((v.index,),)  # fmt: skip
         cat = v.owner if isinstance(v.owner, CatOp) and v.owner.axis == 0 else None

@@ -11,6 +11,7 @@ import transformers
 from dlblas_compiler import dynamo
 from dlblas_compiler.models import randomize_
 from dlblas_compiler.runtime.inplace import InPlaceIndexCopy, WriteInput
+from ..hf import family_compiles
 
 BASE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hidden_layers=2, vocab_size=128,
             max_position_embeddings=256, num_key_value_heads=2)  # fmt: skip
@@ -101,14 +102,16 @@ def test_decode_attention_reads_the_cache_without_repeating_heads(fresh_dynamo, 
 
 def test_many_lengths_share_weights_and_keep_few_specializations(fresh_dynamo):
     """The dynamic cache grows every token: each length is a specialization of the graph dynamo hands over.
-    They share the weights the compiler derives (q/k/v and gate/up concatenated) and at most
-    `max_specializations` stay compiled, so memory does not grow with the number of lengths."""
+    Only the first two lengths of each power-of-two bucket are compiled; the others are instantiated from
+    their shape family. They share the weights the compiler derives (q/k/v and gate/up concatenated) and at
+    most `max_specializations` stay built, so memory does not grow with the number of lengths."""
     model = causal_lm("llama")
     ids, mask = _batch(False)
     out, ref = _generate(model, ids, mask, "dynamic", 22, {"backend": "reference", "max_specializations": 4})
     assert torch.equal(out, ref)
-    grown = dynamo.COMPILATIONS[-1]  # the graph with a dynamic cache length: one specialization per length
-    assert grown.compile_count == 20 and grown.specializations == 4
+    grown = dynamo.COMPILATIONS[-1]  # the graph with a dynamic cache length: past lengths 8 .. 27
+    assert grown.compile_count == family_compiles(range(8, 28)) == 6
+    assert grown.compile_count + grown.instances == 20 and grown.specializations == 4
     weights = [{id(w) for _, w in s.executor.weights.weights} for s in grown._specs.values()]
     assert weights[0] and all(w == weights[0] for w in weights)  # one set of derived weights for all
 

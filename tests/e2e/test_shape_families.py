@@ -1,0 +1,143 @@
+"""Shape families (`passes.families`, `Options.shape_families`): the first two lengths of a power-of-two bucket
+are compiled, every other length of it is instantiated from the first IR without capture, import, passes or
+tuning, and its outputs equal eager's. Sizes that are not affine, masks that change with the length and
+lengths outside the bucket are compiled in full."""
+
+import logging
+
+import pytest
+import torch
+import transformers
+
+import dlblas_compiler as dc
+from dlblas_compiler.models import randomize_
+
+from .test_generate import BASE, causal_lm
+
+
+def _run(cm, model, lengths, make):
+    with torch.no_grad():
+        for n in lengths:
+            x = make(n)
+            got, want = cm(x), model(x)
+            got, want = (got.logits, want.logits) if hasattr(want, "logits") else (got, want)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"length {n}")
+
+
+def _ids(n: int) -> torch.Tensor:
+    return torch.randint(1, 128, (1, n), generator=torch.Generator().manual_seed(n))
+
+
+class _LM(torch.nn.Module):
+    """A causal LM forward without a cache (dc.compile's capture of HF's forward takes keyword arguments)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_twenty_prompt_lengths_compile_twice_per_bucket(backend):
+    """20 prompt lengths over two buckets (9-16 and 17-28): four compiles, sixteen instances, outputs equal to
+    eager's; at most `max_specializations` programs stay built, all sharing one set of derived weights."""
+    model = _LM(causal_lm("llama"))
+    cm = dc.compile(model, backend=backend, max_specializations=4)
+    lengths = [9, 10, *range(11, 17), 17, 18, *range(19, 29)]
+    _run(cm, model, lengths if backend == "reference" else lengths[:4] + lengths[8:12], _ids)
+    expect = (4, 16) if backend == "reference" else (4, 4)
+    assert (cm.compile_count, cm.instances) == expect
+    assert cm.specializations == 4
+    weights = [{id(w) for _, w in s.executor.weights.weights} for s in cm._specs.values()]
+    assert weights[0] and all(w == weights[0] for w in weights)
+    if backend == "interpret":  # the instances run the generated kernels, the same sources as the compiles
+        assert set(cm.report().impls().values()) == {"kernel"}
+    assert any("instantiated from the shape family" in n for n in cm.report().notes)
+
+
+def test_shape_families_off_compiles_every_length():
+    model = _LM(causal_lm("qwen2"))
+    cm = dc.compile(model, backend="reference", shape_families=False)
+    _run(cm, model, [9, 10, 11], _ids)
+    assert (cm.compile_count, cm.instances) == (3, 0)
+
+
+def test_a_sliding_window_mask_is_rechecked_at_each_length(caplog):
+    """Mistral with a 20-token window: at 17 and 18 tokens the mask is causal (recognized from its values, so
+    attention runs causal without it), at 25 it is not: that length is compiled in full, not instantiated."""
+    cfg = transformers.MistralConfig(**BASE, head_dim=16, sliding_window=20)
+    cfg._attn_implementation = "sdpa"
+    model = _LM(randomize_(transformers.MistralForCausalLM(cfg), 0).eval())
+    cm = dc.compile(model, backend="reference")
+    with caplog.at_level(logging.INFO, logger="dlblas_compiler.compile"):
+        _run(cm, model, [17, 18, 19, 25], _ids)
+    assert (cm.compile_count, cm.instances) == (3, 1)
+    assert "is not causal with offset 0 at these sizes" in caplog.text
+
+
+class _Outer(torch.nn.Module):
+    """Flattens an outer product of the tokens: a size (n * n) that is not affine in the length."""
+
+    def forward(self, x):
+        return (x.unsqueeze(-1) * x.unsqueeze(-2)).reshape(x.shape[0], -1).sigmoid()
+
+
+def test_a_size_that_is_not_affine_drops_the_family(caplog):
+    """Lengths 5 and 6 give sizes 25 and 36 that fit a line; at 7 the line says 47, the reshape's verifier
+    refuses 7 x 7 -> 47: the family is dropped and 7 is compiled in full, with the right answer."""
+    model = _Outer()
+    cm = dc.compile(model, backend="reference")
+    with caplog.at_level(logging.INFO, logger="dlblas_compiler.compile"):
+        _run(cm, model, [5, 6, 7], lambda n: torch.randn(2, n))
+    assert (cm.compile_count, cm.instances) == (3, 0)
+    assert "shape family of sizes" in caplog.text and "dropped" in caplog.text
+
+
+class _Mean(torch.nn.Module):
+    """Divides by the length as a Python number: a float constant that changes with it."""
+
+    def forward(self, x):
+        return x.sum(1) / x.shape[1]
+
+
+def test_a_float_that_moves_with_the_length_forms_no_family():
+    model = _Mean()
+    cm = dc.compile(model, backend="reference")
+    _run(cm, model, [5, 6, 7], lambda n: torch.randn(2, n, 4))
+    assert (cm.compile_count, cm.instances) == (3, 0)
+
+
+def test_lengths_outside_the_bucket_are_compiled():
+    """5 and 6 (bucket 8) form a family; 9 (bucket 16) is compiled, as is 10; 11 is instantiated from those."""
+    model = _LM(causal_lm("gemma"))
+    cm = dc.compile(model, backend="reference")
+    _run(cm, model, [5, 6, 9, 10, 11, 7], _ids)
+    assert (cm.compile_count, cm.instances) == (4, 2)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_instances_run_the_kernels_and_memory_stays_flat():
+    """bf16 on CUDA with CUDA graphs: 20 prompt lengths (buckets 16 and 32) against eager within bf16's
+    tolerance (float64 reference error); four compiles; with 4 programs kept, GPU memory after the last length is
+    what it was after the fourth."""
+    from dlblas_compiler.numerics import rel_error, tolerance
+
+    model = _LM(causal_lm("llama")).to("cuda", torch.bfloat16)
+    ref = _LM(causal_lm("llama")).to("cuda", torch.float64)
+    cm = dc.compile(model, backend="triton", max_specializations=4)
+    lengths = [9, 10, *range(11, 17), 17, 18, *range(19, 29)]
+    with torch.no_grad():
+        for i, n in enumerate(lengths):
+            ids = _ids(n).cuda()
+            for _ in range(3):  # (the third call replays a CUDA graph where that pays)
+                got = cm(ids)
+            assert rel_error(got, ref(ids)) < 4 * tolerance(torch.bfloat16), n
+            if i == 3:
+                torch.cuda.synchronize()
+                early = torch.cuda.memory_allocated()
+    torch.cuda.synchronize()
+    assert (cm.compile_count, cm.instances) == (4, 16)
+    assert torch.cuda.memory_allocated() <= early + (1 << 20)
+    assert set(cm.report().impls().values()) <= {"kernel", "reference"} and "kernel" in cm.report().impls().values()
