@@ -120,6 +120,7 @@ class _Family:
     notes: list[str]
     call_moves: dict[str, list[tuple[int, int, int]]]  # torch call -> its constant integers that move (`_surroundings`)
     inputs: ShapeFamily | None = None  # the imported IRs' family, where masks found causal are re-checked per instance
+    lowered: dict[int, Any] = field(default_factory=dict)  # walk index -> the first compile's lowering of that region
 
 
 def _surroundings(a: Specialization, b: Specialization) -> dict[str, list[tuple[int, int, int]]]:
@@ -255,6 +256,7 @@ class Specialization:
     skeleton: tuple = ()  # the signature with its sizes blanked (`sizes_of`)
     sizes: tuple[int, ...] = ()  # its sizes
     family: _Family | None = None  # the shape family it was instantiated from (None: compiled in full)
+    lowered: dict = field(default_factory=dict, repr=False)  # its regions' lowerings (a family reuses them)
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.direct and not kwargs:
@@ -377,6 +379,7 @@ class CompiledModule(torch.nn.Module):
         spec = Specialization(
             captured, imported, result, program, time.perf_counter() - t0, [*captured.notes, *imported.notes]
         )
+        spec.lowered = lowered
         spec.signature, spec.debug_dir = signature, folder
         log.info("%s: compiled specialization %d (%s) in %.2f s%s", self.name, self.compile_count, signature,
                  spec.compile_seconds, f"; debug folder {folder}" if folder else "")  # fmt: skip
@@ -400,8 +403,10 @@ class CompiledModule(torch.nn.Module):
             except NotAFamily as e:
                 log.info("%s: sizes %s and %s do not form a shape family: %s", self.name, other.sizes, spec.sizes, e)
                 return
+            ops = list(other.pipeline.module.walk())
+            lowered = {i: other.lowered[op] for i, op in enumerate(ops) if op in other.lowered}
             family = _Family(shapes, spec.skeleton, other.captured, other.imported, other.pipeline, list(other.notes),
-                             call_moves, inputs)  # fmt: skip
+                             call_moves, inputs, lowered)  # fmt: skip
             self._families.append(family)
             del self._families[: -self.options.max_specializations]
             log.info("%s: sizes %s and %s form a shape family (%d sizes move); other sizes in their buckets are "
@@ -415,10 +420,10 @@ class CompiledModule(torch.nn.Module):
                 continue
             t0 = time.perf_counter()
             try:
-                module = family.shapes.instantiate(sizes)
+                module, changed = family.shapes.instantiate(sizes)
                 calls = _moved_calls(family, family.shapes.parameter(sizes))
                 imported = dataclasses.replace(family.imported, calls={**family.imported.calls, **calls}) if calls else family.imported
-                if family.inputs is not None and (why := _masks_hold(family.inputs.instantiate(sizes), imported)):
+                if family.inputs is not None and (why := _masks_hold(family.inputs.instantiate(sizes)[0], imported)):
                     log.info("%s: sizes %s compiled in full: %s", self.name, sizes, why)
                     return None
             except NotAFamily as e:  # a size that is not affine in the others: the family's instances go with it
@@ -429,8 +434,9 @@ class CompiledModule(torch.nn.Module):
                 return None
             signature = debug.signature_text(args, kwargs)
             folder = self._spec_folder(signature)
+            kept = {op: family.lowered[i] for i, op in enumerate(module.walk()) if i in family.lowered and i not in changed}
             lowered = {} if self.options.backend == "reference" else lower_module(
-                module, os.path.join(folder, "kernels") if folder else None)  # fmt: skip
+                module, os.path.join(folder, "kernels") if folder else None, kept)  # fmt: skip
             program = build_program(module, lowered, imported, self.options)
             pipeline = dataclasses.replace(family.pipeline, module=module)
             note = (f"instantiated from the shape family of sizes {family.shapes.sizes[0]} and {family.shapes.sizes[1]}"

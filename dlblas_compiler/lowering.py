@@ -42,9 +42,11 @@ def lower_region(fused: FusedOp) -> Lowered:
         return ReferenceLowering(name, f"region {name}: lowering failed ({type(e).__name__}: {_first_line(e)})")
 
 
-def lower_module(module: ModuleOp, dump_dir: str | None = None) -> dict[FusedOp, Lowered]:
-    """Every region of the module, lowered (kernel sources written to `dump_dir` when given)."""
-    lowered = {op: lower_region(op) for op in module.walk() if isinstance(op, FusedOp)}
+def lower_module(module: ModuleOp, dump_dir: str | None = None, known: dict[FusedOp, Lowered] | None = None) -> dict[FusedOp, Lowered]:
+    """Every region of the module, lowered (kernel sources written to `dump_dir` when given); a region in `known`
+    keeps that lowering (a shape family's instance: the regions its sizes did not change)."""
+    known = known or {}
+    lowered = {op: known.get(op) or lower_region(op) for op in module.walk() if isinstance(op, FusedOp)}
     if dump_dir:
         os.makedirs(dump_dir, exist_ok=True)
         for low in lowered.values():

@@ -70,6 +70,7 @@ class Kernel:
     flops: float = 0.0
     bytes: float = 0.0
     space: SearchSpace | None = None  # its configs: the template's `space(plan)`, set when the region is lowered
+    _fns: dict = field(default_factory=dict, repr=False)  # interpret -> the jitted function (`compiled`)
 
     @property
     def region_ir(self) -> str:
@@ -101,8 +102,11 @@ class Kernel:
     def compiled(self, interpret: bool) -> Callable:
         """The jitted function, shared by every region whose kernel differs only in its name: Triton compiles
         it once per config for all of them (not once per layer)."""
-        name = self.shared_name
-        return compile_source(re.sub(rf"\b{re.escape(self.name)}\b", name, self.source), name, interpret)
+        fn = self._fns.get(interpret)
+        if fn is None:
+            name = self.shared_name
+            fn = self._fns[interpret] = compile_source(re.sub(rf"\b{re.escape(self.name)}\b", name, self.source), name, interpret)
+        return fn
 
 
 class _Warmup:

@@ -68,24 +68,37 @@ class ShapeFamily:
     def covers(self, sizes: tuple[int, ...]) -> bool:
         return self.parameter(sizes) is not None
 
-    def instantiate(self, sizes: tuple[int, ...]) -> ModuleOp:
-        """A verified copy of the IR at these sizes (NotAFamily where they are not covered or the copy fails
-        to verify)."""
+    def instantiate(self, sizes: tuple[int, ...]) -> tuple[ModuleOp, set[int]]:
+        """A copy of the IR at these sizes, and the indices (in walk order) of the ops it changed: those whose
+        integers moved, the ops reading their values, and the ops enclosing them. Each changed op is verified
+        (the others are the first compile's, verified then). NotAFamily where the sizes are not covered or a
+        changed op fails to verify."""
         t = self.parameter(sizes)
         if t is None:
             raise NotAFamily(f"sizes {sizes} are not on the line through {self.sizes[0]} and {self.sizes[1]} within their buckets")
         module = self.module.clone()
         ops = list(module.walk())
+        index = {op: i for i, op in enumerate(ops)}
+        changed: set[int] = set()
         for (i, kind, key, path), a, b in self.moves:
             value = a + (b - a) * t
             if value.denominator != 1 or value < 0:
                 raise NotAFamily(f"a size of {ops[i].name} is {value} at sizes {sizes}")
             _put(ops[i], kind, key, path, int(value))
+            changed.add(i)
+            values = ops[i].results if kind == "result" else ops[i].regions[key[0]].blocks[key[1]].args if kind == "arg" else ()
+            changed.update(index[u.operation] for v in values for u in v.uses)
+        for i in list(changed):
+            parent = ops[i].parent_op()
+            while parent is not None and index.get(parent) not in changed:
+                changed.add(index[parent])
+                parent = parent.parent_op()
         try:
-            module.verify()
+            for i in sorted(changed):
+                ops[i].verify(verify_nested_ops=False)
         except VerifyException as e:
             raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
-        return module
+        return module, changed
 
 
 def unify(first: ModuleOp, second: ModuleOp, sizes: tuple[tuple[int, ...], tuple[int, ...]]) -> ShapeFamily:
