@@ -9,8 +9,10 @@ Each compile is logged (`dlblas_compiler.compile`, `.fusion`, `.codegen`: see `l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import os
 import sys
@@ -121,6 +123,7 @@ class _Family:
     call_moves: dict[str, list[tuple[int, int, int]]]  # torch call -> its constant integers that move (`_surroundings`)
     inputs: ShapeFamily | None = None  # the imported IRs' family, where masks found causal are re-checked per instance
     lowered: dict[int, Any] = field(default_factory=dict)  # walk index -> the first compile's lowering of that region
+    choices: dict = field(default_factory=dict)  # region -> what the first compile runs there, once it has run
 
 
 def _surroundings(a: Specialization, b: Specialization) -> dict[str, list[tuple[int, int, int]]]:
@@ -225,6 +228,25 @@ def _moved_calls(family: _Family, t) -> dict[str, Callable]:
     return calls
 
 
+@contextlib.contextmanager
+def _no_gc():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _choices(program: Program) -> dict:
+    """Region -> a copy of what a program runs there (its kernel and tuned config, or its reference), once it has
+    run its first call (tuning then); empty before."""
+    if not (program.tuned or program.tune_mode == "none") or not program.logged:
+        return {}
+    return {c.region: dataclasses.replace(c) for c in program.choices}
+
+
 def _finish(spec: Specialization, args: tuple, kwargs: dict, flat: list) -> Specialization:
     """The call path's shortcuts and eager's output layout for a specialization."""
     imported, captured = spec.imported, spec.captured
@@ -321,7 +343,8 @@ class CompiledModule(torch.nn.Module):
         spec = self._specs.get(key)
         if spec is None:
             skeleton, sizes = sizes_of(key)
-            spec = self._instance(skeleton, sizes, args, kwargs) if self.options.shape_families else None
+            with _no_gc():  # (a cyclic collection over a 32-layer IR's objects costs more than the instance itself)
+                spec = self._instance(skeleton, sizes, args, kwargs) if self.options.shape_families else None
             if spec is None:
                 spec = self._specialize(args, kwargs)
                 spec.skeleton, spec.sizes = skeleton, sizes
@@ -330,7 +353,7 @@ class CompiledModule(torch.nn.Module):
                     self._join_family(spec)
             self._specs[key] = spec
             while len(self._specs) > self.options.max_specializations:
-                self._specs.popitem(last=False)
+                self._specs.popitem(last=False)[1].executor.release()
             self._last = spec
             out = spec(args, kwargs)
             if spec.debug_dir:  # (after the first call: it tunes, and the choices are known)
@@ -406,7 +429,7 @@ class CompiledModule(torch.nn.Module):
             ops = list(other.pipeline.module.walk())
             lowered = {i: other.lowered[op] for i, op in enumerate(ops) if op in other.lowered}
             family = _Family(shapes, spec.skeleton, other.captured, other.imported, other.pipeline, list(other.notes),
-                             call_moves, inputs, lowered)  # fmt: skip
+                             call_moves, inputs, lowered, _choices(other.executor))  # fmt: skip
             self._families.append(family)
             del self._families[: -self.options.max_specializations]
             log.info("%s: sizes %s and %s form a shape family (%d sizes move); other sizes in their buckets are "
@@ -430,7 +453,7 @@ class CompiledModule(torch.nn.Module):
                 log.warning("%s: shape family of sizes %s dropped: %s", self.name, family.shapes.sizes, e)
                 self._families.remove(family)
                 for key in [k for k, s in self._specs.items() if s.family is family]:
-                    del self._specs[key]
+                    self._specs.pop(key).executor.release()
                 return None
             signature = debug.signature_text(args, kwargs)
             folder = self._spec_folder(signature)
@@ -438,6 +461,7 @@ class CompiledModule(torch.nn.Module):
             lowered = {} if self.options.backend == "reference" else lower_module(
                 module, os.path.join(folder, "kernels") if folder else None, kept)  # fmt: skip
             program = build_program(module, lowered, imported, self.options)
+            program.inherit(family.choices)  # (tuned per bucket: the first compile's choices hold here)
             pipeline = dataclasses.replace(family.pipeline, module=module)
             note = (f"instantiated from the shape family of sizes {family.shapes.sizes[0]} and {family.shapes.sizes[1]}"
                     f" (no capture, import, passes or tuning; the stage texts of `ir()` are the first compile's)")  # fmt: skip

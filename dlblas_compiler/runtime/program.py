@@ -145,6 +145,24 @@ class Program:
             self.graph = graph
         return self.graph.replay(inputs)
 
+    def inherit(self, choices: dict[str, KernelChoice]) -> None:
+        """Take another program's choices for the regions they name (a shape family's instance: the first compile
+        was tuned for the same buckets); with every kernel region covered, this program does not tune."""
+        steps = [s for s in self.steps if isinstance(s, RegionStep) and s.kernel is not None and s.choice.impl == "kernel"]
+        if not choices or any(s.choice.region not in choices for s in steps):
+            return
+        for s in steps:
+            c = choices[s.choice.region]
+            for f in ("impl", "config", "reason", "time", "default_time", "reference_time", "trials"):
+                setattr(s.choice, f, getattr(c, f))
+            s.choice.from_cache = True
+        self.tuned = True
+
+    def release(self) -> None:
+        """Drop the CUDA graph (and the memory its capture holds) now, not when the garbage collector finds the
+        cycle between this program and its capture: an evicted specialization's memory goes at once."""
+        self.graph = None
+
     def kernel_choices(self) -> list[KernelChoice]:
         return list(self.choices)
 
