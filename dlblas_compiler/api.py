@@ -26,13 +26,13 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .dialects import ConstantOp, ParamOp, TorchCallOp
+from .dialects import ConstantOp, FusedOp, ParamOp, TorchCallOp
 from .errors import FrontendError, UnsupportedError
 from .frontend import Captured, Imported, capture, import_graph
 from .fusion.planner import fusion_notes
 from .fusion.templates import KernelLowering
 from .logs import get_logger
-from .lowering import lower_module
+from .lowering import dump_kernels, lower_module, lower_region
 from .numerics import compare
 from .options import Options
 from .passes import PipelineResult, run_pipeline
@@ -40,6 +40,7 @@ from .passes.families import NotAFamily, ShapeFamily, unify
 from .report import Report, debug
 from .report.text import count, times
 from .runtime import Program, build_program
+from .runtime.program import rebuild_program
 from .runtime.outputs import OutputGuard, output_guard
 from .tuning.cache import bucket
 
@@ -122,8 +123,13 @@ class _Family:
     notes: list[str]
     call_moves: dict[str, list[tuple[int, int, int]]]  # torch call -> its constant integers that move (`_surroundings`)
     inputs: ShapeFamily | None = None  # the imported IRs' family, where masks found causal are re-checked per instance
-    lowered: dict[int, Any] = field(default_factory=dict)  # walk index -> the first compile's lowering of that region
+    program: Program | None = None  # the first compile's program: instances share its other steps
     choices: dict = field(default_factory=dict)  # region -> what the first compile runs there, once it has run
+
+    @functools.cached_property
+    def moved_calls(self) -> frozenset:
+        """The torch calls of the first compile's IR whose constant integers move (built again per instance)."""
+        return frozenset(op for op in self.shapes.module.walk() if isinstance(op, TorchCallOp) and op.node.data in self.call_moves)
 
 
 def _surroundings(a: Specialization, b: Specialization) -> dict[str, list[tuple[int, int, int]]]:
@@ -278,7 +284,6 @@ class Specialization:
     skeleton: tuple = ()  # the signature with its sizes blanked (`sizes_of`)
     sizes: tuple[int, ...] = ()  # its sizes
     family: _Family | None = None  # the shape family it was instantiated from (None: compiled in full)
-    lowered: dict = field(default_factory=dict, repr=False)  # its regions' lowerings (a family reuses them)
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.direct and not kwargs:
@@ -402,7 +407,6 @@ class CompiledModule(torch.nn.Module):
         spec = Specialization(
             captured, imported, result, program, time.perf_counter() - t0, [*captured.notes, *imported.notes]
         )
-        spec.lowered = lowered
         spec.signature, spec.debug_dir = signature, folder
         log.info("%s: compiled specialization %d (%s) in %.2f s%s", self.name, self.compile_count, signature,
                  spec.compile_seconds, f"; debug folder {folder}" if folder else "")  # fmt: skip
@@ -426,10 +430,8 @@ class CompiledModule(torch.nn.Module):
             except NotAFamily as e:
                 log.info("%s: sizes %s and %s do not form a shape family: %s", self.name, other.sizes, spec.sizes, e)
                 return
-            ops = list(other.pipeline.module.walk())
-            lowered = {i: other.lowered[op] for i, op in enumerate(ops) if op in other.lowered}
             family = _Family(shapes, spec.skeleton, other.captured, other.imported, other.pipeline, list(other.notes),
-                             call_moves, inputs, lowered, _choices(other.executor))  # fmt: skip
+                             call_moves, inputs, other.executor, _choices(other.executor))  # fmt: skip
             self._families.append(family)
             del self._families[: -self.options.max_specializations]
             log.info("%s: sizes %s and %s form a shape family (%d sizes move); other sizes in their buckets are "
@@ -437,16 +439,18 @@ class CompiledModule(torch.nn.Module):
             return
 
     def _instance(self, skeleton: tuple, sizes: tuple[int, ...], args: tuple, kwargs: dict) -> Specialization | None:
-        """The specialization for these sizes from a shape family covering them (None: compile it)."""
+        """The specialization for these sizes from a shape family covering them (None: compile it). Only the ops
+        the sizes change are copied, verified and lowered again; the first compile's program lends the rest of
+        its steps, with its tuned choices."""
         for family in reversed(self._families):
             if family.skeleton != skeleton or not family.shapes.covers(sizes):
                 continue
             t0 = time.perf_counter()
             try:
-                module, changed = family.shapes.instantiate(sizes)
+                replaced, aliases = family.shapes.replacements(sizes, family.moved_calls)
                 calls = _moved_calls(family, family.shapes.parameter(sizes))
                 imported = dataclasses.replace(family.imported, calls={**family.imported.calls, **calls}) if calls else family.imported
-                if family.inputs is not None and (why := _masks_hold(family.inputs.instantiate(sizes)[0], imported)):
+                if family.inputs is not None and (why := _masks_hold(family.inputs.instantiate(sizes), imported)):
                     log.info("%s: sizes %s compiled in full: %s", self.name, sizes, why)
                     return None
             except NotAFamily as e:  # a size that is not affine in the others: the family's instances go with it
@@ -457,21 +461,28 @@ class CompiledModule(torch.nn.Module):
                 return None
             signature = debug.signature_text(args, kwargs)
             folder = self._spec_folder(signature)
-            kept = {op: family.lowered[i] for i, op in enumerate(module.walk()) if i in family.lowered and i not in changed}
-            lowered = {} if self.options.backend == "reference" else lower_module(
-                module, os.path.join(folder, "kernels") if folder else None, kept)  # fmt: skip
-            program = build_program(module, lowered, imported, self.options)
+            regions = [op for op in replaced.values() if isinstance(op, FusedOp)]
+            lowered = {} if self.options.backend == "reference" else {op: lower_region(op) for op in regions}
+            if folder:
+                dump_kernels(lowered, os.path.join(folder, "kernels"))
+            program = rebuild_program(family.program, replaced, lowered, imported, aliases)
             program.inherit(family.choices)  # (tuned per bucket: the first compile's choices hold here)
-            pipeline = dataclasses.replace(family.pipeline, module=module)
-            note = (f"instantiated from the shape family of sizes {family.shapes.sizes[0]} and {family.shapes.sizes[1]}"
-                    f" (no capture, import, passes or tuning; the stage texts of `ir()` are the first compile's)")  # fmt: skip
-            spec = Specialization(family.captured, imported, pipeline, program, time.perf_counter() - t0,
-                                  [*family.notes, note])  # fmt: skip
+            note = f"instantiated from the shape family of sizes {family.shapes.sizes[0]} and {family.shapes.sizes[1]}"
+            spec = Specialization(family.captured, imported, family.pipeline, program, time.perf_counter() - t0,
+                                  [*family.notes, note + " (no capture, import, passes or tuning)"])  # fmt: skip
             spec.signature, spec.debug_dir, spec.family, spec.skeleton, spec.sizes = signature, folder, family, skeleton, sizes
             self.instances += 1
-            log.info("%s: instantiated sizes %s from a shape family in %.3f s", self.name, sizes, spec.compile_seconds)
+            log.info("%s: instantiated %s from a shape family in %.3f s (%d ops copied)", self.name, signature,
+                     spec.compile_seconds, len(replaced))  # fmt: skip
             return _finish(spec, args, kwargs, family.captured.flatten(args, kwargs))
         return None
+
+    def _materialized(self, spec: Specialization) -> Specialization:
+        """An instance's whole IR at its sizes, made when first asked for (the report, `ir()`, the debug folder);
+        its stage texts stay the first compile's."""
+        if spec.family is not None and spec.pipeline is spec.family.pipeline:
+            spec.pipeline = dataclasses.replace(spec.family.pipeline, module=spec.family.shapes.instantiate(spec.sizes))
+        return spec
 
     # -- logs and the debug folder ------------------------------------------------------------------------------
     def _spec_folder(self, signature: str) -> str | None:
@@ -485,7 +496,7 @@ class CompiledModule(torch.nn.Module):
     def _write_debug(self, spec: Specialization) -> None:
         try:
             os.makedirs(spec.debug_dir, exist_ok=True)
-            debug.write_specialization(spec.debug_dir, self._report(spec))
+            debug.write_specialization(spec.debug_dir, self._report(self._materialized(spec)))
         except OSError as e:  # (a debugging aid must not break the model)
             warnings.warn(f"dlblas_compiler: could not write the debug folder {spec.debug_dir}: {e}", stacklevel=3)
 
@@ -546,7 +557,7 @@ class CompiledModule(torch.nn.Module):
     def _spec(self) -> Specialization:
         if self._last is None:
             raise RuntimeError("call the compiled module once first: it compiles on the first call's input signature")
-        return self._last
+        return self._materialized(self._last)
 
     @property
     def passes(self) -> list[str]:

@@ -42,18 +42,21 @@ def lower_region(fused: FusedOp) -> Lowered:
         return ReferenceLowering(name, f"region {name}: lowering failed ({type(e).__name__}: {_first_line(e)})")
 
 
-def lower_module(module: ModuleOp, dump_dir: str | None = None, known: dict[FusedOp, Lowered] | None = None) -> dict[FusedOp, Lowered]:
-    """Every region of the module, lowered (kernel sources written to `dump_dir` when given); a region in `known`
-    keeps that lowering (a shape family's instance: the regions its sizes did not change)."""
-    known = known or {}
-    lowered = {op: known.get(op) or lower_region(op) for op in module.walk() if isinstance(op, FusedOp)}
+def lower_module(module: ModuleOp, dump_dir: str | None = None) -> dict[FusedOp, Lowered]:
+    """Every region of the module, lowered (kernel sources written to `dump_dir` when given)."""
+    lowered = {op: lower_region(op) for op in module.walk() if isinstance(op, FusedOp)}
     if dump_dir:
-        os.makedirs(dump_dir, exist_ok=True)
-        for low in lowered.values():
-            if isinstance(low, KernelLowering):
-                with open(os.path.join(dump_dir, f"{low.name}.py"), "w") as f:
-                    f.write(low.kernel.file_text())
+        dump_kernels(lowered, dump_dir)
     return lowered
+
+
+def dump_kernels(lowered: dict[FusedOp, Lowered], dump_dir: str) -> None:
+    """Each lowered kernel's source, as the readable file `<kernel>.py` in `dump_dir`."""
+    os.makedirs(dump_dir, exist_ok=True)
+    for low in lowered.values():
+        if isinstance(low, KernelLowering):
+            with open(os.path.join(dump_dir, f"{low.name}.py"), "w") as f:
+                f.write(low.kernel.file_text())
 
 
 def _first_line(e: BaseException) -> str:

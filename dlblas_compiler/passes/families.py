@@ -20,11 +20,12 @@ between the two compiles (a scale of 1/length, say) refuses the family outright.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
+from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, IntAttr, ModuleOp
-from xdsl.ir import Attribute, Operation, ParametrizedAttribute
+from xdsl.ir import Attribute, Block, Operation, ParametrizedAttribute, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
 from ..tuning.cache import bucket
@@ -45,6 +46,8 @@ class ShapeFamily:
     module: ModuleOp  # the first compile's final IR (never modified: instances are copies)
     sizes: tuple[tuple[int, ...], tuple[int, ...]]  # the input sizes of the two compiles (t = 0, t = 1)
     moves: list[tuple[Place, int, int]]  # (where, value at t = 0, value at t = 1)
+    _ops: list[Operation] | None = field(default=None, repr=False)
+    _changed_set: set[int] = field(default_factory=set, repr=False)
 
     def parameter(self, sizes: tuple[int, ...]) -> Fraction | None:
         """t for these input sizes, or None where they are not on the family's line inside its buckets."""
@@ -68,37 +71,88 @@ class ShapeFamily:
     def covers(self, sizes: tuple[int, ...]) -> bool:
         return self.parameter(sizes) is not None
 
-    def instantiate(self, sizes: tuple[int, ...]) -> tuple[ModuleOp, set[int]]:
-        """A copy of the IR at these sizes, and the indices (in walk order) of the ops it changed: those whose
-        integers moved, the ops reading their values, and the ops enclosing them. Each changed op is verified
-        (the others are the first compile's, verified then). NotAFamily where the sizes are not covered or a
-        changed op fails to verify."""
+    def _values(self, sizes: tuple[int, ...]) -> list[int]:
+        """Every moving integer at these sizes (NotAFamily where they are not covered or one is not whole)."""
         t = self.parameter(sizes)
         if t is None:
             raise NotAFamily(f"sizes {sizes} are not on the line through {self.sizes[0]} and {self.sizes[1]} within their buckets")
+        values = []
+        for (i, *_), a, b in self.moves:
+            v = a + (b - a) * t
+            if v.denominator != 1 or v < 0:
+                raise NotAFamily(f"a size of op {i} is {v} at sizes {sizes}")
+            values.append(int(v))
+        return values
+
+    def _changed(self) -> tuple[list[Operation], set[int]]:
+        """The IR's ops in walk order, and the indices of those an instance changes: the ops whose integers move,
+        the ops reading their values, and the ops enclosing them (the same for every instance)."""
+        if self._ops is None:
+            ops = list(self.module.walk())
+            index = {op: i for i, op in enumerate(ops)}
+            changed: set[int] = set()
+            for (i, kind, key, _), _a, _b in self.moves:
+                changed.add(i)
+                values = ops[i].results if kind == "result" else ops[i].regions[key[0]].blocks[key[1]].args if kind == "arg" else ()
+                changed.update(index[u.operation] for v in values for u in v.uses)
+            for i in list(changed):
+                parent = ops[i].parent_op()
+                while parent is not None and index[parent] not in changed:
+                    changed.add(index[parent])
+                    parent = parent.parent_op()
+            self._ops, self._changed_set = ops, changed
+        return self._ops, self._changed_set
+
+    def replacements(self, sizes: tuple[int, ...], also: frozenset[Operation] = frozenset()
+                     ) -> tuple[dict[Operation, Operation], dict[SSAValue, SSAValue]]:  # fmt: skip
+        """The ops of the function body that these sizes change, each mapped to a verified copy at these sizes
+        (the copies read each other's values, and the function's arguments as new values of their new types: the
+        second dict maps those to the arguments); the rest of the IR is shared with the first compile.
+        NotAFamily where the sizes are not covered or a copy fails to verify. The ops in `also` are copied too
+        (a torch call whose constant arguments move: its step must be built again)."""
+        values = self._values(sizes)
+        ops, changed = self._changed()
+        fn = next(op for op in ops if isinstance(op, func.FuncOp))
+        block = fn.body.block
+        arg_types = [a.type for a in block.args]
+        for ((i, kind, key, path), _a, _b), v in zip(self.moves, values):
+            if ops[i] is fn and kind == "arg":
+                arg_types[key[2]] = _replace(arg_types[key[2]], path, v)
+        scratch = Block(arg_types=arg_types)  # the arguments at these sizes, for the copies to read
+        mapper: dict = dict(zip(block.args, scratch.args))
+        copies: dict[Operation, Operation] = {}
+        replaced: dict[Operation, Operation] = {}
+        index = {op: i for i, op in enumerate(ops)}
+        for op in block.ops:
+            if (index[op] in changed or op in also) and not isinstance(op, func.ReturnOp):
+                new = replaced[op] = op.clone(mapper)
+                copies.update(zip(op.walk(), new.walk()))
+        for ((i, kind, key, path), _a, _b), v in zip(self.moves, values):
+            if ops[i] in copies:
+                _put(copies[ops[i]], kind, key, path, v)
+        try:
+            for i in sorted(changed):
+                if ops[i] in copies:
+                    copies[ops[i]].verify(verify_nested_ops=False)
+        except VerifyException as e:
+            raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
+        return replaced, dict(zip(scratch.args, block.args))
+
+    def instantiate(self, sizes: tuple[int, ...]) -> ModuleOp:
+        """The whole IR at these sizes: a copy with every moving integer evaluated, its changed ops verified (for
+        the report and `ir()` of an instance; `replacements` is what runs)."""
+        values = self._values(sizes)
+        _, changed = self._changed()
         module = self.module.clone()
         ops = list(module.walk())
-        index = {op: i for i, op in enumerate(ops)}
-        changed: set[int] = set()
-        for (i, kind, key, path), a, b in self.moves:
-            value = a + (b - a) * t
-            if value.denominator != 1 or value < 0:
-                raise NotAFamily(f"a size of {ops[i].name} is {value} at sizes {sizes}")
-            _put(ops[i], kind, key, path, int(value))
-            changed.add(i)
-            values = ops[i].results if kind == "result" else ops[i].regions[key[0]].blocks[key[1]].args if kind == "arg" else ()
-            changed.update(index[u.operation] for v in values for u in v.uses)
-        for i in list(changed):
-            parent = ops[i].parent_op()
-            while parent is not None and index.get(parent) not in changed:
-                changed.add(index[parent])
-                parent = parent.parent_op()
+        for ((i, kind, key, path), _a, _b), v in zip(self.moves, values):
+            _put(ops[i], kind, key, path, v)
         try:
             for i in sorted(changed):
                 ops[i].verify(verify_nested_ops=False)
         except VerifyException as e:
             raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
-        return module, changed
+        return module
 
 
 def unify(first: ModuleOp, second: ModuleOp, sizes: tuple[tuple[int, ...], tuple[int, ...]]) -> ShapeFamily:

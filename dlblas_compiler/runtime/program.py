@@ -12,6 +12,8 @@ and the cause (an error under strict=True); a region over empty tensors runs its
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -83,6 +85,7 @@ class Program:
     frees: list[tuple[int, ...]] = field(default_factory=list)  # per step: the slots no later step reads
     moves: tuple[tuple[int, torch.device], ...] = ()  # (input, device): host inputs the program only moves there
     logged: bool = False  # the first run's choices are logged
+    recipe: Recipe | None = field(default=None, repr=False)  # how it was built (`rebuild_program`)
 
     def __repr__(self) -> str:
         lines = [f"Program({len(self.steps)} steps, inputs {self.inputs} -> outputs {self.outputs})"]
@@ -182,37 +185,25 @@ class Builder:
     def build(self) -> Program:
         block = self.fn.body.block
         inputs = [self.slot(a) for a in block.args]
-        inplace = inplace_updates(self.fn, self.imported) if self.options.backend != "reference" else {}
+        self.inplace = inplace_updates(self.fn, self.imported) if self.options.backend != "reference" else {}
         steps: list[Callable] = []
         reads: list[list[SSAValue]] = []  # per step, the values it reads and makes (to drop them after their last read)
         weights = DerivedWeights()
-        choices: list[KernelChoice] = []
         outputs: list[int] = []
+        made: dict[Operation, int | list[int]] = {}  # op -> the index of its step, or of its derived weights
         for op in block.ops:
             if isinstance(op, func.ReturnOp):
                 outputs = [self.slot(v) for v in op.operands]
-            elif isinstance(op, ConstantOp):
-                steps.append(ConstantStep(self.slot(op.result), op.scalar))
-            elif isinstance(op, ParamOp) or (op.results and all(is_constant(r) for r in op.results)):
-                weights.weights.extend((self.slot(r), self._derived(r)) for r in op.results)
-            elif isinstance(op, FusedOp):
-                step = self._region(op)
-                steps.append(step)
-                choices.append(step.choice)
-            elif isinstance(op, TorchCallOp):
-                steps.append(self._torch_call(op))
-            elif op in inplace:
-                steps.append(InPlaceIndexCopy(*(self.slot(v) for v in (op.dest,)), op.axis, self.slot(op.index),
-                                              self.slot(op.source), self.slot(op.result)))  # fmt: skip
+                continue
+            step = self.step(op)
+            if isinstance(step, list):
+                made[op] = list(range(len(weights.weights), len(weights.weights) + len(step)))
+                weights.weights.extend(step)
             else:
-                ins, outs = [self.slot(v) for v in op.operands], [self.slot(r) for r in op.results]
-                registered = op_step(op, ins, outs, self.options) if self.options.backend != "reference" or (
-                    self.options.expert_parallel is not None
-                ) else None
-                steps.append(registered or ReferenceStep(op.name, op.reference, ins, outs))
-            if len(steps) > len(reads):  # this op made a step
+                made[op] = len(steps)
+                steps.append(step)
                 reads.append([*op.operands, *op.results])
-        writes = input_writes(self.fn, self.imported, inplace) if self.options.backend != "reference" else []
+        writes = input_writes(self.fn, self.imported, self.inplace) if self.options.backend != "reference" else []
         steps += [WriteInput(inputs[arg], self.slot(value)) for arg, value in writes]
         reads += [[value] for _, value in writes]  # (a value nothing reads goes after the step that makes it)
         kept = {*inputs, *outputs, *(slot for slot, _ in weights.weights)}
@@ -222,9 +213,31 @@ class Builder:
         cuda_graphs = opts.cuda_graphs and opts.backend == "triton" and not opts.check
         if opts.expert_parallel is not None and any(op.name == "dl.moe" for op in block.ops):
             cuda_graphs = False  # the all-to-all exchanges token counts through the host
-        return Program(inputs, outputs, steps, len(self.slots), weights, choices, cuda_graphs, tune_mode,
-                       static_inputs=tuple(sorted({*inplace.values(), *(arg for arg, _ in writes)})),
-                       frees=frees, moves=self._moves())  # fmt: skip
+        choices = [st.choice for st in steps if isinstance(st, RegionStep)]
+        program = Program(inputs, outputs, steps, len(self.slots), weights, choices, cuda_graphs, tune_mode,
+                          static_inputs=tuple(sorted({*self.inplace.values(), *(arg for arg, _ in writes)})),
+                          frees=frees, moves=self._moves())  # fmt: skip
+        program.recipe = Recipe(self, made)
+        return program
+
+    def step(self, op: Operation) -> Callable | list[tuple[int, DerivedWeight]]:
+        """The step that runs `op`, or (for a parameter or a value computed from parameters alone) its derived
+        weights."""
+        if isinstance(op, ConstantOp):
+            return ConstantStep(self.slot(op.result), op.scalar)
+        if isinstance(op, ParamOp) or (op.results and all(is_constant(r) for r in op.results)):
+            return [(self.slot(r), self._derived(r)) for r in op.results]
+        if isinstance(op, FusedOp):
+            return self._region(op)
+        if isinstance(op, TorchCallOp):
+            return self._torch_call(op)
+        if op in self.inplace:
+            return InPlaceIndexCopy(self.slot(op.dest), op.axis, self.slot(op.index), self.slot(op.source), self.slot(op.result))
+        ins, outs = [self.slot(v) for v in op.operands], [self.slot(r) for r in op.results]
+        registered = op_step(op, ins, outs, self.options) if self.options.backend != "reference" or (
+            self.options.expert_parallel is not None
+        ) else None  # fmt: skip
+        return registered or ReferenceStep(op.name, op.reference, ins, outs)
 
     def _moves(self) -> tuple[tuple[int, torch.device], ...]:
         positions = self.imported.arg_positions
@@ -326,6 +339,55 @@ def _frees(reads: list[list[int]], kept: set[int]) -> list[tuple[int, ...]]:
         if slot not in kept:
             frees[i].append(slot)
     return [tuple(f) for f in frees]
+
+
+@dataclass
+class Recipe:
+    """How a program was built (its builder, and the step or derived weights each op made), so that a copy can
+    be built with some ops replaced (`rebuild_program`)."""
+
+    builder: Builder
+    made: dict[Operation, int | list[int]]
+
+
+def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowered: dict[FusedOp, Lowered],
+                    imported, aliases: dict[SSAValue, SSAValue] | None = None) -> Program:  # fmt: skip
+    """A copy of `program` in which each op of `replaced` (an op of its function -> a copy of it at other sizes,
+    reading the other copies' values, and `aliases`' values for the originals') runs from its copy: the copies take their originals' slots, their regions
+    are built from `lowered`, and every other step is shared (a region's step is copied, with its choice, so
+    that a fallback in one program does not switch the other). A shape family's instance, without rebuilding
+    the steps its sizes leave alone."""
+    recipe = program.recipe
+    base = recipe.builder
+    b = Builder.__new__(Builder)
+    b.lowered, b.imported, b.options, b.fn, b.interpret = lowered, imported, base.options, base.fn, base.interpret
+    b.slots, b.inplace = dict(base.slots), base.inplace
+    for new, old in (aliases or {}).items():  # (values the copies read in place of the originals' arguments)
+        b.slots[new] = base.slots[old]
+    for old, new in replaced.items():
+        for r, s in zip(old.results, new.results):
+            b.slots[s] = base.slots[r]
+        if old in base.inplace:
+            b.inplace = {**b.inplace, new: b.inplace[old]}
+    steps = [copy.copy(st) if isinstance(st, RegionStep) else st for st in program.steps]
+    weights = DerivedWeights(list(program.weights.weights))
+    for old, new in replaced.items():
+        at = recipe.made[old]
+        step = b.step(new)
+        if isinstance(at, list):
+            for i, w in zip(at, step):
+                weights.weights[i] = w
+        else:
+            steps[at] = step
+    for st in steps:
+        if isinstance(st, RegionStep):
+            st.choice = dataclasses.replace(st.choice)
+    choices = [st.choice for st in steps if isinstance(st, RegionStep)]
+    out = Program(program.inputs, program.outputs, steps, program.nslots, weights, choices, program.cuda_graphs and (
+        b.options.cuda_graphs), program.tune_mode, static_inputs=program.static_inputs, frees=program.frees,
+        moves=program.moves)  # fmt: skip
+    out.recipe = Recipe(b, recipe.made)
+    return out
 
 
 def build_program(module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options) -> Program:
