@@ -356,7 +356,7 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
     reading the other copies' values, and `aliases`' values for the originals') runs from its copy: the copies take their originals' slots, their regions
     are built from `lowered`, and every other step is shared (a region's step is copied, with its choice, so
     that a fallback in one program does not switch the other). A shape family's instance, without rebuilding
-    the steps its sizes leave alone."""
+    the steps its sizes leave alone; it keeps `program`'s measured decision on CUDA graphs."""
     recipe = program.recipe
     base = recipe.builder
     b = Builder.__new__(Builder)
@@ -387,6 +387,9 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
         b.options.cuda_graphs), program.tune_mode, static_inputs=program.static_inputs, frees=program.frees,
         moves=program.moves)  # fmt: skip
     out.recipe = Recipe(b, recipe.made)
+    out.graphs_pay, out.graph_note = program.graphs_pay, program.graph_note  # (measured once: the work is alike)
+    if program.graphs_pay is False:
+        out.cuda_graphs = False
     return out
 
 
