@@ -57,9 +57,10 @@ def run_mode(mode: str, args) -> dict:
         torch.cuda.synchronize()
         return out, (time.perf_counter() - t0) * 1e3
 
+    parts = args.parts.split(",")
     cache = StaticCache(config=model.config, max_cache_len=args.cache)
     gen = dict(do_sample=False, pad_token_id=0, disable_compile=True)
-    for n in (int(p) for p in args.prompts.split(",")):
+    for n in (int(p) for p in args.prompts.split(",") if "prompts" in parts):
         ids = torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(n)).cuda()
 
         def prefill(ids=ids):
@@ -85,11 +86,25 @@ def run_mode(mode: str, args) -> dict:
     def generate(k):
         return lambda: model.generate(ids, max_new_tokens=k, min_new_tokens=k, **gen)
 
+    if "dynamic" not in parts:
+        return row
     before = counts()
     out, row["dynamic"]["first_ms"] = timed(generate(args.new))
     after = counts()
     _, one = timed(generate(1))
+    if args.profile:  # where the host's time per token goes (a new cache length every token)
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
     _, many = timed(generate(args.new))
+    if args.profile:
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumtime").print_stats(40)
+        row["dynamic"]["host_profile"] = text.getvalue().splitlines()[:70]
     row["dynamic"].update(prompt=args.prompt, new=args.new, ms_per_token=(many - one) / (args.new - 1),
                           peak_gib=torch.cuda.max_memory_allocated() / 2**30)  # fmt: skip
     if mode == "ours":
@@ -108,6 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--tune", default="quick")
     ap.add_argument("--modes", default="eager,inductor,ours")
+    ap.add_argument("--parts", default="prompts,dynamic")
+    ap.add_argument("--profile", action="store_true", help="add a cProfile of the second dynamic-cache generate()")
     ap.add_argument("--timeout", type=int, default=400, help="seconds per mode")
     ap.add_argument("--mode", help=argparse.SUPPRESS)  # (a child process: run this one mode)
     args = ap.parse_args(argv)
@@ -128,7 +145,8 @@ def main(argv=None) -> int:
                         "transformers": __import__("transformers").__version__}}  # fmt: skip
     for mode in args.modes.split(","):
         cmd = [sys.executable, __file__, "--mode", mode, *sum((["--" + k, str(getattr(args, k))] for k in
-               ("out", "layers", "prompts", "cache", "prompt", "new", "tune")), [])]  # fmt: skip
+               ("out", "layers", "prompts", "cache", "prompt", "new", "tune", "parts")), [])]  # fmt: skip
+        cmd += ["--profile"] if args.profile else []
         t0 = time.time()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -137,14 +155,15 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired as e:
             row = {"mode": mode, "error": f"timed out after {args.timeout} s", "partial": str(e.stdout)[-1500:]}
         row["process_s"] = time.time() - t0
-        eager = os.path.join(args.out, "lengths-tokens-eager.pt")
-        mine = os.path.join(args.out, f"lengths-tokens-{mode}.pt")
-        if os.path.exists(eager) and os.path.exists(mine):
+        doc["rows"].append(row)
+        print(json.dumps(row), flush=True)
+    eager = os.path.join(args.out, "lengths-tokens-eager.pt")
+    for row in doc["rows"]:  # (greedy tokens of the dynamic-cache generate() against eager's)
+        mine = os.path.join(args.out, f"lengths-tokens-{row['mode']}.pt")
+        if os.path.exists(eager) and os.path.exists(mine) and "dynamic" in row:
             same = (torch.load(eager) == torch.load(mine)).all(0)[args.prompt:]
             row["dynamic"]["tokens_equal_eager"] = int(same.long().cumprod(0).sum().item())
-        doc["rows"].append(row)
-        json.dump(doc, open(path, "w"), indent=1)
-        print(json.dumps(row), flush=True)
+    json.dump(doc, open(path, "w"), indent=1)
     return 0
 
 
