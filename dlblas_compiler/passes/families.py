@@ -131,9 +131,7 @@ class ShapeFamily:
             if ops[i] in copies:
                 _put(copies[ops[i]], kind, key, path, v)
         try:
-            for i in sorted(changed):
-                if ops[i] in copies:
-                    copies[ops[i]].verify(verify_nested_ops=False)
+            _verify([copies[ops[i]] for i in sorted(changed) if ops[i] in copies])
         except VerifyException as e:
             raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
         return replaced, dict(zip(scratch.args, block.args))
@@ -148,8 +146,7 @@ class ShapeFamily:
         for ((i, kind, key, path), _a, _b), v in zip(self.moves, values):
             _put(ops[i], kind, key, path, v)
         try:
-            for i in sorted(changed):
-                ops[i].verify(verify_nested_ops=False)
+            _verify([ops[i] for i in sorted(changed)])
         except VerifyException as e:
             raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
         return module
@@ -189,6 +186,23 @@ def unify(first: ModuleOp, second: ModuleOp, sizes: tuple[tuple[int, ...], tuple
             for key in da:
                 _diff(da[key], db[key], (i, kind, key, ()), moves, where)
     return ShapeFamily(first, sizes, moves)
+
+
+def _verify(ops: list[Operation]) -> None:
+    """Verify each op on its own (not its nested ops), once per distinct op: every layer's copy of an op has the
+    same types and properties (up to its region's kernel name), and the verdict depends on nothing else (and,
+    inside a region, on its parent's result types)."""
+    seen = set()
+    for op in ops:
+        parent = op.parent_op()
+        key = (op.name, tuple(v.type for v in op.operands), tuple(r.type for r in op.results),
+               tuple((k, v) for k, v in op.properties.items() if k != "kernel"),
+               tuple((k, v) for k, v in op.attributes.items() if k != "kernel"),
+               tuple(r.type for r in parent.results) if parent is not None and not isinstance(parent, func.FuncOp) else None,
+               len(op.regions))  # fmt: skip
+        if key not in seen:
+            seen.add(key)
+            op.verify(verify_nested_ops=False)
 
 
 def _diff(a: Attribute, b: Attribute, place: Place, moves: list, where: str) -> None:

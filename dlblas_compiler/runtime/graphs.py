@@ -20,6 +20,17 @@ from typing import Any
 import torch
 
 
+_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _warmup_stream(device: int) -> torch.cuda.Stream:
+    """One warm-up stream per device for every capture: cuBLAS keeps a workspace (32 MiB on sm90) for each stream
+    it ran on, for the life of the process, so a new stream per capture grew memory by that much each time."""
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device)
+    return _STREAMS[device]
+
+
 @dataclass
 class CudaGraph:
     """The capture of `run` (a program's direct execution: inputs -> outputs) and its replays.
@@ -40,7 +51,7 @@ class CudaGraph:
         """Warm up on a side stream (tunes and compiles kernels, settles the allocator), then capture. False
         (with a warning) when the program cannot be captured: it then runs without."""
         self.static_in = [x if i in self.static else x.detach().clone().contiguous() for i, x in enumerate(inputs)]
-        stream = torch.cuda.Stream()
+        stream = _warmup_stream(torch.cuda.current_device())
         stream.wait_stream(torch.cuda.current_stream())
         try:
             with self._preserved():
