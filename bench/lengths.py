@@ -156,6 +156,7 @@ def main(argv=None) -> int:
             row = {"mode": mode, "error": f"timed out after {args.timeout} s", "partial": str(e.stdout)[-1500:]}
         row["process_s"] = time.time() - t0
         doc["rows"].append(row)
+        json.dump(doc, open(path, "w"), indent=1)
         print(json.dumps(row), flush=True)
     eager = os.path.join(args.out, "lengths-tokens-eager.pt")
     for row in doc["rows"]:  # (greedy tokens of the dynamic-cache generate() against eager's)
