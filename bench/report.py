@@ -713,6 +713,39 @@ def generation_trace_section(name: str) -> str:
     return generation_trace_table(doc) + "\n" + source_line([(name, env, "")]) + "\n"
 
 
+def lengths_table(doc: dict) -> str:
+    """bench/lengths.py results: per mode, each new prompt length's first, second and third call (ms; for ours the
+    full compiles and shape-family instances the first call took), then the dynamic-cache generate()."""
+    rows = [r for r in doc["rows"] if not r.get("error")]
+    out = ["| prompt | " + " | ".join(f"{r['mode']} 1st / 2nd / 3rd ms" for r in rows) + " | ours: compiled or instance |",
+           "|" + "---|" * (len(rows) + 2)]  # fmt: skip
+    ours = next((r for r in rows if r["mode"] == "ours"), None)
+    for i, p in enumerate(rows[0]["prompts"] if rows else []):
+        cells = [" / ".join(f"{r['prompts'][i][k]:.0f}" for k in ("first_ms", "second_ms", "third_ms")) for r in rows]
+        how = "–" if ours is None else "instance" if ours["prompts"][i].get("instances") else "compiled"
+        out.append(f"| {p['prompt']} | " + " | ".join(cells) + f" | {how} |")
+    out += ["", "| mode | dynamic cache: first generate() s | ms/token | peak GiB | leading tokens = eager | ours: compiles + instances |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        d = r.get("dynamic") or {}
+        if not d:
+            continue
+        eq = d.get("tokens_equal_eager")
+        cnt = f"{d['compiles']} + {d['instances']}" if "compiles" in d else "–"
+        out.append(f"| {r['mode']} | {d['first_ms'] / 1e3:.1f} | {d['ms_per_token']:.1f} | {d['peak_gib']:.2f} | "
+                   f"{'–' if eq is None else str(eq) + ' of ' + str(d.get('new'))} | {cnt} |")  # fmt: skip
+    for r in doc["rows"]:
+        if r.get("error"):
+            out.append(f"\n{r['mode']}: {r['error']}")
+    return "\n".join(out) + "\n"
+
+
+def lengths_section(name: str) -> str:
+    doc = _load(name)
+    env = {"gpu": doc.get("gpu"), "versions": doc.get("versions")}
+    return lengths_table(doc) + "\n" + source_line([(name, env, "")]) + "\n"
+
+
 def replay_section(name: str) -> str:
     """Direct launches against CUDA-graph replay of the decoder layer (bench/profile_kernels.py): timings, kernel
     sums of separate traces and of one interleaved trace, the largest kernels' interleaved times, and the SM clock
@@ -791,6 +824,8 @@ SECTIONS = {
     **{f"generation-s9-{x}": functools.partial(generation_section, f"2026-11-26-h100-s9-generate-{x}.json")
        for x in "ab"},
     "generation-trace-s9-a": functools.partial(generation_trace_section, "2026-11-26-h100-s9-generate-a.json"),
+    **{f"lengths-s10-{x}": functools.partial(lengths_section, f"2026-11-27-h100-s10-lengths-{x}.json")
+       for x in ("a", "warm")},
     "replay-s7": functools.partial(replay_section, "2026-11-26-h100-s7-profile-decoder-2048.json"),
     "block-decoder_layer-h100-s7": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s7-decoder-a.json", "2026-11-26-h100-s7-decoder-b.json"], "decoder_layer", merge=True),

@@ -19,9 +19,10 @@ What was compiled: `dc.compilations()` lists the CompiledModule of every graph h
 `cm.name` is the class dynamo traced, `cm.report()` its last-used specialization's report) and `dc.reports()`
 their reports.
 
-A graph is specialized on the concrete shapes of each call (dynamo's symbolic sizes arrive as plain ints),
-so a growing sequence compiles once per length; tuning results are keyed by power-of-two token buckets,
-so it does not retune per length.
+A graph is specialized on the concrete shapes of each call (dynamo's symbolic sizes arrive as plain ints); with
+shape families (`Options.shape_families`, on by default) only the first two lengths of a power-of-two bucket are
+compiled and the others are instances of the first IR, and tuning results are keyed by the same buckets, so a
+growing sequence neither recompiles nor retunes per length.
 """
 
 from __future__ import annotations
