@@ -40,10 +40,9 @@ from .passes.families import NotAFamily, ShapeFamily, unify
 from .report import Report, debug
 from .report.text import count, times
 from .runtime import Program, build_program
-from .runtime.program import rebuild_program
 from .runtime.outputs import OutputGuard, output_guard
+from .runtime.program import rebuild_program
 from .tuning.cache import bucket
-
 
 log = get_logger("compile")
 _FLAT = (torch.Tensor, torch.nn.Parameter, int, float, bool, type(None))
@@ -336,6 +335,7 @@ class CompiledModule(torch.nn.Module):
         self.compile_count = 0  # specializations compiled so far (evicted ones included)
         self.instances = 0  # specializations instantiated from a shape family instead (see `_instance`)
         self._families: list[_Family] = []
+        self._not_affine: set[tuple] = set()  # (skeleton, buckets) where a family failed to verify
         self._last: Specialization | None = None
         self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
         self._params = list(model.parameters())
@@ -422,6 +422,8 @@ class CompiledModule(torch.nn.Module):
                 continue
             if any(a != b and bucket(a) != bucket(b) for a, b in zip(other.sizes, spec.sizes)):
                 continue
+            if (spec.skeleton, tuple(map(bucket, spec.sizes))) in self._not_affine:
+                return
             try:
                 call_moves = _surroundings(other, spec)
                 shapes = unify(other.pipeline.module, spec.pipeline.module, (other.sizes, spec.sizes))
@@ -456,6 +458,7 @@ class CompiledModule(torch.nn.Module):
             except NotAFamily as e:  # a size that is not affine in the others: the family's instances go with it
                 log.warning("%s: shape family of sizes %s dropped: %s", self.name, family.shapes.sizes, e)
                 self._families.remove(family)
+                self._not_affine.add((skeleton, tuple(map(bucket, sizes))))  # (no new family there: it would fail too)
                 for key in [k for k, s in self._specs.items() if s.family is family]:
                     self._specs.pop(key).executor.release()
                 return None

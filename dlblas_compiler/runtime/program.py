@@ -29,12 +29,11 @@ from ..dialects import CatOp, ConstantOp, FusedOp, ParamOp, TorchCallOp
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
 from .graphs import CudaGraph
-from .inplace import InPlaceIndexCopy, WriteInput, input_writes, inplace_updates
+from .inplace import InPlaceIndexCopy, WriteInput, inplace_updates, input_writes
 from .ops import op_step
 from .selection import tune_region
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
 from .weights import DerivedWeight, DerivedWeights, derived_weight
-
 
 log = logging.getLogger("dlblas_compiler.runtime")
 
