@@ -826,6 +826,9 @@ SECTIONS = {
     "generation-trace-s9-a": functools.partial(generation_trace_section, "2026-11-26-h100-s9-generate-a.json"),
     **{f"lengths-s10-{x}": functools.partial(lengths_section, f"2026-11-27-h100-s10-lengths-{x}.json")
        for x in ("a", "warm")},
+    **{f"generation-s10-ab-{x}": functools.partial(generation_section, f"2026-11-27-h100-s10-generate-ab-{x}.json")
+       for x in ("before", "after")},
+    "generation-s10-64-tokens": functools.partial(generation_section, "2026-11-27-h100-s10-generate-64-tokens.json"),
     "replay-s7": functools.partial(replay_section, "2026-11-26-h100-s7-profile-decoder-2048.json"),
     "block-decoder_layer-h100-s7": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s7-decoder-a.json", "2026-11-26-h100-s7-decoder-b.json"], "decoder_layer", merge=True),
