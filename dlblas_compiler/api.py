@@ -9,10 +9,7 @@ Each compile is logged (`dlblas_compiler.compile`, `.fusion`, `.codegen`: see `l
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-import gc
 import logging
 import os
 import sys
@@ -26,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .dialects import ConstantOp, FusedOp, ParamOp, TorchCallOp
+from .dialects import FusedOp, TorchCallOp
 from .errors import FrontendError, UnsupportedError
 from .frontend import Captured, Imported, capture, import_graph
 from .fusion.planner import fusion_notes
@@ -36,10 +33,11 @@ from .lowering import dump_kernels, lower_module, lower_region
 from .numerics import compare
 from .options import Options
 from .passes import PipelineResult, run_pipeline
-from .passes.families import NotAFamily, ShapeFamily, unify
+from .passes.families import NotAFamily, unify
 from .report import Report, debug
 from .report.text import count, times
 from .runtime import Program, build_program
+from .runtime.families import Family, first_choices, masks_hold, moved_calls, no_gc, sizes_of, surroundings
 from .runtime.outputs import OutputGuard, output_guard
 from .runtime.program import rebuild_program
 from .tuning.cache import bucket
@@ -89,169 +87,6 @@ def _precision_mode() -> tuple:
     return (torch.backends.cuda.matmul.allow_tf32,)
 
 
-def sizes_of(key: tuple) -> tuple[tuple, tuple[int, ...]]:
-    """A specialization key split into its skeleton (sizes blanked) and its sizes: the dims of the input tensors
-    and the int arguments (dynamo passes a symbolic length as one)."""
-    (spec, sig, alias), *modes = key
-    skeleton, sizes = [], []
-    for e in sig:
-        if e[0] == "P":
-            skeleton.append(e)
-        elif e[0] == "V":
-            if e[1] == "int":
-                sizes.append(e[2])
-                skeleton.append(("V", "int"))
-            else:
-                skeleton.append(e)
-        else:
-            shape, dtype, device = e
-            sizes.extend(shape)
-            skeleton.append((len(shape), dtype, device))
-    return (spec, tuple(skeleton), alias, *modes), tuple(sizes)
-
-
-@dataclass
-class _Family:
-    """A shape family and what its instances share with the first compile."""
-
-    shapes: ShapeFamily
-    skeleton: tuple
-    captured: Captured
-    imported: Imported
-    pipeline: PipelineResult
-    notes: list[str]
-    call_moves: dict[str, list[tuple[int, int, int]]]  # torch call -> its constant integers that move (`_surroundings`)
-    inputs: ShapeFamily | None = None  # the imported IRs' family, where masks found causal are re-checked per instance
-    program: Program | None = None  # the first compile's program: instances share its other steps
-    choices: dict = field(default_factory=dict)  # region -> what the first compile runs there, once it has run
-
-    @functools.cached_property
-    def moved_calls(self) -> frozenset:
-        """The torch calls of the first compile's IR whose constant integers move (built again per instance)."""
-        return frozenset(op for op in self.shapes.module.walk() if isinstance(op, TorchCallOp) and op.node.data in self.call_moves)
-
-
-def _surroundings(a: Specialization, b: Specialization) -> dict[str, list[tuple[int, int, int]]]:
-    """What runs beside two compiles' IRs must be the same up to integers (NotAFamily otherwise): the output
-    structure and its constants, the in-place writes, the kernels' sources, and the opaque torch calls' constant
-    arguments, whose integers may move like the IR's (`torch.arange(17)` then `torch.arange(18)`): returned as
-    {call: [(index among its constants, value at the first compile, at the second)]}. A decision the import took
-    from a tensor's values at these sizes (a mask found causal) refuses the family: it may not hold at others."""
-    ia, ib = a.imported, b.imported
-    for f in ("arg_positions", "out_leaves", "writes", "eager_aliases", "contiguous", "device_moves", "complex_inputs"):
-        if getattr(ia, f) != getattr(ib, f):
-            raise NotAFamily(f"their {f.replace('_', ' ')} differ")
-    if ia.value_decisions != ib.value_decisions:
-        raise NotAFamily("the import took other decisions from values: " + "; ".join(ia.value_decisions or ib.value_decisions))
-    ka = [s.kernel.source for s in a.executor.steps if getattr(s, "kernel", None) is not None]
-    kb = [s.kernel.source for s in b.executor.steps if getattr(s, "kernel", None) is not None]
-    if ka != kb:
-        raise NotAFamily("their kernels' sources differ")
-    moves = {}
-    ops = list(a.pipeline.module.walk())
-    if ia.value_decisions:  # (the masks they were taken from are re-checked per instance: their calls move too)
-        ops += list(a.pipeline.input_module.walk())
-    for op in ops:
-        if isinstance(op, TorchCallOp) and op.node.data not in moves:
-            name = op.node.data
-            ca, cb = ia.calls.get(name), ib.calls.get(name)
-            if ca is None or cb is None:
-                raise NotAFamily(f"torch call {name} is not in both compiles")
-            (la, sa), (lb, sb) = pytree.tree_flatten(_baked(ca)), pytree.tree_flatten(_baked(cb))
-            if sa != sb or len(la) != len(lb):
-                raise NotAFamily(f"torch call {name} has other constant arguments")
-            for i, (x, y) in enumerate(zip(la, lb)):
-                if x is y or (type(x) is type(y) and _equal(x, y)):
-                    continue
-                if type(x) is not int or type(y) is not int:
-                    raise NotAFamily(f"torch call {name} has other constant arguments ({x!r} against {y!r})")
-                moves.setdefault(name, []).append((i, x, y))
-    return moves
-
-
-def _masks_hold(module, imported: Imported) -> str | None:
-    """None where every attention mask the import found causal from its values (`causal_offset`) is still
-    causal with the same offset in `module` (an instance of the imported IR at other sizes, evaluated with
-    `imported`'s torch calls); else what changed."""
-    from .frontend.masks import causal_offset
-
-    for op in module.walk():
-        if isinstance(op, TorchCallOp) and "causal_offset" in op.attributes and len(op.results) == 1:
-            value = _evaluate(op.results[0], imported, {})
-            d = causal_offset(value) if isinstance(value, torch.Tensor) else None
-            if d != op.attributes["causal_offset"].value.data:
-                return f"the mask {op.node.data} is not causal with offset {op.attributes['causal_offset'].value.data} at these sizes"
-    return None
-
-
-def _evaluate(v, imported: Imported, memo: dict) -> Any:
-    """The value of an input-free IR value: its ops run by their torch references and torch calls."""
-    if v in memo:
-        return memo[v]
-    op = v.owner
-    if isinstance(op, ParamOp):
-        out = (imported.params[op.pname],)
-    elif isinstance(op, ConstantOp):
-        out = (op.scalar,)
-    elif isinstance(op, TorchCallOp):
-        out = imported.calls[op.node.data](*[_evaluate(x, imported, memo) for x in op.args])
-    elif hasattr(op, "reference"):
-        out = op.reference(*[_evaluate(x, imported, memo) for x in op.operands])
-        out = out if isinstance(out, tuple) else (out,)
-    else:
-        raise NotAFamily(f"the mask depends on {v}")
-    for r, x in zip(op.results, out):
-        memo[r] = x
-    return memo[v]
-
-
-def _baked(fn: Callable) -> tuple:
-    """What a torch call's function was made with (its default arguments)."""
-    return fn.__defaults__, fn.__kwdefaults__
-
-
-def _equal(x: Any, y: Any) -> bool:
-    try:
-        return bool(x == y)
-    except Exception:  # noqa: BLE001 - values that do not compare: not equal
-        return False
-
-
-def _moved_calls(family: _Family, t) -> dict[str, Callable]:
-    """The torch calls whose constant integers move, rebuilt at parameter t (NotAFamily where one is not whole)."""
-    calls = {}
-    for name, moves in family.call_moves.items():
-        fn = family.imported.calls[name]
-        leaves, spec = pytree.tree_flatten(_baked(fn))
-        for i, x, y in moves:
-            v = x + (y - x) * t
-            if v.denominator != 1:
-                raise NotAFamily(f"a constant of torch call {name} is {v}")
-            leaves[i] = int(v)
-        _, kwdefaults = pytree.tree_unflatten(leaves, spec)
-        calls[name] = functools.partial(fn, **kwdefaults)
-    return calls
-
-
-@contextlib.contextmanager
-def _no_gc():
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _choices(program: Program) -> dict:
-    """Region -> a copy of what a program runs there (its kernel and tuned config, or its reference), once it has
-    run its first call (tuning then); empty before."""
-    if not (program.tuned or program.tune_mode == "none") or not program.logged:
-        return {}
-    return {c.region: dataclasses.replace(c) for c in program.choices}
-
-
 def _finish(spec: Specialization, args: tuple, kwargs: dict, flat: list) -> Specialization:
     """The call path's shortcuts and eager's output layout for a specialization."""
     imported, captured = spec.imported, spec.captured
@@ -282,7 +117,7 @@ class Specialization:
     single: bool = False  # the output is one tensor
     skeleton: tuple = ()  # the signature with its sizes blanked (`sizes_of`)
     sizes: tuple[int, ...] = ()  # its sizes
-    family: _Family | None = None  # the shape family it was instantiated from (None: compiled in full)
+    family: Family | None = None  # the shape family it was instantiated from (None: compiled in full)
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.direct and not kwargs:
@@ -334,7 +169,7 @@ class CompiledModule(torch.nn.Module):
         self._specs: OrderedDict[tuple, Specialization] = OrderedDict()  # least recently used first
         self.compile_count = 0  # specializations compiled so far (evicted ones included)
         self.instances = 0  # specializations instantiated from a shape family instead (see `_instance`)
-        self._families: list[_Family] = []
+        self._families: list[Family] = []
         self._not_affine: set[tuple] = set()  # (skeleton, buckets) where a family failed to verify
         self._last: Specialization | None = None
         self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
@@ -348,7 +183,7 @@ class CompiledModule(torch.nn.Module):
         spec = self._specs.get(key)
         if spec is None:
             skeleton, sizes = sizes_of(key)
-            with _no_gc():  # (a cyclic collection over a 32-layer IR's objects costs more than the instance itself)
+            with no_gc():  # (a cyclic collection over a 32-layer IR's objects costs more than the instance itself)
                 spec = self._instance(skeleton, sizes, args, kwargs) if self.options.shape_families else None
             if spec is None:
                 spec = self._specialize(args, kwargs)
@@ -425,15 +260,15 @@ class CompiledModule(torch.nn.Module):
             if (spec.skeleton, tuple(map(bucket, spec.sizes))) in self._not_affine:
                 return
             try:
-                call_moves = _surroundings(other, spec)
+                call_moves = surroundings(other, spec)
                 shapes = unify(other.pipeline.module, spec.pipeline.module, (other.sizes, spec.sizes))
                 inputs = unify(other.pipeline.input_module, spec.pipeline.input_module, (other.sizes, spec.sizes)) if (
                     other.imported.value_decisions) else None  # fmt: skip
             except NotAFamily as e:
                 log.info("%s: sizes %s and %s do not form a shape family: %s", self.name, other.sizes, spec.sizes, e)
                 return
-            family = _Family(shapes, spec.skeleton, other.captured, other.imported, other.pipeline, list(other.notes),
-                             call_moves, inputs, other.executor, _choices(other.executor))  # fmt: skip
+            family = Family(shapes, spec.skeleton, other.captured, other.imported, other.pipeline, list(other.notes),
+                             call_moves, inputs, other.executor, first_choices(other.executor))  # fmt: skip
             self._families.append(family)
             del self._families[: -self.options.max_specializations]
             log.info("%s: sizes %s and %s form a shape family (%d sizes move); other sizes in their buckets are "
@@ -450,9 +285,9 @@ class CompiledModule(torch.nn.Module):
             t0 = time.perf_counter()
             try:
                 replaced, aliases = family.shapes.replacements(sizes, family.moved_calls)
-                calls = _moved_calls(family, family.shapes.parameter(sizes))
+                calls = moved_calls(family, family.shapes.parameter(sizes))
                 imported = dataclasses.replace(family.imported, calls={**family.imported.calls, **calls}) if calls else family.imported
-                if family.inputs is not None and (why := _masks_hold(family.inputs.instantiate(sizes), imported)):
+                if family.inputs is not None and (why := masks_hold(family.inputs.instantiate(sizes), imported)):
                     log.info("%s: sizes %s compiled in full: %s", self.name, sizes, why)
                     return None
             except NotAFamily as e:  # a size that is not affine in the others: the family's instances go with it
@@ -509,7 +344,7 @@ class CompiledModule(torch.nn.Module):
             return
         from xdsl.dialects import func
 
-        from .dialects import FusedOp, TorchCallOp
+        from .dialects import FusedOp
 
         top = [op for fn in result.module.ops if isinstance(fn, func.FuncOp) for op in fn.body.block.ops]
         patterns = Counter(op.pattern.data for op in top if isinstance(op, FusedOp))

@@ -1,0 +1,186 @@
+"""Shape families at the level of compiled specializations (`passes.families` compares and instantiates the IR):
+what a specialization key's sizes are, what must be the same beside two compiles' IRs (outputs, in-place writes,
+kernels, the torch calls' constants: their integers may move too), the masks re-checked per instance, and the
+first compile's tuned choices an instance takes. `CompiledModule` (api) forms the families and builds the
+instances. (A specialization here is api's `Specialization`: its imported graph, final IR and program.)"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..dialects import ConstantOp, ParamOp, TorchCallOp
+from ..frontend import Captured, Imported
+from ..frontend.masks import causal_offset
+from ..passes import PipelineResult
+from ..passes.families import NotAFamily, ShapeFamily
+from .program import Program
+
+
+def sizes_of(key: tuple) -> tuple[tuple, tuple[int, ...]]:
+    """A specialization key split into its skeleton (sizes blanked) and its sizes: the dims of the input tensors
+    and the int arguments (dynamo passes a symbolic length as one)."""
+    (spec, sig, alias), *modes = key
+    skeleton, sizes = [], []
+    for e in sig:
+        if e[0] == "P":
+            skeleton.append(e)
+        elif e[0] == "V":
+            if e[1] == "int":
+                sizes.append(e[2])
+                skeleton.append(("V", "int"))
+            else:
+                skeleton.append(e)
+        else:
+            shape, dtype, device = e
+            sizes.extend(shape)
+            skeleton.append((len(shape), dtype, device))
+    return (spec, tuple(skeleton), alias, *modes), tuple(sizes)
+
+
+@dataclass
+class Family:
+    """A shape family and what its instances share with the first compile."""
+
+    shapes: ShapeFamily
+    skeleton: tuple
+    captured: Captured
+    imported: Imported
+    pipeline: PipelineResult
+    notes: list[str]
+    call_moves: dict[str, list[tuple[int, int, int]]]  # torch call -> its constant integers that move (`surroundings`)
+    inputs: ShapeFamily | None = None  # the imported IRs' family, where masks found causal are re-checked per instance
+    program: Program | None = None  # the first compile's program: instances share its other steps
+    choices: dict = field(default_factory=dict)  # region -> what the first compile runs there, once it has run
+
+    @functools.cached_property
+    def moved_calls(self) -> frozenset:
+        """The torch calls of the first compile's IR whose constant integers move (built again per instance)."""
+        return frozenset(op for op in self.shapes.module.walk() if isinstance(op, TorchCallOp) and op.node.data in self.call_moves)
+
+
+def surroundings(a: Any, b: Any) -> dict[str, list[tuple[int, int, int]]]:
+    """What runs beside two compiles' IRs must be the same up to integers (NotAFamily otherwise): the output
+    structure and its constants, the in-place writes, the kernels' sources, and the opaque torch calls' constant
+    arguments, whose integers may move like the IR's (`torch.arange(17)` then `torch.arange(18)`): returned as
+    {call: [(index among its constants, value at the first compile, at the second)]}. A decision the import took
+    from a tensor's values at these sizes (a mask found causal) refuses the family: it may not hold at others."""
+    ia, ib = a.imported, b.imported
+    for f in ("arg_positions", "out_leaves", "writes", "eager_aliases", "contiguous", "device_moves", "complex_inputs"):
+        if getattr(ia, f) != getattr(ib, f):
+            raise NotAFamily(f"their {f.replace('_', ' ')} differ")
+    if ia.value_decisions != ib.value_decisions:
+        raise NotAFamily("the import took other decisions from values: " + "; ".join(ia.value_decisions or ib.value_decisions))
+    ka = [s.kernel.source for s in a.executor.steps if getattr(s, "kernel", None) is not None]
+    kb = [s.kernel.source for s in b.executor.steps if getattr(s, "kernel", None) is not None]
+    if ka != kb:
+        raise NotAFamily("their kernels' sources differ")
+    moves = {}
+    ops = list(a.pipeline.module.walk())
+    if ia.value_decisions:  # (the masks they were taken from are re-checked per instance: their calls move too)
+        ops += list(a.pipeline.input_module.walk())
+    for op in ops:
+        if isinstance(op, TorchCallOp) and op.node.data not in moves:
+            name = op.node.data
+            ca, cb = ia.calls.get(name), ib.calls.get(name)
+            if ca is None or cb is None:
+                raise NotAFamily(f"torch call {name} is not in both compiles")
+            (la, sa), (lb, sb) = pytree.tree_flatten(_baked(ca)), pytree.tree_flatten(_baked(cb))
+            if sa != sb or len(la) != len(lb):
+                raise NotAFamily(f"torch call {name} has other constant arguments")
+            for i, (x, y) in enumerate(zip(la, lb)):
+                if x is y or (type(x) is type(y) and _equal(x, y)):
+                    continue
+                if type(x) is not int or type(y) is not int:
+                    raise NotAFamily(f"torch call {name} has other constant arguments ({x!r} against {y!r})")
+                moves.setdefault(name, []).append((i, x, y))
+    return moves
+
+
+def masks_hold(module, imported: Imported) -> str | None:
+    """None where every attention mask the import found causal from its values (`causal_offset`) is still
+    causal with the same offset in `module` (an instance of the imported IR at other sizes, evaluated with
+    `imported`'s torch calls); else what changed."""
+    for op in module.walk():
+        if isinstance(op, TorchCallOp) and "causal_offset" in op.attributes and len(op.results) == 1:
+            value = _evaluate(op.results[0], imported, {})
+            d = causal_offset(value) if isinstance(value, torch.Tensor) else None
+            if d != op.attributes["causal_offset"].value.data:
+                return f"the mask {op.node.data} is not causal with offset {op.attributes['causal_offset'].value.data} at these sizes"
+    return None
+
+
+def _evaluate(v, imported: Imported, memo: dict) -> Any:
+    """The value of an input-free IR value: its ops run by their torch references and torch calls."""
+    if v in memo:
+        return memo[v]
+    op = v.owner
+    if isinstance(op, ParamOp):
+        out = (imported.params[op.pname],)
+    elif isinstance(op, ConstantOp):
+        out = (op.scalar,)
+    elif isinstance(op, TorchCallOp):
+        out = imported.calls[op.node.data](*[_evaluate(x, imported, memo) for x in op.args])
+    elif hasattr(op, "reference"):
+        out = op.reference(*[_evaluate(x, imported, memo) for x in op.operands])
+        out = out if isinstance(out, tuple) else (out,)
+    else:
+        raise NotAFamily(f"the mask depends on {v}")
+    for r, x in zip(op.results, out):
+        memo[r] = x
+    return memo[v]
+
+
+def _baked(fn: Callable) -> tuple:
+    """What a torch call's function was made with (its default arguments)."""
+    return fn.__defaults__, fn.__kwdefaults__
+
+
+def _equal(x: Any, y: Any) -> bool:
+    try:
+        return bool(x == y)
+    except Exception:  # noqa: BLE001 - values that do not compare: not equal
+        return False
+
+
+def moved_calls(family: Family, t) -> dict[str, Callable]:
+    """The torch calls whose constant integers move, rebuilt at parameter t (NotAFamily where one is not whole)."""
+    calls = {}
+    for name, moves in family.call_moves.items():
+        fn = family.imported.calls[name]
+        leaves, spec = pytree.tree_flatten(_baked(fn))
+        for i, x, y in moves:
+            v = x + (y - x) * t
+            if v.denominator != 1:
+                raise NotAFamily(f"a constant of torch call {name} is {v}")
+            leaves[i] = int(v)
+        _, kwdefaults = pytree.tree_unflatten(leaves, spec)
+        calls[name] = functools.partial(fn, **kwdefaults)
+    return calls
+
+
+@contextlib.contextmanager
+def no_gc():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def first_choices(program: Program) -> dict:
+    """Region -> a copy of what a program runs there (its kernel and tuned config, or its reference), once it has
+    run its first call (tuning then); empty before."""
+    if not (program.tuned or program.tune_mode == "none") or not program.logged:
+        return {}
+    return {c.region: dataclasses.replace(c) for c in program.choices}
