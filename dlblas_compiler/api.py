@@ -29,7 +29,7 @@ from .frontend import Captured, Imported, capture, import_graph
 from .fusion.planner import fusion_notes
 from .fusion.templates import KernelLowering
 from .logs import get_logger
-from .lowering import dump_kernels, lower_module, lower_region
+from .lowering import dump_kernels, lower_module, lower_regions
 from .numerics import compare
 from .options import Options
 from .passes import PipelineResult, run_pipeline
@@ -300,7 +300,7 @@ class CompiledModule(torch.nn.Module):
             signature = debug.signature_text(args, kwargs)
             folder = self._spec_folder(signature)
             regions = [op for op in replaced.values() if isinstance(op, FusedOp)]
-            lowered = {} if self.options.backend == "reference" else {op: lower_region(op) for op in regions}
+            lowered = {} if self.options.backend == "reference" else lower_regions(regions)
             if folder:
                 dump_kernels(lowered, os.path.join(folder, "kernels"))
             program = rebuild_program(family.program, replaced, lowered, imported, aliases)

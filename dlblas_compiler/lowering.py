@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from typing import IO
 
@@ -48,6 +50,40 @@ def lower_module(module: ModuleOp, dump_dir: str | None = None) -> dict[FusedOp,
     if dump_dir:
         dump_kernels(lowered, dump_dir)
     return lowered
+
+
+def lower_regions(regions: list[FusedOp]) -> dict[FusedOp, Lowered]:
+    """Each region lowered; regions that are the same up to their kernel's name (each layer's copy of one
+    region) are lowered once and the others get that lowering under their own name."""
+    done: dict[tuple, Lowered] = {}
+    lowered: dict[FusedOp, Lowered] = {}
+    for fused in regions:
+        key = _structure(fused)
+        first = done.get(key)
+        if first is None:
+            lowered[fused] = done[key] = lower_region(fused)
+        elif isinstance(first, KernelLowering):
+            k, name = first.kernel, fused.label
+            source = re.sub(rf"\b{re.escape(k.name)}\b", name, k.source)
+            lowered[fused] = KernelLowering(dataclasses.replace(k, name=name, source=source, region=fused), first.space)
+        elif isinstance(first, ReferenceLowering):
+            lowered[fused] = dataclasses.replace(first, name=fused.label, reason=first.reason.replace(first.name, fused.label))
+        else:
+            lowered[fused] = lower_region(fused)
+    return lowered
+
+
+def _structure(fused: FusedOp) -> tuple:
+    """The region up to its kernel's name: template, types, and each op with its operands' positions."""
+    values = {a: i for i, a in enumerate(fused.block.args)}
+    parts: list = [fused.template_name, tuple(v.type for v in fused.inputs), tuple(r.type for r in fused.outputs),
+                   tuple((k, v) for k, v in fused.properties.items() if k != "kernel"), tuple(fused.attributes.items())]
+    for op in fused.block.ops:
+        parts.append((op.name, tuple(values.get(v, -1) for v in op.operands), tuple(r.type for r in op.results),
+                      tuple(op.properties.items()), tuple(op.attributes.items())))  # fmt: skip
+        for r in op.results:
+            values[r] = len(values)
+    return tuple(parts)
 
 
 def dump_kernels(lowered: dict[FusedOp, Lowered], dump_dir: str) -> None:
