@@ -825,7 +825,7 @@ SECTIONS = {
        for x in "ab"},
     "generation-trace-s9-a": functools.partial(generation_trace_section, "2026-11-26-h100-s9-generate-a.json"),
     **{f"lengths-s10-{x}": functools.partial(lengths_section, f"2026-11-27-h100-s10-lengths-{x}.json")
-       for x in ("a", "warm")},
+       for x in ("a", "warm", "b")},
     **{f"generation-s10-ab-{x}": functools.partial(generation_section, f"2026-11-27-h100-s10-generate-ab-{x}.json")
        for x in ("before", "after")},
     "generation-s10-64-tokens": functools.partial(generation_section, "2026-11-27-h100-s10-generate-64-tokens.json"),
