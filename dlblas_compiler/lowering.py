@@ -46,7 +46,7 @@ def lower_region(fused: FusedOp) -> Lowered:
 
 def lower_module(module: ModuleOp, dump_dir: str | None = None) -> dict[FusedOp, Lowered]:
     """Every region of the module, lowered (kernel sources written to `dump_dir` when given)."""
-    lowered = {op: lower_region(op) for op in module.walk() if isinstance(op, FusedOp)}
+    lowered = lower_regions([op for op in module.walk() if isinstance(op, FusedOp)])
     if dump_dir:
         dump_kernels(lowered, dump_dir)
     return lowered
