@@ -277,17 +277,18 @@ class CompiledModule(torch.nn.Module):
 
     def _instance(self, skeleton: tuple, sizes: tuple[int, ...], args: tuple, kwargs: dict) -> Specialization | None:
         """The specialization for these sizes from a shape family covering them (None: compile it). Only the ops
-        the sizes change are copied, verified and lowered again; the first compile's program lends the rest of
-        its steps, with its tuned choices."""
+        the sizes change are copied, verified and lowered again, one copy per class of equal ops (each layer's
+        copy of an op; the other layers run its step on their values); the first compile's program lends the
+        rest of its steps, with its tuned choices."""
         for family in reversed(self._families):
             if family.skeleton != skeleton or not family.shapes.covers(sizes):
                 continue
             t0 = time.perf_counter()
             try:
-                replaced, aliases = family.shapes.replacements(sizes, family.moved_calls)
+                replaced, aliases, shared = family.shapes.replacements(sizes, family.moved_calls, family.program.recipe.builder.share_key)
                 calls = moved_calls(family, family.shapes.parameter(sizes))
                 imported = dataclasses.replace(family.imported, calls={**family.imported.calls, **calls}) if calls else family.imported
-                if family.inputs is not None and (why := masks_hold(family.inputs.instantiate(sizes), imported)):
+                if family.inputs is not None and (why := masks_hold(family, sizes, imported)):
                     log.info("%s: sizes %s compiled in full: %s", self.name, sizes, why)
                     return None
             except NotAFamily as e:  # a size that is not affine in the others: the family's instances go with it
@@ -303,15 +304,15 @@ class CompiledModule(torch.nn.Module):
             lowered = {} if self.options.backend == "reference" else lower_regions(regions)
             if folder:
                 dump_kernels(lowered, os.path.join(folder, "kernels"))
-            program = rebuild_program(family.program, replaced, lowered, imported, aliases)
+            program = rebuild_program(family.program, replaced, lowered, imported, aliases, shared)
             program.inherit(family.choices)  # (tuned per bucket: the first compile's choices hold here)
             note = f"instantiated from the shape family of sizes {family.shapes.sizes[0]} and {family.shapes.sizes[1]}"
             spec = Specialization(family.captured, imported, family.pipeline, program, time.perf_counter() - t0,
                                   [*family.notes, note + " (no capture, import, passes or tuning)"])  # fmt: skip
             spec.signature, spec.debug_dir, spec.family, spec.skeleton, spec.sizes = signature, folder, family, skeleton, sizes
             self.instances += 1
-            log.info("%s: instantiated %s from a shape family in %.3f s (%d ops copied)", self.name, signature,
-                     spec.compile_seconds, len(replaced))  # fmt: skip
+            log.info("%s: instantiated %s from a shape family in %.3f s (%d ops copied, %d more run their steps)",
+                     self.name, signature, spec.compile_seconds, len(replaced), len(shared))  # fmt: skip
             return _finish(spec, args, kwargs, family.captured.flatten(args, kwargs))
         return None
 

@@ -20,12 +20,14 @@ between the two compiles (a scale of 1/length, say) refuses the family outright.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import NamedTuple
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, IntAttr, ModuleOp
-from xdsl.ir import Attribute, Block, Operation, ParametrizedAttribute, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, ParametrizedAttribute, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
 from ..tuning.cache import bucket
@@ -33,6 +35,14 @@ from ..tuning.cache import bucket
 
 class NotAFamily(Exception):
     """Two IRs that are not one structure with different sizes (the message says where)."""
+
+
+class Replacements(NamedTuple):
+    """An instance's changed ops (`ShapeFamily.replacements`)."""
+
+    replaced: dict[Operation, Operation]  # a changed op -> its copy at the new sizes
+    aliases: dict[SSAValue, SSAValue]  # a value the copies read in place of one of the IR's (its argument, or a shared op's result)
+    shared: dict[Operation, Operation]  # a changed op not copied -> the op of its class whose copy's step it runs
 
 
 # Where an integer sits: (op index in walk order, "result" | "arg" | "prop" | "attr", key, path in the attribute)
@@ -46,8 +56,12 @@ class ShapeFamily:
     module: ModuleOp  # the first compile's final IR (never modified: instances are copies)
     sizes: tuple[tuple[int, ...], tuple[int, ...]]  # the input sizes of the two compiles (t = 0, t = 1)
     moves: list[tuple[Place, int, int]]  # (where, value at t = 0, value at t = 1)
+    # top-level op index -> its class: ops equal at both compiles up to the values they read (each layer's copy of
+    # an op), hence equal at every size; only classes of two or more ops
+    classes: dict[int, int] = field(default_factory=dict)
     _ops: list[Operation] | None = field(default=None, repr=False)
     _changed_set: set[int] = field(default_factory=set, repr=False)
+    _shares: dict[Operation, object] = field(default_factory=dict, repr=False)
 
     def parameter(self, sizes: tuple[int, ...]) -> Fraction | None:
         """t for these input sizes, or None where they are not on the family's line inside its buckets."""
@@ -73,16 +87,23 @@ class ShapeFamily:
 
     def _values(self, sizes: tuple[int, ...]) -> list[int]:
         """Every moving integer at these sizes (NotAFamily where they are not covered or one is not whole)."""
+        value = self._evaluator(sizes)
+        return [value(i, a, b) for (i, *_), a, b in self.moves]
+
+    def _evaluator(self, sizes: tuple[int, ...]):
+        """(op index, value at t = 0, at t = 1) -> the integer at these sizes (NotAFamily where the sizes are not
+        covered or the integer is not whole)."""
         t = self.parameter(sizes)
         if t is None:
             raise NotAFamily(f"sizes {sizes} are not on the line through {self.sizes[0]} and {self.sizes[1]} within their buckets")
-        values = []
-        for (i, *_), a, b in self.moves:
+
+        def value(i: int, a: int, b: int) -> int:
             v = a + (b - a) * t
             if v.denominator != 1 or v < 0:
                 raise NotAFamily(f"a size of op {i} is {v} at sizes {sizes}")
-            values.append(int(v))
-        return values
+            return int(v)
+
+        return value
 
     def _changed(self) -> tuple[list[Operation], set[int]]:
         """The IR's ops in walk order, and the indices of those an instance changes: the ops whose integers move,
@@ -103,38 +124,92 @@ class ShapeFamily:
             self._ops, self._changed_set = ops, changed
         return self._ops, self._changed_set
 
-    def replacements(self, sizes: tuple[int, ...], also: frozenset[Operation] = frozenset()
-                     ) -> tuple[dict[Operation, Operation], dict[SSAValue, SSAValue]]:  # fmt: skip
+    def replacements(self, sizes: tuple[int, ...], also: frozenset[Operation] = frozenset(),
+                     share: Callable[[Operation], Hashable | None] | None = None) -> Replacements:  # fmt: skip
         """The ops of the function body that these sizes change, each mapped to a verified copy at these sizes
         (the copies read each other's values, and the function's arguments as new values of their new types: the
-        second dict maps those to the arguments); the rest of the IR is shared with the first compile.
+        `aliases` map those to the arguments); the rest of the IR is shared with the first compile.
         NotAFamily where the sizes are not covered or a copy fails to verify. The ops in `also` are copied too
-        (a torch call whose constant arguments move: its step must be built again)."""
-        values = self._values(sizes)
+        (a torch call whose constant arguments move: its step must be built again).
+        With `share` (op -> what must match for one op's step to run another's on other values; None: never),
+        an op of a class whose first changed op was copied is not copied: `shared` maps it to that op (every
+        layer's copy of an op is one copy, verified and lowered once, whose step the other layers run on their
+        own values)."""
+        value = self._evaluator(sizes)
         ops, changed = self._changed()
         fn = next(op for op in ops if isinstance(op, func.FuncOp))
         block = fn.body.block
         arg_types = [a.type for a in block.args]
-        for ((i, kind, key, path), _a, _b), v in zip(self.moves, values):
+        for (i, kind, key, path), a, b in self.moves:
             if ops[i] is fn and kind == "arg":
-                arg_types[key[2]] = _replace(arg_types[key[2]], path, v)
+                arg_types[key[2]] = _replace(arg_types[key[2]], path, value(i, a, b))
         scratch = Block(arg_types=arg_types)  # the arguments at these sizes, for the copies to read
+        aliases: dict[SSAValue, SSAValue] = dict(zip(scratch.args, block.args))
         mapper: dict = dict(zip(block.args, scratch.args))
         copies: dict[Operation, Operation] = {}
         replaced: dict[Operation, Operation] = {}
+        shared: dict[Operation, Operation] = {}
+        first: dict[int, Operation] = {}  # class -> its first copied op
+        placeholders: list[tuple[BlockArgument, Operation, int]] = []
         index = {op: i for i, op in enumerate(ops)}
         for op in block.ops:
-            if (index[op] in changed or op in also) and not isinstance(op, func.ReturnOp):
-                new = replaced[op] = op.clone(mapper)
-                copies.update(zip(op.walk(), new.walk()))
-        for ((i, kind, key, path), _a, _b), v in zip(self.moves, values):
+            if not (index[op] in changed or op in also) or isinstance(op, func.ReturnOp):
+                continue
+            cls = self.classes.get(index[op]) if share is not None and op not in also else None
+            if cls is not None and (k := self._share(op, share)) is not None:
+                rep = first.get(cls)
+                if rep is not None and k == self._share(rep, share):
+                    shared[op] = rep
+                    for j, r in enumerate(op.results):  # (its values, for the copies that read them: typed below)
+                        arg = scratch.insert_arg(r.type, len(scratch.args))
+                        mapper[r], aliases[arg] = arg, r
+                        placeholders.append((arg, rep, j))
+                    continue
+                first.setdefault(cls, op)
+            new = replaced[op] = op.clone(mapper)
+            copies.update(zip(op.walk(), new.walk()))
+        for (i, kind, key, path), a, b in self.moves:
             if ops[i] in copies:
-                _put(copies[ops[i]], kind, key, path, v)
+                _put(copies[ops[i]], kind, key, path, value(i, a, b))
+        for arg, rep, j in placeholders:
+            arg._type = replaced[rep].results[j].type
         try:
             _verify([copies[ops[i]] for i in sorted(changed) if ops[i] in copies])
         except VerifyException as e:
             raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
-        return replaced, dict(zip(scratch.args, block.args))
+        return Replacements(replaced, aliases, shared)
+
+    def _share(self, op: Operation, share: Callable[[Operation], Hashable | None]) -> Hashable | None:
+        if op not in self._shares:
+            self._shares[op] = share(op)
+        return self._shares[op]
+
+    def sliced(self, sizes: tuple[int, ...], roots: list[Operation]) -> list[Operation]:
+        """Copies of `roots` (ops of the function body) at these sizes, reading copies of the ops they read,
+        transitively, verified: a few values re-evaluated at other sizes (the masks) without copying the IR."""
+        value = self._evaluator(sizes)
+        ops, changed = self._changed()
+        needed: set[Operation] = set()
+        stack = list(roots)
+        while stack:
+            op = stack.pop()
+            if op not in needed:
+                needed.add(op)
+                stack.extend(v.owner for v in op.operands if isinstance(v.owner, Operation))
+        fn = next(op for op in ops if isinstance(op, func.FuncOp))
+        mapper: dict = {}
+        copies: dict[Operation, Operation] = {}
+        for op in fn.body.block.ops:
+            if op in needed:
+                copies.update(zip(op.walk(), op.clone(mapper).walk()))
+        for (i, kind, key, path), a, b in self.moves:
+            if ops[i] in copies:
+                _put(copies[ops[i]], kind, key, path, value(i, a, b))
+        try:
+            _verify([copies[ops[i]] for i in sorted(changed) if ops[i] in copies])
+        except VerifyException as e:
+            raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
+        return [copies[r] for r in roots]
 
     def instantiate(self, sizes: tuple[int, ...]) -> ModuleOp:
         """The whole IR at these sizes: a copy with every moving integer evaluated, its changed ops verified (for
@@ -185,7 +260,33 @@ def unify(first: ModuleOp, second: ModuleOp, sizes: tuple[tuple[int, ...], tuple
                 raise NotAFamily(f"{where}: {kind}erties differ" if kind == "prop" else f"{where}: attributes differ")
             for key in da:
                 _diff(da[key], db[key], (i, kind, key, ()), moves, where)
-    return ShapeFamily(first, sizes, moves)
+    return ShapeFamily(first, sizes, moves, _classes(ops1, ops2))
+
+
+def _classes(ops1: list[Operation], ops2: list[Operation]) -> dict[int, int]:
+    """Top-level op index -> class, for the ops of the function body equal to another one in both IRs up to the
+    values they read (their integers are then equal at every size: each is affine in t)."""
+    index = {op: i for i, op in enumerate(ops1)}
+    fn1, fn2 = (next(op for op in ops if isinstance(op, func.FuncOp)) for ops in (ops1, ops2))
+    members: dict[tuple, list[int]] = {}
+    for a, b in zip(fn1.body.block.ops, fn2.body.block.ops):
+        members.setdefault((_key(a), _key(b)), []).append(index[a])
+    return {i: n for n, group in enumerate(g for g in members.values() if len(g) > 1) for i in group}
+
+
+def _key(op: Operation) -> tuple:
+    """An op up to the values it reads (their types only) and its kernel's name: its name, types, properties,
+    attributes and nested ops (which read each other by position)."""
+    local: dict[SSAValue, int] = {}
+    parts = []
+    for o in op.walk():
+        parts.append((o.name, tuple(local.get(v, v.type) for v in o.operands), tuple(r.type for r in o.results),
+                      tuple((k, v) for k, v in o.properties.items() if k != "kernel"),
+                      tuple((k, v) for k, v in o.attributes.items() if k != "kernel"),
+                      tuple(tuple(a.type for a in blk.args) for reg in o.regions for blk in reg.blocks)))  # fmt: skip
+        for v in (*o.results, *(a for reg in o.regions for blk in reg.blocks for a in blk.args)):
+            local[v] = len(local)
+    return tuple(parts)
 
 
 def _verify(ops: list[Operation]) -> None:

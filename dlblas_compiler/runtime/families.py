@@ -66,6 +66,12 @@ class Family:
         """The torch calls of the first compile's IR whose constant integers move (built again per instance)."""
         return frozenset(op for op in self.shapes.module.walk() if isinstance(op, TorchCallOp) and op.node.data in self.call_moves)
 
+    @functools.cached_property
+    def masks(self) -> list[TorchCallOp]:
+        """The torch calls of the imported IR whose mask the import found causal from its values (`masks_hold`)."""
+        return [op for op in self.inputs.module.walk()
+                if isinstance(op, TorchCallOp) and "causal_offset" in op.attributes and len(op.results) == 1]  # fmt: skip
+
 
 def surroundings(a: Any, b: Any) -> dict[str, list[tuple[int, int, int]]]:
     """What runs beside two compiles' IRs must be the same up to integers (NotAFamily otherwise): the output
@@ -105,16 +111,15 @@ def surroundings(a: Any, b: Any) -> dict[str, list[tuple[int, int, int]]]:
     return moves
 
 
-def masks_hold(module, imported: Imported) -> str | None:
+def masks_hold(family: Family, sizes: tuple[int, ...], imported: Imported) -> str | None:
     """None where every attention mask the import found causal from its values (`causal_offset`) is still
-    causal with the same offset in `module` (an instance of the imported IR at other sizes, evaluated with
-    `imported`'s torch calls); else what changed."""
-    for op in module.walk():
-        if isinstance(op, TorchCallOp) and "causal_offset" in op.attributes and len(op.results) == 1:
-            value = _evaluate(op.results[0], imported, {})
-            d = causal_offset(value) if isinstance(value, torch.Tensor) else None
-            if d != op.attributes["causal_offset"].value.data:
-                return f"the mask {op.node.data} is not causal with offset {op.attributes['causal_offset'].value.data} at these sizes"
+    causal with the same offset at these sizes (the masks' ops of the imported IRs' family copied at these sizes
+    and evaluated with `imported`'s torch calls); else what changed."""
+    for op in family.inputs.sliced(sizes, family.masks):
+        value = _evaluate(op.results[0], imported, {})
+        d = causal_offset(value) if isinstance(value, torch.Tensor) else None
+        if d != op.attributes["causal_offset"].value.data:
+            return f"the mask {op.node.data} is not causal with offset {op.attributes['causal_offset'].value.data} at these sizes"
     return None
 
 

@@ -30,7 +30,7 @@ from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceL
 from ..passes.algebraic import is_constant
 from .graphs import CudaGraph
 from .inplace import InPlaceIndexCopy, WriteInput, inplace_updates, input_writes
-from .ops import op_step
+from .ops import OP_STEPS, op_step
 from .selection import tune_region
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
 from .weights import DerivedWeight, DerivedWeights, derived_weight
@@ -238,6 +238,36 @@ class Builder:
         ) else None  # fmt: skip
         return registered or ReferenceStep(op.name, op.reference, ins, outs)
 
+    def share_key(self, op: Operation) -> tuple | None:
+        """What must match for the step of another op equal to `op` up to the values it reads to run `op` on its
+        own values (`rebound`); None: `op`'s step is built from `op` (its derived weights or torch call are its
+        own, or its registered step is opaque)."""
+        if isinstance(op, (ParamOp, TorchCallOp)) or (op.results and all(is_constant(r) for r in op.results)):
+            return None
+        if isinstance(op, FusedOp):
+            return ("region",)
+        if isinstance(op, ConstantOp):
+            return ("constant",)
+        if op in self.inplace:
+            return ("in place",)
+        if type(op) in OP_STEPS and (self.options.backend != "reference" or self.options.expert_parallel is not None):
+            return None
+        return ("reference",)
+
+    def rebound(self, step: Callable, op: Operation) -> Callable:
+        """`step`, built for an op of `op`'s class (`share_key`), running on `op`'s values."""
+        ins, outs = [self.slots[v] for v in op.operands], [self.slots[r] for r in op.results]
+        if isinstance(step, RegionStep):
+            new = copy.copy(step)
+            new.ins, new.outs, new.choice = ins, outs, dataclasses.replace(step.choice, region=op.label)
+            return new
+        if isinstance(step, ReferenceStep):
+            return ReferenceStep(step.op, step.fn, ins, outs)
+        if isinstance(step, ConstantStep):
+            return ConstantStep(outs[0], step.value)
+        assert isinstance(step, InPlaceIndexCopy) and op in self.inplace, step
+        return InPlaceIndexCopy(self.slots[op.dest], step.dim, self.slots[op.index], self.slots[op.source], self.slots[op.result])
+
     def _moves(self) -> tuple[tuple[int, torch.device], ...]:
         positions = self.imported.arg_positions
         return tuple((positions.index(i), dev) for i, dev in self.imported.device_moves.items())
@@ -350,12 +380,15 @@ class Recipe:
 
 
 def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowered: dict[FusedOp, Lowered],
-                    imported, aliases: dict[SSAValue, SSAValue] | None = None) -> Program:  # fmt: skip
+                    imported, aliases: dict[SSAValue, SSAValue] | None = None,
+                    shared: dict[Operation, Operation] | None = None) -> Program:  # fmt: skip
     """A copy of `program` in which each op of `replaced` (an op of its function -> a copy of it at other sizes,
-    reading the other copies' values, and `aliases`' values for the originals') runs from its copy: the copies take their originals' slots, their regions
-    are built from `lowered`, and every other step is shared (a region's step is copied, with its choice, so
-    that a fallback in one program does not switch the other). A shape family's instance, without rebuilding
-    the steps its sizes leave alone; it keeps `program`'s measured decision on CUDA graphs."""
+    reading the other copies' values, and `aliases`' values for the originals') runs from its copy: the copies
+    take their originals' slots, their regions are built from `lowered`, and each op of `shared` runs the step
+    of the op it maps to (one of `replaced`) on its own values (`Builder.rebound`). Every other step is shared
+    (a region's step is copied, with its choice, so that a fallback in one program does not switch the other).
+    A shape family's instance, without rebuilding the steps its sizes leave alone; it keeps `program`'s measured
+    decision on CUDA graphs."""
     recipe = program.recipe
     base = recipe.builder
     b = Builder.__new__(Builder)
@@ -378,6 +411,8 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
                 weights.weights[i] = w
         else:
             steps[at] = step
+    for op, like in (shared or {}).items():
+        steps[recipe.made[op]] = b.rebound(steps[recipe.made[like]], op)
     for st in steps:
         if isinstance(st, RegionStep):
             st.choice = dataclasses.replace(st.choice)

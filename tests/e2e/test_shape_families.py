@@ -54,6 +54,11 @@ def test_twenty_prompt_lengths_compile_twice_per_bucket(backend):
     assert weights[0] and all(w == weights[0] for w in weights)
     if backend == "interpret":  # the instances run the generated kernels, the same sources as the compiles
         assert set(cm.report().impls().values()) == {"kernel"}
+        # each layer's copy of a changed region runs one lowering (made once per instance) on its own values
+        instance = next(s for s in cm._specs.values() if s.family is not None)
+        steps = [st for st in instance.executor.steps if getattr(st, "kernel", None) is not None]
+        assert len({id(st.kernel) for st in steps}) < len(steps)
+        assert len({tuple(st.outs) for st in steps}) == len(steps)
     assert any("instantiated from the shape family" in n for n in cm.report().notes)
 
 
