@@ -193,7 +193,7 @@ class CompiledModule(torch.nn.Module):
                     self._join_family(spec)
             self._specs[key] = spec
             while len(self._specs) > self.options.max_specializations:
-                self._specs.popitem(last=False)[1].executor.release()
+                self._evict(spec)
             self._last = spec
             out = spec(args, kwargs)
             if spec.debug_dir:  # (after the first call: it tunes, and the choices are known)
@@ -202,6 +202,20 @@ class CompiledModule(torch.nn.Module):
         self._specs.move_to_end(key)
         self._last = spec
         return spec(args, kwargs)
+
+    def _evict(self, keep: Specialization) -> None:
+        """Drop the least recently used instance (rebuilt in milliseconds), else the least recently used compile
+        a shape family can instantiate again, else the least recently used compile: a generate() with the dynamic
+        cache makes a new instance every token, and must not push out the compiles its next call needs (the
+        prefill, a length at a bucket's edge)."""
+
+        def rank(s: Specialization) -> int:
+            if s.family is not None:
+                return 0
+            return 1 if any(f.skeleton == s.skeleton and f.shapes.covers(s.sizes) for f in self._families) else 2
+
+        victim = min((k for k, s in self._specs.items() if s is not keep), key=lambda k: rank(self._specs[k]))
+        self._specs.pop(victim).executor.release()
 
     def _needs_grad(self, args: tuple, kwargs: dict) -> bool:
         """Grad mode is on and a parameter or an input requires grad: the call must build an autograd graph."""

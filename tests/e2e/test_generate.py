@@ -112,8 +112,18 @@ def test_many_lengths_share_weights_and_keep_few_specializations(fresh_dynamo):
     grown = dynamo.COMPILATIONS[-1]  # the graph with a dynamic cache length: past lengths 8 .. 27
     assert grown.compile_count == family_compiles(range(8, 28)) == 6
     assert grown.compile_count + grown.instances == 20 and grown.specializations == 4
+    compiled = sum(c.compile_count for c in dynamo.COMPILATIONS)
     weights = [{id(w) for _, w in s.executor.weights.weights} for s in grown._specs.values()]
     assert weights[0] and all(w == weights[0] for w in weights)  # one set of derived weights for all
+    # later generate() calls compile nothing: instances are dropped first, the compiles they need stay (the
+    # second call compiles one length, 8, which dynamo now hands to this graph, not to the first decode graph)
+    counts = []
+    for _ in range(2):
+        with torch.no_grad():
+            again = model.generate(ids, attention_mask=mask, max_new_tokens=22, min_new_tokens=22, do_sample=False, pad_token_id=0)
+        assert torch.equal(again, ref)
+        counts.append(sum(c.compile_count for c in dynamo.COMPILATIONS) - compiled)
+    assert counts == [1, 1]
 
 
 def test_the_dc_compile_path_for_a_causal_lm(fresh_dynamo):
