@@ -107,8 +107,9 @@ def run_mode(mode: str, args) -> dict:
     if args.profile:
         prof.disable()
         text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("cumtime").print_stats(40)
-        row["dynamic"]["host_profile"] = text.getvalue().splitlines()[:70]
+        pstats.Stats(prof, stream=text).sort_stats("cumtime").print_stats(60)
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+        row["dynamic"]["host_profile"] = text.getvalue().splitlines()
     row["dynamic"].update(prompt=args.prompt, new=args.new, ms_per_token=(many - one) / (args.new - 1),
                           peak_gib=torch.cuda.max_memory_allocated() / 2**30)  # fmt: skip
     if mode == "ours":

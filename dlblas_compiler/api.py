@@ -200,6 +200,8 @@ class CompiledModule(torch.nn.Module):
                 self._write_debug(spec)
             return out
         self._specs.move_to_end(key)
+        if spec is not self._last:  # (a program is captured from its second call in a row: see Program.__call__)
+            spec.executor.repeats = 0
         self._last = spec
         return spec(args, kwargs)
 
@@ -209,12 +211,11 @@ class CompiledModule(torch.nn.Module):
         cache makes a new instance every token, and must not push out the compiles its next call needs (the
         prefill, a length at a bucket's edge)."""
 
-        def rank(s: Specialization) -> int:
-            if s.family is not None:
-                return 0
-            return 1 if any(f.skeleton == s.skeleton and f.shapes.covers(s.sizes) for f in self._families) else 2
-
-        victim = min((k for k, s in self._specs.items() if s is not keep), key=lambda k: rank(self._specs[k]))
+        victim = next((k for k, s in self._specs.items() if s.family is not None and s is not keep), None)
+        if victim is None:
+            compiles = [k for k, s in self._specs.items() if s is not keep]
+            victim = next((k for k in compiles if any(f.skeleton == self._specs[k].skeleton and f.shapes.covers(
+                self._specs[k].sizes) for f in self._families)), compiles[0])  # fmt: skip
         self._specs.pop(victim).executor.release()
 
     def _needs_grad(self, args: tuple, kwargs: dict) -> bool:

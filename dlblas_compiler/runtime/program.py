@@ -118,9 +118,11 @@ class Program:
 
     def __call__(self, inputs: list) -> tuple:
         """Run, through a CUDA graph from the second consecutive call with the in-place written inputs (a KV
-        cache) at the same addresses: a signature seen once (a growing length) is never captured, the decode steps
-        are, and so is the prefill of a prompt length seen again (HF's static cache is made inside it: it writes no
-        input in place). Host inputs the program only moves to the GPU are moved first."""
+        cache) at the same addresses (the compiled module resets `repeats` when another of its specializations ran
+        in between): a signature seen once (a growing length) is never captured, nor one called once per
+        generate() (the dynamic cache's lengths), the decode steps are, and so is the prefill of a prompt length
+        seen again (HF's static cache is made inside it: it writes no input in place). Host inputs the program
+        only moves to the GPU are moved first."""
         if self.moves:  # (before anything is queued: a copy from pageable host memory waits for the GPU)
             inputs = _moved(inputs, self.moves)
         if not self.cuda_graphs:

@@ -126,6 +126,46 @@ def test_many_lengths_share_weights_and_keep_few_specializations(fresh_dynamo):
     assert counts == [1, 1]
 
 
+def test_a_length_called_once_per_generate_is_not_captured(fresh_dynamo, monkeypatch):
+    """A program is captured as a CUDA graph from its second call in a row: the dynamic cache's lengths, each
+    called once per generate(), are not (a capture and its keep-or-drop timing cost ~100 direct calls), even
+    when an instance from the last generate() is still built. (On the CPU, with the graph replaced by a stub that
+    records what it captures.)"""
+    from dlblas_compiler.runtime import program
+
+    captured = []
+
+    class Recorder:
+        def __init__(self, run, static):
+            self.run, self.note = run, ""
+
+        def capture(self, inputs):
+            captured.append(self.run.__self__)
+            return True
+
+        def pays(self, inputs):
+            return False
+
+    call = program.Program.__call__
+
+    def with_graphs(self, inputs):
+        self.cuda_graphs = self.cuda_graphs or self.graphs_pay is None
+        return call(self, inputs)
+
+    monkeypatch.setattr(program, "CudaGraph", Recorder)
+    monkeypatch.setattr(program.Program, "__call__", with_graphs)
+    model = causal_lm("llama")
+    ids, mask = _batch(False)
+    out, ref = _generate(model, ids, mask, "dynamic", 12, {"backend": "reference", "max_specializations": 8})
+    with torch.no_grad():
+        for _ in range(2):
+            again = model.generate(ids, attention_mask=mask, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
+            assert torch.equal(again, ref)
+    grown = dynamo.COMPILATIONS[-1]
+    assert grown.instances > 8 and not [p for p in captured if any(s.executor is p for s in grown._specs.values())]
+    assert len(captured) <= 2  # (the prefill's program and the first decode step's: each in a graph of its own)
+
+
 def test_the_dc_compile_path_for_a_causal_lm(fresh_dynamo):
     """`model.forward = dc.compile(model.forward, ...)`: dynamo captures, each graph a CompiledModule."""
     import dlblas_compiler as dc
