@@ -90,7 +90,8 @@ def _precision_mode() -> tuple:
 def _finish(spec: Specialization, args: tuple, kwargs: dict, flat: list) -> Specialization:
     """The call path's shortcuts and eager's output layout for a specialization."""
     imported, captured = spec.imported, spec.captured
-    spec.guard = output_guard(spec.pipeline.module, imported) or None
+    # (an instance's outputs alias as the first compile's: its IR is that one's structure)
+    spec.guard = spec.family.guard if spec.family is not None else output_guard(spec.pipeline.module, imported) or None
     spec.direct = (not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
                    and not imported.complex_inputs)  # fmt: skip
     spec.direct = spec.direct and all(f is a for f, a in zip(flat, args))
@@ -283,7 +284,7 @@ class CompiledModule(torch.nn.Module):
                 log.info("%s: sizes %s and %s do not form a shape family: %s", self.name, other.sizes, spec.sizes, e)
                 return
             family = Family(shapes, spec.skeleton, other.captured, other.imported, other.pipeline, list(other.notes),
-                             call_moves, inputs, other.executor, first_choices(other.executor))  # fmt: skip
+                             call_moves, inputs, other.executor, first_choices(other.executor), other.guard)  # fmt: skip
             self._families.append(family)
             del self._families[: -self.options.max_specializations]
             log.info("%s: sizes %s and %s form a shape family (%d sizes move); other sizes in their buckets are "

@@ -20,6 +20,7 @@ between the two compiles (a scale of 1/length, say) refuses the family outright.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -61,26 +62,32 @@ class ShapeFamily:
     classes: dict[int, int] = field(default_factory=dict)
     _ops: list[Operation] | None = field(default=None, repr=False)
     _changed_set: set[int] = field(default_factory=set, repr=False)
+    _index: dict[Operation, int] = field(default_factory=dict, repr=False)
+    _at: dict[int, list[tuple[Place, int, int]]] = field(default_factory=dict, repr=False)  # op index -> its moves
+    _order: dict[frozenset, list[Operation]] = field(default_factory=dict, repr=False)  # also -> the ops to copy
     _shares: dict[Operation, object] = field(default_factory=dict, repr=False)
+
+    @functools.cached_property
+    def _line(self) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """The positions of the sizes the two compiles share, and (position, first, second) of those that move."""
+        first, second = self.sizes
+        return [i for i, (a, b) in enumerate(zip(first, second)) if a == b], [
+            (i, a, b) for i, (a, b) in enumerate(zip(first, second)) if a != b]  # fmt: skip
 
     def parameter(self, sizes: tuple[int, ...]) -> Fraction | None:
         """t for these input sizes, or None where they are not on the family's line inside its buckets."""
-        first, second = self.sizes
+        first = self.sizes[0]
         if len(sizes) != len(first):
             return None
-        t = None
-        for x, a, b in zip(sizes, first, second):
-            if a == b:
-                if x != a:
-                    return None
-                continue
-            if not bucket(x) == bucket(a) == bucket(b):
+        fixed, moving = self._line
+        if not moving or any(sizes[i] != first[i] for i in fixed):
+            return None if moving else Fraction(0)
+        i0, a0, b0 = moving[0]
+        for i, a, b in moving:  # (x - a) / (b - a) the same for each: (x - a)(b0 - a0) = (x0 - a0)(b - a)
+            x = sizes[i]
+            if (x - a) * (b0 - a0) != (sizes[i0] - a0) * (b - a) or not bucket(x) == bucket(a) == bucket(b):
                 return None
-            u = Fraction(x - a, b - a)
-            if t is not None and u != t:
-                return None
-            t = u
-        return t
+        return Fraction(sizes[i0] - a0, b0 - a0)
 
     def covers(self, sizes: tuple[int, ...]) -> bool:
         return self.parameter(sizes) is not None
@@ -121,8 +128,25 @@ class ShapeFamily:
                 while parent is not None and index[parent] not in changed:
                     changed.add(index[parent])
                     parent = parent.parent_op()
-            self._ops, self._changed_set = ops, changed
+            self._ops, self._changed_set, self._index = ops, changed, index
+            for move in self.moves:
+                self._at.setdefault(move[0][0], []).append(move)
         return self._ops, self._changed_set
+
+    def _copied(self, also: frozenset[Operation]) -> list[Operation]:
+        """The function body's ops an instance copies, in order: the changed ones and `also`."""
+        if also not in self._order:
+            ops, changed = self._changed()
+            fn = next(op for op in ops if isinstance(op, func.FuncOp))
+            self._order[also] = [op for op in fn.body.block.ops if (self._index[op] in changed or op in also)
+                                 and not isinstance(op, func.ReturnOp)]  # fmt: skip
+        return self._order[also]
+
+    def _put_all(self, copies: dict[Operation, Operation], value) -> None:
+        """Each moving integer of the copied ops (original -> copy, nested ops included) at these sizes."""
+        for op, new in copies.items():
+            for (i, kind, key, path), a, b in self._at.get(self._index[op], ()):
+                _put(new, kind, key, path, value(i, a, b))
 
     def replacements(self, sizes: tuple[int, ...], also: frozenset[Operation] = frozenset(),
                      share: Callable[[Operation], Hashable | None] | None = None) -> Replacements:  # fmt: skip
@@ -140,8 +164,8 @@ class ShapeFamily:
         fn = next(op for op in ops if isinstance(op, func.FuncOp))
         block = fn.body.block
         arg_types = [a.type for a in block.args]
-        for (i, kind, key, path), a, b in self.moves:
-            if ops[i] is fn and kind == "arg":
+        for (i, kind, key, path), a, b in self._at.get(self._index[fn], ()):
+            if kind == "arg":
                 arg_types[key[2]] = _replace(arg_types[key[2]], path, value(i, a, b))
         scratch = Block(arg_types=arg_types)  # the arguments at these sizes, for the copies to read
         aliases: dict[SSAValue, SSAValue] = dict(zip(scratch.args, block.args))
@@ -151,10 +175,8 @@ class ShapeFamily:
         shared: dict[Operation, Operation] = {}
         first: dict[int, Operation] = {}  # class -> its first copied op
         placeholders: list[tuple[BlockArgument, Operation, int]] = []
-        index = {op: i for i, op in enumerate(ops)}
-        for op in block.ops:
-            if not (index[op] in changed or op in also) or isinstance(op, func.ReturnOp):
-                continue
+        index = self._index
+        for op in self._copied(also):
             cls = self.classes.get(index[op]) if share is not None and op not in also else None
             if cls is not None and (k := self._share(op, share)) is not None:
                 rep = first.get(cls)
@@ -168,13 +190,11 @@ class ShapeFamily:
                 first.setdefault(cls, op)
             new = replaced[op] = op.clone(mapper)
             copies.update(zip(op.walk(), new.walk()))
-        for (i, kind, key, path), a, b in self.moves:
-            if ops[i] in copies:
-                _put(copies[ops[i]], kind, key, path, value(i, a, b))
+        self._put_all(copies, value)
         for arg, rep, j in placeholders:
             arg._type = replaced[rep].results[j].type
         try:
-            _verify([copies[ops[i]] for i in sorted(changed) if ops[i] in copies])
+            _verify([new for op, new in copies.items() if self._index[op] in changed])
         except VerifyException as e:
             raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
         return Replacements(replaced, aliases, shared)
@@ -202,11 +222,9 @@ class ShapeFamily:
         for op in fn.body.block.ops:
             if op in needed:
                 copies.update(zip(op.walk(), op.clone(mapper).walk()))
-        for (i, kind, key, path), a, b in self.moves:
-            if ops[i] in copies:
-                _put(copies[ops[i]], kind, key, path, value(i, a, b))
+        self._put_all(copies, value)
         try:
-            _verify([copies[ops[i]] for i in sorted(changed) if ops[i] in copies])
+            _verify([new for op, new in copies.items() if self._index[op] in changed])
         except VerifyException as e:
             raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
         return [copies[r] for r in roots]

@@ -60,6 +60,7 @@ class Family:
     inputs: ShapeFamily | None = None  # the imported IRs' family, where masks found causal are re-checked per instance
     program: Program | None = None  # the first compile's program: instances share its other steps
     choices: dict = field(default_factory=dict)  # region -> what the first compile runs there, once it has run
+    guard: Any = None  # the first compile's output guard (`runtime.outputs`): its instances' outputs alias alike
 
     @functools.cached_property
     def moved_calls(self) -> frozenset:

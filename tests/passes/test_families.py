@@ -1,0 +1,53 @@
+"""`passes.families`: the line through two compiles' sizes, and the classes of equal ops an instance copies once."""
+
+import torch
+from xdsl.dialects import func
+
+import dlblas_compiler as dc
+from dlblas_compiler.passes.families import ShapeFamily
+
+from ..e2e.test_generate import BASE, causal_lm
+
+
+class _LM(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(ids, use_cache=False).logits
+
+
+def _family() -> ShapeFamily:
+    cm = dc.compile(_LM(causal_lm("llama")), backend="reference")
+    with torch.no_grad():
+        for n in (9, 11):
+            cm(torch.randint(1, 128, (1, n), generator=torch.Generator().manual_seed(n)))
+    (family,) = cm._families
+    return family.shapes
+
+
+def test_the_parameter_is_the_position_on_the_line_within_the_buckets():
+    shapes = _family()
+    assert shapes.sizes == ((1, 9), (1, 11))
+    assert shapes.parameter((1, 9)) == 0 and shapes.parameter((1, 11)) == 1 and shapes.parameter((1, 10)) == 0.5
+    assert shapes.parameter((1, 16)) == 3.5
+    assert shapes.parameter((1, 17)) is None  # another bucket
+    assert shapes.parameter((2, 10)) is None  # a size the two compiles share differs
+    assert shapes.parameter((1,)) is None
+
+
+def test_each_layers_copy_of_an_op_is_in_one_class():
+    """Ops equal in both compiles up to the values they read are one class: here each op of a layer and its
+    copy in the other layer (the two layers' regions among them), never two ops of one kind with other types."""
+    shapes = _family()
+    ops = list(shapes.module.walk())
+    members: dict[int, list] = {}
+    for i, c in shapes.classes.items():
+        members.setdefault(c, []).append(ops[i])
+    assert members and all(len(group) >= 2 for group in members.values())
+    assert all(len({op.name for op in group}) == 1 for group in members.values())
+    regions = [group for group in members.values() if group[0].name == "dl.fused"]
+    assert regions and all(len(group) % BASE["num_hidden_layers"] == 0 for group in regions)
+    top = {op for op in next(o for o in ops if isinstance(o, func.FuncOp)).body.block.ops}
+    assert all(op in top for group in members.values() for op in group)
