@@ -717,22 +717,29 @@ def lengths_table(doc: dict) -> str:
     """bench/lengths.py results: per mode, each new prompt length's first, second and third call (ms; for ours the
     full compiles and shape-family instances the first call took), then the dynamic-cache generate()."""
     rows = [r for r in doc["rows"] if not r.get("error")]
-    out = ["| prompt | " + " | ".join(f"{r['mode']} 1st / 2nd / 3rd ms" for r in rows) + " | ours: compiled or instance |",
-           "|" + "---|" * (len(rows) + 2)]  # fmt: skip
-    ours = next((r for r in rows if r["mode"] == "ours"), None)
-    for i, p in enumerate(rows[0]["prompts"] if rows else []):
-        cells = [" / ".join(f"{r['prompts'][i][k]:.0f}" for k in ("first_ms", "second_ms", "third_ms")) for r in rows]
-        how = "–" if ours is None else "instance" if ours["prompts"][i].get("instances") else "compiled"
-        out.append(f"| {p['prompt']} | " + " | ".join(cells) + f" | {how} |")
-    out += ["", "| mode | dynamic cache: first generate() s | ms/token | peak GiB | leading tokens = eager | ours: compiles + instances |",
-            "|---|---|---|---|---|---|"]  # fmt: skip
+    prompted = [r for r in rows if r.get("prompts")]
+    out = []
+    if prompted:
+        out = ["| prompt | " + " | ".join(f"{r['mode']} 1st / 2nd / 3rd ms" for r in prompted) + " | ours: compiled or instance |",
+               "|" + "---|" * (len(prompted) + 2)]  # fmt: skip
+        ours = next((r for r in prompted if r["mode"] == "ours"), None)
+        for i, p in enumerate(prompted[0]["prompts"]):
+            cells = [" / ".join(f"{r['prompts'][i][k]:.0f}" for k in ("first_ms", "second_ms", "third_ms")) for r in prompted]
+            how = "–" if ours is None else "instance" if ours["prompts"][i].get("instances") else "compiled"
+            out.append(f"| {p['prompt']} | " + " | ".join(cells) + f" | {how} |")
+        out.append("")
+    out += ["| mode | dynamic cache: first generate() s | second s | ms/token | peak GiB | leading tokens = eager | "
+            "ours: compiles + instances (first call; second; the timed calls' compiles) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         d = r.get("dynamic") or {}
         if not d:
             continue
         eq = d.get("tokens_equal_eager")
         cnt = f"{d['compiles']} + {d['instances']}" if "compiles" in d else "–"
-        out.append(f"| {r['mode']} | {d['first_ms'] / 1e3:.1f} | {d['ms_per_token']:.1f} | {d['peak_gib']:.2f} | "
+        if "second_compiles" in d:
+            cnt += f"; {d['second_compiles']} + {d['second_instances']}; {d['timed_compiles']}"
+        second = f"{d['second_ms'] / 1e3:.1f}" if "second_ms" in d else "–"
+        out.append(f"| {r['mode']} | {d['first_ms'] / 1e3:.1f} | {second} | {d['ms_per_token']:.1f} | {d['peak_gib']:.2f} | "
                    f"{'–' if eq is None else str(eq) + ' of ' + str(d.get('new'))} | {cnt} |")  # fmt: skip
     for r in doc["rows"]:
         if r.get("error"):
@@ -740,10 +747,17 @@ def lengths_table(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def lengths_section(name: str) -> str:
+def lengths_section(name: str, old: str | None = None, label: str = "") -> str:
+    """One lengths.py run; with `old`, the rows of a run of an older tree in the same device call appended
+    (their mode named `ours (label)`)."""
     doc = _load(name)
     env = {"gpu": doc.get("gpu"), "versions": doc.get("versions")}
-    return lengths_table(doc) + "\n" + source_line([(name, env, "")]) + "\n"
+    sources = [(name, env, "")]
+    if old is not None:
+        before = _load(old)
+        doc = {**doc, "rows": doc["rows"] + [{**r, "mode": f"{r['mode']} ({label})"} for r in before["rows"]]}
+        sources.append((old, {"gpu": before.get("gpu"), "versions": before.get("versions")}, label))
+    return lengths_table(doc) + "\n" + source_line(sources) + "\n"
 
 
 def replay_section(name: str) -> str:
@@ -826,6 +840,11 @@ SECTIONS = {
     "generation-trace-s9-a": functools.partial(generation_trace_section, "2026-11-26-h100-s9-generate-a.json"),
     **{f"lengths-s10-{x}": functools.partial(lengths_section, f"2026-11-27-h100-s10-lengths-{x}.json")
        for x in ("a", "warm", "b")},
+    "lengths-s11-a": functools.partial(lengths_section, "2026-11-27-h100-s11-lengths-a.json",
+                                       "2026-11-27-h100-s11-lengths-a-old.json", "tree of 8fafe21"),
+    "lengths-s11-b": functools.partial(lengths_section, "2026-11-27-h100-s11-lengths-b.json",
+                                       "2026-11-27-h100-s11-lengths-b-old.json", "tree of 8fafe21"),
+    "lengths-s11-c": functools.partial(lengths_section, "2026-11-27-h100-s11-lengths-c.json"),
     **{f"generation-s10-ab-{x}": functools.partial(generation_section, f"2026-11-27-h100-s10-generate-ab-{x}.json")
        for x in ("before", "after")},
     "generation-s10-64-tokens": functools.partial(generation_section, "2026-11-27-h100-s10-generate-64-tokens.json"),

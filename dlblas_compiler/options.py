@@ -41,9 +41,10 @@ class Options:
     holding its share of the experts. Without it, on the kernel backends they run as topk_gating + fused_moe.
     prefer_kernels: every region with a kernel runs it, even a lone GEMM that would run on cuBLAS or a tuned
     kernel that measured slower than its region's reference (the library's template-backed ops use this).
-    max_specializations: how many input signatures a compiled module keeps compiled (least recently used ones go,
-    with their buffers and CUDA graphs; derived weights are shared by all): memory does not grow with the number
-    of sequence lengths seen.
+    max_specializations: how many input signatures a compiled module keeps compiled (shape-family instances go
+    first, then compiles a family can instantiate again, then the others, least recently used first, with their
+    buffers and CUDA graphs; derived weights are shared by all): memory does not grow with the number of
+    sequence lengths seen.
     shape_families: when a second input signature differs from a compiled one only in sizes within the same
     power-of-two buckets, and the two compiled IRs have one structure, every further size of those buckets is
     instantiated from the first IR (its sizes affine in the new ones, verified) instead of compiled: a prompt or
