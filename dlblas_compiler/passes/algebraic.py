@@ -9,8 +9,9 @@
   scale. Off by default: W*g is a second copy of the weight in memory (the lm_head's is 1 GB for Llama-3-8B),
   while the GEMM template applies g to the A tile it loads (one multiply per loaded element);
 - scalar chains: (x*a)*b = x*(a*b), (x+a)+b = x+(a+b), x*1 = x, x+(-0.0) = x (not x+0.0: -0.0+0.0 is +0.0);
-- layout: reshape(reshape(x)) = reshape(x), permute(permute(x)) = permute(x), no-op reshapes/permutes, and a
-  linear between reshapes that only regroup its rows is a linear of the unreshaped input.
+- layout: reshape(reshape(x)) = reshape(x), permute(permute(x)) = permute(x), no-op reshapes/permutes, a
+  linear between reshapes that only regroup its rows is a linear of the unreshaped input, slice(slice(x)) along
+  one dim is one slice, and a slice of heads split from the last dim is a slice of columns, viewed.
 Weight-only subexpressions (dl.cat / dl.mul / dl.permute of parameters: `is_constant`) are evaluated once at load
 time by the runtime.
 """
@@ -184,8 +185,38 @@ def _rows_regrouped(op: ReshapeOp, rewriter: PatternRewriter) -> bool:
     return True
 
 
+def _fold_slice(op: SliceOp, rewriter: PatternRewriter) -> None:
+    """A slice of a slice along one dim is one slice. A slice of the dim that a reshape split the last dim into
+    (x [.., N] viewed as [.., A, D], then rows [s, e) of A: Falcon's q, k and v heads taken from one fused
+    projection) is the view of a slice of x's columns [s*D, e*D): the GEMM epilogue takes slices of undivided
+    columns, so the q/k rotary can follow into it."""
+    dim, start, end, step = op.bounds()
+    if step != 1:
+        return
+    if (inner := producer(op.input, SliceOp)) is not None:
+        d2, s2, _e2, step2 = inner.bounds()
+        if d2 == dim and step2 == 1:
+            new = SliceOp(inner.input, dim, s2 + start, s2 + end)
+            set_name(new.result, op.result)
+            rewriter.replace(op, new)
+        return
+    r = producer(op.input, ReshapeOp)
+    if r is None:
+        return
+    xs, rs = tuple(shape(r.input)), tuple(shape(r.result))
+    if len(rs) != len(xs) + 1 or rs[:-2] != xs[:-1] or dim != len(rs) - 2 or rs[-2] * rs[-1] != xs[-1]:
+        return
+    part = SliceOp(r.input, len(xs) - 1, start * rs[-1], end * rs[-1])
+    new = ReshapeOp(part.result, list(shape(op.result)))
+    set_name(new.result, op.result)
+    rewriter.replace(op, [part, new])
+
+
 class FoldLayout(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter):
+        if isinstance(op, SliceOp):
+            _fold_slice(op, rewriter)
+            return
         if isinstance(op, ReshapeOp):
             if op.input.type == op.result.type:
                 rewriter.replace(op, [], [op.input])

@@ -29,16 +29,19 @@ BASE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hi
 LLAMA_LIKE = Counter({"row": 2, "gemm": 4 * 2 + 1, "attention": 2})
 # GPT-2: LayerNorms are row kernels (the first with the position embedding's add); per layer c_attn (+ bias and the
 # head split), attention, c_proj + residual, c_fc + GELU, c_proj + residual: the Conv1D addmm's are linears.
-# Falcon: cos/sin, LayerNorm(s) and each rotary are row kernels; q/k/v share one GEMM (with the MLP's up-projection
-# and GELU where attention and MLP read one norm), the down-projection adds both residuals; multi-query attention
-# (1 k/v head) and grouped attention (k/v broadcast per group, rotary applied after) run as GQA.
+# Falcon: cos/sin and LayerNorm(s) are row kernels; q/k/v share one GEMM (with the MLP's up-projection and GELU
+# where attention and MLP read one norm), the down-projection adds both residuals; multi-query attention (1 k/v
+# head) and grouped attention (k/v broadcast per group, rotary applied after) run as GQA. Multi-query: the q, k and
+# v heads sliced from the fused projection's [.., heads + 2, D] view are slices of its columns (`algebraic`), so
+# the q/k rotary rides in the GEMM; the new decoder architecture interleaves q, k and v per group (as GPT-NeoX per
+# head), and its rotary stays a row kernel for q and for k.
 REGIONS = {
     "llama": LLAMA_LIKE,
     "qwen2": LLAMA_LIKE,
     "mistral": LLAMA_LIKE,
     "phi": Counter({"row": 2 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
     "gpt2": Counter({"row": 2 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
-    "falcon": Counter({"row": 2 + 3 * 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
+    "falcon": Counter({"row": 2 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
     "falcon-gqa": Counter({"row": 2 + 4 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
 }
 MODELS = list(REGIONS)
