@@ -7,15 +7,7 @@ import dlblas_compiler as dc
 from dlblas_compiler.passes.families import ShapeFamily
 
 from ..e2e.test_generate import BASE, causal_lm
-
-
-class _LM(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(ids, use_cache=False).logits
+from ..e2e.test_shape_families import _LM
 
 
 def _family() -> ShapeFamily:
