@@ -123,6 +123,31 @@ def test_lengths_outside_the_bucket_are_compiled():
     assert (cm.compile_count, cm.instances) == (4, 2)
 
 
+def test_prompt_lengths_into_a_static_cache_write_each_layers_cache(fresh_dynamo):
+    """Prompts of new lengths prefilled into one static cache (generate() of 3 tokens each, interpret): the
+    instances' in-place cache writes are one write per layer's k and v, each into its own layer's cache (each
+    layer's copy of the write runs the first one's step on its own cache), and the tokens are eager's."""
+    from transformers import StaticCache
+
+    from dlblas_compiler.runtime.inplace import InPlaceIndexCopy
+
+    model, ref = causal_lm("llama"), causal_lm("llama")
+    model.forward = dc.compile(model.forward, backend="interpret")
+    gen = dict(do_sample=False, pad_token_id=0, disable_compile=True, max_new_tokens=3, min_new_tokens=3)
+    cache = StaticCache(config=model.config, max_cache_len=64)
+    with torch.no_grad():
+        for n in (20, 23, 21, 22, 25):
+            ids = _ids(n)
+            cache.reset()
+            assert torch.equal(model.generate(ids, past_key_values=cache, **gen),
+                               ref.generate(ids, cache_implementation="static", **gen)), n  # fmt: skip
+    instances = [s for cm in model.forward.compilations for s in cm._specs.values() if s.family is not None]
+    assert len(instances) == 2
+    for s in instances:
+        writes = [st for st in s.executor.steps if isinstance(st, InPlaceIndexCopy)]
+        assert len(writes) == 2 * BASE["num_hidden_layers"] == len({st.dest for st in writes})
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_instances_run_the_kernels_and_memory_stays_flat():
     """bf16 on CUDA with CUDA graphs: 20 prompt lengths (buckets 16 and 32) against eager within bf16's
