@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 
 from .dialects import FusedOp, TorchCallOp
 from .errors import FrontendError, UnsupportedError
-from .frontend import Captured, Imported, capture, import_graph
+from .frontend import Captured, Imported, capture, import_graph, sizes_unseen
 from .fusion.planner import fusion_notes
 from .fusion.templates import KernelLowering
 from .logs import get_logger
@@ -276,6 +276,9 @@ class CompiledModule(torch.nn.Module):
             if any(a != b and bucket(a) != bucket(b) for a, b in zip(other.sizes, spec.sizes)):
                 continue
             if (spec.skeleton, tuple(map(bucket, spec.sizes))) in self._not_affine:
+                return
+            if why := sizes_unseen(spec.captured):
+                log.info("%s: no shape family for sizes %s and %s: %s", self.name, other.sizes, spec.sizes, why)
                 return
             try:
                 call_moves = surroundings(other, spec)

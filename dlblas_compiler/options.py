@@ -48,7 +48,8 @@ class Options:
     shape_families: when a second input signature differs from a compiled one only in sizes within the same
     power-of-two buckets, and the two compiled IRs have one structure, every further size of those buckets is
     instantiated from the first IR (its sizes affine in the new ones, verified) instead of compiled: a prompt or
-    cache length whose bucket was seen twice compiles no more (`passes.families`). False compiles every signature.
+    cache length whose bucket was seen twice compiles no more (`passes.families`), where the graph holds its
+    integer arithmetic on sizes and that is affine (`frontend.sizes_unseen`). False compiles every signature.
     """
 
     backend: str | None = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import math
 import operator
 import re
 import traceback
@@ -314,3 +315,49 @@ def source_line(node: torch.fx.Node) -> str | None:
     f = frames[-1]
     code = f.group(4).strip()
     return f"{f.group(1)}:{f.group(2)}" + (f" ({code})" if code and not code.startswith("File ") else "")
+
+
+_AFFINE = {operator.add, operator.sub, operator.neg, operator.pos}
+_NOT_AFFINE = {operator.floordiv, operator.mod, operator.truediv, operator.pow, min, max, math.floor, math.ceil,
+               math.sqrt, torch.sym_max, torch.sym_min, torch.sym_float, torch.sym_int}  # fmt: skip
+
+
+def sizes_unseen(captured: Captured) -> str | None:
+    """Why integers the graph computes from its input sizes may not be affine in them (None: every such integer is
+    a graph node, and each is a sum of sizes times constants). A shape family infers each integer's line in the
+    sizes from two compiles, which is only sound for those: `x[:, : x.shape[1] // 2]` has 5 at 10 and 11 tokens and
+    6 at 12. A graph whose capture evaluated sizes in Python (dynamo's static export, a static dynamo graph) hides
+    them as constants, so it gets no family."""
+    gm = captured.gm
+    if captured.how == "dynamo":
+        return "the capture evaluated the input sizes in Python (static shapes): integers made from them are constants"
+    sized: set[torch.fx.Node] = set()
+    symbolic = captured.how == "symbolic_trace"
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if node.op == "placeholder":
+            if isinstance(value, torch.SymInt) or node.type is torch.SymInt:
+                sized.add(node)
+                symbolic = True
+            elif isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape):
+                symbolic = True
+            continue
+        if node.op not in ("call_function", "call_method"):
+            continue
+        inputs = node.all_input_nodes
+        target = node.target
+        if (target is getattr and len(node.args) > 1 and node.args[1] == "shape") or target in ("size", "dim") or (
+            target in (torch.ops.aten.sym_size, torch.ops.aten.sym_size.int) or target is len
+        ):
+            sized.add(node)
+        elif not inputs or any(a not in sized for a in inputs):
+            continue  # (an op on tensors, which may read sizes: not integer arithmetic on sizes)
+        elif target is operator.getitem or target in _AFFINE or (target is operator.mul and len(inputs) == 1):
+            sized.add(node)  # (a size plus or times a constant)
+        elif target is operator.mul or target in _NOT_AFFINE:
+            where = source_line(node)
+            return f"{node.name} = {getattr(target, '__name__', target)} of sizes is not affine in them" + (
+                f" ({where})" if where else "")  # fmt: skip
+    if not symbolic:
+        return "a graph specialized to its input sizes (static shapes)"
+    return None

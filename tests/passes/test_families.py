@@ -11,21 +11,25 @@ from ..e2e.test_shape_families import _LM
 
 
 def _family() -> ShapeFamily:
-    cm = dc.compile(_LM(causal_lm("llama")), backend="reference")
+    """The family of dynamo's symbolic graph of a 2-layer Llama, compiled at 9 and 11 tokens (8 goes to dynamo's
+    first, static graph)."""
+    torch._dynamo.reset()
+    f = dc.compile(_LM(causal_lm("llama")).forward, backend="reference")
     with torch.no_grad():
-        for n in (9, 11):
-            cm(torch.randint(1, 128, (1, n), generator=torch.Generator().manual_seed(n)))
-    (family,) = cm._families
+        for n in (8, 9, 11):
+            f(torch.randint(1, 128, (1, n), generator=torch.Generator().manual_seed(n)))
+    (family,) = f.compilations[-1]._families
     return family.shapes
 
 
 def test_the_parameter_is_the_position_on_the_line_within_the_buckets():
     shapes = _family()
-    assert shapes.sizes == ((1, 9), (1, 11))
-    assert shapes.parameter((1, 9)) == 0 and shapes.parameter((1, 11)) == 1 and shapes.parameter((1, 10)) == 0.5
-    assert shapes.parameter((1, 16)) == 3.5
-    assert shapes.parameter((1, 17)) is None  # another bucket
-    assert shapes.parameter((2, 10)) is None  # a size the two compiles share differs
+    assert shapes.sizes == ((9, 1, 9, 8), (11, 1, 11, 8))  # (the symbolic length, the ids' dims, inv_freq's)
+    assert shapes.parameter((9, 1, 9, 8)) == 0 and shapes.parameter((11, 1, 11, 8)) == 1
+    assert shapes.parameter((10, 1, 10, 8)) == 0.5 and shapes.parameter((16, 1, 16, 8)) == 3.5
+    assert shapes.parameter((17, 1, 17, 8)) is None  # another bucket
+    assert shapes.parameter((10, 1, 10, 9)) is None  # a size the two compiles share differs
+    assert shapes.parameter((10, 1, 12, 8)) is None  # two moving sizes off the line
     assert shapes.parameter((1,)) is None
 
 
