@@ -279,6 +279,7 @@ class CompiledModule(torch.nn.Module):
                 return
             if why := sizes_unseen(spec.captured):
                 log.info("%s: no shape family for sizes %s and %s: %s", self.name, other.sizes, spec.sizes, why)
+                spec.notes.append(f"no shape family (each new length is compiled): {why}")
                 return
             try:
                 call_moves = surroundings(other, spec)

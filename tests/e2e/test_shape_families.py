@@ -83,6 +83,7 @@ def test_a_size_computed_in_python_with_no_line_forms_no_family():
     cm = dc.compile(model, backend="reference")
     _run(cm, model, [10, 11, 12, 13], lambda n: torch.randn(2, n))
     assert (cm.compile_count, cm.instances) == (4, 0)
+    assert any("no shape family" in n and "floordiv of sizes is not affine" in n for n in cm.report().notes)
 
 
 def test_a_capture_that_hides_its_sizes_forms_no_family():
@@ -92,6 +93,7 @@ def test_a_capture_that_hides_its_sizes_forms_no_family():
     cm = dc.compile(model, backend="reference")
     _run(cm, model, [9, 10, 11], _ids)
     assert (cm.compile_count, cm.instances) == (3, 0)
+    assert any("no shape family" in n and "static shapes" in n for n in cm.report().notes)
 
 
 class _Half(torch.nn.Module):
