@@ -317,7 +317,7 @@ def source_line(node: torch.fx.Node) -> str | None:
     return f"{f.group(1)}:{f.group(2)}" + (f" ({code})" if code and not code.startswith("File ") else "")
 
 
-_AFFINE = {operator.add, operator.sub, operator.neg, operator.pos}
+_AFFINE = {operator.add, operator.sub, operator.neg, operator.pos, torch.sym_sum}
 _NOT_AFFINE = {operator.floordiv, operator.mod, operator.truediv, operator.pow, min, max, math.floor, math.ceil,
                math.sqrt, torch.sym_max, torch.sym_min, torch.sym_float, torch.sym_int}  # fmt: skip
 
@@ -354,7 +354,9 @@ def sizes_unseen(captured: Captured) -> str | None:
             continue  # (an op on tensors, which may read sizes: not integer arithmetic on sizes)
         elif target is operator.getitem or target in _AFFINE or (target is operator.mul and len(inputs) == 1):
             sized.add(node)  # (a size plus or times a constant)
-        elif target is operator.mul or target in _NOT_AFFINE:
+        elif target is operator.mul or target in _NOT_AFFINE or (
+            isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
+        ):  # (and any other op making an integer of sizes: not known to be affine)
             where = source_line(node)
             return f"{node.name} = {getattr(target, '__name__', target)} of sizes is not affine in them" + (
                 f" ({where})" if where else "")  # fmt: skip

@@ -80,8 +80,10 @@ class ShapeFamily:
         if len(sizes) != len(first):
             return None
         fixed, moving = self._line
-        if not moving or any(sizes[i] != first[i] for i in fixed):
-            return None if moving else Fraction(0)
+        if any(sizes[i] != first[i] for i in fixed):
+            return None
+        if not moving:
+            return Fraction(0)
         i0, a0, b0 = moving[0]
         for i, a, b in moving:  # (x - a) / (b - a) the same for each: (x - a)(b0 - a0) = (x0 - a0)(b - a)
             x = sizes[i]

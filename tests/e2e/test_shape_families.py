@@ -101,6 +101,20 @@ class _Half(torch.nn.Module):
         return x[:, : x.shape[1] // 2] * 2
 
 
+class _AllButLast(torch.nn.Module):
+    def forward(self, x):
+        return x[:, : x.shape[1] - 1] * 2
+
+
+def test_a_size_computed_in_python_on_a_line_forms_a_family():
+    """`x[:, : x.shape[1] - 1]` is affine in the length: 10 and 11 form a family and 12, 13 are instances with
+    eager's answers."""
+    model = _AllButLast()
+    cm = dc.compile(model, backend="reference")
+    _run(cm, model, [10, 11, 12, 13], lambda n: torch.randn(2, n))
+    assert (cm.compile_count, cm.instances) == (2, 2)
+
+
 def test_shape_families_off_compiles_every_length(fresh_dynamo):
     model = _LM(causal_lm("qwen2"))
     f = _compiled(model, backend="reference", shape_families=False)
