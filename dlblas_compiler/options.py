@@ -30,6 +30,9 @@ class Options:
     report (`report.txt`, `report.json`, `report.html`). Unset, the `DLBLAS_DEBUG_DIR` environment variable
     gives it.
     cuda_graphs: capture the program as one CUDA graph and replay it, where that measures faster.
+    chained_launches: on Hopper and newer GPUs, launch the generated kernels with programmatic dependent launch:
+    each may start while the kernel before it drains and waits on the device for its results (directly and
+    inside CUDA graphs), which hides launch gaps between small kernels (decode).
     pipeline: the passes, xdsl-opt style ("canonicalize,cse,...,fuse").
     check_each_pass: run the reference after every pass and name the first pass that changed the result.
     strict: a region that fails to lower, compile, tune or launch raises CompileError instead of falling back
@@ -56,6 +59,7 @@ class Options:
     tune: str = "none"
     dump_ir: str | None = None
     cuda_graphs: bool = True
+    chained_launches: bool = True
     pipeline: str = DEFAULT_PIPELINE
     check_each_pass: bool = False
     strict: bool = False

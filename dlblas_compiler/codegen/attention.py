@@ -30,7 +30,7 @@ from ..fusion.templates import KernelTemplate, WhyNot, register_template
 from ..tuning.space import SearchSpace
 from . import device
 from .kernel import Kernel
-from .source import TL_DTYPE, Writer, cdiv, wide_indices
+from .source import PDL_ARG, TL_DTYPE, Writer, cdiv, chained_start, wide_indices
 from .views import VIEW_OPS, Layout, view_chain, view_source
 
 
@@ -130,10 +130,11 @@ def source(
     w("sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,")
     w("sm_b, sm_h, sm_s, sm_l, so_b, so_h, so_s, so_d,")
     w("H, S, L, GROUPS, qk_scale,")
-    w("D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
+    w("D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, " + PDL_ARG)
     w.dedent()
     w("):")
     w.indent()
+    chained_start(w)
     w("pid_m = tl.program_id(0)")
     w("bh = tl.program_id(1)")
     w("b = bh // H")
@@ -234,10 +235,11 @@ def decode_source(
     w("sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,")
     w("sm_b, sm_h, sm_s, sm_l, so_b, so_h, so_s, so_d,")
     w("HK, S, L, GROUPS, CHUNK, qk_scale,")
-    w("D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,")
+    w("D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, " + PDL_ARG)
     w.dedent()
     w("):")
     w.indent()
+    chained_start(w)
     w("bh = tl.program_id(0)")
     w("split = tl.program_id(1)")
     w("b = bh // HK")

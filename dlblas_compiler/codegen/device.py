@@ -39,6 +39,11 @@ def has_tma() -> bool:
     return not torch.cuda.is_available() or torch.cuda.get_device_capability() >= (9, 0)
 
 
+def has_pdl() -> bool:
+    """Programmatic dependent launch (`launch_pdl`, griddepcontrol): Hopper and newer GPUs."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
 @functools.cache
 def descriptor_scratch() -> None:
     """Kernels that build tensor descriptors on the device need Triton's scratch allocator (set once)."""

@@ -52,7 +52,7 @@ from . import device
 from .exprs import Names, emit_pointwise, round_to
 from .interpreter import launch as launch_lib
 from .kernel import Kernel
-from .source import TL_DTYPE, Writer, cdiv, row_indices, wide_indices
+from .source import PDL_ARG, TL_DTYPE, Writer, cdiv, chained_start, row_indices, wide_indices
 from .views import VIEW_OPS, Layout, view_chain, view_source
 
 POINTWISE = (UnaryOp, BinaryOp, ConvertOp, GluOp, ConstantOp)
@@ -313,10 +313,11 @@ class GemmEmitter:
         w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
         w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,")
         w("EVEN_K: tl.constexpr, TMA: tl.constexpr, RS_INLINE: tl.constexpr, RS_BLOCK: tl.constexpr, MM: tl.constexpr,")
-        w("NORMED: tl.constexpr,")
+        w("NORMED: tl.constexpr, " + PDL_ARG)
         w.dedent()
         w("):")
         w.indent()
+        chained_start(w)
         w("pid = tl.program_id(0)")
         w("pid_k = tl.program_id(1)")
         w("num_m = tl.cdiv(M, BLOCK_M)")

@@ -99,14 +99,30 @@ class Kernel:
         kind, digest = self.tuning_key
         return f"{kind}_{digest[:8]}"
 
-    def compiled(self, interpret: bool) -> Callable:
+    def compiled(self, interpret: bool, chained: bool = False) -> Callable:
         """The jitted function, shared by every region whose kernel differs only in its name: Triton compiles
-        it once per config for all of them (not once per layer)."""
+        it once per config for all of them (not once per layer). `chained`: launched with programmatic
+        dependent launch (`Chained`; CUDA sm90+)."""
         fn = self._fns.get(interpret)
         if fn is None:
             name = self.shared_name
             fn = self._fns[interpret] = compile_source(re.sub(rf"\b{re.escape(self.name)}\b", name, self.source), name, interpret)
-        return fn
+        return Chained(fn) if chained else fn
+
+
+class Chained:
+    """A generated kernel launched with programmatic dependent launch: `launch_pdl=True` lets its programs be
+    scheduled while the kernel before it drains, and PDL=True compiles in the wait that keeps that safe (see
+    `source.chained_start`). Stands in for the jitted function wherever a template launches or warms it up."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __getitem__(self, grid: Any) -> Callable:
+        return lambda *args, **kwargs: self.fn[grid](*args, PDL=True, launch_pdl=True, **kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn.run(*args, PDL=True, launch_pdl=True, **kwargs)
 
 
 class _Warmup:

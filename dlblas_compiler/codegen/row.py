@@ -36,7 +36,7 @@ from ..fusion.templates import KernelTemplate, WhyNot, register_template
 from ..tuning.space import SearchSpace, pow2
 from .exprs import Names, emit_pointwise, round_to
 from .kernel import Kernel
-from .source import TL_DTYPE, Writer, cdiv, row_indices, wide_indices
+from .source import PDL_ARG, TL_DTYPE, Writer, cdiv, chained_start, row_indices, wide_indices
 from .views import VIEW_OPS, Layout, view_chain, view_source
 
 MAX_N = 32768
@@ -207,10 +207,11 @@ class RowEmitter:
         w(f"def {self.name}(")
         w.indent()
         w(", ".join(args) + ",")
-        w("N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
+        w("N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, " + PDL_ARG)
         w.dedent()
         w("):")
         w.indent()
+        chained_start(w)
         w("rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)")
         w("cols = tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if self.wide else ""))  # rows are always int64
         w("rmask = rows < n_rows")

@@ -41,6 +41,20 @@ class Writer:
         return "\n".join(self.lines) + "\n"
 
 
+# Every generated kernel takes PDL (programmatic dependent launch, sm90+): launched with `launch_pdl=True` and
+# PDL=True (`kernel.Chained`), a kernel's programs may be scheduled while the kernel before it in the stream
+# drains; each waits at `gdc_wait` until that kernel has finished and its writes are visible, then lets the next
+# kernel start launching (`gdc_launch_dependents`). Off (the default, the interpreter, other GPUs) both are gone.
+PDL_ARG = "PDL: tl.constexpr = False,"
+
+
+def chained_start(w: Writer) -> None:
+    """The first statements of a kernel: under PDL, wait for the previous kernel, then release the next one."""
+    w("if PDL:  # chained launch: wait until the previous kernel's writes are visible, then let the next one start")
+    w("    tl.extra.cuda.gdc_wait()")
+    w("    tl.extra.cuda.gdc_launch_dependents()")
+
+
 def row_indices(w: Writer, flat: str, nrow: int) -> None:
     """Emit i0..i{nrow-1}: the multi-index of flat row numbers over row dims of runtime sizes R1.. (R0 implied)."""
     rest = flat

@@ -25,6 +25,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
+from ..codegen.device import has_pdl
 from ..dialects import CatOp, ConstantOp, FusedOp, ParamOp, TorchCallOp
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
@@ -341,7 +342,7 @@ class Builder:
         step.kernel = low.kernel
         try:
             config = low.space.default()
-            step.compiled = low.kernel.compiled(self.interpret)
+            step.compiled = low.kernel.compiled(self.interpret, chained=opts.chained_launches and not self.interpret and has_pdl())
         except Exception as e:  # noqa: BLE001
             step.fall_back(f"region {fused.label}: kernel source does not compile ({type(e).__name__}: {first_line(e)})", e)
             return step
