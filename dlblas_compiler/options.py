@@ -32,7 +32,8 @@ class Options:
     cuda_graphs: capture the program as one CUDA graph and replay it, where that measures faster.
     chained_launches: on Hopper and newer GPUs, launch the generated kernels with programmatic dependent launch:
     each may start while the kernel before it drains and waits on the device for its results (directly and
-    inside CUDA graphs), which hides launch gaps between small kernels (decode).
+    inside CUDA graphs). Off by default: on an H100 it did not shorten the 32-layer decode graph (6.49 ms against
+    6.43 ms without) and made direct launches slower to enqueue (bench/NOTES.md item 47).
     pipeline: the passes, xdsl-opt style ("canonicalize,cse,...,fuse").
     check_each_pass: run the reference after every pass and name the first pass that changed the result.
     strict: a region that fails to lower, compile, tune or launch raises CompileError instead of falling back
@@ -59,7 +60,7 @@ class Options:
     tune: str = "none"
     dump_ir: str | None = None
     cuda_graphs: bool = True
-    chained_launches: bool = True
+    chained_launches: bool = False
     pipeline: str = DEFAULT_PIPELINE
     check_each_pass: bool = False
     strict: bool = False

@@ -124,6 +124,9 @@ class Chained:
     def run(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn.run(*args, PDL=True, launch_pdl=True, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:  # the jitted function's own state (its compiled binaries, ...)
+        return getattr(self.fn, name)
+
 
 class _Warmup:
     """Stands in for a jitted function in a template's launch: `fn[grid](*args)` compiles `fn` for those
