@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
-from xdsl.dialects.builtin import AnyTensorType, StringAttr
+from xdsl.dialects.builtin import AnyTensorType, IntegerAttr, StringAttr
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -68,7 +68,10 @@ class TorchCallOp(IRDLOperation):
 
     `callee` names the callable (importable path), `node` the FX node it came from (which the
     compiled module maps to the source line); the bound callable itself lives in the compiled
-    module's call table, keyed by `node`.
+    module's call table, keyed by `node`. `writes`: the operand an in-place method (`counter.add_(n)`)
+    writes; the op works on a copy of it and its first result is that copy, the operand's new value (the
+    runtime may let it write an input in place: `runtime.inplace`). A `fresh` attribute: eager's example
+    results shared no memory with the operands (new tensors, not views).
     """
 
     name = "dl.torch_call"
@@ -76,6 +79,7 @@ class TorchCallOp(IRDLOperation):
     res = var_result_def(AnyTensorType)
     callee = prop_def(StringAttr)
     node = prop_def(StringAttr)
+    writes = opt_prop_def(IntegerAttr)
     traits = traits_def(OPAQUE, InputFreeIsPure())
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, $res)"
     irdl_options = (ParsePropInAttrDict(),)
@@ -86,6 +90,11 @@ class TorchCallOp(IRDLOperation):
             result_types=[list(result_types)],
             properties={"callee": StringAttr(callee), "node": StringAttr(node)},
         )
+
+    @property
+    def written(self) -> SSAValue | None:
+        """The operand the call writes in place (on a copy), if any."""
+        return None if self.writes is None else self.args[self.writes.value.data]
 
     def resolve(self):
         """The callable named by `callee` (used when no call table is at hand, e.g. IR read from text)."""

@@ -590,7 +590,10 @@ class Importer:
         # contiguous is made contiguous first
         dense = tuple(i for i, v in enumerate(flat_in) if contiguous.get(v))
 
-        def call(*tensors, _t=target, _a=args, _k=kwargs, _pos=tensor_pos, _clone=clone is not None, _dense=dense):
+        def call(*tensors, _in_place=False, _t=target, _a=args, _k=kwargs, _pos=tensor_pos, _clone=clone is not None,
+                 _dense=dense):  # fmt: skip
+            """Run the node on these tensors; a tensor it writes in place is copied first (value semantics),
+            unless `_in_place` (the runtime found that the write may go to the caller's tensor)."""
             copies: dict[int, torch.Tensor] = {}
             if _dense:
                 tensors = list(tensors)
@@ -602,7 +605,7 @@ class Importer:
                 if not isinstance(v, _Slot):
                     return v
                 if v.written:
-                    return copies.setdefault(v.index, tensors[v.index].clone())
+                    return copies.setdefault(v.index, tensors[v.index] if _in_place else tensors[v.index].clone())
                 return tensors[v.index]
 
             a = pytree.tree_map(fill, _a, is_leaf=lambda v: isinstance(v, _Slot))
@@ -618,6 +621,13 @@ class Importer:
         op = TorchCallOp(_qualname(n, self.gm), name, flat_in, [tensor_type(leaves[i].shape, leaves[i].dtype) for i in tensor_pos])
         if clone is None and self.input_free(n):
             op.attributes["input_free"] = UnitAttr()  # dead code elimination may drop it once unused
+        ins = [self.values.get(m) for m in n.all_input_nodes]
+        if _fresh(leaves, ins):
+            op.attributes["fresh"] = UnitAttr()
+        slots = pytree.tree_leaves((args, kwargs), is_leaf=lambda v: isinstance(v, _Slot))
+        written = [v.index for v in slots if isinstance(v, _Slot) and v.written]
+        if clone is not None and written:
+            op.writes = IntegerAttr(written[0], 64)
         self.emitter.builder.insert(op)
         for r in op.results:
             r.name_hint = name
@@ -718,6 +728,17 @@ def _storage(v: Any) -> int | None:
         return v.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError):  # tensors without storage (fake, functional wrappers)
         return None
+
+
+def _fresh(outs: list, ins: list) -> bool:
+    """Whether eager's example outputs of a call share no memory with its example inputs (an arithmetic op's new
+    tensor, not a view or the input itself), as far as their storages can be told apart."""
+    inputs = [x for x in pytree.tree_leaves(ins) if isinstance(x, torch.Tensor)]
+    outputs = [x for x in outs if isinstance(x, torch.Tensor)]
+    storages = [_storage(x) for x in inputs + outputs]
+    if any(s is None for s in storages):
+        return False
+    return not set(storages[: len(inputs)]) & set(storages[len(inputs):])
 
 
 def _fake_like(want: torch.Tensor, src: Any) -> Any:

@@ -8,10 +8,12 @@ input, and nothing reads the old value afterwards, directly or through a view (w
 order). Those run as `InPlaceIndexCopy` steps; the write-back then copies the tensor onto itself, which torch
 skips, and a CUDA graph captures the input at its own address (`CudaGraph.static`).
 
-Every other input the model writes (a cache's length counter: `cumulative_length.add_(n)`) gets its final value
-copied into it by the program's last steps (`WriteInput`) rather than by the compiled module after the call, so
-that a CUDA graph captures that copy too and the input at its address: a replay then updates the caller's
-tensor, with no copy in, clone out or copy back on the host.
+An in-place torch method on an input (a cache's length counter: `cumulative_length.add_(n)`), which the IR runs
+on a copy of the input, runs on the input itself under the same conditions (no copy before it, none after).
+Every other input the model writes gets its final value copied into it by the program's last steps
+(`WriteInput`) rather than by the compiled module after the call, so that a CUDA graph captures that copy too and
+the input at its address: a replay then updates the caller's tensor, with no copy in, clone out or copy back on
+the host.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from ..dialects import ConvertOp, IndexCopyOp, TorchCallOp, VIEW_OPS
 ALIASING = (*VIEW_OPS, ConvertOp, TorchCallOp)  # ops whose result may share its operand's memory at run time
 
 
-def inplace_updates(fn: func.FuncOp, imported) -> dict[IndexCopyOp, int]:
-    """The dl.index_copy ops that may write their destination input in place -> its block argument index."""
+def inplace_updates(fn: func.FuncOp, imported) -> dict[IndexCopyOp | TorchCallOp, int]:
+    """The ops that may write their destination input in place -> its block argument index: dl.index_copy into
+    an input, and in-place torch methods on an input (`counter.add_(n)`, which the IR runs on a copy)."""
     block = fn.body.block
     order = {op: i for i, op in enumerate(block.ops)}
     ret = block.last_op
@@ -36,17 +39,27 @@ def inplace_updates(fn: func.FuncOp, imported) -> dict[IndexCopyOp, int]:
     for kind, key, res in imported.writes:
         if kind == "input" and key in imported.arg_positions:
             written[imported.arg_positions.index(key)] = ret.operands[res]
-    found: dict[IndexCopyOp, int] = {}
+    found: dict[IndexCopyOp | TorchCallOp, int] = {}
     for op in block.ops:
-        if not isinstance(op, IndexCopyOp) or not isinstance(op.dest, BlockArgument):
+        dest, result = _destination(op)
+        if not isinstance(dest, BlockArgument):
             continue
-        arg = op.dest.index
-        if written.get(arg) is not op.result or _read_after(op.dest, op, order):
+        arg = dest.index
+        if written.get(arg) is not result or _read_after(dest, op, order):
             continue
-        if any(v is op.result for v in list(ret.operands)[:n_out]):
+        if any(v is result for v in list(ret.operands)[:n_out]):
             continue  # also a user-visible output: eager returns the cache tensor there, keep it functional
         found[op] = arg
     return found
+
+
+def _destination(op: Operation) -> tuple[SSAValue | None, SSAValue | None]:
+    """(the tensor `op` writes a new value of, that new value) for the ops that may write in place."""
+    if isinstance(op, IndexCopyOp):
+        return op.dest, op.result
+    if isinstance(op, TorchCallOp) and op.written is not None:
+        return op.written, op.res[0]
+    return None, None
 
 
 def input_writes(fn: func.FuncOp, imported, inplace: dict[IndexCopyOp, int]) -> list[tuple[int, SSAValue]]:
@@ -56,7 +69,7 @@ def input_writes(fn: func.FuncOp, imported, inplace: dict[IndexCopyOp, int]) -> 
     value another write or an output still needs."""
     ret = fn.body.block.last_op
     n_out = len(ret.operands) - len(imported.writes)
-    done = {op.result for op in inplace}
+    done = {_destination(op)[1] for op in inplace}
     args = list(fn.body.block.args)
     writes = [(imported.arg_positions.index(key), ret.operands[res]) for kind, key, res in imported.writes
               if kind == "input" and key in imported.arg_positions]  # fmt: skip
@@ -101,7 +114,24 @@ def _read_after(v: SSAValue, write: Operation, order: dict[Operation, int]) -> b
                 continue
             if user is None or order[user] > order[write]:
                 return True
-            if isinstance(user, ALIASING):
+            if isinstance(user, ALIASING) and "fresh" not in user.attributes:  # (a torch call seen to make new tensors)
+                stack.extend(user.results)
+    return False
+
+
+def reaches_output(values: list[SSAValue]) -> bool:
+    """Whether a function output may be one of `values` or a view of one (through view-like ops)."""
+    stack, seen = list(values), set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        for use in x.uses:
+            user = use.operation
+            if isinstance(user, func.ReturnOp):
+                return True
+            if isinstance(user, ALIASING) and "fresh" not in user.attributes:
                 stack.extend(user.results)
     return False
 

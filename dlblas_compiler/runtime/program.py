@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from ..dialects import CatOp, ConstantOp, FusedOp, ParamOp, TorchCallOp
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
 from .graphs import CudaGraph
-from .inplace import InPlaceIndexCopy, WriteInput, inplace_updates, input_writes
+from .inplace import InPlaceIndexCopy, WriteInput, inplace_updates, input_writes, reaches_output
 from .ops import OP_STEPS, op_step
 from .selection import tune_region
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
@@ -308,8 +309,14 @@ class Builder:
         return derived_weight(key, compute, params, parts)
 
     def _torch_call(self, op: TorchCallOp) -> TorchStep:
-        fn = self.imported.calls.get(op.node.data) or (lambda *a, _f=op.resolve(): as_tuple(_f(*a)))
-        return TorchStep(op.node.data, fn, [self.slot(v) for v in op.args], [self.slot(r) for r in op.res])
+        fn = self.imported.calls.get(op.node.data)
+        if fn is not None and op in self.inplace:  # (an in-place method on an input: no copy of it first)
+            fn = functools.partial(fn, _in_place=True)
+        fn = fn or (lambda *a, _f=op.resolve(): as_tuple(_f(*a)))
+        # an input-free call (torch.arange(n), a mask from sizes) computes the same tensors at every call: once,
+        # unless the caller gets them (or views of them) as outputs, which it may write
+        once = "input_free" in op.attributes and not reaches_output(list(op.res))
+        return TorchStep(op.node.data, fn, [self.slot(v) for v in op.args], [self.slot(r) for r in op.res], once)
 
     def _region(self, fused: FusedOp) -> RegionStep:
         ins = [self.slot(v) for v in fused.inputs]

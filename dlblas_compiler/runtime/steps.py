@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -81,13 +81,20 @@ class TorchStep:
     fn: Callable[..., tuple]
     ins: list[int]
     outs: list[int]
+    once: bool = False  # the same values at every call (an input-free call: sizes and constants): kept from the first
+    _kept: tuple | None = field(default=None, repr=False)
 
     def __call__(self, env: list) -> None:
-        for s, val in zip(self.outs, self.fn(*[env[i] for i in self.ins])):
+        values = self._kept
+        if values is None:
+            values = tuple(self.fn(*[env[i] for i in self.ins]))
+            if self.once:
+                self._kept = values
+        for s, val in zip(self.outs, values):
             env[s] = val
 
     def __repr__(self) -> str:
-        return f"TorchStep({self.name}: {self.ins} -> {self.outs})"
+        return f"TorchStep({self.name}: {self.ins} -> {self.outs}{', once' if self.once else ''})"
 
 
 @dataclass

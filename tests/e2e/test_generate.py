@@ -10,6 +10,7 @@ import transformers
 
 from dlblas_compiler import dynamo
 from dlblas_compiler.models import randomize_
+from dlblas_compiler.dialects import TorchCallOp
 from dlblas_compiler.runtime.inplace import InPlaceIndexCopy, WriteInput
 from ..hf import family_compiles
 
@@ -79,11 +80,14 @@ def test_static_cache_is_updated_in_place(fresh_dynamo):
     steps = [s for s in program.steps if isinstance(s, InPlaceIndexCopy)]
     assert len(steps) == 2 * BASE["num_hidden_layers"]  # keys and values of each layer
     assert decode.specializations == 1  # every decode step has one signature
-    # the other inputs the step writes (the cache's length counters) get their new value from the program's
-    # last steps, so a CUDA graph captures those copies too: every written input is captured at its address
-    writes = [s for s in program.steps if isinstance(s, WriteInput)]
-    assert writes and program.steps[-len(writes):] == writes
-    static = {program.inputs.index(s.dest) for s in steps} | {program.inputs.index(s.dest) for s in writes}
+    # the cache's length counters (`cumulative_length.add_(n)`) are incremented in place too: no copy of each
+    # counter before its add_, no copy back after the program; every written input is captured at its address
+    assert not [s for s in program.steps if isinstance(s, WriteInput)]
+    inplace = program.recipe.builder.inplace
+    counters = {arg for op, arg in inplace.items() if isinstance(op, TorchCallOp)}
+    assert len(counters) == BASE["num_hidden_layers"]
+    assert all(op.callee.data == "torch.Tensor.add_" for op in inplace if isinstance(op, TorchCallOp))
+    static = {program.inputs.index(s.dest) for s in steps} | counters
     assert set(program.static_inputs) == static
 
 

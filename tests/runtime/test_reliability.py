@@ -786,3 +786,67 @@ def test_intermediates_are_dropped_after_their_last_read(backend):
 
 def test_frees_are_each_slots_last_read_or_making_step():
     assert program_mod._frees([[0, 1, 5], [1, 2], [2, 3, 6]], kept={0, 3}) == [(5,), (1,), (2, 6)]
+
+
+class CounterCache(nn.Module):
+    """A decode step as HF's static cache writes it: positions from a length counter, the counter incremented in
+    place, the cache written at those positions; `old_after`: the counter's old value (as a float) is also used
+    after the increment."""
+
+    def __init__(self, old_after: bool):
+        super().__init__()
+        self.old_after = old_after
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, counter, cache):
+        pos = torch.arange(x.shape[0]) + counter
+        old = counter.float() * 2.0
+        counter.add_(x.shape[0])
+        cache.index_copy_(0, pos, self.lin(x))
+        out = cache.sum(0)
+        return out + old if self.old_after else out
+
+
+@pytest.mark.parametrize("old_after", [False, True])
+def test_an_input_counter_is_incremented_in_place_and_follows_eager(old_after):
+    """`counter.add_(n)` on an input, which the IR runs on a copy, writes the caller's tensor directly (no copy
+    of the counter before, none back after: no `WriteInput` step) where no later step reads its old value; the
+    outputs, the counter and the cache follow eager over several calls."""
+    from dlblas_compiler.dialects import TorchCallOp
+    from dlblas_compiler.runtime.inplace import WriteInput
+
+    m = randomize_(CounterCache(old_after)).eval()
+    cm = dc.compile(m, backend="interpret")
+    state, twin = (torch.tensor(0), torch.zeros(12, 4)), (torch.tensor(0), torch.zeros(12, 4))
+    for i in range(3):
+        x = _x(3, 4, seed=i)
+        with torch.no_grad():
+            out, ref = cm(x, *state), m(x, *twin)
+        _close(out, ref)
+        assert int(state[0]) == int(twin[0]) == 3 * (i + 1)
+        _close(state[1], twin[1])
+    program = cm._spec().executor
+    in_place = [op for op in program.recipe.builder.inplace if isinstance(op, TorchCallOp)]
+    assert [op.callee.data for op in in_place] == ["torch.Tensor.add_"]
+    assert not [s for s in program.steps if isinstance(s, WriteInput)]
+
+
+def test_an_input_counter_read_after_its_increment_is_not_written_in_place():
+    """Where a step after the increment still reads the counter's old value (a reader moved after it, as a
+    scheduling pass could), the increment must run on a copy: `inplace_updates` no longer lists it."""
+    from dlblas_compiler.dialects import TorchCallOp
+    from dlblas_compiler.runtime.inplace import inplace_updates
+
+    m = randomize_(CounterCache(True)).eval()
+    cm = dc.compile(m, backend="interpret")
+    with torch.no_grad():
+        cm(_x(3, 4), torch.tensor(0), torch.zeros(12, 4))
+    builder = cm._spec().executor.recipe.builder
+    fn, imported = builder.fn, builder.imported
+    (add,) = [op for op in fn.body.block.ops if isinstance(op, TorchCallOp) and op.written is not None]
+    assert inplace_updates(fn, imported).get(add) is not None
+    readers = [u.operation for u in add.written.uses if u.operation is not add]
+    reader = readers[0]
+    reader.detach()
+    fn.body.block.insert_op_after(reader, add)
+    assert add not in inplace_updates(fn, imported)
