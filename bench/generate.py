@@ -108,7 +108,19 @@ def run_mode(mode: str, args) -> dict:
     model.forward = timed
     torch.cuda.reset_peak_memory_stats()
     with Phases(enabled=mode.startswith("ours")) as phases:
+        if args.profile_first:  # where the first call's time goes (compile, tuning: Triton compiles, timing)
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
         first, row["first_call_s"] = generate(args.new, output_logits=True, return_dict_in_generate=True)
+        if args.profile_first:
+            prof.disable()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(80)
+            row["first_call_profile"] = text.getvalue().splitlines()[:100]
     row["first_forward_calls_s"] = calls
     if phases.enabled:
         row["first_call_phases_s"] = phases.summary(row["first_call_s"])
@@ -245,6 +257,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--tune", default="quick")
     ap.add_argument("--profile", action="store_true", help="add a cProfile of generate(33) to each row")
+    ap.add_argument("--profile-first", action="store_true", help="add a cProfile of the first generate() to each row")
     ap.add_argument("--trace", action="store_true", help="add torch.profiler summaries of a prefill and 8 decode steps")
     ap.add_argument("--scratch", help="where the tokens and logits each mode saves go (default: OUT)")
     ap.add_argument("--modes", default="fp32,eager,ours,ours-warm")
@@ -287,6 +300,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, __file__, "--mode", mode, *sum((["--" + k, str(getattr(args, k))] for k in
                ("out", "scratch", "batch", "prompt", "new", "layers", "tune")), [])]  # fmt: skip
         cmd += ["--profile"] if args.profile else []
+        cmd += ["--profile-first"] if args.profile_first else []
         cmd += ["--trace"] if args.trace else []
         t0 = time.time()
         try:
