@@ -68,7 +68,7 @@ class _Search:
         prepare: Prepare | None = None,
     ) -> None:
         self.space, self.objective, self.progress, self.prepare = space, objective, progress, prepare
-        self.limit = space.size() if budget is None else min(budget, space.size())
+        self.limit = space.size() if budget is None else space.count(budget)
         self.patience = patience
         self.memo: dict[tuple[Any, ...], Trial] = {}
         self.trials: list[Trial] = []

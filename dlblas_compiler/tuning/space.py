@@ -80,13 +80,14 @@ class SearchSpace:
 
     def _valid_keys(self) -> list[tuple[Any, ...]]:
         if self._valid is None:
-            names, checks = list(self.params), list(self.constraints.values())
-            self._valid = [
-                values
-                for values in itertools.product(*self.params.values())
-                if all(ok(dict(zip(names, values, strict=True))) for ok in checks)
-            ]
+            self._valid = list(self._walk())
         return self._valid
+
+    def _walk(self) -> Iterator[tuple[Any, ...]]:
+        names, checks = list(self.params), list(self.constraints.values())
+        for values in itertools.product(*self.params.values()):
+            if all(ok(dict(zip(names, values, strict=True))) for ok in checks):
+                yield values
 
     def configs(self) -> Iterator[Config]:
         """Every valid config, in the deterministic grid order."""
@@ -97,6 +98,19 @@ class SearchSpace:
     def size(self) -> int:
         """The number of valid configs."""
         return len(self._valid_keys())
+
+    def count(self, limit: int | None = None) -> int:
+        """The number of valid configs, or `limit` if there are at least that many: found without walking the
+        whole grid where `limit` valid configs come first (a GEMM grid has ~10^5 points, ~2% of them valid;
+        walking all of it for each of a model's tuning jobs took ~15 s of a 32-layer model's first call)."""
+        if limit is None or self._valid is not None:
+            return self.size() if limit is None else min(limit, self.size())
+        n = 0
+        for _ in self._walk():
+            n += 1
+            if n >= limit:
+                return n
+        return n
 
     def default(self) -> Config:
         """The declared default if it is valid here; else the default with the fewest parameters changed (one,

@@ -44,6 +44,13 @@ class TuneMode:
             n = min(n, self.cap)
         return min(size, max(n, self.floor))
 
+    def sizes_that_matter(self) -> int | None:
+        """A space size from which the budget no longer grows (None: it always does): counting the valid
+        configs up to it is enough."""
+        if self.cap is None or self.fraction <= 0:
+            return None
+        return max(math.ceil(self.cap / self.fraction), self.floor, self.cap)
+
 
 TUNE_MODES: dict[str, TuneMode | None] = {
     "none": None,  # the space's default config, no timing
@@ -174,15 +181,15 @@ def tune(
                  "-" if hit.time is None else _format_seconds(hit.time))  # fmt: skip
         return TuneOutcome(hit.config, hit.time, hit.default_time, hit.trials, True)
 
-    search = POLICIES[policy]  # (a miss from here on: counting the valid configs takes ~0.1 s for a GEMM space)
-    budget = settings.budget(space.size()) if budget is None else budget
+    search = POLICIES[policy]
+    budget = settings.budget(space.count(settings.sizes_that_matter())) if budget is None else budget
     patience = settings.patience if patience is None else patience
 
     warmup_ms = settings.warmup_ms if warmup_ms is None else warmup_ms
     rep_ms = settings.rep_ms if rep_ms is None else rep_ms
     refs = job.reference() if callable(job.reference) else job.reference
     objective = make_objective(job.build, refs, job.arg_sets, device=job.device, warmup_ms=warmup_ms, rep_ms=rep_ms)
-    with _progress(name, min(budget, space.size()), progress) as bar:
+    with _progress(name, space.count(budget), progress) as bar:
         result = search(space, objective, budget, patience, seed, bar, prepare=job.prepare)
     if result.best_config is None or result.best_time is None:
         errors = sorted({t.error for t in result.failures if t.error})

@@ -499,3 +499,25 @@ def test_tuning_runs_kernels_on_the_inputs_they_run_on(monkeypatch):
         out = prog.run([x])[0]
     assert seen and all(t.is_contiguous() for t in seen if isinstance(t, torch.Tensor))
     torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [5, 150, 5000])
+def test_a_bounded_count_of_valid_configs_gives_the_same_budget_without_walking_the_grid(n):
+    """`SearchSpace.count(limit)` stops once `limit` valid configs are found; the tuner counts only up to the size
+    from which its budget stops growing, so quick tuning budgets as before while walking a fraction of the grid."""
+    from dlblas_compiler.tuning.tuner import TUNE_MODES
+
+    calls = [0]
+
+    def ok(c):
+        calls[0] += 1
+        return c["a"] * 100 + c["b"] < n  # the first n points of the grid are valid, the rest not
+
+    space = SearchSpace({"a": list(range(100)), "b": list(range(100))}, {"small": ok})
+    quick = TUNE_MODES["quick"]
+    limit = quick.sizes_that_matter()
+    budget = quick.budget(space.count(limit))
+    walked = calls[0]
+    assert space.size() == n and budget == quick.budget(n)
+    assert walked == (min(n, limit) if n >= limit else 100 * 100)  # stopped at the limit-th valid config
+    assert space.count(3) == min(3, n) and space.count() == n
