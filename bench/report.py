@@ -684,10 +684,17 @@ def _generation_impls(row: dict) -> str:
     return " / ".join(parts) if parts else ("torch" if row.get("mode") != "fp32" else "float32 reference")
 
 
-def generation_section(name: str) -> str:
+def generation_section(name: str, old: str | None = None, label: str = "") -> str:
+    """One run's table; `old`: the rows of an older tree's run in the same device call, appended with their mode
+    marked "(label)"."""
     doc = _load(name)
     env = {"gpu": doc.get("gpu"), "versions": doc.get("versions"), "ceilings": doc.get("ceilings")}
-    return generation_table(doc) + "\n" + source_line([(name, env, "")]) + "\n"
+    sources = [(name, env, "")]
+    if old is not None:
+        prior = _load(old)
+        doc = {**doc, "rows": doc["rows"] + [{**r, "mode": f"{r['mode']} ({label})"} for r in prior["rows"]]}
+        sources.append((old, env, label))
+    return generation_table(doc) + "\n" + source_line(sources) + "\n"
 
 
 def generation_trace_table(doc: dict) -> str:
@@ -707,10 +714,14 @@ def generation_trace_table(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def generation_trace_section(name: str) -> str:
+def generation_trace_section(name: str, old: str | None = None, label: str = "") -> str:
     doc = _load(name)
     env = {"gpu": doc.get("gpu"), "versions": doc.get("versions"), "ceilings": doc.get("ceilings")}
-    return generation_trace_table(doc) + "\n" + source_line([(name, env, "")]) + "\n"
+    sources = [(name, env, "")]
+    if old is not None:
+        doc = {**doc, "rows": doc["rows"] + [{**r, "mode": f"{r['mode']} ({label})"} for r in _load(old)["rows"]]}
+        sources.append((old, env, label))
+    return generation_trace_table(doc) + "\n" + source_line(sources) + "\n"
 
 
 def lengths_table(doc: dict) -> str:
@@ -848,6 +859,12 @@ SECTIONS = {
     **{f"generation-s10-ab-{x}": functools.partial(generation_section, f"2026-11-27-h100-s10-generate-ab-{x}.json")
        for x in ("before", "after")},
     "generation-s10-64-tokens": functools.partial(generation_section, "2026-11-27-h100-s10-generate-64-tokens.json"),
+    **{f"generation-s12-{x}": functools.partial(generation_section, f"2026-11-27-h100-s12-generate-{x}.json")
+       for x in ("a", "b", "cold", "b8")},
+    "generation-s12-c": functools.partial(generation_section, "2026-11-27-h100-s12-generate-c.json",
+                                          "2026-11-27-h100-s12-generate-c-old.json", "tree of 77c4fad"),
+    "generation-trace-s12-c": functools.partial(generation_trace_section, "2026-11-27-h100-s12-generate-c.json",
+                                                "2026-11-27-h100-s12-generate-c-old.json", "tree of 77c4fad"),
     "replay-s7": functools.partial(replay_section, "2026-11-26-h100-s7-profile-decoder-2048.json"),
     "block-decoder_layer-h100-s7": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s7-decoder-a.json", "2026-11-26-h100-s7-decoder-b.json"], "decoder_layer", merge=True),
