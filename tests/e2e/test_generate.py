@@ -87,8 +87,15 @@ def test_static_cache_is_updated_in_place(fresh_dynamo):
     counters = {arg for op, arg in inplace.items() if isinstance(op, TorchCallOp)}
     assert len(counters) == BASE["num_hidden_layers"]
     assert all(op.callee.data == "torch.Tensor.add_" for op in inplace if isinstance(op, TorchCallOp))
-    static = {program.inputs.index(s.dest) for s in steps} | counters
-    assert set(program.static_inputs) == static
+    assert set(program.static_inputs) == _written_inputs(program) == {program.inputs.index(s.dest) for s in steps} | counters
+
+
+def _written_inputs(program) -> set[int]:
+    """The program's inputs it writes: cache updates in place, torch methods on inputs in place (the counters),
+    and values copied into inputs by its last steps."""
+    steps = [s for s in program.steps if isinstance(s, (InPlaceIndexCopy, WriteInput))]
+    methods = {arg for op, arg in program.recipe.builder.inplace.items() if isinstance(op, TorchCallOp)}
+    return {program.inputs.index(s.dest) for s in steps} | methods
 
 
 def test_decode_attention_reads_the_cache_without_repeating_heads(fresh_dynamo, monkeypatch):
@@ -225,8 +232,7 @@ def test_generate_on_the_gpu_with_the_decode_step_in_a_cuda_graph(fresh_dynamo):
     assert all(torch.equal(o, ref) for o in outs)
     program = model.forward.compilations[-1]._spec().executor
     assert program.graph is not None or "CUDA graph replay" in program.graph_note
-    writes = [s for s in program.steps if isinstance(s, (InPlaceIndexCopy, WriteInput))]
-    assert {program.inputs.index(s.dest) for s in writes} == set(program.static_inputs)
+    assert _written_inputs(program) == set(program.static_inputs)
 
 
 @pytest.mark.gpu
