@@ -71,7 +71,8 @@ class TorchCallOp(IRDLOperation):
     module's call table, keyed by `node`. `writes`: the operand an in-place method (`counter.add_(n)`)
     writes; the op works on a copy of it and its first result is that copy, the operand's new value (the
     runtime may let it write an input in place: `runtime.inplace`). A `fresh` attribute: eager's example
-    results shared no memory with the operands (new tensors, not views).
+    results shared no memory with the operands (new tensors, not views; never set for calls whose answer depends
+    on strides, such as `reshape`).
     """
 
     name = "dl.torch_call"

@@ -622,7 +622,7 @@ class Importer:
         if clone is None and self.input_free(n):
             op.attributes["input_free"] = UnitAttr()  # dead code elimination may drop it once unused
         ins = [self.values.get(m) for m in n.all_input_nodes]
-        if _fresh(leaves, ins):
+        if _fresh(leaves, ins) and not _stride_dependent(n):
             op.attributes["fresh"] = UnitAttr()
         slots = pytree.tree_leaves((args, kwargs), is_leaf=lambda v: isinstance(v, _Slot))
         written = [v.index for v in slots if isinstance(v, _Slot) and v.written]
@@ -739,6 +739,16 @@ def _fresh(outs: list, ins: list) -> bool:
     if any(s is None for s in storages):
         return False
     return not set(storages[: len(inputs)]) & set(storages[len(inputs):])
+
+
+# calls that return a view or a copy depending on their input's strides: a signature fixes shapes, dtypes and
+# devices, not strides (the program's inputs are made contiguous), so the example's answer may not hold at run time
+_STRIDE_ALIASING = frozenset({"contiguous", "reshape", "reshape_as", "flatten", "ravel", "view_as_real"})
+
+
+def _stride_dependent(n: torch.fx.Node) -> bool:
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return name in _STRIDE_ALIASING or "memory_format" in n.kwargs
 
 
 def _fake_like(want: torch.Tensor, src: Any) -> Any:

@@ -850,3 +850,18 @@ def test_an_input_counter_read_after_its_increment_is_not_written_in_place():
     reader.detach()
     fn.body.block.insert_op_after(reader, add)
     assert add not in inplace_updates(fn, imported)
+
+
+def test_a_call_whose_aliasing_depends_on_strides_is_never_taken_as_fresh():
+    """`fresh` (eager's example result shared no memory with the call's inputs) must not be trusted for calls that
+    return a view or a copy depending on their input's strides: the program makes its inputs contiguous, so a
+    `reshape` that copied in the example may return a view at run time."""
+    import torch.fx
+
+    from dlblas_compiler.frontend.importer import _stride_dependent
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    nodes = [g.call_method("reshape", (x, -1)), g.call_function(torch.reshape, (x, (-1,))), g.call_method("flatten", (x,)),
+             g.call_method("to", (x,), {"memory_format": torch.channels_last}), g.call_function(torch.add, (x, 1))]
+    assert [_stride_dependent(n) for n in nodes] == [True, True, True, True, False]
