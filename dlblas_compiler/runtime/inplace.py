@@ -18,6 +18,7 @@ the host.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from xdsl.dialects import func
@@ -102,25 +103,18 @@ def _input_root(v: SSAValue, args: list) -> int | None:
 
 def _read_after(v: SSAValue, write: Operation, order: dict[Operation, int]) -> bool:
     """Whether any op after `write` reads v, or a value that may be a view of it."""
-    stack, seen = [v], set()
-    while stack:
-        x = stack.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        for use in x.uses:
-            user = _top(use.operation, order)
-            if user is write:
-                continue
-            if user is None or order[user] > order[write]:
-                return True
-            if isinstance(user, ALIASING) and "fresh" not in user.attributes:  # (a torch call seen to make new tensors)
-                stack.extend(user.results)
-    return False
+    return any(user is None or order[user] > order[write] for user in _readers([v], skip=write))
 
 
 def reaches_output(values: list[SSAValue]) -> bool:
     """Whether a function output may be one of `values` or a view of one (through view-like ops)."""
+    return any(isinstance(user, func.ReturnOp) for user in _readers(values))
+
+
+def _readers(values: list[SSAValue], skip: Operation | None = None) -> Iterator[Operation | None]:
+    """The top-level ops (a dl.fused for an op inside it; None outside the function) that read `values` or a
+    value that may be a view of one: through view-like ops and torch calls, except calls eager showed to make new
+    tensors (`fresh`), and not past `skip`."""
     stack, seen = list(values), set()
     while stack:
         x = stack.pop()
@@ -128,17 +122,17 @@ def reaches_output(values: list[SSAValue]) -> bool:
             continue
         seen.add(x)
         for use in x.uses:
-            user = use.operation
-            if isinstance(user, func.ReturnOp):
-                return True
+            user = _top(use.operation)
+            if user is skip:
+                continue
+            yield user
             if isinstance(user, ALIASING) and "fresh" not in user.attributes:
                 stack.extend(user.results)
-    return False
 
 
-def _top(op: Operation, order: dict[Operation, int]) -> Operation | None:
+def _top(op: Operation | None) -> Operation | None:
     """The top-level op of the function that contains `op` (itself, or the dl.fused around it)."""
-    while op is not None and op not in order:
+    while op is not None and not isinstance(op.parent_op(), func.FuncOp):
         op = op.parent_op()
     return op
 

@@ -87,9 +87,9 @@ class TorchStep:
     def __call__(self, env: list) -> None:
         values = self._kept
         if values is None:
-            values = tuple(self.fn(*[env[i] for i in self.ins]))
+            values = self.fn(*[env[i] for i in self.ins])
             if self.once:
-                self._kept = values
+                self._kept = values = tuple(values)
         for s, val in zip(self.outs, values):
             env[s] = val
 

@@ -105,12 +105,7 @@ class SearchSpace:
         walking all of it for each of a model's tuning jobs took ~15 s of a 32-layer model's first call)."""
         if limit is None or self._valid is not None:
             return self.size() if limit is None else min(limit, self.size())
-        n = 0
-        for _ in self._walk():
-            n += 1
-            if n >= limit:
-                return n
-        return n
+        return sum(1 for _ in itertools.islice(self._walk(), limit))
 
     def default(self) -> Config:
         """The declared default if it is valid here; else the default with the fewest parameters changed (one,
