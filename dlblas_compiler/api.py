@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_symbols
 from torch.utils import _pytree as pytree
 
 from .dialects import FusedOp, TorchCallOp
@@ -82,6 +84,41 @@ def _alias_pattern(tensors) -> tuple | None:
     return tuple((ptrs.index(p), t.storage_offset(), t.stride()) for p, t in zip(ptrs, tensors))
 
 
+class _Key:
+    """A specialization key that hashes its (long) tuple once: it is looked up more than once per call."""
+
+    __slots__ = ("value", "hash")
+
+    def __init__(self, value: tuple):
+        self.value, self.hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _Key) and self.hash == other.hash and self.value == other.value)
+
+
+def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
+    """args -> the tuple of args[i] for i in `positions` (one C call)."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    return (lambda args: (args[positions[0]],)) if positions else (lambda args: ())
+
+
+def _sizes_follow_ints(gm: torch.nn.Module) -> bool:
+    """Whether each symbolic size, stride or offset of a dynamo graph's tensor inputs is a function of the
+    graph's SymInt inputs alone (dynamo passes each free symbol as one), read from the placeholders' examples."""
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return False
+    examples = [n.meta.get("example_value") for n in graph.nodes if n.op == "placeholder"]
+    passed = set().union(*(free_symbols(v) for v in examples if isinstance(v, torch.SymInt)))
+    return bool(examples) and all(
+        isinstance(v, torch.Tensor | torch.SymInt | int | float | bool) and free_symbols(v) <= passed for v in examples
+    )
+
+
 def _precision_mode() -> tuple:
     """torch's switches the generated kernels follow (TF32 for fp32 matmuls)."""
     return (torch.backends.cuda.matmul.allow_tf32,)
@@ -119,6 +156,7 @@ class Specialization:
     skeleton: tuple = ()  # the signature with its sizes blanked (`sizes_of`)
     sizes: tuple[int, ...] = ()  # its sizes
     family: Family | None = None  # the shape family it was instantiated from (None: compiled in full)
+    key: Any = None  # its key in the compiled module's specializations
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.direct and not kwargs:
@@ -167,7 +205,9 @@ class CompiledModule(torch.nn.Module):
         self.options = options
         self.name = name or type(model).__name__  # the report's title and the debug folder's name
         self._debug_dir: str | None = None  # this module's debug folder, made at its first compile
-        self._specs: OrderedDict[tuple, Specialization] = OrderedDict()  # least recently used first
+        self._specs: OrderedDict[_Key, Specialization] = OrderedDict()  # least recently used first
+        self._guarded: dict[tuple, Specialization] = {}  # `guarded`'s keys (each names a specialization in _specs)
+        self._picks: tuple[Callable, Callable, Callable] | None = None  # see `trust_dynamo_guards`
         self.compile_count = 0  # specializations compiled so far (evicted ones included)
         self.instances = 0  # specializations instantiated from a shape family instead (see `_instance`)
         self._families: list[Family] = []
@@ -180,33 +220,74 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self._needs_grad(args, kwargs):
             return self._eager(args, kwargs)
-        key = (signature_of(args, kwargs), tuple(m.training for m in self._submodules), _precision_mode())
+        key = _Key((signature_of(args, kwargs), tuple(m.training for m in self._submodules), _precision_mode()))
         spec = self._specs.get(key)
-        if spec is None:
-            skeleton, sizes = sizes_of(key)
-            # (no cyclic collections while the IR is built: each one walks every object of the IRs already kept,
-            # which costs more than an instance, and ~8% of a 32-layer dc.compile, capture included, on the CPU)
-            with no_gc():
-                spec = self._instance(skeleton, sizes, args, kwargs) if self.options.shape_families else None
-                if spec is None:
-                    spec = self._specialize(args, kwargs)
-                    spec.skeleton, spec.sizes = skeleton, sizes
-                    self.compile_count += 1
-                    if self.options.shape_families:
-                        self._join_family(spec)
-            self._specs[key] = spec
-            while len(self._specs) > self.options.max_specializations:
-                self._evict(spec)
-            self._last = spec
-            out = spec(args, kwargs)
-            if spec.debug_dir:  # (after the first call: it tunes, and the choices are known)
-                self._write_debug(spec)
-            return out
+        if spec is not None:
+            return self._hit(key, spec, args, kwargs)
+        skeleton, sizes = sizes_of(key.value)
+        # (no cyclic collections while the IR is built: each one walks every object of the IRs already kept,
+        # which costs more than an instance, and ~8% of a 32-layer dc.compile, capture included, on the CPU)
+        with no_gc():
+            spec = self._instance(skeleton, sizes, args, kwargs) if self.options.shape_families else None
+            if spec is None:
+                spec = self._specialize(args, kwargs)
+                spec.skeleton, spec.sizes = skeleton, sizes
+                self.compile_count += 1
+                if self.options.shape_families:
+                    self._join_family(spec)
+        spec.key = key
+        self._specs[key] = spec
+        while len(self._specs) > self.options.max_specializations:
+            self._evict(spec)
+        self._last = spec
+        out = spec(args, kwargs)
+        if spec.debug_dir:  # (after the first call: it tunes, and the choices are known)
+            self._write_debug(spec)
+        return out
+
+    def _hit(self, key: _Key, spec: Specialization, args: tuple, kwargs: dict):
         self._specs.move_to_end(key)
         if spec is not self._last:  # (a program is captured from its second call in a row: see Program.__call__)
             spec.executor.repeats = 0
         self._last = spec
         return spec(args, kwargs)
+
+    def guarded(self, args: tuple):
+        """A call from the frame dynamo compiled this graph for (see `DynamoBackend`): dynamo's guards have already
+        checked each tensor input's type, dtype, device and fixed sizes, and every symbolic size is a function of
+        the int arguments (`_sizes_follow_ints`). The specialization is then found from the int and other
+        non-tensor arguments, the parameters' identities and which tensor inputs share storage (the parts of
+        `signature_of` dynamo does not guard), without describing each of a 32-layer model's ~400 inputs on every
+        decode step; a key seen for the first time goes through `forward`."""
+        picks = self._picks
+        if picks is None or torch.is_grad_enabled():
+            return self.forward(*args)
+        params, tensors, values = picks
+        key = (tuple(map(id, params(args))), values(args), _alias_pattern(tensors(args)),
+               tuple(m.training for m in self._submodules), _precision_mode())  # fmt: skip
+        spec = self._guarded.get(key)
+        if spec is None:
+            out = self.forward(*args)
+            self._guarded[key] = self._last
+            return out
+        return self._hit(spec.key, spec, args, {})
+
+    def trust_dynamo_guards(self, example_inputs: list) -> None:
+        """Let `guarded` serve the calls dynamo makes with inputs like `example_inputs` (positions of parameters,
+        other tensors and non-tensor values), where the graph's symbolic sizes follow its int inputs."""
+        if not _sizes_follow_ints(self.model):
+            return
+        kinds = [
+            "P" if isinstance(v, torch.nn.Parameter) else "T" if isinstance(v, torch.Tensor) else "V" for v in example_inputs
+        ]
+        self._picks = tuple(_picker([i for i, k in enumerate(kinds) if k == kind]) for kind in "PTV")
+
+    def _drop(self, key: _Key) -> None:
+        """Forget a specialization (its CUDA graph's memory goes at once)."""
+        spec = self._specs.pop(key)
+        spec.executor.release()
+        for k in [k for k, s in self._guarded.items() if s is spec]:
+            del self._guarded[k]
 
     def _evict(self, keep: Specialization) -> None:
         """Drop the least recently used instance (rebuilt in milliseconds), else the least recently used compile
@@ -219,7 +300,7 @@ class CompiledModule(torch.nn.Module):
             compiles = [k for k, s in self._specs.items() if s is not keep]
             victim = next((k for k in compiles if any(f.skeleton == self._specs[k].skeleton and f.shapes.covers(
                 self._specs[k].sizes) for f in self._families)), compiles[0])  # fmt: skip
-        self._specs.pop(victim).executor.release()
+        self._drop(victim)
 
     def _needs_grad(self, args: tuple, kwargs: dict) -> bool:
         """Grad mode is on and a parameter or an input requires grad: the call must build an autograd graph."""
@@ -318,7 +399,7 @@ class CompiledModule(torch.nn.Module):
                 self._families.remove(family)
                 self._not_affine.add((skeleton, tuple(map(bucket, sizes))))  # (no new family there: it would fail too)
                 for key in [k for k, s in self._specs.items() if s.family is family]:
-                    self._specs.pop(key).executor.release()
+                    self._drop(key)
                 return None
             signature = debug.signature_text(args, kwargs)
             folder = self._spec_folder(signature)
@@ -460,8 +541,10 @@ class DynamoBackend:
         self.compilations.append(cm)
         log.info("%s: dynamo graph %d handed over (%d nodes)", cm.name, len(self.compilations) - 1, len(gm.graph.nodes))
 
+        cm.trust_dynamo_guards(example_inputs)
+
         def run(*args):
-            return cm(*args)
+            return cm.guarded(args)
 
         run.compiled_module = cm  # for inspection: run.compiled_module.report()
         return run

@@ -13,7 +13,8 @@ Two kernels, chosen by the query length:
                              the S query rows of every query head sharing that KV head (GQA: each K/V tile is
                              read once for the group), and the last program of a (batch, KV head) to finish (an
                              acq_rel counter) combines the splits' partial softmaxes. A key tile whose mask keeps
-                             nothing (a static cache's unused tail) is skipped: the work follows the valid length.
+                             nothing (a static cache's unused tail) reads no K/V: the traffic follows the valid
+                             length.
 """
 
 from __future__ import annotations
@@ -273,9 +274,11 @@ def decode_source(
             w("keep = keep & (mv != 0)")
         else:
             w("keep = keep & (mv.to(tl.float32) != float('-inf'))")
-    w("if tl.max(keep.to(tl.int32)) > 0:  # a tile no row keeps (a cache's unused tail) costs no K/V reads")
-    w.indent()
-    w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d, mask=nmask[:, None], other=0.0)")
+    w("# a tile no row keeps (a cache's unused tail) reads no K/V: its loads are masked off, not branched")
+    w("# around, so the K and V loads of a tile issue together and the loop can be pipelined")
+    w("live = nmask & (tl.max(keep.to(tl.int32)) > 0)")
+    w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d, mask=live[:, None], other=0.0)")
+    w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d, mask=live[:, None], other=0.0)")
     w(f"s = tl.dot(q, tl.trans(k){dot})")
     if float_mask:
         w("s = s + mv.to(tl.float32)")
@@ -285,10 +288,8 @@ def decode_source(
     w(f"p = tl.exp2((s - m_safe[:, None]){to_log2})")
     w(f"alpha = tl.exp2((m_i - m_safe){to_log2})")
     w("l_i = l_i * alpha + tl.sum(p, axis=1)")
-    w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d, mask=nmask[:, None], other=0.0)")
     w(f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{dot})")
     w("m_i = m_new")
-    w.dedent()
     w.dedent()
     w("if SPLITS > 1:  # partial results of this split; the last split of (b, hk) to finish combines them")
     w.indent()

@@ -46,11 +46,16 @@ class CudaGraph:
     graph: Any = None
     static_in: list[torch.Tensor] | None = None
     static_out: tuple | None = None
+    addresses: tuple[int, ...] = ()  # the static inputs' addresses at the capture
+    copied: tuple[int, ...] = ()  # the inputs copied into the graph's buffers before a replay
+    cloned: tuple[bool, ...] = ()  # which outputs a replay clones (those that are not a static input)
 
     def capture(self, inputs: list) -> bool:
         """Warm up on a side stream (tunes and compiles kernels, settles the allocator), then capture. False
         (with a warning) when the program cannot be captured: it then runs without."""
         self.static_in = [x if i in self.static else x.detach().clone().contiguous() for i, x in enumerate(inputs)]
+        self.addresses = tuple(inputs[i].data_ptr() for i in self.static)
+        self.copied = tuple(i for i in range(len(inputs)) if i not in self.static)
         stream = _warmup_stream(torch.cuda.current_device())
         stream.wait_stream(torch.cuda.current_stream())
         try:
@@ -61,6 +66,8 @@ class CudaGraph:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     self.static_out = self.run(self.static_in)
+            kept = {id(self.static_in[i]) for i in self.static}
+            self.cloned = tuple(id(o) not in kept for o in self.static_out)
             self.graph = graph
             return True
         except Exception as e:  # noqa: BLE001 - a program that cannot be captured still runs
@@ -70,16 +77,16 @@ class CudaGraph:
             self.graph = None
             return False
 
-    def matches(self, inputs: list) -> bool:
-        return all(inputs[i].data_ptr() == self.static_in[i].data_ptr() for i in self.static)
+    def matches(self, addresses: tuple[int, ...]) -> bool:
+        """Whether the static inputs (at `addresses` now) are where the capture saw them."""
+        return addresses == self.addresses
 
     def replay(self, inputs: list) -> tuple:
-        for i, (buf, x) in enumerate(zip(self.static_in, inputs)):
-            if i not in self.static:
-                buf.copy_(x)
+        static_in = self.static_in
+        for i in self.copied:
+            static_in[i].copy_(inputs[i])
         self.graph.replay()
-        kept = {id(self.static_in[i]) for i in self.static}
-        return tuple(o if id(o) in kept else o.clone() for o in self.static_out)
+        return tuple(o.clone() if c else o for o, c in zip(self.static_out, self.cloned, strict=True))
 
     def pays(self, inputs: list) -> bool:
         """Whether replaying beats direct calls (see the module docstring); the timings go to `note`."""

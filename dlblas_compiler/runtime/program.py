@@ -136,7 +136,7 @@ class Program:
             return self.run(inputs)
         if self.weights.changed():
             self.graph = None  # a capture holds the old weights' buffers
-        if self.graph is not None and not self.graph.matches(inputs):
+        if self.graph is not None and not self.graph.matches(addresses):
             self.graph = None  # a new cache (another generate() call): captured again at its address
         if self.graph is None:
             graph = CudaGraph(self.run, self.static_inputs)

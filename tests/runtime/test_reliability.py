@@ -745,8 +745,8 @@ def test_cuda_graph_capture_policy_for_a_cache_written_in_place(monkeypatch):
             events.append(("timed",))
             return True
 
-        def matches(self, inputs):
-            return inputs[0].data_ptr() == self.address
+        def matches(self, addresses):
+            return addresses == (self.address,)
 
         def replay(self, inputs):
             events.append(("replay", inputs[0].data_ptr()))
