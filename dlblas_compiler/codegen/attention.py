@@ -426,14 +426,21 @@ def _decode_rows(plan: AttentionPlan) -> int:
 
 def decode_space(plan: AttentionPlan) -> SearchSpace:
     """Key tiles and splits of the keys: enough programs to fill the GPU (batch x KV heads x splits), each
-    split at least one tile; shared memory for the q, k and v tiles; registers."""
+    split at least one tile; shared memory for the q, k and v tiles; registers. The default splits the keys
+    over up to one program per SM, at least 96 keys a split: a decode step's attention is latency-bound (one
+    query row per head; H100, L = 384: 7.4 µs with 4 splits of 96 keys against 10.2 µs unsplit, and at L = 1024
+    and 4096 the fastest configs split into 128- and 256-key parts; bench/decode_attention.py, NOTES 51)."""
     op = plan.sdpa
     b, _, _, d = shape_of(op.query)
     hk, l_ = shape_of(op.key)[1], shape_of(op.key)[2]
     rows, elem, smem, sms = _decode_rows(plan), dtype_of(op.query).itemsize, device.smem_limit(), device.sm_count()
     splits = 1
-    while splits < 32 and b * hk * splits * 2 <= 2 * sms and l_ // (splits * 2) >= 256:
+    while splits < 16 and b * hk * splits * 2 <= sms and l_ // (splits * 2) >= 96:
         splits *= 2
+    block_n = 64 if l_ // splits >= 64 else max(16, min(32, triton.next_power_of_2(l_)))
+    stages = 3
+    while stages > 1 and (rows + 2 * block_n) * d * elem * stages > smem:
+        stages -= 1
     return SearchSpace(
         DECODE_PARAMS,
         {
@@ -442,8 +449,7 @@ def decode_space(plan: AttentionPlan) -> SearchSpace:
             "shared memory": lambda c: (rows + 2 * c["BLOCK_N"]) * d * elem * c["num_stages"] <= smem,
             "registers": lambda c: rows * (d + c["BLOCK_N"]) <= 96 * 32 * c["num_warps"],
         },
-        default={"BLOCK_N": 64 if l_ >= 64 else max(16, triton.next_power_of_2(l_)), "SPLITS": splits,
-                 "num_warps": 4, "num_stages": 2},  # fmt: skip
+        default={"BLOCK_N": block_n, "SPLITS": splits, "num_warps": 4, "num_stages": stages},
     )
 
 
