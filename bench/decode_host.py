@@ -3,9 +3,9 @@ around it, per token, on the 32-layer Llama-3-8B-shaped model of bench/generate.
 
     python bench/decode_host.py --out OUT [--prompt 128] [--new 64] [--tune none]
 
-For each decode token of one generate(): host ms inside `model.forward` (dynamo's guards, our call: signature,
-weights check, input copies, the graph replay's launch, output clones), inside our compiled module (`CompiledModule.guarded`, the function dynamo calls), inside
-the CUDA-graph replay; GPU ms between CUDA events recorded at the forward's entry and exit (the decode graph);
+For each decode token of one generate(): host ms inside `model.forward` (dynamo's guards, our call: its key,
+weights check, input copies, the graph replay's launch, output clones), inside our compiled module (the function
+dynamo calls, `CompiledModule.guarded`), inside the CUDA-graph replay; GPU ms between CUDA events recorded at the forward's entry and exit (the decode graph);
 the GPU's idle ms from one forward's exit event to the next one's entry event (HF's loop, whose stopping check
 waits for the GPU, plus our host time before the replay). Medians over the decode tokens, and a cProfile of a
 generate() of 33 tokens (cumulative and internal time). Results: OUT/decode_host.json.
