@@ -22,6 +22,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -108,7 +109,8 @@ def main() -> None:
               f"SDPA {row['sdpa_us']} µs, floor {row['floor_us']} µs, worst rel. err {row['worst_rel_err']:.2e}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"decode_attention_{args.tag}.json"), "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_tb_per_s": copy_tbs,
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                   "copy_tb_per_s": copy_tbs,
                    "rows": rows}, f, indent=1)  # fmt: skip
 
 

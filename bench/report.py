@@ -724,6 +724,37 @@ def generation_trace_section(name: str, old: str | None = None, label: str = "")
     return generation_trace_table(doc) + "\n" + source_line(sources) + "\n"
 
 
+def decode_attention_section(name: str, old: str, label: str) -> str:
+    """bench/decode_attention.py from two trees in one device call: per case (cache slots L, valid slots), each
+    tree's fastest config and default config (µs per call in a CUDA graph), torch's SDPA, and the floor."""
+    new_doc, old_doc = _load(name), _load(old)
+    out = ["| L | valid | ours: best config | µs | ours: default | µs | "
+           f"{label}: best | µs | {label}: default | µs | SDPA µs | floor µs |", "|" + "---|" * 12]  # fmt: skip
+    short = lambda c: c.replace("BLOCK_N=", "BN ").replace(",SPLITS=", ", splits ").replace(",num_stages=", ", stages ").replace(",num_warps=", ", warps ")  # noqa: E731
+    for r, o in zip(new_doc["rows"], old_doc["rows"], strict=True):
+        out.append(f"| {r['L']} | {r['valid']} | {short(r['best'])} | {r['best_us']:.2f} | {short(r['default'])} | "
+                   f"{r['default_us']:.2f} | {short(o['best'])} | {o['best_us']:.2f} | {short(o['default'])} | "
+                   f"{o['default_us']:.2f} | {r['sdpa_us']:.2f} | {r['floor_us']:.2f} |")  # fmt: skip
+    env = {"gpu": new_doc.get("gpu"), "torch": new_doc.get("torch"), "triton": new_doc.get("triton")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, ""), (old, env, label)]) + "\n"
+
+
+def decode_host_section(entries: list[tuple[str, str]]) -> str:
+    """bench/decode_host.py rows (file, label): per decode token, host ms inside model.forward, inside our
+    compiled module, inside the graph replay, the GPU's time in the forward and its idle time between forwards."""
+    out = ["| tree | decode ms/token | host ms in model.forward | host ms in ours | host ms in replay | "
+           "GPU ms in forward | GPU idle ms between forwards |", "|" + "---|" * 7]  # fmt: skip
+    sources = []
+    for name, label in entries:
+        doc = _load(name)
+        r = doc["row"]
+        out.append(f"| {label} | {r['decode_ms_per_token']:.2f} | {r['host_ms_in_forward']:.3f} | "
+                   f"{r['host_ms_in_ours']:.3f} | {r['host_ms_in_replay']:.3f} | {r['gpu_ms_in_forward']:.2f} | "
+                   f"{r['gpu_idle_ms_between_forwards']:.3f} |")  # fmt: skip
+        sources.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch")}, label))
+    return "\n".join(out) + "\n\n" + source_line(sources) + "\n"
+
+
 def lengths_table(doc: dict) -> str:
     """bench/lengths.py results: per mode, each new prompt length's first, second and third call (ms; for ours the
     full compiles and shape-family instances the first call took), then the dynamic-cache generate()."""
@@ -865,6 +896,16 @@ SECTIONS = {
                                           "2026-11-27-h100-s12-generate-c-old.json", "tree of 77c4fad"),
     "generation-trace-s12-c": functools.partial(generation_trace_section, "2026-11-27-h100-s12-generate-c.json",
                                                 "2026-11-27-h100-s12-generate-c-old.json", "tree of 77c4fad"),
+    "generation-s13-a": functools.partial(generation_section, "2026-11-27-h100-s13-generate-a.json",
+                                          "2026-11-27-h100-s13-generate-a-old.json", "tree of 86e9852"),
+    "generation-trace-s13-a": functools.partial(generation_trace_section, "2026-11-27-h100-s13-generate-a.json",
+                                                "2026-11-27-h100-s13-generate-a-old.json", "tree of 86e9852"),
+    "generation-s13-p2048": functools.partial(generation_section, "2026-11-27-h100-s13-generate-p2048.json"),
+    "decode-attention-s13": functools.partial(decode_attention_section, "2026-11-27-h100-s13-decode-attention.json",
+                                              "2026-11-27-h100-s13-decode-attention-old.json", "tree of 86e9852"),
+    "decode-host-s13": functools.partial(decode_host_section, [
+        ("2026-11-27-h100-s13-decode-host-old.json", "86e9852 (run b)"),
+        ("2026-11-27-h100-s13-decode-host.json", "this session (run c)")]),
     "replay-s7": functools.partial(replay_section, "2026-11-26-h100-s7-profile-decoder-2048.json"),
     "block-decoder_layer-h100-s7": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s7-decoder-a.json", "2026-11-26-h100-s7-decoder-b.json"], "decoder_layer", merge=True),

@@ -177,3 +177,59 @@ def test_tuning_off_the_gpu_is_noted_in_the_report(tune):
     skipped = "tune='quick' was skipped: tuning times kernels on a CUDA GPU and runs only on the triton backend"
     assert notes == ([] if tune == "none" else [f"{skipped}, not 'interpret'"])
     assert cm.report().kernels and all(k.time is None for k in cm.report().kernels)  # nothing was timed
+
+
+
+def test_calls_dynamo_repeats_skip_describing_every_input(monkeypatch):
+    """Dynamo's guards check each tensor input's type, dtype, device and fixed sizes before it calls a graph: a
+    call it repeats finds its specialization from the ints, the parameters' identities and which inputs share
+    storage, without describing every input (`signature_of` runs once per specialization, not per call); a new
+    length, another instance's parameters and inputs that share storage still select their own specialization."""
+    from dlblas_compiler import api
+
+    described, real = [], api.signature_of
+    monkeypatch.setattr(api, "signature_of", lambda *a: described.append(1) or real(*a))
+
+    class Mix(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x, y):
+            return self.lin(x) + y
+
+    models = [randomize_(Mix(), seed=s).eval() for s in (1, 2)]
+    fast = [torch.compile(m, backend="dlblas", options={"backend": "reference"}) for m in models]
+    calls = 0
+    with torch.no_grad():
+        for m, f, x, y in [(0, 0, 3, 3)] * 3 + [(1, 1, 3, 3), (0, 0, 3, "x"), (0, 0, 5, 5), (0, 0, 6, 6), (0, 0, 6, 6)]:
+            a = torch.randn(x, 8)
+            b = a if y == "x" else torch.randn(y, 8)  # (the same tensor twice: dynamo makes it one input)
+            assert rel_error(fast[f](a, b), models[m](a, b)) < 1e-5
+            calls += 1
+    cms = dynamo.COMPILATIONS
+    assert all(cm._picks is not None for cm in cms)  # (every graph's symbolic sizes follow its int inputs)
+    assert len(described) == sum(cm.specializations for cm in cms) < calls - 2
+
+
+def test_inputs_that_start_sharing_storage_get_their_own_specialization():
+    """Dynamo's guards do not see that two input tensors are views of one storage; a model that writes one of
+    them in place must then read the other after the write, as eager does: the call is keyed on the storage
+    sharing too, and both ways of calling match eager."""
+
+    class Scale(nn.Module):
+        def forward(self, x, y):
+            x.mul_(2)
+            return x + y
+
+    model = Scale()
+    fast = torch.compile(model, backend="dlblas", options={"backend": "reference"})
+    with torch.no_grad():
+        for alias in (False, True, False, True):
+            a = torch.randn(3, 8)
+            b = a.view(3, 8) if alias else torch.randn(3, 8)
+            a2 = a.clone()
+            b2 = a2.view(3, 8) if alias else b.clone()
+            assert torch.equal(fast(a, b), model(a2, b2)) and torch.equal(a, a2)
+    (cm,) = dynamo.COMPILATIONS
+    assert cm.specializations == 2
