@@ -901,6 +901,9 @@ SECTIONS = {
     "generation-trace-s13-a": functools.partial(generation_trace_section, "2026-11-27-h100-s13-generate-a.json",
                                                 "2026-11-27-h100-s13-generate-a-old.json", "tree of 86e9852"),
     "generation-s13-p2048": functools.partial(generation_section, "2026-11-27-h100-s13-generate-p2048.json"),
+    **{f"generation-s13-{x}": functools.partial(generation_section, f"2026-11-27-h100-s13-generate-{x}-graph-timing.json",
+                                                f"2026-11-27-h100-s13-generate-{x}.json", "do_bench timing")
+       for x in "de"},
     "decode-attention-s13": functools.partial(decode_attention_section, "2026-11-27-h100-s13-decode-attention.json",
                                               "2026-11-27-h100-s13-decode-attention-old.json", "tree of 86e9852"),
     "decode-host-s13": functools.partial(decode_host_section, [
