@@ -1,0 +1,57 @@
+"""The GEMM template: Y = x @ W^T over [*rows, K] x [N, K], with a norm prologue and a generated epilogue.
+
+One kernel per region, its variants chosen by the config (the tuner picks; cuBLAS stays a candidate as the
+region's reference):
+  tiled.py     tensor-core tiles (tl.dot), loaded by pointer or through TMA descriptors (sm90+)
+  gemv.py      one-row tiles on CUDA cores for a few rows (decode): the weight streamed along K
+  cublas.py    MM: cuBLAS computes the product and the kernel is the prologue's scaling and the epilogue
+and the parts they share:
+  plan.py      what a region computes (`analyze`: the linear, its norm, each epilogue value's view of the tile)
+  emitter.py   the kernel's skeleton: arguments, the program's tile, the variants' main loops, the epilogue
+  prologue.py  an RMSNorm / LayerNorm before the GEMM: a norm weight on the A tile, row statistics on the result
+  epilogue.py  split-K reduction and everything the planner attached to Y, one store per output
+  norms.py     the row passes a launch runs first (NORM_PASS's normalized rows, the RMSNorm statistics)
+  launch.py    strides, workspaces, the row passes, cuBLAS's product, the grid
+  space.py     the search space, its default and seeds
+Prologue: RMSNorm or LayerNorm. A norm pass (NORM_PASS, always for a LayerNorm) writes the normalized rows first,
+as eager does. Otherwise, for an RMSNorm, the rows' rsqrt(mean(x^2) + eps) comes from the `row_rms` pass, or for a
+few rows from the tile's last program, and scales the accumulator after the K loop; a norm weight that was not
+folded into W scales the A tile.
+"""
+
+from __future__ import annotations
+
+from xdsl.ir import Operation, SSAValue
+
+from ...dialects import FusedOp
+from ...fusion.templates import KernelTemplate, WhyNot, register_template
+from ...tuning.space import SearchSpace
+from ..kernel import Kernel
+from .launch import build
+from .norms import row_layer_norm, row_norm, row_rms
+from .plan import GEMV_ROWS, Cols, GemmPlan, analyze
+from .space import PARAMS, space
+
+__all__ = ["GEMV_ROWS", "PARAMS", "Cols", "GemmPlan", "GemmTemplate", "analyze", "build", "row_layer_norm", "row_norm",
+           "row_rms", "space"]  # fmt: skip
+
+
+class GemmTemplate(KernelTemplate):
+    """Y = x @ W^T with an RMSNorm prologue and an epilogue of everything the planner attached to Y (see the
+    module docstring)."""
+
+    name = "gemm"
+    params = PARAMS
+
+    def can_lower(self, ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | WhyNot:
+        plan = analyze(ops, inputs)
+        return WhyNot(plan) if isinstance(plan, str) else plan
+
+    def emit(self, fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
+        return build(fused, plan, name)
+
+    def space(self, plan: GemmPlan) -> SearchSpace:
+        return space(plan)
+
+
+register_template(GemmTemplate())

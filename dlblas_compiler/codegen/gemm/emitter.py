@@ -1,0 +1,86 @@
+"""The GEMM kernel's skeleton: its arguments, the program's tile (grouped ordering, split-K slice), then one of
+the variants' main loops (`cublas`: the product from cuBLAS; `gemv`: one row per program on CUDA cores; `tiled`:
+tensor-core tiles by pointer or TMA), chosen at run time by the config's constexprs, then the shared epilogue."""
+
+from __future__ import annotations
+
+from ...dialects import ConstantOp
+from ..source import PDL_ARG, Writer, chained_start
+from . import cublas, gemv, tiled
+from .epilogue import EpilogueEmitter
+
+
+class GemmEmitter(EpilogueEmitter):
+    def source(self) -> str:
+        """The kernel's text."""
+        p, w = self.plan, Writer()
+        nrow = len(p.rows)
+        has_bias = p.linear.bias is not None
+        norm_w = p.rms is not None and p.rms.weight is not None
+        for o in p.epilogue:  # external operands, each read through the view of its reader's result
+            for v in o.operands:
+                if v not in p.info and not isinstance(v.owner, ConstantOp):
+                    self.ext.append((v, p.info[o.results[0]], o.results[0]))
+        args = ["x_ptr", "w_ptr"] + (["bias_ptr"] if has_bias else []) + (["nw_ptr"] if norm_w else [])
+        args += [f"e{j}_ptr" for j in range(len(self.ext))] + [f"out{k}_ptr" for k in range(len(self.outputs))]
+        args += ["mm_ptr", "ws_ptr", "cnt_ptr", "rs_ptr", "M"] + [f"R{d}" for d in range(1, nrow)]
+        for j in range(len(self.ext)):
+            args += [f"e{j}_s{d}" for d in range(len(self.ext[j][1].perm))]
+        for k, r in enumerate(self.outputs):
+            args += [f"o{k}_s{d}" for d in range(len(p.info[r].perm))]
+        w("@triton.jit")
+        w(f"def {self.name}(")
+        w.indent()
+        w(", ".join(args) + ",")
+        w("K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,")
+        w("BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,")
+        w("EVEN_K: tl.constexpr, TMA: tl.constexpr, RS_INLINE: tl.constexpr, RS_BLOCK: tl.constexpr, MM: tl.constexpr,")
+        w("NORMED: tl.constexpr, " + PDL_ARG)
+        w.dedent()
+        w("):")
+        w.indent()
+        chained_start(w)
+        w("pid = tl.program_id(0)")
+        w("pid_k = tl.program_id(1)")
+        w("num_m = tl.cdiv(M, BLOCK_M)")
+        w("num_n = tl.cdiv(GRID_N, BLOCK_N)")
+        w("group = GROUP_M * num_n")
+        w("first_m = (pid // group) * GROUP_M")
+        w("size_m = min(num_m - first_m, GROUP_M)")
+        w("pid_m = first_m + (pid % group) % size_m")
+        w("pid_n = (pid % group) // size_m")
+        w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+        if p.narrow_rotary == "half":  # a tile narrower than a head takes matching parts of its two halves,
+            d = max(p.rotary_dims)  # so each rotation pair (j, j + D/2) stays inside the tile
+            w(f"if BLOCK_N < {d}:")
+            w("    ri = tl.arange(0, BLOCK_N)")
+            w(f"    rn = (pid_n * BLOCK_N) // {d} * {d} + (pid_n % ({d} // BLOCK_N)) * (BLOCK_N // 2) + ri % (BLOCK_N // 2) + ri // (BLOCK_N // 2) * {d // 2}")
+            w("else:")
+            w("    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
+        else:
+            w("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
+        w("rk = tl.arange(0, BLOCK_K)")
+        w("mmask = rm < M")
+        w("nmask = rn < GRID_N")
+        w("k_lo = pid_k * K_SPLIT")
+        # Loads wrap rows and columns past the end (modulo) instead of masking them: the extra rows and
+        # columns are never stored, and with EVEN_K (K splits into whole BLOCK_K steps) the K loop's
+        # loads carry no mask at all.
+        # With TMA the tiles come through tensor descriptors (bounds handled by the copy engine, W tiles
+        # [BLOCK_N, BLOCK_K] K-major); otherwise through pointer loads.
+        w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
+        w("if MM:")  # the product x @ W^T came from cuBLAS (mm_ptr, [M, N of W]): this kernel is the epilogue
+        w.indent()
+        cublas.accumulators(self, w)
+        w.dedent()
+        w("elif BLOCK_M == 1:")  # one row per program, CUDA cores: W tiles [BLOCK_N, BLOCK_K] read along K,
+        w.indent()  # products kept per column and K position, summed over K once after the loop
+        gemv.k_loop(self, w, norm_w)
+        w.dedent()
+        w("else:")
+        w.indent()
+        tiled.k_loop(self, w, norm_w)
+        w.dedent()
+        self.emit(w)
+        w.dedent()
+        return w.text()

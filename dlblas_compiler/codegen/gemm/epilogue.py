@@ -1,0 +1,290 @@
+"""The GEMM's epilogue, shared by every variant: after the K loop (or cuBLAS's product) each tile's accumulators
+become Y's tile, and everything the planner attached to Y is computed on it in fp32 before one store per output:
+bias, elementwise ops with other tensors (residual add, ...), column slices (one GEMM for q/k/v), reshapes
+splitting the columns into heads and permutes (written straight into [B, H, S, D]), an RMSNorm over each head's
+columns (Qwen3's q/k norms: the tile holds whole heads, reshaped [BLOCK_M, heads, D] for the statistics), rotary on
+head columns (partner column gathered within the tile; a tile narrower than a head takes the matching slices of its
+two halves), and a gated activation of two column halves (dual GEMM: two accumulators). Split-K programs store
+partial sums and the last one of a tile runs the epilogue."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from xdsl.ir import Operation, SSAValue
+
+from ...dialects import ConstantOp, FusedOp, PermuteOp, ReshapeOp, RMSNormOp, RotaryOp, SliceOp
+from ...dialects.types import dtype_of, shape_of
+from .. import device
+from ..exprs import Names, emit_pointwise, round_to
+from ..source import TL_DTYPE, Writer, row_indices, wide_indices
+from .plan import Cols, GemmPlan
+from .prologue import row_scale
+
+
+class EpilogueEmitter:
+    """The kernel's names, operands and index spaces, and the epilogue's emission (see the module docstring)."""
+
+    def __init__(self, plan: GemmPlan, fused: FusedOp, name: str):
+        self.plan, self.fused, self.name = plan, fused, name
+        self.args = list(fused.block.args)
+        self.outputs = list(fused.yielded.values)
+        self.names = Names()
+        self.wide = wide_indices([*self.args, *self.outputs])
+        self.ext: list[tuple[SSAValue, Cols, SSAValue]] = []  # (region input, view it is read as, reader's value)
+        self.spaces: dict[tuple, str] = {}
+        self.dot = device.dot_args(dtype_of(plan.linear.weight))  # IEEE fp32 unless torch allows TF32
+
+    def emit(self, w: Writer) -> None:
+        """Everything after the K loop: split-K's partial sums and their reduction by the tile's last program, the
+        norm's row scaling and the bias on each accumulator, the epilogue ops, one store per output."""
+        p = self.plan
+        lin = p.linear
+        has_bias = lin.bias is not None
+        nrow = len(p.rows)
+        # Epilogue layout changes go through shared memory; make every warp leave the K loop first.
+        w("tl.debug_barrier()")
+        self._split_k(w)
+        w("if last:")
+        w.indent()
+        w("if SPLIT_K > 1:")
+        w.indent()
+        self._reduce_partials(w)
+        w.dedent()
+        if p.rms is not None:  # the norm prologue's row statistics (see prologue.row_scale)
+            row_scale(self, w)
+        for s, off in enumerate(p.streams):
+            if p.rms is not None:
+                w("if not NORMED:")
+                w(f"    acc{s} = acc{s} * rs[:, None]")
+            if has_bias:
+                w(f"acc{s} += tl.load(bias_ptr + rn + {off}, mask=nmask, other=0.0).to(tl.float32)[None, :]")
+            w(f"y{s} = {round_to(f'acc{s}', lin.result)}")
+        if self.wide:  # epilogue addresses (row * stride, head * stride) pass 2^31
+            w("rm = rm.to(tl.int64)")
+            w("rn = rn.to(tl.int64)")
+        row_indices(w, "rm", nrow)  # canonical row dims
+        names = self.names
+        for o in self.fused.block.ops:
+            if isinstance(o, ConstantOp):
+                names[o.result] = o.triton()
+        if len(p.streams) == 1:
+            names[lin.result] = "y0"
+        for u in lin.result.uses:
+            if isinstance(u.operation, SliceOp) and u.operation.result in p.info:
+                names[u.operation.result] = f"y{p.streams.index(p.info[u.operation.result].stream_lo)}"
+        cones = self._cones()
+        if cones is None:
+            for o in p.epilogue:
+                self._epilogue(w, o)
+            for k in range(len(self.outputs)):
+                self._store(w, k)
+        else:  # each output's own ops and store only in tiles holding some of its columns (q, k, v of one GEMM)
+            for c in dict.fromkeys(p.info.values()):
+                self._space(w, c)  # (index spaces defined once, outside the branches)
+            uses = Counter(o for cone in cones for o in cone)
+            for o in p.epilogue:
+                if uses[o] > 1:
+                    self._epilogue(w, o)
+            for k, (r, cone) in enumerate(zip(self.outputs, cones)):
+                c = p.info[r]
+                w(f"if (tl.max(rn, 0) >= {c.lo}) & (tl.min(rn, 0) < {c.hi}):  # this tile holds columns of output {k}")
+                w.indent()
+                for o in p.epilogue:
+                    if o in cone and uses[o] == 1:
+                        self._epilogue(w, o)
+                self._store(w, k)
+                w.dedent()
+        w.dedent()
+        w.dedent()
+
+    def _cones(self) -> list[set[Operation]] | None:
+        """Per output, the epilogue ops it depends on; None where the epilogue is emitted whole (one output, or
+        two accumulators whose column ranges are relative to different streams)."""
+        p = self.plan
+        if len(self.outputs) < 2 or len(p.streams) > 1:
+            return None
+        producer = {o.results[0]: o for o in p.epilogue}
+        cones = []
+        for r in self.outputs:
+            cone: set[Operation] = set()
+            todo = [r]
+            while todo:
+                o = producer.get(todo.pop())
+                if o is not None and o not in cone:
+                    cone.add(o)
+                    todo.extend(o.operands)
+            cones.append(cone)
+        return cones
+
+    def _epilogue(self, w: Writer, o: Operation) -> None:
+        """Emit one epilogue op (views only rename; external operands are loaded through their reader's view)."""
+        names, res = self.names, o.results[0]
+        if isinstance(o, (SliceOp, ReshapeOp, PermuteOp)):
+            if res not in names:
+                names[res] = names[o.operands[0]]
+            return
+        ext_index = {(e[0], e[2]): j for j, e in enumerate(self.ext)}
+        loaded = {v: self._load_ext(w, ext_index[(v, res)]) for v in o.operands if (v, res) in ext_index}
+        for v, t in loaded.items():
+            names[v] = t
+        if isinstance(o, RotaryOp):
+            self._rotary(w, o)
+        elif isinstance(o, RMSNormOp):
+            self._head_norm(w, o)
+        else:
+            emit_pointwise(w, names, o)
+        for v in loaded:
+            names.names.pop(v)
+
+    def _store(self, w: Writer, k: int) -> None:
+        r = self.outputs[k]
+        idx, member = self._space(w, self.plan.info[r])
+        addr = " + ".join(f"({e}) * o{k}_s{d}" for d, e in enumerate(idx))
+        w(f"tl.store(out{k}_ptr + {addr}, {self.names[r]}.to({TL_DTYPE[dtype_of(r)]}), mask=mmask[:, None] & {member})")
+
+
+    def _split_k(self, w: Writer) -> None:
+        """Split-K: each of SPLIT_K programs of a tile stores its partial sums; the last to finish
+        (an acq_rel counter per tile) reduces them, resets the counter and runs the epilogue."""
+        p = self.plan
+        ns = len(p.streams)
+        w("if SPLIT_K > 1:")
+        w.indent()
+        w("tiles = num_m * num_n")
+        w("offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+        for s in range(ns):
+            w(f"tl.store(ws_ptr + ((pid_k * tiles + pid) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, acc{s})")
+        w('last = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == SPLIT_K - 1')
+        w.dedent()
+        w("else:")
+        w.indent()
+        w("last = True")
+        w.dedent()
+
+    def _reduce_partials(self, w: Writer) -> None:
+        p = self.plan
+        ns = len(p.streams)
+        for s in range(ns):
+            w(f"acc{s} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+        w("for j in range(SPLIT_K):")
+        w.indent()
+        for s in range(ns):
+            w(f'acc{s} += tl.load(ws_ptr + ((j * tiles + pid) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")')
+        w.dedent()
+        w("tl.atomic_xchg(cnt_ptr + pid, 0)")
+
+    def _space(self, w: Writer, c: Cols) -> tuple[list[str], str]:
+        """Canonical index expressions ([BLOCK_M,1] rows, [1,BLOCK_N] columns) and the column membership."""
+        key = c.space()
+        nrow = len(self.plan.rows)
+        rows = [f"i{d}[:, None]" for d in range(nrow)]
+        if key not in self.spaces:
+            j = len(self.spaces)
+            self.spaces[key] = f"c{j}"
+            w(f"c{j} = rn - {c.lo}")
+            w(f"m{j} = ((rn >= {c.lo}) & (rn < {c.hi}) & nmask)[None, :]")
+            inner = 1
+            for d in reversed(range(len(c.split))):
+                size = c.split[d]
+                w(f"c{j}_{d} = (c{j} // {inner}) % {size}" if inner > 1 else f"c{j}_{d} = c{j} % {size}")
+                inner *= size
+        j = self.spaces[key][1:]
+        cols = [f"c{j}_{d}[None, :]" for d in range(len(c.split))]
+        return rows + cols, f"m{j}"
+
+    def _load_ext(self, w: Writer, j: int) -> str:
+        v, c, res = self.ext[j]
+        idx, member = self._space(w, c)
+        addr = " + ".join(f"({e}) * e{j}_s{d}" for d, e in enumerate(idx))
+        mask = f"mmask[:, None] & {member}"
+        logical, own = shape_of(res), shape_of(v)
+        own = (1,) * (len(logical) - len(own)) + own
+        for i, (a, b) in enumerate(zip(own, logical)):
+            if a not in (1, b):  # a narrower operand (partial rotary's cos/sin): no reads past its end
+                mask += f" & ({idx[c.perm[i]]} < {a})"
+        t = self.names.fresh("e")
+        w(f"{t} = tl.load(e{j}_ptr + {addr}, mask={mask}, other=0.0).to(tl.float32)")
+        return t
+
+    def _head_norm(self, w: Writer, o: RMSNormOp) -> None:
+        """RMSNorm over each head's D columns, with dl.rms_norm's rounding: the tile (whole heads, BLOCK_N % D
+        == 0) is reshaped [BLOCK_M, BLOCK_N // D, D] for each head's mean square."""
+        d = self.plan.info[o.input].split[-1]
+        eps, offset, in_f32 = o.attrs
+        names, x = self.names, self.names[o.input]
+        heads, ms, normed, y = names.fresh("hd"), names.fresh("ms"), names.fresh("nrm"), names.fresh("y")
+        w(f"{heads} = tl.reshape(tl.broadcast_to({x}, [BLOCK_M, BLOCK_N]), [BLOCK_M, BLOCK_N // {d}, {d}])")
+        w(f"{ms} = tl.sum({heads} * {heads}, axis=2) / {d}")
+        w(f"{normed} = tl.reshape({heads} * tl.rsqrt({ms} + {eps!r})[:, :, None], [BLOCK_M, BLOCK_N])")
+        if o.weight is None:
+            expr = normed
+        else:
+            weight = f"({names[o.weight]} + {offset!r})" if offset else names[o.weight]
+            expr = f"{normed} * {weight}" if in_f32 else f"{round_to(normed, o.input)} * {weight}"
+        w(f"{y} = {round_to(expr, o.result)}")
+        names[o.result] = y
+
+    def _rotary(self, w: Writer, o: RotaryOp) -> None:
+        """Rotate head columns. With MM (the product in memory) each column's partner is read back from the
+        product: out = x * cos + sign * partner * sin, elementwise, for any tile width. Otherwise in registers:
+        the tile is reshaped so each rotation pair lands in one axis of size 2 (split), rotated, and joined
+        back. Heads of D columns start at tile boundaries (BLOCK_N % D == 0); with partial rotary only the
+        first rotary_dim columns of a head change. A tile narrower than a head (plan.narrow_rotary) is one
+        rotation group: for the half layout its columns are the matching parts of the head's two halves (see
+        `rn`), for the interleaved one a run of pairs."""
+        c = self.plan.info[o.input]
+        d, rd = c.split[-1], o.dim
+        dcol = self._space(w, c)[0][-1]  # the column within the head
+        x, cos, sin = self.names[o.input], self.names[o.cos], self.names[o.sin]
+        names = self.names
+        # (not "c": c<j> names the index spaces)
+        parts = {tag: (names.fresh(tag), names.fresh(tag)) for tag in ("x", "cos", "sin")}
+        t = names.fresh("rot")
+        if self.plan.rotary_from_product:
+            lin, h = self.plan.linear, rd // 2
+            if o.layout.data == "half":  # partner j + h of the first half, j - h of the second
+                delta, sign = f"tl.where({dcol} < {h}, {h}, -{h})", f"tl.where({dcol} < {h}, -1.0, 1.0)"
+            else:  # pairs (2j, 2j + 1)
+                delta, sign = f"tl.where({dcol} % 2 == 0, 1, -1)", f"tl.where({dcol} % 2 == 0, -1.0, 1.0)"
+            pc, xp = names.fresh("pc"), names.fresh("xp")
+            w("if MM:")
+            w.indent()
+            w(f"{pc} = ((rn % GRID_N) + {c.stream_lo})[None, :] + {delta}")
+            w(f"{xp} = tl.load(mm_ptr + (rm % M).to(tl.int64)[:, None] * {self.plan.n} + {pc}).to(tl.float32)")
+            if lin.bias is not None:
+                w(f"{xp} += tl.load(bias_ptr + {pc}).to(tl.float32)")
+            w(f"{xp} = {round_to(xp, lin.result)}")
+            w(f"{t} = {x} * {cos} + {sign} * {xp} * {sin}")
+            w.dedent()
+            w("else:")
+            w.indent()
+
+        def rotate(groups: str, half: str) -> None:
+            if o.layout.data == "half":  # pairs (j, j + half) of each group
+                shape, perm = f"[BLOCK_M, {groups}, 2, {half}]", "[0, 1, 3, 2]"
+            else:  # pairs (2j, 2j + 1)
+                shape, perm = f"[BLOCK_M, {groups}, {half}, 2]", "[0, 1, 2, 3]"
+            for v, tag in ((x, "x"), (cos, "cos"), (sin, "sin")):
+                a, b = parts[tag]
+                w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, BLOCK_N]), {shape}), {perm}))")
+            (x1, x2), (c1, c2), (s1, s2) = parts["x"], parts["cos"], parts["sin"]
+            w(f"{t} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")
+
+        if self.plan.narrow_rotary:
+            w(f"if BLOCK_N < {rd}:")
+            w.indent()
+            rotate("1", "BLOCK_N // 2")
+            w.dedent()
+            w("else:")
+            w.indent()
+            rotate(f"BLOCK_N // {rd}", str(rd // 2))
+            w.dedent()
+        else:
+            rotate(f"BLOCK_N // {rd}", str(rd // 2))
+        if self.plan.rotary_from_product:
+            w.dedent()
+        if rd < d:  # partial rotary: the columns past rotary_dim in each head pass through
+            w(f"{t} = tl.where({dcol} < {rd}, {t}, {x})")
+        names[o.result] = t
+

@@ -1,0 +1,32 @@
+"""The one-row variant (BLOCK_M = 1, decode): each program streams [BLOCK_N, BLOCK_K] weight tiles along K on CUDA
+cores, keeping the products per column and K position and summing over K once after the loop (no tensor cores,
+no padding rows: at decode every loaded weight byte is used once)."""
+
+from __future__ import annotations
+
+from ..source import Writer
+from .prologue import a_tile
+
+
+def k_loop(em, w: Writer, norm_w: bool) -> None:
+    """The K loop for one row: a [1, BLOCK_K] slice of x times [BLOCK_N, BLOCK_K] weight tiles,
+    accumulated elementwise in fp32 and reduced over K after the loop (no tensor cores, no padding rows:
+    at decode every loaded weight byte is used once)."""
+    p = em.plan
+    for s, off in enumerate(p.streams):
+        w(f"b{s}_ptrs = w_ptr + ((rn % GRID_N).to(tl.int64) + {off})[:, None] * K + (k_lo + rk)[None, :]")
+        w(f"acc{s} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)")
+    w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
+    w.indent()
+    a_tile(em, w, norm_w, tma=False)
+    for s in range(len(p.streams)):
+        w("if EVEN_K:")
+        w(f"    b{s} = tl.load(b{s}_ptrs)")
+        w("else:")
+        w(f"    b{s} = tl.load(b{s}_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
+        w(f"acc{s} += b{s}.to(tl.float32) * a.to(tl.float32)")
+        w(f"b{s}_ptrs += BLOCK_K")
+    w("a_ptrs += BLOCK_K")
+    w.dedent()
+    for s in range(len(p.streams)):
+        w(f"acc{s} = tl.sum(acc{s}, axis=1)[None, :]")

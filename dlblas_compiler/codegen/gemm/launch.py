@@ -1,0 +1,119 @@
+"""A GEMM region's launch: the strides of its operands and outputs in canonical order, the row passes before the
+kernel (a norm pass, the RMSNorm statistics), cuBLAS's product for MM configs, split-K's workspace and counters,
+and the kernel's grid and arguments."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ...dialects import FusedOp, LayerNormOp
+from ...dialects.types import dtype_of, numel, shape_of
+from .. import device
+from ..interpreter import launch as launch_lib
+from ..kernel import Kernel
+from ..source import cdiv
+from ..views import Layout, view_chain
+from .emitter import GemmEmitter
+from .norms import row_layer_norm, row_norm, row_rms
+from .plan import Cols, GemmPlan, input_view
+
+RMS_ROWS = 4
+RS_INLINE_ROWS = 16  # up to this many rows the GEMM's last programs compute the norm statistics themselves
+
+
+def _canonical_strides(lay: Layout | tuple[int, ...], c: Cols, logical: tuple[int, ...]) -> list[int]:
+    """Strides, in canonical dim order, of a layout (or a contiguous shape) broadcast to `logical`."""
+    lay = (lay if isinstance(lay, Layout) else Layout.contiguous(lay)).broadcast_to(logical)
+    canon = [0] * len(logical)
+    for i, p in enumerate(c.perm):
+        canon[p] = lay.strides[i]
+    return canon
+
+
+def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
+    em = GemmEmitter(plan, fused, name)
+    src = em.source()
+    m = numel(plan.rows)
+    args = list(fused.block.args)
+    inside = set(fused.body_ops)
+    ext_strides: list[int] = []
+    ext_args: list[int] = []
+    for v, c, res in em.ext:
+        base, chain = input_view(v, inside, args)
+        lay = view_chain(Layout.contiguous(shape_of(base)), chain)
+        ext_strides += _canonical_strides(lay, c, shape_of(res))
+        ext_args.append(args.index(base))
+    out_shapes = [shape_of(r) for r in em.outputs]
+    out_dtypes = [dtype_of(r) for r in em.outputs]
+    out_strides: list[int] = []
+    for r in em.outputs:
+        out_strides += _canonical_strides(shape_of(r), plan.info[r], shape_of(r))
+    lin = plan.linear
+    x_arg = args.index(plan.norm.input if plan.norm else lin.input)
+    w_arg = args.index(lin.weight)
+    pre = [x_arg, w_arg]
+    if lin.bias is not None:
+        pre.append(args.index(lin.bias))
+    if plan.rms is not None and plan.rms.weight is not None:
+        pre.append(args.index(plan.rms.weight))
+    row_sizes = list(plan.rows[1:])
+    ns = len(plan.streams)
+    gn, k = plan.grid_n, plan.k
+    elem = dtype_of(lin.input).itemsize
+    counters: dict[torch.device, torch.Tensor] = {}
+    has_norm, ln = plan.norm is not None, isinstance(plan.norm, LayerNormOp)
+    eps, offset, scale_f32 = plan.rms.attrs if plan.rms else (plan.norm.eps.value.data, 0.0, False) if ln else (0.0, 0.0, False)
+    nw_arg = args.index(plan.norm.weight) if has_norm and plan.norm.weight is not None else None
+    nb_arg = args.index(plan.norm.bias) if ln else None
+
+    def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
+        dev = tensors[x_arg].device
+        outs = [torch.empty(s, dtype=dt, device=dev) for s, dt in zip(out_shapes, out_dtypes)]
+        bm, bn, bk, sk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
+        tiles = cdiv(m, bm) * cdiv(gn, bn)
+        k_split = cdiv(cdiv(k, sk), bk) * bk
+        if sk > 1:
+            ws = torch.empty(sk * tiles * (ns * bm * bn + bm), dtype=torch.float32, device=dev)
+            cnt = counters.get(dev)
+            if cnt is None or cnt.numel() < tiles:  # zeroed once; the last program of each tile resets its counter
+                cnt = counters[dev] = torch.zeros(max(tiles, cdiv(m, 16) * cdiv(gn, 16)), dtype=torch.int32, device=dev)
+        else:
+            ws = cnt = outs[0]
+        mm, normed = config["MM"], has_norm and config["NORM_PASS"]
+        ins = [tensors[i] for i in pre]
+        if normed:  # the normalized rows (as eager computes them) written once: the K loop reads them as they are
+            xn = torch.empty(m, k, dtype=ins[1].dtype, device=dev)
+            kb = min(8192, triton.next_power_of_2(k))  # whole rows up to 8192 columns: x read once
+            grid, rows = (cdiv(m, max(1, 8192 // kb)),), max(1, 8192 // kb)
+            if ln:
+                launch_lib(row_layer_norm, grid, dev, ins[0], tensors[nw_arg], tensors[nb_arg], xn, m, k, eps,
+                           K_BLOCK=kb, ROWS=rows, ONE_PASS=kb >= k, num_warps=8)  # fmt: skip
+            else:
+                launch_lib(row_norm, grid, dev, ins[0], tensors[nw_arg] if nw_arg is not None else xn, xn, m, k, eps,
+                           offset, HAS_W=nw_arg is not None, SCALE_F32=scale_f32, K_BLOCK=kb, ROWS=rows,
+                           ONE_PASS=kb >= k, num_warps=8)  # fmt: skip
+            ins[0] = xn
+        # MM: cuBLAS computes the product and the kernel is the epilogue
+        prod = torch.matmul(ins[0].reshape(m, k), ins[1].t()) if mm else outs[0]
+        rs_inline = has_norm and m <= RS_INLINE_ROWS and not normed
+        if has_norm and not rs_inline and not normed:  # (an RMSNorm: a LayerNorm is always a pass)  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
+            rs = torch.empty(m, dtype=torch.float32, device=dev)
+            launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, triton.next_power_of_2(k)), ROWS=RMS_ROWS)
+        else:
+            rs = outs[0]
+        tma = config["TMA"] and all(t.data_ptr() % 16 == 0 for t in ins[:2])
+        if tma:
+            device.descriptor_scratch()
+        kernel[(tiles, sk)](
+            *ins, *[tensors[i] for i in ext_args], *outs, prod, ws, cnt, rs, m, *row_sizes, *ext_strides,
+            *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
+            K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
+            RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))), MM=mm, NORMED=bool(normed), num_warps=config["num_warps"], num_stages=config["num_stages"],
+        )  # fmt: skip
+        return outs
+
+    flops = 2.0 * m * k * gn * ns
+    nbytes = (m * k + plan.n * k) * elem + sum(numel(s) * dt.itemsize for s, dt in zip(out_shapes, out_dtypes))
+    nbytes += sum(numel(shape_of(v)) * dtype_of(v).itemsize for v, _, _ in em.ext)
+    return Kernel(name, src, launch, fused, {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes)

@@ -1,0 +1,121 @@
+"""The GEMM's search space: tiles, split-K, grouping, warps, stages, TMA and the variant (MM: cuBLAS's product
+with the kernel as its epilogue; NORM_PASS: a row pass for the norm), constrained by the shape, the device and
+the epilogue; its default config and seeds."""
+
+from __future__ import annotations
+
+import triton
+
+from ...dialects import LayerNormOp
+from ...dialects.types import dtype_of, numel
+from ...tuning.space import SearchSpace
+from .. import device
+from ..source import cdiv
+from .plan import GEMV_ROWS, GemmPlan
+
+PARAMS = {
+    "BLOCK_M": [1, 16, 32, 64, 128],
+    "BLOCK_N": [16, 32, 64, 128, 256],
+    "BLOCK_K": [32, 64, 128, 256, 512],
+    "SPLIT_K": [1, 2, 4, 8, 16],
+    "GROUP_M": [1, 8],
+    "num_warps": [4, 8],
+    "num_stages": [2, 3, 4, 5],
+    "TMA": [0, 1],
+    "MM": [0, 1],  # 1: cuBLAS computes x @ W^T, the kernel is the prologue's scaling and the epilogue
+    "NORM_PASS": [0, 1],  # 1: a row pass writes the normalized x (the K loop reads it unscaled, no row statistics)
+}
+
+
+def space(plan: GemmPlan) -> SearchSpace:
+    """Tiles, split-K, grouping, warps, stages and TMA, constrained by the shape, the device's shared memory,
+    SM count and TMA support, and the epilogue (rotary heads within a tile)."""
+    m, gn, k, ns = numel(plan.rows), plan.grid_n, plan.k, len(plan.streams)
+    elem = dtype_of(plan.linear.input).itemsize
+    rot = max(plan.rotary_dims) if plan.rotary_dims else 16
+    narrow = plan.narrow_rotary is not None
+    smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
+    has_norm, ln = plan.norm is not None, isinstance(plan.norm, LayerNormOp)
+    return SearchSpace(
+        PARAMS,
+        {
+            "heads (rotary, per-head norm) fit the tile (MM reads rotary partners back: any width)": lambda c:
+            c["BLOCK_N"] % rot == 0
+            or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"]) or (c["MM"] and plan.rotary_from_product),
+            "one-row (CUDA-core) tiles only for a few rows": lambda c: c["BLOCK_M"] > 1
+            or (m <= GEMV_ROWS and not c["TMA"]),
+            "K blocks over 128 only for one-row tiles": lambda c: c["BLOCK_K"] <= 128 or c["BLOCK_M"] == 1,
+            "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
+            "TMA needs sm90+ and 16-byte row strides": lambda c: not c["TMA"] or (tma_ok and k * elem % 16 == 0),
+            "no block much larger than N": lambda c: c["BLOCK_N"] <= max(16, rot, triton.next_power_of_2(gn)),
+            "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
+            "split K only for under two waves of tiles and long K": lambda c: c["SPLIT_K"] == 1
+            or (cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) < 2 * sms and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]),
+            "shared memory": lambda c: c["BLOCK_M"] == 1
+            or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"] <= smem_limit,
+            "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
+            and (c["BLOCK_M"] > 1 or ns * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * c["num_warps"] * 32),
+            "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
+            "a cuBLAS product (MM) has tensor-core-sized tiles and no K-loop parameters": lambda c: not c["MM"]
+            or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and not c["TMA"] and c["BLOCK_K"] == 32 and c["num_stages"] == 2),
+            "a norm pass only with a norm prologue, always under a cuBLAS product and for a LayerNorm": lambda c:
+            c["NORM_PASS"] == (has_norm and (c["MM"] or c["NORM_PASS"] or ln)),
+        },
+        default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
+                                has_norm, ln),
+        seeds=_seed_configs(m, ns, has_norm, ln),
+    )
+
+
+def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int,
+                    has_norm: bool, ln: bool = False) -> dict:
+    """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): one row streams
+    the weight through CUDA cores in narrow tiles; other decode shapes stream it with more programs
+    (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles (also for the dual GEMM) loaded
+    through TMA (at 128 rows TMA made the default slower: 81 vs 55 µs). Above 16 rows a norm prologue is a row
+    pass: scaling the A tile by the norm weight inside the K loop takes it out of the tensor cores' pipeline (H100,
+    M=2048: 171 vs 148 µs for the QKV GEMM, NOTES 36)."""
+    if m == 1:  # about 8 programs per SM, each streaming 16 weight rows 128 wide (M=1 sweeps, NOTES 19)
+        bn = 16 if narrow or rot <= 16 else rot
+        bk = max(32, min(128, 8192 // (ns * bn), triton.next_power_of_2(k)))
+        tiles, split = -(-n // bn), 1
+        while tiles * split * 2 <= 8 * sms and k // (split * 2) >= 4 * bk and split < 16:
+            split *= 2
+        return {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 1, "num_warps": 4,
+                "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": int(ln)}  # fmt: skip
+    bm = 16 if m <= 16 else 64 if m <= 256 else 128
+    bn = min(max(rot, 128), max(16, rot, triton.next_power_of_2(n)))  # no wider than N
+    bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
+    tiles = -(-m // bm) * -(-n // bn)
+    split = 1
+    while m <= 64 and tiles * split * 4 < 3 * sms and k // (split * 2) >= 4 * bk and split < 8:
+        split *= 2
+    stages = 3 if m > 16 else 4
+    while stages > 2 and (bm + ns * bn) * bk * stages > smem_elems:  # e.g. fp32 operands
+        stages -= 1
+    return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
+            "GROUP_M": 8 if m > bm else 1,
+            "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": stages,
+            "TMA": int(tma and bm == 128), "MM": 0, "NORM_PASS": int(ln or (has_norm and m > 16))}  # fmt: skip
+
+
+def _seed_configs(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dict]:
+    """The best configs of the exhaustive sweeps on H200 and H100 (bench/NOTES.md) for this row count's class,
+    then (above 16 rows) the cuBLAS product with this kernel as its epilogue: the quick search tries them after
+    the default (those the shape's constraints reject are skipped). Above 16 rows a norm is a row pass."""
+    if m == 1:  # QKV, down, gate/up at M=1
+        tiles = [(1, 32, 256, 2, 8, 3, 0), (1, 16, 128, 8, 4, 2, 0), (1, 32, 128, 1, 4, 2, 0)]
+    elif m <= 16:  # QKV (narrow rotary tiles), o-proj, gate/up
+        tiles = [(16, 64, 128, 4, 8, 2, 0), (16, 128, 128, 2, 4, 4, 0), (16, 128, 128, 1, 4, 3, 0)]
+    elif m <= 256:  # QKV, gate/up at 128
+        tiles = [(64, 128, 128, 1, 4, 4, 0), (64, 256, 64, 1, 8, 3, 1)]
+    else:  # QKV, gate/up at 2048 (H200); every plain GEMM of five layers at 2048 (H100, NOTES 36)
+        tiles = [(128, 128, 64, 1, 8, 4, 1), (128, 256, 64, 1, 8, 4, 1), (128, 256, 64, 1, 8, 3, 1)]
+    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages", "TMA")
+    pas = int(ln or (has_norm and m > 16))
+    seeds = [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1, "MM": 0, "NORM_PASS": pas} for t in tiles]
+    if m > 16:  # an epilogue pass over the product: wide tiles, one per 8 warps
+        bm = 64 if m <= 64 else 128
+        seeds.append({"BLOCK_M": bm, "BLOCK_N": 128 if ns == 1 else 64, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 8,
+                      "num_stages": 2, "TMA": 0, "GROUP_M": 8 if m > bm else 1, "MM": 1, "NORM_PASS": pas})  # fmt: skip
+    return seeds
