@@ -233,3 +233,20 @@ def test_inputs_that_start_sharing_storage_get_their_own_specialization():
             assert torch.equal(fast(a, b), model(a2, b2)) and torch.equal(a, a2)
     (cm,) = dynamo.COMPILATIONS
     assert cm.specializations == 2
+
+
+def test_calls_are_described_in_full_where_sizes_do_not_follow_the_int_inputs():
+    """`guarded` trusts dynamo's guards only where every symbolic size of the graph's inputs is a function of its
+    SymInt inputs, read from the placeholders' example values: a graph without them is keyed in full."""
+    from dlblas_compiler import api
+
+    assert not api._sizes_follow_ints(nn.Linear(2, 2))  # (no graph)
+    gm = torch.fx.symbolic_trace(nn.Linear(2, 2))  # (placeholders without dynamo's example values)
+    assert not api._sizes_follow_ints(gm)
+    cm = api.CompiledModule(gm, api.Options(backend="reference"))
+    cm.trust_dynamo_guards([torch.randn(3, 2)])
+    assert cm._picks is None
+    x = torch.randn(3, 2)
+    with torch.no_grad():
+        assert torch.equal(cm.guarded((x,)), gm(x))
+    assert cm.specializations == 1
