@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import random
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from typing import Any
 
 Config = dict[str, Any]
@@ -127,6 +128,18 @@ class SearchSpace:
             if all(ok(config) for ok in checks):
                 return config
         raise ValueError(f"search space has no valid config: {self}")
+
+    def sample(self, rng: random.Random, exclude: Container = (), tries: int = 4096) -> Config | None:
+        """A valid config drawn uniformly from the grid (its points tried at random until one is valid and not in
+        `exclude`, a set of `key`s), without listing the space; after `tries` draws, one from the list of the
+        valid configs not excluded (None when there is none)."""
+        names = list(self.params)
+        for _ in range(tries):
+            values = tuple(rng.choice(c) for c in self.params.values())
+            if values not in exclude and self.is_valid(dict(zip(names, values, strict=True))):
+                return dict(zip(names, values, strict=True))
+        left = [v for v in self._valid_keys() if v not in exclude]
+        return dict(zip(names, rng.choice(left), strict=True)) if left else None
 
     def starts(self) -> list[Config]:
         """The default, then the seeds valid here, without repeats: where a guided search begins."""

@@ -521,3 +521,26 @@ def test_a_bounded_count_of_valid_configs_gives_the_same_budget_without_walking_
     assert space.size() == n and budget == quick.budget(n)
     assert walked == (min(n, limit) if n >= limit else 100 * 100)  # stopped at the limit-th valid config
     assert space.count(3) == min(3, n) and space.count() == n
+
+
+def test_sampling_a_space_does_not_list_it(monkeypatch):
+    """`SearchSpace.sample` draws valid configs from the grid without listing the space (a GEMM grid has ~10^5
+    points, ~2% valid: listing it took ~0.5 s per tuning job whenever the Bayesian search ran out of new proposals);
+    it skips excluded configs, and falls back to the list only when draws keep failing."""
+    import random
+
+    from dlblas_compiler.tuning import SearchSpace, policies
+
+    sparse = SearchSpace({"a": list(range(40)), "b": list(range(40)), "c": list(range(40))},
+                         {"few": lambda c: (c["a"] + c["b"] + c["c"]) % 50 == 0})  # fmt: skip
+    listed = []
+    real = SearchSpace._valid_keys
+    monkeypatch.setattr(SearchSpace, "_valid_keys", lambda self: listed.append(1) or real(self))
+    rng = random.Random(0)
+    seen = {sparse.key(sparse.sample(rng)) for _ in range(200)}
+    assert all(sum(k) % 50 == 0 for k in seen) and len(seen) > 100 and not listed
+    result = policies.bayes(sparse, lambda c: 1.0 + c["a"] / 100, budget=40, patience=None, seed=1)
+    assert result.evaluations == 40 and not listed  # (many proposals break the constraint: misses)
+    tiny = SearchSpace({"a": [1, 2, 3]}, {"only 2": lambda c: c["a"] == 2})
+    assert tiny.sample(rng, exclude={(2,)}, tries=10) is None  # (draws fail, the list has nothing left)
+    assert tiny.sample(rng, tries=1) == {"a": 2}
