@@ -1,0 +1,90 @@
+"""What an attention region computes: one dl.sdpa, the views that produce q/k/v (read as strides) and those that
+consume its output (written as strides); `analyze` accepts a region or says why not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.ir import Operation, SSAValue
+
+from ...dialects import PermuteOp, ReshapeOp, SDPAOp
+from ...dialects.types import shape_of
+from ..views import VIEW_OPS, Layout, view_chain, view_source
+
+DECODE_ROWS = 16  # query rows up to which the split-KV decode kernel runs
+
+
+@dataclass
+class AttentionPlan:
+    sdpa: SDPAOp
+    chains: dict[str, tuple[SSAValue, list[Operation]]]  # q/k/v/mask -> (region input, view chain)
+    out_chain: list[Operation]  # views from the sdpa result to the region output
+
+    @property
+    def decode(self) -> bool:
+        return shape_of(self.sdpa.query)[2] <= DECODE_ROWS
+
+    @property
+    def output(self) -> SSAValue:
+        return self.out_chain[-1].results[0] if self.out_chain else self.sdpa.result
+
+
+def out_layout(chain: list[Operation], final_shape: tuple[int, ...]) -> Layout | None:
+    """Where the sdpa result's elements land in a contiguous buffer of the final view's shape."""
+    lay = Layout.contiguous(final_shape)
+    for op in reversed(chain):
+        src = tuple(op.operands[0].type.get_shape())
+        if isinstance(op, ReshapeOp):
+            try:
+                t = lay.meta().view(src)
+            except RuntimeError:
+                return None
+            lay = Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        elif isinstance(op, PermuteOp):
+            inv = [0] * len(op.permutation)
+            for i, p in enumerate(op.permutation):
+                inv[p] = i
+            t = lay.meta().permute(inv)
+            lay = Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        else:
+            return None
+    return lay
+
+
+def analyze(ops: list[Operation], inputs: list[SSAValue]) -> AttentionPlan | str:
+    sdpas = [o for o in ops if isinstance(o, SDPAOp)]
+    if len(sdpas) != 1 or not all(isinstance(o, VIEW_OPS) for o in ops if o is not sdpas[0]):
+        return "an attention region is one sdpa plus views"
+    op = sdpas[0]
+    inside = set(ops)
+    q, k, v = (shape_of(x) for x in (op.query, op.key, op.value))
+    if len(q) != 4:
+        return f"attention needs [B, H, S, D] operands, got {q}"
+    d = q[-1]
+    if d not in (16, 32, 64, 128, 256) or v[-1] != d:
+        return f"head dim {d} (value dim {v[-1]}): the template takes 16..256, powers of two, equal dims"
+    if min(q[2], k[2]) < 1:
+        return "empty sequence"
+    chains = {}
+    for name, val in (("q", op.query), ("k", op.key), ("v", op.value), ("mask", op.mask)):
+        if val is None:
+            continue
+        found = view_source(val, inside, inputs)
+        if found is None:
+            return f"{name} is not a region input read through views"
+        base, chain = found
+        if view_chain(Layout.contiguous(shape_of(base)), chain) is None:
+            return f"the views producing {name} need a copy"
+        chains[name] = found
+    out_chain, cur = [], op.result
+    while True:
+        users = [u.operation for u in cur.uses if u.operation in inside]
+        if not users:
+            break
+        if len(users) != 1 or not cur.has_one_use():
+            return "the attention output is used twice inside the region"
+        out_chain.append(users[0])
+        cur = users[0].results[0]
+    if out_layout(out_chain, shape_of(cur)) is None:
+        return "the views of the output need a copy"
+    return AttentionPlan(op, chains, out_chain)

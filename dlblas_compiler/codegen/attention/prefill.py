@@ -1,0 +1,139 @@
+"""The prefill kernel (S > DECODE_ROWS query rows): one program per block of BLOCK_M query rows of one head,
+looping over all keys with an online softmax; a key tile the mask keeps nothing of (a materialized causal
+mask's upper triangle) is skipped after reading the mask tile. Its search space."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ...dialects.types import dtype_of, shape_of
+from ...tuning.space import SearchSpace
+from .. import device
+from ..source import PDL_ARG, TL_DTYPE, Writer, chained_start
+from .plan import AttentionPlan
+
+PARAMS = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]}
+
+
+def source(
+    name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, wide: bool = False,
+    nan_rows: bool = False, in_dtype: torch.dtype = torch.float16,
+) -> str:
+    """The kernel text. Scores are kept in log2 units (q pre-scaled by scale * log2(e), exp2), except with an
+    additive float mask: mask values as large as the dtype's minimum would overflow once multiplied by log2(e),
+    so scores stay in natural units and exp2 takes (s - max) * log2(e). A row whose keys are all masked out
+    gives 0 (SDPA's), or NaN with `nan_rows` (an explicit softmax's)."""
+    float_mask = has_mask and not mask_bool
+    w = Writer()
+    w("@triton.jit")
+    w(f"def {name}(")
+    w.indent()
+    w("q_ptr, k_ptr, v_ptr, m_ptr, o_ptr,")
+    w("sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,")
+    w("sm_b, sm_h, sm_s, sm_l, so_b, so_h, so_s, so_d,")
+    w("H, S, L, GROUPS, qk_scale,")
+    w("D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, " + PDL_ARG)
+    w.dedent()
+    w("):")
+    w.indent()
+    chained_start(w)
+    w("pid_m = tl.program_id(0)")
+    w("bh = tl.program_id(1)")
+    w("b = bh // H")
+    w("h = bh % H")
+    w("hk = h // GROUPS")
+    w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    if wide:  # batch * stride and row * stride pass 2^31
+        w("b, h, hk, rm = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64), rm.to(tl.int64)")
+    w("rd = tl.arange(0, D)")
+    w("mmask = rm < S")
+    w("q = tl.load(q_ptr + b * sq_b + h * sq_h + rm[:, None] * sq_s + rd[None, :] * sq_d, mask=mmask[:, None], other=0.0)")
+    if float_mask:
+        w("q = (q.to(tl.float32) * qk_scale).to(q.dtype)  # scores in natural units (the mask is added as it is)")
+    else:
+        w("q = (q.to(tl.float32) * qk_scale).to(q.dtype)  # scores come out in log2 units")
+    w("m_i = tl.full((BLOCK_M,), float('-inf'), tl.float32)")
+    w("l_i = tl.zeros((BLOCK_M,), tl.float32)")
+    w("acc = tl.zeros((BLOCK_M, D), tl.float32)")
+    w("k_base = k_ptr + b * sk_b + hk * sk_h")
+    w("v_base = v_ptr + b * sv_b + hk * sv_h")
+    # blocks entirely below the diagonal (or before L's ragged tail) need no mask
+    if has_mask:
+        w("full = 0")
+    elif causal:
+        w("full = tl.minimum(pid_m * BLOCK_M, L) // BLOCK_N * BLOCK_N")
+    else:
+        w("full = L // BLOCK_N * BLOCK_N")
+    w("hi = (pid_m + 1) * BLOCK_M" if causal else "hi = L")
+    for masked in (False, True):
+        w("for start in range(0, full, BLOCK_N):" if not masked else "for start in range(full, hi, BLOCK_N):")
+        w.indent()
+        w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
+        if masked:
+            w("nmask = rn < L")
+            w("keep = nmask[None, :] & mmask[:, None]")
+            if causal:
+                w("keep = keep & (rn[None, :] <= rm[:, None])")
+        if masked and has_mask:  # the mask tile first: a tile it keeps nothing of (the causal upper triangle that
+            # a materialized mask spells, a cache's unused tail) costs no K/V reads and no dots
+            w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
+            w("keep = keep & (mv != 0)" if mask_bool else "keep = keep & (mv.to(tl.float32) != float('-inf'))")
+            w("if tl.max(keep.to(tl.int32)) > 0:")
+            w.indent()
+        if masked:
+            w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d, mask=nmask[:, None], other=0.0)")
+        else:
+            w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d)")
+        w(f"s = tl.dot(q, tl.trans(k){device.dot_args(in_dtype)})")
+        if masked:
+            if has_mask and not mask_bool:
+                w("s = s + mv.to(tl.float32)")
+            w("s = tl.where(keep, s, float('-inf'))")
+        w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
+        if masked:
+            w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
+        else:
+            w("m_safe = m_new")
+        if float_mask:
+            w("p = tl.exp2((s - m_safe[:, None]) * 1.4426950408889634)")
+            w("alpha = tl.exp2((m_i - m_safe) * 1.4426950408889634)")
+        else:
+            w("p = tl.exp2(s - m_safe[:, None])")
+            w("alpha = tl.exp2(m_i - m_safe)")
+        w("l_i = l_i * alpha + tl.sum(p, axis=1)")
+        if masked:
+            w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d, mask=nmask[:, None], other=0.0)")
+        else:
+            w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d)")
+        w(f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{device.dot_args(in_dtype)})")
+        w("m_i = m_new")
+        if masked and has_mask:
+            w.dedent()
+        w.dedent()
+    if nan_rows:
+        w("out = acc / tl.where(mmask, l_i, 1.0)[:, None]  # a fully masked row: 0 / 0 = NaN, as softmax gives")
+    else:
+        w("out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a fully masked row: 0, as SDPA gives")
+    w(f"tl.store(o_ptr + b * so_b + h * so_h + rm[:, None] * so_s + rd[None, :] * so_d, out.to({TL_DTYPE[out_dtype]}), mask=mmask[:, None])")
+    w.dedent()
+    return w.text()
+
+
+def prefill_space(plan: AttentionPlan) -> SearchSpace:
+    """Query and key blocks within the lengths, shared memory for the q, k and v tiles, and registers."""
+    op = plan.sdpa
+    _, _, s, d = shape_of(op.query)
+    l_ = shape_of(op.key)[2]
+    elem, smem = dtype_of(op.query).itemsize, device.smem_limit()
+    return SearchSpace(
+        PARAMS,
+        {
+            "no block much larger than S": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(s)),
+            "no block much larger than L": lambda c: c["BLOCK_N"] <= max(16, triton.next_power_of_2(l_)),
+            "shared memory": lambda c: (c["BLOCK_M"] + 2 * c["BLOCK_N"]) * d * elem * c["num_stages"] <= smem,
+            "registers": lambda c: c["BLOCK_M"] * (d + c["BLOCK_N"]) <= 96 * 32 * c["num_warps"],
+        },
+        default={"BLOCK_M": 16 if s <= 16 else 64 if s <= 64 else 128, "BLOCK_N": 64 if l_ >= 64 else 16 if l_ <= 16 else 32,
+                 "num_warps": 4 if d <= 64 or s <= 16 else 8, "num_stages": 2},  # fmt: skip
+    )
