@@ -14,6 +14,7 @@ first. Writes OUT/decode_attention_<tag>.json. Run it from two source trees to c
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -66,8 +67,9 @@ def main() -> None:
     ap.add_argument("--cases", default="384:130,384:384,1024:600,4096:256,4096:4096")
     args = ap.parse_args()
 
-    import dlblas_compiler as dc
     from ceilings import measure
+
+    import dlblas_compiler as dc
     from dlblas_compiler.runtime.steps import RegionStep
 
     copy_tbs = measure(products=1)["copy_bytes_per_s"] / 1e12
@@ -89,15 +91,16 @@ def main() -> None:
             space = step.kernel.space
             configs = {}
             for values in itertools.product(*GRID.values()):
-                config = {**default, **dict(zip(GRID, values))}
+                config = {**default, **dict(zip(GRID, values, strict=True))}
                 if not space.is_valid(config):
                     continue
                 step.choice.impl, step.choice.config = "kernel", config
                 out = cm(q, k, v, mask)
                 err = ((out.float() - ref).norm() / ref.norm()).item()
                 key = ",".join(f"{n}={config[n]}" for n in GRID)
-                configs[key] = {"us": round(per_call_us(lambda: cm(q, k, v, mask)), 2), "rel_err": err}
-            sdpa = per_call_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+                configs[key] = {"us": round(per_call_us(functools.partial(cm, q, k, v, mask)), 2), "rel_err": err}
+            sdpa = per_call_us(
+                functools.partial(F.scaled_dot_product_attention, q, k, v, attn_mask=mask, enable_gqa=True))
         best = min(configs, key=lambda c: configs[c]["us"])
         floor_us = 2 * HK * valid * D * 2 / (copy_tbs * 1e12) * 1e6
         dkey = ",".join(f"{n}={default[n]}" for n in GRID)
@@ -106,7 +109,8 @@ def main() -> None:
                "worst_rel_err": max(c["rel_err"] for c in configs.values()), "configs": configs}  # fmt: skip
         rows.append(row)
         print(f"L={length} valid={valid}: best {row['best_us']} µs ({best}), default {row['default_us']} µs ({dkey}), "
-              f"SDPA {row['sdpa_us']} µs, floor {row['floor_us']} µs, worst rel. err {row['worst_rel_err']:.2e}", flush=True)
+              f"SDPA {row['sdpa_us']} µs, floor {row['floor_us']} µs, worst rel. err {row['worst_rel_err']:.2e}",
+              flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"decode_attention_{args.tag}.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
