@@ -357,6 +357,57 @@ def test_gemm_rotary_partners_read_from_the_product(rd, inter):
     assert {(c["BLOCK_N"], c["MM"]) for c in checked} >= {(16, 1), (64, 1), (128, 1), (32, 0)}
 
 
+class PerHeadQKVRotary(nn.Module):
+    """GPT-NeoX's attention input: one projection with bias whose columns are laid out per head as [q | k | v],
+    heads split and moved before the sequence, q, k and v sliced from each head's columns, rotary on q and k."""
+
+    def __init__(self, k, heads, d, rd, inter):
+        super().__init__()
+        self.heads, self.d = heads, d
+        self.qkv = nn.Linear(k, heads * 3 * d)
+        self.rot = Rotary(rd, inter)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, self.heads, 3 * self.d).transpose(1, 2).chunk(3, dim=-1)
+        return self.rot(q, cos, sin), self.rot(k, cos, sin), v
+
+
+@pytest.mark.parametrize("tokens", [1, 7])
+@pytest.mark.parametrize("rd,inter", [(None, False), (4, False), (None, True)])
+def test_gemm_rotary_on_q_k_v_sliced_from_each_heads_columns(tokens, rd, inter):
+    """q, k and v sliced from each head's [q | k | v] columns (GPT-NeoX) are views of the tile holding those
+    positions of each head: the slices and the rotary of q and k run in the QKV GEMM's epilogue (one region),
+    for tiles of one or several [q | k | v] blocks, one-row tiles, split-K and cuBLAS-product (MM) configs, in
+    the half and interleaved layouts and with partial rotary, each against the region's float64 reference."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    d, k = 16, 256  # (K long enough to split)
+    model = randomize_(PerHeadQKVRotary(k, 4, d, rd, inter)).eval()
+    ang = _x(tokens, (rd or d) // 2, seed=3)
+    rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
+    args = [_x(1, tokens, k), rep(ang.cos()), rep(ang.sin())]
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0}
+    configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm}
+               for bm, bn, sk, mm in [(16, 16, 1, 0), (16, 32, 1, 0), (16, 64, 2, 0), (16, 128, 1, 0), (16, 16, 1, 1),
+                                      (16, 64, 1, 1), (1, 16, 1, 0), (1, 32, 2, 0)]]  # fmt: skip
+    with torch.no_grad():
+        out = cm(*args)
+        assert Counter(cm.report().patterns) == {"gemm": 1}
+        prog = cm._spec().executor
+        env = prog._env(args)
+        (step,) = [st for st in prog.steps if isinstance(st, RegionStep)]
+        assert step.kernel.region_ir.count("dl.rotary") == 2 and step.kernel.region_ir.count("dl.slice") == 3
+        tensors = step.inputs(env)
+        refs = step.reference([t.double() for t in tensors])
+        checked = _launch_valid(step, tensors, refs, configs)
+        ref = model.double()(*(a.double() for a in args))
+        assert all(rel_error(o, r) <= tolerance(torch.float32) for o, r in zip(out, ref, strict=True))
+    assert {c["BLOCK_N"] for c in checked} >= {16, 32, 64} and {c["MM"] for c in checked} >= ({0, 1} if tokens > 1 else {0})
+    assert any(c["SPLIT_K"] == 2 for c in checked) and (tokens > 4 or any(c["BLOCK_M"] == 1 for c in checked))
+
+
 class QKNormRotary(nn.Module):
     """Qwen3's attention input: RMSNorm, one q/k/v projection, heads, an RMSNorm over each q and k head (its own
     weight), then rotary on [B, H, S, D]."""

@@ -49,7 +49,7 @@ MODELS = list(REGIONS)
 # More architectures, compiled once (dc.compile, interpret backend: the generated kernels). Rows beyond the rotary
 # embedding's cos and sin (2): Gemma's embedding scale (Qwen3's per-head q/k RMSNorms and the rotary after them ride
 # in the QKV GEMM's epilogue, as Llama's rotary does); Gemma2's post-attention and
-# post-MLP norms and its soft-capped logits; GPT-NeoX and StableLM's LayerNorms and partial rotary; OPT's and BERT's
+# post-MLP norms and its soft-capped logits; GPT-NeoX's and StableLM's LayerNorms; OPT's and BERT's
 # LayerNorms (and the embedding sums); Mixtral's router softmax and top-k run inside dl.moe (library kernels), its
 # attention as Llama's. docs/architectures.md (scripts/architectures.py) lists each model's regions and what stays out.
 MORE_REGIONS = {
@@ -57,7 +57,7 @@ MORE_REGIONS = {
     "gemma": Counter({"row": 3, "gemm": 4 * 2 + 1, "attention": 2}),
     "gemma2": Counter({"row": 7, "gemm": 4 * 2 + 1, "attention": 2}),
     "phi3": LLAMA_LIKE,
-    "gpt_neox": Counter({"row": 11, "gemm": 4 * 2 + 1, "attention": 2}),
+    "gpt_neox": Counter({"row": 7, "gemm": 4 * 2 + 1, "attention": 2}),  # (q/k slices and rotary in the QKV GEMM)
     "opt": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
     "stablelm": Counter({"row": 7, "gemm": 4 * 2 + 1, "attention": 2}),
     "bert": Counter({"row": 5, "gemm": 4 * 2 + 1, "attention": 2}),

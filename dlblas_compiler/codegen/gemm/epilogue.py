@@ -189,6 +189,11 @@ class EpilogueEmitter:
                 size = c.split[d]
                 w(f"c{j}_{d} = (c{j} // {inner}) % {size}" if inner > 1 else f"c{j}_{d} = c{j} % {size}")
                 inner *= size
+            if c.window is not None:  # only these positions of the innermost dim, which index from their start
+                start, size = c.window
+                last = len(c.split) - 1
+                w(f"c{j}_{last} = c{j}_{last} - {start}")
+                w(f"m{j} = m{j} & ((c{j}_{last} >= 0) & (c{j}_{last} < {size}))[None, :]")
         j = self.spaces[key][1:]
         cols = [f"c{j}_{d}[None, :]" for d in range(len(c.split))]
         return rows + cols, f"m{j}"
@@ -234,7 +239,7 @@ class EpilogueEmitter:
         rotation group: for the half layout its columns are the matching parts of the head's two halves (see
         `rn`), for the interleaved one a run of pairs."""
         c = self.plan.info[o.input]
-        d, rd = c.split[-1], o.dim
+        d, rd = c.head, o.dim
         dcol = self._space(w, c)[0][-1]  # the column within the head
         x, cos, sin = self.names[o.input], self.names[o.cos], self.names[o.sin]
         names = self.names

@@ -9,7 +9,7 @@ canonical order, so one formula serves every layout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from xdsl.ir import Operation, SSAValue
 
@@ -43,9 +43,17 @@ class Cols:
     hi: int
     split: tuple[int, ...]
     perm: tuple[int, ...]  # logical dim i is canonical dim perm[i]
+    # (start, size): the value holds only these positions of the innermost split dim (GPT-NeoX's q, k and v,
+    # sliced from each head's [q | k | v] columns); its logical innermost index is the position minus start
+    window: tuple[int, int] | None = None
+
+    @property
+    def head(self) -> int:
+        """The width of the value's innermost dim (a head's columns)."""
+        return self.window[1] if self.window else self.split[-1]
 
     def space(self) -> tuple:
-        return (self.lo, self.hi, self.split)
+        return (self.lo, self.hi, self.split) if self.window is None else (self.lo, self.hi, self.split, self.window)
 
 
 @dataclass
@@ -154,20 +162,23 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
             base = max(o for o in offsets if o <= start)
             if start - base + (c.hi - c.lo) > w:
                 return "a column range crosses the two halves"
-            plan.info[v] = Cols(base, start - base, start - base + (c.hi - c.lo), c.split, c.perm)
+            plan.info[v] = replace(c, stream_lo=base, lo=start - base, hi=start - base + (c.hi - c.lo))
     else:
         plan.grid_n = n
     for o in plan.epilogue:
         if isinstance(o, RotaryOp):
             c = plan.info[o.input]
-            d, rd = c.split[-1], o.dim
+            d, rd = c.head, o.dim
+            if c.window is not None and (c.window[0] % d or c.split[-1] % d):
+                return f"rotary on a {d}-column slice at {c.window[0]} of {c.split[-1]}-column heads: not at multiples of {d}"
             if c.lo % d or d & (d - 1) or d > 256 or rd & (rd - 1) or d % rd:
                 return f"rotary on head dim {d} (rotary dim {rd}, column offset {c.lo}) does not tile: powers of two <= 256"
             plan.rotary_dims.add(d)
     rotaries = [o for o in plan.epilogue if isinstance(o, RotaryOp)]
     plan.rotary_from_product = bool(rotaries) and all(_view_of(o.input, lin.result) for o in rotaries)
-    rots = {(plan.info[o.input].split[-1], o.dim, o.layout.data) for o in rotaries}
-    if len(rots) == 1 and (r := rots.pop())[0] == r[1] and plan.grid_n % r[0] == 0 and not plan.head_norm:
+    rots = {(plan.info[o.input].head, o.dim, o.layout.data) for o in rotaries}
+    windowed = any(plan.info[o.input].window is not None for o in rotaries)
+    if len(rots) == 1 and (r := rots.pop())[0] == r[1] and plan.grid_n % r[0] == 0 and not plan.head_norm and not windowed:
         plan.narrow_rotary = r[2]  # one full-head rotary over whole heads: tiles may hold part of a head
     return plan
 
@@ -192,18 +203,21 @@ def _epilogue_op(plan: GemmPlan, o: Operation, inside: set, nrow: int) -> str | 
     shp = shape_of(ins[0])
     if isinstance(o, SliceOp):
         dim, start, end, step = o.bounds()
-        if step != 1 or dim != len(shp) - 1 or len(c.split) != 1 or c.perm[-1] != nrow:
-            return "only a slice of undivided columns (last dim) fuses"
-        plan.info[o.result] = Cols(c.stream_lo, c.lo + start, c.lo + end, (end - start,), c.perm)
-        return None
+        if step == 1 and dim == len(shp) - 1 and len(c.split) == 1 and c.perm[-1] == nrow and c.window is None:
+            plan.info[o.result] = Cols(c.stream_lo, c.lo + start, c.lo + end, (end - start,), c.perm)
+            return None
+        if step == 1 and dim == len(shp) - 1 and len(c.split) > 1 and c.perm[-1] == nrow + len(c.split) - 1 and c.window is None:
+            plan.info[o.result] = replace(c, window=(start, end - start))  # q, k or v of each head's columns
+            return None
+        return "only a slice of undivided columns, or of each head's columns (last dim), fuses"
     if isinstance(o, ReshapeOp):
-        nc = _split_cols(c, shp, shape_of(o.result), nrow)
+        nc = _split_cols(c, shp, shape_of(o.result), nrow) if c.window is None else None
         if nc is None:
             return "a reshape that mixes row and column dims"
         plan.info[o.result] = nc
         return None
     if isinstance(o, PermuteOp):
-        plan.info[o.result] = Cols(c.stream_lo, c.lo, c.hi, c.split, tuple(c.perm[p] for p in o.permutation))
+        plan.info[o.result] = replace(c, perm=tuple(c.perm[p] for p in o.permutation))
         return None
     if isinstance(o, RotaryOp):
         if o.input not in plan.info or o.cos in plan.info or o.sin in plan.info:
@@ -214,7 +228,7 @@ def _epilogue_op(plan: GemmPlan, o: Operation, inside: set, nrow: int) -> str | 
         return None
     if isinstance(o, RMSNormOp):  # over each head's columns (the innermost column dim)
         d = c.split[-1]
-        if o.input is not ins[0] or len(c.split) < 2 or c.perm[-1] != nrow + len(c.split) - 1:
+        if o.input is not ins[0] or len(c.split) < 2 or c.perm[-1] != nrow + len(c.split) - 1 or c.window is not None:
             return "an RMSNorm in the epilogue normalizes the innermost column dim of heads split from the tile"
         if c.lo % d or d & (d - 1) or d > 256:
             return f"a per-head RMSNorm over {d} columns (offset {c.lo}) does not tile: powers of two <= 256"
@@ -228,7 +242,7 @@ def _epilogue_op(plan: GemmPlan, o: Operation, inside: set, nrow: int) -> str | 
     if isinstance(o, POINTWISE):
         for v in ins[1:]:
             c2 = plan.info[v]
-            if (c2.hi - c2.lo, c2.split, c2.perm) != (c.hi - c.lo, c.split, c.perm):
+            if (c2.hi - c2.lo, c2.split, c2.perm, c2.window) != (c.hi - c.lo, c.split, c.perm, c.window):
                 return f"{o.name} combines differently shaped views of the tile"
         for v in outside:
             vs, rs = shape_of(v), shape_of(o.results[0])
