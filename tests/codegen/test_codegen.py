@@ -357,6 +357,27 @@ def test_gemm_rotary_partners_read_from_the_product(rd, inter):
     assert {(c["BLOCK_N"], c["MM"]) for c in checked} >= {(16, 1), (64, 1), (128, 1), (32, 0)}
 
 
+def _one_gemm_region_every_config(model, args, configs, ops: dict[str, int], outputs: bool = False):
+    """Compile `model` (interpreter), check it is one GEMM region holding `ops` (name -> count) and that its outputs
+    match the float64 model, then launch each valid config of `configs` against the region's float64 reference;
+    returns the configs checked (and, with `outputs`, the compiled and float64 outputs)."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    out = cm(*args)
+    assert Counter(cm.report().patterns) == {"gemm": 1}
+    prog = cm._spec().executor
+    env = prog._env(args)
+    (step,) = [st for st in prog.steps if isinstance(st, RegionStep)]
+    assert {op: step.kernel.region_ir.count(op) for op in ops} == ops
+    tensors = step.inputs(env)
+    refs = step.reference([t.double() for t in tensors])
+    checked = _launch_valid(step, tensors, refs, configs)
+    ref = model.double()(*(a.double() for a in args))
+    assert all(rel_error(o, r) <= tolerance(torch.float32) for o, r in zip(out, ref, strict=True))
+    return (checked, out, ref) if outputs else checked
+
+
 class PerHeadQKVRotary(nn.Module):
     """GPT-NeoX's attention input: one projection with bias whose columns are laid out per head as [q | k | v],
     heads split and moved before the sequence, q, k and v sliced from each head's columns, rotary on q and k."""
@@ -380,30 +401,17 @@ def test_gemm_rotary_on_q_k_v_sliced_from_each_heads_columns(tokens, rd, inter):
     positions of each head: the slices and the rotary of q and k run in the QKV GEMM's epilogue (one region),
     for tiles of one or several [q | k | v] blocks, one-row tiles, split-K and cuBLAS-product (MM) configs, in
     the half and interleaved layouts and with partial rotary, each against the region's float64 reference."""
-    from dlblas_compiler.runtime.program import RegionStep
-
     d, k = 16, 256  # (K long enough to split)
     model = randomize_(PerHeadQKVRotary(k, 4, d, rd, inter)).eval()
     ang = _x(tokens, (rd or d) // 2, seed=3)
     rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
     args = [_x(1, tokens, k), rep(ang.cos()), rep(ang.sin())]
-    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
     base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0}
     configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm}
                for bm, bn, sk, mm in [(16, 16, 1, 0), (16, 32, 1, 0), (16, 64, 2, 0), (16, 128, 1, 0), (16, 16, 1, 1),
                                       (16, 64, 1, 1), (1, 16, 1, 0), (1, 32, 2, 0)]]  # fmt: skip
     with torch.no_grad():
-        out = cm(*args)
-        assert Counter(cm.report().patterns) == {"gemm": 1}
-        prog = cm._spec().executor
-        env = prog._env(args)
-        (step,) = [st for st in prog.steps if isinstance(st, RegionStep)]
-        assert step.kernel.region_ir.count("dl.rotary") == 2 and step.kernel.region_ir.count("dl.slice") == 3
-        tensors = step.inputs(env)
-        refs = step.reference([t.double() for t in tensors])
-        checked = _launch_valid(step, tensors, refs, configs)
-        ref = model.double()(*(a.double() for a in args))
-        assert all(rel_error(o, r) <= tolerance(torch.float32) for o, r in zip(out, ref, strict=True))
+        checked = _one_gemm_region_every_config(model, args, configs, {"dl.rotary": 2, "dl.slice": 3})
     assert {c["BLOCK_N"] for c in checked} >= {16, 32, 64} and {c["MM"] for c in checked} >= ({0, 1} if tokens > 1 else {0})
     assert any(c["SPLIT_K"] == 2 for c in checked) and (tokens > 4 or any(c["BLOCK_M"] == 1 for c in checked))
 
@@ -434,29 +442,17 @@ def test_gemm_per_head_rms_norm_before_rotary(tokens):
     K-loop and cuBLAS-product (MM) configs and split-K, each against the region's float64 reference; tiles
     narrower than a head are not in the space. In bf16 the compiled module's error against float64 is eager's.
     (For up to GEMV_ROWS rows the norm stays out: test_per_head_norm_stays_out_of_the_decode_gemv.)"""
-    from dlblas_compiler.runtime.program import RegionStep
-
     d, k = 32, 256  # (K long enough to split)
     model = randomize_(QKNormRotary(k, 4, 2, d)).eval()
     ang = _x(tokens, d // 2, seed=3)
     args = [_x(1, tokens, k), torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)]
-    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
     base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0}
     configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": p}
                for bm, bn, sk, mm, p in [(16, 32, 1, 0, 0), (16, 64, 2, 0, 0), (16, 128, 1, 0, 1), (16, 32, 1, 1, 1),
                                          (16, 64, 1, 1, 1), (1, 32, 1, 0, 0), (16, 16, 1, 0, 0), (16, 16, 1, 1, 1)]]  # fmt: skip
     with torch.no_grad():
-        out = cm(*args)
-        assert Counter(cm.report().patterns) == {"gemm": 1}
-        prog = cm._spec().executor
-        env = prog._env(args)
-        (step,) = [st for st in prog.steps if isinstance(st, RegionStep)]
-        assert step.kernel.region_ir.count("dl.rms_norm") == 3 and step.kernel.region_ir.count("dl.rotary") == 2
-        tensors = step.inputs(env)
-        refs = step.reference([t.double() for t in tensors])
-        checked = _launch_valid(step, tensors, refs, configs)
-        ref = model.double()(*(a.double() for a in args))
-        assert all(rel_error(o, r) <= tolerance(torch.float32) for o, r in zip(out, ref))
+        checked, out, ref = _one_gemm_region_every_config(model, args, configs, {"dl.rms_norm": 3, "dl.rotary": 2},
+                                                           outputs=True)  # fmt: skip
         bf = copy.deepcopy(model).to(torch.bfloat16)
         bargs = [a.to(torch.bfloat16) for a in args]
         ours, eager = dc.compile(bf, backend="interpret", cuda_graphs=False)(*bargs), bf(*bargs)
