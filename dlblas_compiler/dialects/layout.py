@@ -202,10 +202,13 @@ class BroadcastOp(IRDLOperation):
 class IndexCopyOp(IRDLOperation):
     """`dl.index_copy`: `dest` with the slices `index` along `dim` replaced by `source`'s (torch.index_copy: the
     value of `dest.index_copy_(dim, index, source)`, a KV-cache update). Value semantics like every dl op; the
-    runtime writes `dest` in place where nothing reads the old value afterwards (see runtime.inplace)."""
+    runtime writes `dest` in place where nothing reads the old value afterwards (see runtime.inplace). Of a GEMM's
+    tile along a row dim (k and v of a QKV projection), it joins the GEMM's epilogue: the tile's rows are stored at
+    the positions `index` holds."""
 
     name = "dl.index_copy"
-    UNFUSED: ClassVar[str] = "a cache update: it writes its destination in place where nothing reads the old value after it"
+    UNFUSED: ClassVar[str] = ("a cache update whose source no GEMM epilogue stores: it writes its destination in "
+                              "place where nothing reads the old value after it")
     dest = operand_def(DLFloatTensor)
     index = operand_def(TensorType.constr(BaseAttr(IntegerType)))
     source = operand_def(DLFloatTensor)

@@ -1,8 +1,8 @@
 """The built-in fusion patterns, registered through the same public API users have.
 
   gemm       (100)  [rms_norm →] linear → epilogue (bias, residual, glu of two column halves, rotary on
-                    head columns, slices, head reshapes/permutes, casts), as far as the gemm template
-                    takes it                                                          → gemm template
+                    head columns, slices, head reshapes/permutes, casts, k/v stored into a cache at
+                    their positions), as far as the gemm template takes it           → gemm template
   attention   (50)  sdpa with the views that produce q/k/v and consume its output   → attention template
   row         (10)  elementwise chains, row reductions, norms, softmax, rotary, grown along the legal
                     producer/consumer edges (DNNFusion)                               → row template

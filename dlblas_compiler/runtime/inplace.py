@@ -8,6 +8,9 @@ input, and nothing reads the old value afterwards, directly or through a view (w
 order). Those run as `InPlaceIndexCopy` steps; the write-back then copies the tensor onto itself, which torch
 skips, and a CUDA graph captures the input at its own address (`CudaGraph.static`).
 
+A GEMM region whose epilogue stores k and v into the cache (`region_writes`: it yields an index_copy's result) is
+given the caller's cache tensor under the same conditions, else a copy of it (`RegionStep.writes`).
+
 An in-place torch method on an input (a cache's length counter: `cumulative_length.add_(n)`), which the IR runs
 on a copy of the input, runs on the input itself under the same conditions (no copy before it, none after).
 Every other input the model writes gets its final value copied into it by the program's last steps
@@ -24,14 +27,15 @@ from dataclasses import dataclass
 from xdsl.dialects import func
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
-from ..dialects import ConvertOp, IndexCopyOp, TorchCallOp, VIEW_OPS
+from ..dialects import ConvertOp, FusedOp, IndexCopyOp, TorchCallOp, VIEW_OPS
 
 ALIASING = (*VIEW_OPS, ConvertOp, TorchCallOp)  # ops whose result may share its operand's memory at run time
 
 
-def inplace_updates(fn: func.FuncOp, imported) -> dict[IndexCopyOp | TorchCallOp, int]:
-    """The ops that may write their destination input in place -> its block argument index: dl.index_copy into
-    an input, and in-place torch methods on an input (`counter.add_(n)`, which the IR runs on a copy)."""
+def inplace_updates(fn: func.FuncOp, imported) -> dict[Operation, tuple[int, ...]]:
+    """The ops that may write their destination inputs in place -> those block arguments' indices: dl.index_copy
+    into an input, in-place torch methods on an input (`counter.add_(n)`, which the IR runs on a copy), and regions
+    whose kernel stores into an input at indexed positions (`region_writes`)."""
     block = fn.body.block
     order = {op: i for i, op in enumerate(block.ops)}
     ret = block.last_op
@@ -40,37 +44,51 @@ def inplace_updates(fn: func.FuncOp, imported) -> dict[IndexCopyOp | TorchCallOp
     for kind, key, res in imported.writes:
         if kind == "input" and key in imported.arg_positions:
             written[imported.arg_positions.index(key)] = ret.operands[res]
-    found: dict[IndexCopyOp | TorchCallOp, int] = {}
+    found: dict[Operation, tuple[int, ...]] = {}
     for op in block.ops:
-        dest, result = _destination(op)
-        if not isinstance(dest, BlockArgument):
-            continue
-        arg = dest.index
-        if written.get(arg) is not result or _read_after(dest, op, order):
-            continue
-        if any(v is result for v in list(ret.operands)[:n_out]):
-            continue  # also a user-visible output: eager returns the cache tensor there, keep it functional
-        found[op] = arg
+        args = []
+        for dest, result in _destinations(op):
+            if not isinstance(dest, BlockArgument):
+                continue
+            arg = dest.index
+            if written.get(arg) is not result or _read_after(dest, op, order):
+                continue
+            if any(v is result for v in list(ret.operands)[:n_out]):
+                continue  # also a user-visible output: eager returns the cache tensor there, keep it functional
+            args.append(arg)
+        if args:
+            found[op] = tuple(args)
     return found
 
 
-def _destination(op: Operation) -> tuple[SSAValue | None, SSAValue | None]:
+def region_writes(fused: FusedOp) -> list[tuple[int, int]]:
+    """(input position, output position) of each region input a region's kernel writes at indexed positions: the
+    destination of an index_copy whose result the region yields (a GEMM storing k and v into a KV cache)."""
+    args = list(fused.block.args)
+    return [(args.index(y.owner.dest), i) for i, y in enumerate(fused.yielded.values)
+            if isinstance(y.owner, IndexCopyOp) and y.owner.dest in args]  # fmt: skip
+
+
+def _destinations(op: Operation) -> list[tuple[SSAValue, SSAValue]]:
     """(the tensor `op` writes a new value of, that new value) for the ops that may write in place."""
     if isinstance(op, IndexCopyOp):
-        return op.dest, op.result
+        return [(op.dest, op.result)]
     if isinstance(op, TorchCallOp) and op.written is not None:
-        return op.written, op.res[0]
-    return None, None
+        return [(op.written, op.res[0])]
+    if isinstance(op, FusedOp):
+        return [(op.inputs[i], op.outputs[o]) for i, o in region_writes(op)]
+    return []
 
 
-def input_writes(fn: func.FuncOp, imported, inplace: dict[IndexCopyOp, int]) -> list[tuple[int, SSAValue]]:
+def input_writes(fn: func.FuncOp, imported, inplace: dict[Operation, tuple[int, ...]]) -> list[tuple[int, SSAValue]]:
     """(block argument index, the value written into that input) for the inputs the model writes whose new
     value the program can copy into them as its last step: not already written in place, not the input itself
     unchanged, not also a user-visible output (eager returns the input tensor there), and not an input whose old
     value another write or an output still needs."""
     ret = fn.body.block.last_op
     n_out = len(ret.operands) - len(imported.writes)
-    done = {_destination(op)[1] for op in inplace}
+    done = {result for op, found in inplace.items() for dest, result in _destinations(op)
+            if isinstance(dest, BlockArgument) and dest.index in found}  # fmt: skip
     args = list(fn.body.block.args)
     writes = [(imported.arg_positions.index(key), ret.operands[res]) for kind, key, res in imported.writes
               if kind == "input" and key in imported.arg_positions]  # fmt: skip

@@ -24,14 +24,14 @@ from typing import Any
 import torch
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ..codegen.device import has_pdl
-from ..dialects import CatOp, ConstantOp, FusedOp, ParamOp, TorchCallOp
+from ..dialects import CatOp, ConstantOp, FusedOp, IndexCopyOp, ParamOp, TorchCallOp
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
 from .graphs import CudaGraph
-from .inplace import InPlaceIndexCopy, WriteInput, inplace_updates, input_writes, reaches_output
+from .inplace import InPlaceIndexCopy, WriteInput, inplace_updates, input_writes, reaches_output, region_writes
 from .ops import OP_STEPS, op_step
 from .selection import tune_region
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
@@ -55,11 +55,15 @@ def _log_choices(choices: list[KernelChoice]) -> None:
             log.debug("region %s runs its %s: %s", c.region, c.impl, c.reason or "-")
 
 
-def run_ops(ops: list[Operation], env: dict[SSAValue, Any]) -> None:
-    """Execute ops by their torch references (constants as Python scalars)."""
+def run_ops(ops: list[Operation], env: dict[SSAValue, Any], in_place: frozenset[SSAValue] = frozenset()) -> None:
+    """Execute ops by their torch references (constants as Python scalars); an index_copy into one of `in_place`
+    writes that tensor itself (`index_copy_`)."""
     for op in ops:
         if isinstance(op, ConstantOp):
             env[op.result] = op.scalar
+            continue
+        if isinstance(op, IndexCopyOp) and op.dest in in_place:
+            env[op.result] = env[op.dest].index_copy_(op.axis, env[op.index], env[op.source])
             continue
         out = op.reference(*[env[o] for o in op.operands])
         for r, val in zip(op.results, out if isinstance(out, tuple) else (out,)):
@@ -218,7 +222,8 @@ class Builder:
             cuda_graphs = False  # the all-to-all exchanges token counts through the host
         choices = [st.choice for st in steps if isinstance(st, RegionStep)]
         program = Program(inputs, outputs, steps, len(self.slots), weights, choices, cuda_graphs, tune_mode,
-                          static_inputs=tuple(sorted({*self.inplace.values(), *(arg for arg, _ in writes)})),
+                          static_inputs=tuple(sorted({*(a for args in self.inplace.values() for a in args),
+                                                      *(arg for arg, _ in writes)})),
                           frees=frees, moves=self._moves())  # fmt: skip
         program.recipe = Recipe(self, made)
         return program
@@ -264,6 +269,7 @@ class Builder:
         if isinstance(step, RegionStep):
             new = copy.copy(step)
             new.ins, new.outs, new.choice = ins, outs, dataclasses.replace(step.choice, region=op.label)
+            new.writes = self._writes(op)
             return new
         if isinstance(step, ReferenceStep):
             return ReferenceStep(step.op, step.fn, ins, outs)
@@ -271,6 +277,13 @@ class Builder:
             return ConstantStep(outs[0], step.value)
         assert isinstance(step, InPlaceIndexCopy) and op in self.inplace, step
         return InPlaceIndexCopy(self.slots[op.dest], step.dim, self.slots[op.index], self.slots[op.source], self.slots[op.result])
+
+    def _writes(self, fused: FusedOp) -> tuple[tuple[int, bool], ...]:
+        """The region inputs its kernel writes at indexed positions, each with whether it may write the caller's
+        tensor (`inplace_updates` found nothing reading its old value afterwards)."""
+        found = self.inplace.get(fused, ())
+        return tuple((i, isinstance(v := fused.inputs[i], BlockArgument) and v.index in found)
+                     for i, _ in region_writes(fused))  # fmt: skip
 
     def _moves(self) -> tuple[tuple[int, torch.device], ...]:
         positions = self.imported.arg_positions
@@ -323,15 +336,16 @@ class Builder:
         outs = [self.slot(r) for r in fused.outputs]
         ops, args, yielded = fused.body_ops, list(fused.block.args), list(fused.yielded.values)
 
-        def reference(tensors: list) -> list:
+        def reference(tensors: list, in_place: tuple[int, ...] = ()) -> list:
             env: dict[SSAValue, Any] = dict(zip(args, tensors))
-            run_ops(ops, env)
+            run_ops(ops, env, frozenset(args[i] for i in in_place))
             return [env[v] for v in yielded]
 
         opts = self.options
         step = RegionStep(KernelChoice(fused.label, fused.pattern.data), ins, outs, reference, interpret=self.interpret,
                           strict=opts.strict, checks=-1 if opts.check is True else int(opts.check),
-                          prefer_kernel=opts.prefer_kernels, profile="profile" in fused.attributes)  # fmt: skip
+                          prefer_kernel=opts.prefer_kernels, profile="profile" in fused.attributes,
+                          writes=self._writes(fused))  # fmt: skip
         low = self.lowered.get(fused)
         if low is None:  # the reference backend lowers nothing
             step.choice.reason = "reference backend"

@@ -39,7 +39,11 @@ def _search(step: RegionStep, tensors: list, mode: str, progress: bool) -> None:
     kind, key = k.tuning_key
     on_gpu = not step.interpret and tensors[0].is_cuda
     prepare = (lambda configs: compile_configs(k, step.compiled, tensors, configs)) if on_gpu else None
-    job = TuneJob(kind, key, k.space, lambda cfg: (lambda: step.launch(tensors, cfg)), k.shape_key,
+    def make(cfg: dict):  # (each candidate writes its own copy of a tensor the kernel writes: see `private`)
+        own = step.private(tensors, every=True)
+        return lambda: step.launch(own, cfg)
+
+    job = TuneJob(kind, key, k.space, make, k.shape_key,
                   tuple(t.dtype for t in tensors), tensors[0].device, ref, token_dims=TOKEN_DIMS,
                   prepare=prepare)  # fmt: skip
     out = tune(job, mode, progress=progress)
@@ -57,8 +61,9 @@ def select(step: RegionStep, tensors: list) -> None:
     hit = cache.get(key)
     if hit is None:
         times = {
-            "kernel": benchmark(lambda: step.launch(tensors, c.config), device=device),
-            "reference": benchmark(lambda: step.reference(tensors), device=device),
+            "kernel": benchmark(lambda own=step.private(tensors, every=True): step.launch(own, c.config),
+                                device=device),
+            "reference": benchmark(lambda: step.run_reference(tensors), device=device),
         }
         impl = min(times, key=times.get)
         hit = CacheEntry({"impl": impl}, times[impl], times["kernel"], 2)

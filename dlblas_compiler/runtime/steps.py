@@ -121,7 +121,7 @@ class RegionStep:
     choice: KernelChoice
     ins: list[int]
     outs: list[int]
-    reference: Callable[[list], list]
+    reference: Callable[..., list]  # (tensors, in_place=()): the region's ops by their torch references
     kernel: Any = None  # codegen.kernel.Kernel
     compiled: Callable | None = None
     call: CallLowering | None = None
@@ -130,6 +130,9 @@ class RegionStep:
     checks: int = 0
     prefer_kernel: bool = False  # keep the kernel even where the reference measures faster (library ops)
     profile: bool = False  # the planner asks for a measurement against the reference before keeping the kernel
+    # the inputs (positions in `ins`) a kernel writes at indexed positions (a KV cache its GEMM stores k and v
+    # into), each with whether it may write the caller's tensor (`runtime.inplace`) or must write a copy of it
+    writes: tuple[tuple[int, bool], ...] = ()
 
     def __repr__(self) -> str:
         c = self.choice
@@ -156,18 +159,36 @@ class RegionStep:
         """The region's input values, made contiguous: kernels index their inputs as dense row-major tensors."""
         return [t if not isinstance(t, torch.Tensor) or t.is_contiguous() else t.contiguous() for t in (env[i] for i in self.ins)]
 
+    def run_reference(self, tensors: list) -> list:
+        """The reference as the program runs it: the inputs it may write in place written in place (the reference
+        alone, as tuning and checks run it, writes none)."""
+        in_place = tuple(i for i, ok in self.writes if ok)
+        return self.reference(tensors, in_place) if in_place else self.reference(tensors)
+
+    def private(self, tensors: list, every: bool = False) -> list:
+        """`tensors` with a copy of each input the kernel writes that it may not write in place (`every`: of each
+        one, as tuning's candidates and checks need: a wrong config must not write the caller's tensor)."""
+        if not self.writes:
+            return tensors
+        tensors = list(tensors)
+        for i, in_place in self.writes:
+            if every or not in_place:
+                tensors[i] = tensors[i].clone()
+        return tensors
+
     def __call__(self, env: list) -> None:
         impl = self.choice.impl
         if impl == "reference":  # torch ops take any strides: no copies (SDPA's output, say, is transposed)
-            res = self.reference([env[i] for i in self.ins])
+            res = self.run_reference([env[i] for i in self.ins])
         else:
             tensors = self.inputs(env)
+            written = self.private(tensors, every=bool(self.checks))  # (checked: against the inputs as they were)
             try:
-                res = as_tuple(self.call(*tensors)) if impl == "callable" else self.launch(tensors, self.choice.config)
+                res = as_tuple(self.call(*tensors)) if impl == "callable" else self.launch(written, self.choice.config)
             except Exception as e:  # noqa: BLE001 - a failing kernel (or user callable) falls back
                 what = "the pattern's callable" if impl == "callable" else f"kernel launch with config {self.choice.config}"
                 self.fall_back(f"region {self.choice.region}: {what} failed ({type(e).__name__}: {first_line(e)})", e)
-                res = self.reference(tensors)
+                res = self.run_reference(tensors)
             else:
                 if self.checks:
                     self._check(tensors, res)

@@ -255,7 +255,7 @@ def _launch_valid(step, tensors: list, refs: list, configs: list[dict]) -> list[
     checked = []
     for c in configs:
         if step.kernel.space.is_valid(c):
-            for o, r in zip(step.launch(tensors, c), refs):
+            for o, r in zip(step.launch(step.private(tensors, every=True), c), refs):
                 assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
             checked.append(c)
     return checked
@@ -414,6 +414,102 @@ def test_gemm_rotary_on_q_k_v_sliced_from_each_heads_columns(tokens, rd, inter):
         checked = _one_gemm_region_every_config(model, args, configs, {"dl.rotary": 2, "dl.slice": 3})
     assert {c["BLOCK_N"] for c in checked} >= {16, 32, 64} and {c["MM"] for c in checked} >= ({0, 1} if tokens > 1 else {0})
     assert any(c["SPLIT_K"] == 2 for c in checked) and (tokens > 4 or any(c["BLOCK_M"] == 1 for c in checked))
+
+
+class CacheWriteQKV(nn.Module):
+    """Llama's attention input with a static cache (HF's StaticLayer.update): RMSNorm, one q/k/v projection, heads,
+    rotary on q and k, then k and v written into the caller's caches at the positions `pos` along the tokens
+    (`index_copy_`); returns q (and, with `return_cache`, the key cache itself, as a user-visible output)."""
+
+    def __init__(self, k, heads, kv_heads, d, return_cache=False):
+        super().__init__()
+        self.heads, self.kv_heads, self.d, self.return_cache = heads, kv_heads, d, return_cache
+        self.norm = nn.RMSNorm(k, eps=1e-6)
+        self.qkv = nn.Linear(k, (heads + 2 * kv_heads) * d, bias=False)
+        self.rot = Rotary(None, False)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, pos):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.norm(x)).split([self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d],
+                                               -1)  # fmt: skip
+        q, k, v = (t.view(b, s, -1, self.d).transpose(1, 2) for t in (q, k, v))
+        k_cache.index_copy_(2, pos, self.rot(k, cos, sin))
+        v_cache.index_copy_(2, pos, v)
+        q = self.rot(q, cos, sin)
+        return (q, k_cache) if self.return_cache else q
+
+
+def _cache_write_args(batch, tokens, k, kv_heads, d, length, pos, seed=0):
+    ang = _x(tokens, d // 2, seed=seed + 3)
+    return [_x(batch, tokens, k, seed=seed), torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1),
+            _x(batch, kv_heads, length, d, seed=seed + 1), _x(batch, kv_heads, length, d, seed=seed + 2),
+            torch.tensor(pos)]  # fmt: skip
+
+
+@pytest.mark.parametrize("batch,pos", [(1, [5]), (2, [6, 1, 3]), (1, [0, 1, 2, 3, 4, 5, 6, 7, 8])])
+def test_gemm_stores_k_and_v_into_the_cache_at_their_positions(batch, pos):
+    """A static cache's update (`k_cache.index_copy_(2, pos, k)`, and v's) joins the QKV GEMM's epilogue: the
+    tile's k and v rows are stored at the cache positions `pos` (any order, any tile) into the caller's own cache
+    tensors, where nothing reads their old values afterwards: no index_copy step, no copy of the cache. Every
+    config family (one-row tiles, split-K, cuBLAS product) against the region's float64 reference on fresh
+    caches, the cache rows not written left bit for bit; the caller's caches and q equal eager's over calls."""
+    from dlblas_compiler.runtime.inplace import InPlaceIndexCopy, WriteInput
+    from dlblas_compiler.runtime.program import RegionStep
+
+    k, heads, kv_heads, d, length = 256, 4, 2, 16, 9
+    model = randomize_(CacheWriteQKV(k, heads, kv_heads, d)).eval()
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        for call in range(2):  # (new positions and values at each call: the positions are read at run time)
+            where = [(p + call) % length for p in pos]
+            args = _cache_write_args(batch, len(pos), k, kv_heads, d, length, where, seed=call)
+            twin = [a.clone() for a in args]
+            ref = model.double()(*[a.double() if a.is_floating_point() else a for a in args])
+            model.float()
+            q = cm(*args)
+            eager = model(*twin)
+            assert rel_error(q, ref) <= tolerance(torch.float32) and rel_error(q, eager) <= tolerance(torch.float32)
+            for c in (3, 4):
+                assert rel_error(args[c], twin[c]) <= tolerance(torch.float32)
+                assert torch.equal(args[c][:, :, [i for i in range(length) if i not in where]],
+                                   twin[c][:, :, [i for i in range(length) if i not in where]])  # fmt: skip
+        prog = cm._spec().executor
+        assert Counter(cm.report().patterns) == {"gemm": 1}
+        (step,) = [st for st in prog.steps if isinstance(st, RegionStep)]
+        assert step.kernel.region_ir.count("dl.index_copy") == 2 and step.kernel.region_ir.count("dl.rotary") == 2
+        assert [ok for _, ok in step.writes] == [True, True]
+        assert not [st for st in prog.steps if isinstance(st, (InPlaceIndexCopy, WriteInput))]
+        args = _cache_write_args(batch, len(pos), k, kv_heads, d, length, pos, seed=5)
+        tensors = step.inputs(prog._env(args))
+        before = [t.clone() for t in tensors]
+        refs = step.reference([t.double() if t.is_floating_point() else t for t in tensors])
+        base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0}
+        configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": mm}
+                   for bm, bn, sk, mm in [(16, 16, 1, 0), (16, 32, 2, 0), (16, 64, 1, 0), (16, 32, 1, 1),
+                                          (16, 64, 1, 1), (1, 16, 1, 0), (1, 32, 2, 0)]]  # fmt: skip
+        checked = _launch_valid(step, tensors, refs, configs)
+        assert all(torch.equal(t, b) for t, b in zip(tensors, before))  # (each config wrote its own copies)
+    rows = batch * len(pos)  # (one-row tiles up to GEMV_ROWS rows)
+    assert {c["MM"] for c in checked} == {0, 1} and {c["BLOCK_M"] for c in checked} == {16, 1 if rows <= 4 else 16}
+    assert any(c["SPLIT_K"] == 2 for c in checked) and {c["BLOCK_N"] for c in checked} >= {16, 32, 64}
+
+
+def test_a_cache_the_caller_gets_back_is_written_as_a_copy():
+    """Where the cache is also an output (eager returns the caller's tensor there), the runtime keeps its update
+    functional: the GEMM stores k into a copy of the cache, which the compiled module writes back; the outputs
+    and the caller's caches equal eager's."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    model = randomize_(CacheWriteQKV(64, 4, 2, 16, return_cache=True)).eval()
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    args = _cache_write_args(1, 3, 64, 2, 16, 8, [2, 7, 4])
+    twin = [a.clone() for a in args]
+    with torch.no_grad():
+        (q, kc), (eq, ekc) = cm(*args), model(*twin)
+    assert rel_error(q, eq) <= tolerance(torch.float32) and rel_error(kc, ekc) <= tolerance(torch.float32)
+    assert all(rel_error(args[c], twin[c]) <= tolerance(torch.float32) for c in (3, 4))
+    (step,) = [st for st in cm._spec().executor.steps if isinstance(st, RegionStep)]
+    assert sorted(ok for _, ok in step.writes) == [False, True]  # (the value cache is still written in place)
 
 
 class QKNormRotary(nn.Module):

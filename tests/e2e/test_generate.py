@@ -12,6 +12,7 @@ from dlblas_compiler import dynamo
 from dlblas_compiler.models import randomize_
 from dlblas_compiler.dialects import TorchCallOp
 from dlblas_compiler.runtime.inplace import InPlaceIndexCopy, WriteInput
+from dlblas_compiler.runtime.steps import RegionStep
 from ..hf import family_compiles
 
 BASE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hidden_layers=2, vocab_size=128,
@@ -74,28 +75,43 @@ def _static_decode():
 
 
 def test_static_cache_is_updated_in_place(fresh_dynamo):
-    """Each decode step writes the new keys and values into the caller's cache tensors (index_copy_ on them),
-    instead of a functional copy of the whole cache and a copy back."""
+    """Each decode step writes the new keys and values into the caller's cache tensors, straight from each layer's
+    QKV GEMM (its epilogue stores k and v at the cache positions), instead of a functional copy of the whole cache
+    and a copy back."""
     decode, program = _static_decode()
-    steps = [s for s in program.steps if isinstance(s, InPlaceIndexCopy)]
-    assert len(steps) == 2 * BASE["num_hidden_layers"]  # keys and values of each layer
+    writes = cache_writes(program)
+    assert len(writes) == 2 * BASE["num_hidden_layers"] == len(set(writes))  # keys and values of each layer
+    regions = [s for s in program.steps if isinstance(s, RegionStep) and s.writes]
+    assert len(regions) == BASE["num_hidden_layers"] and all(s.choice.impl == "kernel" for s in regions)
+    assert not [s for s in program.steps if isinstance(s, InPlaceIndexCopy)]  # (none runs apart)
     assert decode.specializations == 1  # every decode step has one signature
     # the cache's length counters (`cumulative_length.add_(n)`) are incremented in place too: no copy of each
     # counter before its add_, no copy back after the program; every written input is captured at its address
     assert not [s for s in program.steps if isinstance(s, WriteInput)]
     inplace = program.recipe.builder.inplace
-    counters = {arg for op, arg in inplace.items() if isinstance(op, TorchCallOp)}
+    counters = {arg for op, args in inplace.items() if isinstance(op, TorchCallOp) for arg in args}
     assert len(counters) == BASE["num_hidden_layers"]
     assert all(op.callee.data == "torch.Tensor.add_" for op in inplace if isinstance(op, TorchCallOp))
-    assert set(program.static_inputs) == _written_inputs(program) == {program.inputs.index(s.dest) for s in steps} | counters
+    assert set(program.static_inputs) == _written_inputs(program) == set(writes) | counters
+
+
+def cache_writes(program) -> list[int]:
+    """The program's inputs (by position) its steps write in place at indexed positions: index_copy_ steps and
+    regions whose kernel stores into an input."""
+    found = [program.inputs.index(s.dest) for s in program.steps if isinstance(s, InPlaceIndexCopy)]
+    for s in program.steps:
+        if isinstance(s, RegionStep):
+            found += [program.inputs.index(s.ins[i]) for i, in_place in s.writes if in_place]
+    return found
 
 
 def _written_inputs(program) -> set[int]:
     """The program's inputs it writes: cache updates in place, torch methods on inputs in place (the counters),
     and values copied into inputs by its last steps."""
-    steps = [s for s in program.steps if isinstance(s, (InPlaceIndexCopy, WriteInput))]
-    methods = {arg for op, arg in program.recipe.builder.inplace.items() if isinstance(op, TorchCallOp)}
-    return {program.inputs.index(s.dest) for s in steps} | methods
+    copies = {program.inputs.index(s.dest) for s in program.steps if isinstance(s, WriteInput)}
+    inplace = program.recipe.builder.inplace
+    methods = {arg for op, args in inplace.items() if isinstance(op, TorchCallOp) for arg in args}
+    return set(cache_writes(program)) | copies | methods
 
 
 def test_decode_attention_reads_the_cache_without_repeating_heads(fresh_dynamo, monkeypatch):

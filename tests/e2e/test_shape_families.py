@@ -184,7 +184,7 @@ def test_prompt_lengths_into_a_static_cache_write_each_layers_cache(fresh_dynamo
     layer's copy of the write runs the first one's step on its own cache), and the tokens are eager's."""
     from transformers import StaticCache
 
-    from dlblas_compiler.runtime.inplace import InPlaceIndexCopy
+    from .test_generate import cache_writes
 
     model, ref = causal_lm("llama"), causal_lm("llama")
     model.forward = dc.compile(model.forward, backend="interpret")
@@ -199,8 +199,8 @@ def test_prompt_lengths_into_a_static_cache_write_each_layers_cache(fresh_dynamo
     instances = [s for cm in model.forward.compilations for s in cm._specs.values() if s.family is not None]
     assert len(instances) == 2
     for s in instances:
-        writes = [st for st in s.executor.steps if isinstance(st, InPlaceIndexCopy)]
-        assert len(writes) == 2 * BASE["num_hidden_layers"] == len({st.dest for st in writes})
+        writes = cache_writes(s.executor)
+        assert len(writes) == 2 * BASE["num_hidden_layers"] == len(set(writes))
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@ tensor-core tiles by pointer or TMA), chosen at run time by the config's constex
 
 from __future__ import annotations
 
-from ...dialects import ConstantOp
+from ...dialects import ConstantOp, IndexCopyOp
 from ..source import PDL_ARG, Writer, chained_start
 from . import cublas, gemv, tiled
 from .epilogue import EpilogueEmitter
@@ -18,11 +18,14 @@ class GemmEmitter(EpilogueEmitter):
         has_bias = p.linear.bias is not None
         norm_w = p.rms is not None and p.rms.weight is not None
         for o in p.epilogue:  # external operands, each read through the view of its reader's result
+            if isinstance(o, IndexCopyOp):  # (its destination is an output, its index read per row: `_store`)
+                continue
             for v in o.operands:
                 if v not in p.info and not isinstance(v.owner, ConstantOp):
                     self.ext.append((v, p.info[o.results[0]], o.results[0]))
         args = ["x_ptr", "w_ptr"] + (["bias_ptr"] if has_bias else []) + (["nw_ptr"] if norm_w else [])
         args += [f"e{j}_ptr" for j in range(len(self.ext))] + [f"out{k}_ptr" for k in range(len(self.outputs))]
+        args += [f"ix{k}_ptr" for k, r in enumerate(self.outputs) if r in p.scatters]
         args += ["mm_ptr", "ws_ptr", "cnt_ptr", "rs_ptr", "M"] + [f"R{d}" for d in range(1, nrow)]
         for j in range(len(self.ext)):
             args += [f"e{j}_s{d}" for d in range(len(self.ext[j][1].perm))]

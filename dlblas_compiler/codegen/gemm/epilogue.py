@@ -4,7 +4,9 @@ bias, elementwise ops with other tensors (residual add, ...), column slices (one
 splitting the columns into heads and permutes (written straight into [B, H, S, D]), an RMSNorm over each head's
 columns (Qwen3's q/k norms: the tile holds whole heads, reshaped [BLOCK_M, heads, D] for the statistics), rotary on
 head columns (partner column gathered within the tile; a tile narrower than a head takes the matching slices of its
-two halves), and a gated activation of two column halves (dual GEMM: two accumulators). Split-K programs store
+two halves), a gated activation of two column halves (dual GEMM: two accumulators), and stores into an input at
+indexed rows (a KV-cache update, `index_copy` of k or v along the tokens: each row's position read from the index).
+Split-K programs store
 partial sums and the last one of a tile runs the epilogue."""
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections import Counter
 
 from xdsl.ir import Operation, SSAValue
 
-from ...dialects import ConstantOp, FusedOp, PermuteOp, ReshapeOp, RMSNormOp, RotaryOp, SliceOp
+from ...dialects import ConstantOp, FusedOp, IndexCopyOp, PermuteOp, ReshapeOp, RMSNormOp, RotaryOp, SliceOp
 from ...dialects.types import dtype_of, shape_of
 from .. import device
 from ..exprs import Names, emit_pointwise, round_to
@@ -124,6 +126,9 @@ class EpilogueEmitter:
             if res not in names:
                 names[res] = names[o.operands[0]]
             return
+        if isinstance(o, IndexCopyOp):  # the tile's values, stored at indexed rows of the destination (`_store`)
+            names[res] = names[o.source]
+            return
         ext_index = {(e[0], e[2]): j for j, e in enumerate(self.ext)}
         loaded = {v: self._load_ext(w, ext_index[(v, res)]) for v in o.operands if (v, res) in ext_index}
         for v, t in loaded.items():
@@ -140,6 +145,12 @@ class EpilogueEmitter:
     def _store(self, w: Writer, k: int) -> None:
         r = self.outputs[k]
         idx, member = self._space(w, self.plan.info[r])
+        scatter = self.plan.scatters.get(r)
+        if scatter is not None:  # row i of the tile goes to the destination's position index[i] along that dim
+            d = self.plan.info[r].perm[scatter.axis]
+            pos = self.names.fresh("pos")
+            w(f"{pos} = tl.load(ix{k}_ptr + i{d}, mask=mmask, other=0)")
+            idx[d] = f"{pos}[:, None]"
         addr = " + ".join(f"({e}) * o{k}_s{d}" for d, e in enumerate(idx))
         w(f"tl.store(out{k}_ptr + {addr}, {self.names[r]}.to({TL_DTYPE[dtype_of(r)]}), mask=mmask[:, None] & {member})")
 

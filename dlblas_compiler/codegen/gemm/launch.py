@@ -46,6 +46,10 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         ext_args.append(args.index(base))
     out_shapes = [shape_of(r) for r in em.outputs]
     out_dtypes = [dtype_of(r) for r in em.outputs]
+    # outputs written into an input at indexed positions (k and v into a KV cache): (output, destination, index)
+    scatters = [(k, args.index(o.dest), args.index(o.index))
+                for k, r in enumerate(em.outputs) if (o := plan.scatters.get(r))]  # fmt: skip
+    ix_args = [i for _, _, i in scatters]
     out_strides: list[int] = []
     for r in em.outputs:
         out_strides += _canonical_strides(shape_of(r), plan.info[r], shape_of(r))
@@ -70,6 +74,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         dev = tensors[x_arg].device
         outs = [torch.empty(s, dtype=dt, device=dev) for s, dt in zip(out_shapes, out_dtypes)]
+        for o, dest, _ in scatters:  # the destination itself (the caller passes its own tensor, or a copy of it)
+            outs[o] = tensors[dest]
         bm, bn, bk, sk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
         tiles = cdiv(m, bm) * cdiv(gn, bn)
         k_split = cdiv(cdiv(k, sk), bk) * bk
@@ -106,7 +112,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         if tma:
             device.descriptor_scratch()
         kernel[(tiles, sk)](
-            *ins, *[tensors[i] for i in ext_args], *outs, prod, ws, cnt, rs, m, *row_sizes, *ext_strides,
+            *ins, *[tensors[i] for i in ext_args], *outs, *[tensors[i] for i in ix_args], prod, ws, cnt, rs, m,
+            *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
             K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
             RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))), MM=mm, NORMED=bool(normed), num_warps=config["num_warps"], num_stages=config["num_stages"],
@@ -114,6 +121,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         return outs
 
     flops = 2.0 * m * k * gn * ns
-    nbytes = (m * k + plan.n * k) * elem + sum(numel(s) * dt.itemsize for s, dt in zip(out_shapes, out_dtypes))
+    stored = [shape_of(plan.scatters[r].source) if r in plan.scatters else shape_of(r) for r in em.outputs]
+    nbytes = (m * k + plan.n * k) * elem + sum(numel(s) * dt.itemsize for s, dt in zip(stored, out_dtypes))
     nbytes += sum(numel(shape_of(v)) * dtype_of(v).itemsize for v, _, _ in em.ext)
     return Kernel(name, src, launch, fused, {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes)

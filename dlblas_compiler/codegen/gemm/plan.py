@@ -18,6 +18,7 @@ from ...dialects import (
     ConstantOp,
     ConvertOp,
     GluOp,
+    IndexCopyOp,
     LayerNormOp,
     LinearOp,
     PermuteOp,
@@ -72,6 +73,9 @@ class GemmPlan:
     input_views: list[Operation] = field(default_factory=list)  # views of operands, fused as strides
     rotary_from_product: bool = False  # every rotary rotates a view of Y: MM configs read each partner column back
     head_norm: bool = False  # an RMSNorm over head columns: tiles hold whole heads (their widths join rotary_dims)
+    # outputs stored into an input at positions read from an index (a KV-cache update: k and v written straight
+    # into the cache): the index_copy whose result the output is
+    scatters: dict[SSAValue, IndexCopyOp] = field(default_factory=dict)
 
     @property
     def rms(self) -> RMSNormOp | None:
@@ -193,6 +197,10 @@ def _view_of(v: SSAValue, y: SSAValue) -> bool:
 
 
 def _epilogue_op(plan: GemmPlan, o: Operation, inside: set, nrow: int) -> str | None:
+    if any(v in plan.scatters for v in o.operands):
+        return f"{o.name} reads a tensor the epilogue writes at indexed positions"
+    if isinstance(o, IndexCopyOp):
+        return _scatter(plan, o, inside, nrow)
     ins = [v for v in o.operands if v in plan.info]
     outside = [v for v in o.operands if v not in plan.info and not isinstance(v.owner, ConstantOp)]
     if not ins:
@@ -253,3 +261,23 @@ def _epilogue_op(plan: GemmPlan, o: Operation, inside: set, nrow: int) -> str | 
         plan.info[o.results[0]] = c
         return None
     return f"{o.name} cannot run in a GEMM epilogue"
+
+
+def _scatter(plan: GemmPlan, o: IndexCopyOp, inside: set, nrow: int) -> str | None:
+    """`dest.index_copy(dim, index, source)` of a tile value along a row dim (a KV-cache update: the token dim of k
+    or v): the tile is stored into dest's rows at the positions `index` holds. The result is the whole dest, so it
+    can only leave the region (the runtime passes dest's own tensor where eager's writes allow it, else a copy)."""
+    if o.source not in plan.info or o.dest in plan.info or o.index in plan.info:
+        return "an index_copy in the epilogue stores the tile into an external tensor at external positions"
+    if any(v.owner in inside for v in (o.dest, o.index)):
+        return "an index_copy's destination and index must be region inputs"
+    if any(u.operation in inside and u.operation is not o for u in o.dest.uses):
+        return "the epilogue reads the tensor an index_copy writes"
+    if len(shape_of(o.index)) != 1:
+        return "an index_copy in the epilogue takes a 1-D index"
+    c = plan.info[o.source]
+    if c.perm[o.axis] >= nrow:
+        return "an index_copy in the epilogue writes along a row (token) dim of the tile"
+    plan.info[o.result] = c
+    plan.scatters[o.result] = o
+    return None
