@@ -1,14 +1,17 @@
 """Where a decode step's wall time goes in generate(): the GPU's time inside our forward against the host's time
 around it, per token, on the 32-layer Llama-3-8B-shaped model of bench/generate.py (static cache, bf16, greedy).
 
-    python bench/decode_host.py --out OUT [--prompt 128] [--new 64] [--tune none]
+    python bench/decode_host.py --out OUT [--prompt 128] [--new 64] [--tune none] [--cache static|dynamic]
+                                [--cuda-graphs 1|0] [--eager]
 
 For each decode token of one generate(): host ms inside `model.forward` (dynamo's guards, our call: its key,
 weights check, input copies, the graph replay's launch, output clones), inside our compiled module (the function
 dynamo calls, `CompiledModule.guarded`), inside the CUDA-graph replay; GPU ms between CUDA events recorded at the forward's entry and exit (the decode graph);
 the GPU's idle ms from one forward's exit event to the next one's entry event (HF's loop, whose stopping check
 waits for the GPU, plus our host time before the replay). Medians over the decode tokens, and a cProfile of a
-generate() of 33 tokens (cumulative and internal time). Results: OUT/decode_host.json.
+generate() of 33 tokens (cumulative and internal time). `--cuda-graphs 0` runs every call's steps directly (each
+kernel launched from the host, as for a length never captured), `--cache dynamic` uses HF's default cache (a new
+length every token), `--eager` times the model without compiling it. Results: OUT/decode_host[-TAG].json.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--tune", default="none")
+    ap.add_argument("--cache", default="static", choices=["static", "dynamic"])
+    ap.add_argument("--cuda-graphs", type=int, default=1)
+    ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--tag", default="")
     args = ap.parse_args()
 
     import torch
@@ -46,8 +53,18 @@ def main() -> None:
 
     model = build(args.layers, torch.bfloat16)
     ids = torch.randint(0, 1000, (1, args.prompt), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
-    gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0, disable_compile=True)
-    compiled = dc.compile(model.forward, backend="triton", tune=args.tune)
+    gen = dict(do_sample=False, pad_token_id=0, disable_compile=True)
+    if args.cache == "static":
+        gen["cache_implementation"] = "static"
+    if args.eager:
+        eager_forward = model.forward
+
+        def compiled(*a, **k):
+            return eager_forward(*a, **k)
+
+        compiled.compilations = []
+    else:
+        compiled = dc.compile(model.forward, backend="triton", tune=args.tune, cuda_graphs=bool(args.cuda_graphs))
 
     spans: dict[str, list[float]] = {"forward": [], "ours": [], "replay": []}
     events: list[tuple] = []
@@ -103,9 +120,10 @@ def main() -> None:
     gpu = [e0.elapsed_time(e1) for _, _, e0, e1 in decode]
     idle = [decode[i][3].elapsed_time(decode[i + 1][2]) for i in range(len(decode) - 1)]
     host_between = [(decode[i + 1][0] - decode[i][1]) * 1e3 for i in range(len(decode) - 1)]
-    med = lambda xs: round(statistics.median(xs), 3)  # noqa: E731
+    med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
     row = {
-        "prompt": args.prompt, "new": args.new, "layers": args.layers, "tune": args.tune,
+        "prompt": args.prompt, "new": args.new, "layers": args.layers, "tune": args.tune, "cache": args.cache,
+        "cuda_graphs": args.cuda_graphs, "mode": "eager" if args.eager else "ours",
         "decode_ms_per_token": round((many - one) / (args.new - 1), 3),
         "host_ms_in_forward": med(spans["forward"][1:]), "host_ms_in_ours": med(spans["ours"][1:]),
         "host_ms_in_replay": med(spans["replay"]) if spans["replay"] else None,
@@ -122,7 +140,7 @@ def main() -> None:
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats(sort).print_stats(n)
         row[key] = text.getvalue().splitlines()
-    with open(os.path.join(args.out, "decode_host.json"), "w") as f:
+    with open(os.path.join(args.out, f"decode_host{'-' + args.tag if args.tag else ''}.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "row": row}, f, indent=1)
 
 

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import triton.language as tl
 
+from .launcher import Launcher, launcher
+
 _TWINS: dict[Any, Any] = {}  # a jitted function (stdlib helper or kernel) -> its interpreted twin
 _BF16_BUILDER: dict[str, Callable] = {}
 
@@ -162,9 +164,10 @@ _BF16_BUILDER: dict[str, Callable] = {}
 
 
 def launch(kernel: Any, grid: Sequence[int], device: torch.device, *args: Any, **kwargs: Any) -> None:
-    """`kernel[grid](*args, **kwargs)` on CUDA; elsewhere under the Triton interpreter."""
+    """`kernel[grid](*args, **kwargs)` on CUDA (through its shared `Launcher`); elsewhere under the Triton
+    interpreter."""
     if device.type == "cuda":
-        kernel[grid](*args, **kwargs)
+        (kernel if isinstance(kernel, Launcher) else launcher(kernel))[grid](*args, **kwargs)
         return
     with interpreted():
         twin(kernel)[grid](*args, **kwargs)

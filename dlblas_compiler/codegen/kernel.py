@@ -25,7 +25,10 @@ import triton
 import triton.language as tl
 
 from ..tuning.space import SearchSpace
+from .launcher import Chained, Launcher, launcher
 from .source import HEADER
+
+__all__ = ["Chained", "Kernel", "Launcher", "compile_configs", "compile_source", "source_hash"]
 
 _COMPILED: dict[tuple[str, bool], Callable] = {}
 
@@ -101,31 +104,16 @@ class Kernel:
 
     def compiled(self, interpret: bool, chained: bool = False) -> Callable:
         """The jitted function, shared by every region whose kernel differs only in its name: Triton compiles
-        it once per config for all of them (not once per layer). `chained`: launched with programmatic
-        dependent launch (`Chained`; CUDA sm90+)."""
+        it once per config for all of them (not once per layer). On CUDA it comes as a `Launcher` (each
+        specialization's binary launched directly after its first launch); `chained`: with programmatic dependent
+        launch (`Chained`; sm90+)."""
         fn = self._fns.get(interpret)
         if fn is None:
             name = self.shared_name
             fn = self._fns[interpret] = compile_source(re.sub(rf"\b{re.escape(self.name)}\b", name, self.source), name, interpret)
-        return Chained(fn) if chained else fn
-
-
-class Chained:
-    """A generated kernel launched with programmatic dependent launch: `launch_pdl=True` lets its programs be
-    scheduled while the kernel before it drains, and PDL=True compiles in the wait that keeps that safe (see
-    `source.chained_start`). Stands in for the jitted function wherever a template launches or warms it up."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def __getitem__(self, grid: Any) -> Callable:
-        return lambda *args, **kwargs: self.fn[grid](*args, PDL=True, launch_pdl=True, **kwargs)
-
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn.run(*args, PDL=True, launch_pdl=True, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:  # the jitted function's own state (its compiled binaries, ...)
-        return getattr(self.fn, name)
+        if interpret:
+            return fn
+        return launcher(fn, chained)
 
 
 class _Warmup:

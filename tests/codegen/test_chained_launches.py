@@ -37,21 +37,39 @@ def test_every_generated_kernel_waits_for_its_predecessor_under_pdl_only():
         assert not isinstance(s.compiled, Chained)  # the interpreter (and GPUs before sm90) launch plainly
 
 
-def test_chained_passes_the_flag_and_the_launch_attribute_to_launches_and_warmups():
+def test_chained_passes_the_flag_and_the_launch_attribute_to_launches_and_warmups(monkeypatch):
+    """Chained adds PDL=True and launch_pdl=True to the first launch of a specialization (Triton's launcher
+    compiles it with them) and to warm-ups; later launches call that binary with the flag among its constexprs."""
+    from dlblas_compiler.codegen import launcher
+
     seen = []
+    monkeypatch.setattr(launcher, "_device", lambda: 0)
+    monkeypatch.setattr(launcher, "_stream", lambda device: 7)
+
+    class Param:
+        def __init__(self, name, constexpr, default=None):
+            self.name, self.is_constexpr, self.default = name, constexpr, default
+
+    class Binary:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, *a):
+            seen.append(("binary", a))
 
     class Fake:
-        def __getitem__(self, grid):
-            return lambda *a, **k: seen.append(("launch", grid, a, k))
+        params = [Param("x", False), Param("y", False), Param("BLOCK_M", True), Param("PDL", True, False)]
 
         def run(self, *a, **k):
             seen.append(("run", a, k))
+            return Binary()
 
     fn = Chained(Fake())
     fn[(3, 1)](1, 2, BLOCK_M=16)
+    fn[(3, 1)](1, 2, BLOCK_M=16)
     fn.run(1, grid=(2,), warmup=True, BLOCK_M=16)
-    assert seen[0] == ("launch", (3, 1), (1, 2), {"PDL": True, "launch_pdl": True, "BLOCK_M": 16})
-    assert seen[1] == ("run", (1,), {"PDL": True, "launch_pdl": True, "grid": (2,), "warmup": True, "BLOCK_M": 16})
+    assert seen[0] == ("run", (1, 2), {"grid": (3, 1), "warmup": False, "BLOCK_M": 16, "PDL": True, "launch_pdl": True})
+    assert seen[1] == ("binary", (3, 1, 1, 7, "fn", "meta", None, None, None, 1, 2, 16, True))
+    assert seen[2] == ("run", (1,), {"PDL": True, "launch_pdl": True, "grid": (2,), "warmup": True, "BLOCK_M": 16})
 
 
 @pytest.mark.gpu

@@ -1,0 +1,110 @@
+"""Launching a jitted kernel on CUDA without Triton's per-launch argument handling.
+
+`fn[grid](*args, **kwargs)` binds every argument, computes the specialization of each one, builds the cache key,
+looks the compiled binary up and then launches it: ~57 µs of host time per launch on an H100's host, against ~11
+µs for the launch itself (bench/launch_overhead.py). A program run without a CUDA graph (a length never captured,
+HF's dynamic cache) launches ~165 kernels a token. `Launcher` sends the first launch of each specialization through
+Triton (compiling it if needed) and keeps the compiled binary; later launches find it by a key built from what
+Triton specializes on — each tensor's dtype and 16-byte alignment, each int's class (1, a multiple of 16, 32 or
+64 bits), the constexprs and options — and call it directly on the current stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+_Tensor = torch.Tensor
+# the current device and its current stream, as Triton's own launcher reads them (a CUDA graph's capture stream
+# while one is captured)
+_device = torch.cuda.current_device
+_stream = torch._C._cuda_getCurrentRawStream if hasattr(torch._C, "_cuda_getCurrentRawStream") else None
+_I32 = (-(2**31), 2**31 - 1)
+
+
+def _spec(a: Any) -> Any:
+    """What Triton's specialization of argument `a` depends on."""
+    if isinstance(a, _Tensor):
+        return a.dtype, not a.data_ptr() % 16
+    if type(a) is int:
+        return a == 1, not a % 16, _I32[0] <= a <= _I32[1]
+    if type(a) is float:
+        return float
+    return a  # bool, None, a constexpr value
+
+
+class Launcher:
+    """A jitted function's launches (`launcher[grid](*args, **kwargs)`, as the function's own), each specialization's
+    binary called directly after its first launch. `extra`: keyword arguments added to every launch and warm-up
+    (`Chained`'s programmatic dependent launch)."""
+
+    extra: dict[str, Any] = {}
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self._bins: dict[tuple, tuple[Any, list]] = {}
+        # constexprs may be passed by position too: those are keyed by their value
+        self._const_at = tuple(i for i, p in enumerate(getattr(fn, "params", ())) if p.is_constexpr)
+
+    def __getitem__(self, grid: Sequence[int]) -> Callable[..., None]:
+        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:  # (warm-ups: `run(..., grid=, warmup=True)`)
+        return self.fn.run(*args, **self.extra, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # the jitted function's own state (its compiled binaries, ...)
+        return getattr(self.fn, name)
+
+    def _launch(self, grid: Sequence[int], args: tuple, kwargs: dict) -> None:
+        from triton import knobs
+
+        if self.extra:
+            kwargs = {**kwargs, **self.extra}
+        device = _device()
+        spec = tuple(map(_spec, args))
+        if self._const_at and self._const_at[0] < len(args):
+            spec = tuple(a if i in self._const_at else s for i, (a, s) in enumerate(zip(args, spec)))
+        key = (device, spec, tuple((k, _spec(v) if isinstance(v, _Tensor) else v) for k, v in kwargs.items()))
+        found = self._bins.get(key)
+        if found is None:  # Triton's own launch: binds, specializes, compiles or finds the binary, launches
+            binary = self.fn.run(*args, grid=grid, warmup=False, **kwargs)
+            if hasattr(binary, "result"):
+                binary = binary.result()
+            params = self.fn.params[len(args):]  # the rest, in the function's order (defaults included)
+            tail = [kwargs[p.name] if p.name in kwargs else p.default for p in params]
+            if len(self._bins) >= 256:  # (arguments whose values keep changing: start over rather than grow)
+                self._bins.clear()
+            self._bins[key] = (binary, tail)
+            return
+        binary, tail = found
+        stream = _stream(device)
+        g = tuple(grid)
+        g0, g1, g2 = g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if not getattr(enter, "calls", enter) and not getattr(leave, "calls", leave):  # (no hooks: none to call)
+            enter = leave = meta = None
+        else:  # (a profiler's hooks: they read the launch's metadata)
+            meta = binary.launch_metadata(g, stream, *args, *tail)
+        binary.run(g0, g1, g2, stream, binary.function, binary.packed_metadata, meta, enter, leave, *args, *tail)
+
+
+class Chained(Launcher):
+    """A generated kernel launched with programmatic dependent launch: `launch_pdl=True` lets its programs be
+    scheduled while the kernel before it drains, and PDL=True compiles in the wait that keeps that safe (see
+    `source.chained_start`)."""
+
+    extra = {"PDL": True, "launch_pdl": True}
+
+
+_LAUNCHERS: dict[tuple[Any, bool], Launcher] = {}
+
+
+def launcher(fn: Any, chained: bool = False) -> Launcher:
+    """The one Launcher of a jitted function (`Chained` with `chained`), shared by every launch of it: each layer's
+    region and each length's copy of a region launch the same compiled function, and find its binaries."""
+    found = _LAUNCHERS.get((fn, chained))
+    if found is None:
+        found = _LAUNCHERS[fn, chained] = Chained(fn) if chained else Launcher(fn)
+    return found
