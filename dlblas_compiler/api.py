@@ -401,7 +401,10 @@ class CompiledModule(torch.nn.Module):
                 for key in [k for k, s in self._specs.items() if s.family is family]:
                     self._drop(key)
                 return None
-            signature = debug.signature_text(args, kwargs)
+            # (the signature's text names the debug folder and the log line; an instance made every token of a
+            # dynamic cache does not spend a millisecond on it otherwise)
+            wanted = self.options.dump_ir or log.isEnabledFor(logging.INFO)
+            signature = debug.signature_text(args, kwargs) if wanted else ""
             folder = self._spec_folder(signature)
             regions = [op for op in replaced.values() if isinstance(op, FusedOp)]
             lowered = {} if self.options.backend == "reference" else lower_regions(regions)

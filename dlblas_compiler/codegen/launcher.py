@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from triton import knobs
 
 _Tensor = torch.Tensor
 # the current device and its current stream, as Triton's own launcher reads them (a CUDA graph's capture stream
@@ -25,14 +26,23 @@ _I32 = (-(2**31), 2**31 - 1)
 
 
 def _spec(a: Any) -> Any:
-    """What Triton's specialization of argument `a` depends on."""
-    if isinstance(a, _Tensor):
-        return a.dtype, not a.data_ptr() % 16
+    """What Triton's specialization of argument `a` depends on, as one hashable scalar: an int's class (1, a
+    multiple of 16, past 32 bits: codes 0-7), a float (8), a bool (9, 10), a tensor's dtype and 16-byte alignment
+    (negative), anything else (None, a constexpr) itself."""
     if type(a) is int:
-        return a == 1, not a % 16, _I32[0] <= a <= _I32[1]
+        return 1 if a == 1 else (not a & 15) * 2 + (not -0x80000000 <= a <= 0x7FFFFFFF) * 4
+    if isinstance(a, _Tensor):
+        return -2 * id(a.dtype) - (not a.data_ptr() & 15)
     if type(a) is float:
-        return float
-    return a  # bool, None, a constexpr value
+        return 8
+    if type(a) is bool:
+        return 9 + a
+    return a
+
+
+def _keyword(v: Any) -> Any:
+    """A keyword argument's part of the key: a constexpr or option by its value, a tensor by its specialization."""
+    return _spec(v) if isinstance(v, _Tensor) else v
 
 
 class Launcher:
@@ -58,15 +68,13 @@ class Launcher:
         return getattr(self.fn, name)
 
     def _launch(self, grid: Sequence[int], args: tuple, kwargs: dict) -> None:
-        from triton import knobs
-
         if self.extra:
             kwargs = {**kwargs, **self.extra}
         device = _device()
         spec = tuple(map(_spec, args))
         if self._const_at and self._const_at[0] < len(args):
             spec = tuple(a if i in self._const_at else s for i, (a, s) in enumerate(zip(args, spec)))
-        key = (device, spec, tuple((k, _spec(v) if isinstance(v, _Tensor) else v) for k, v in kwargs.items()))
+        key = (device, spec, tuple(kwargs), tuple(map(_keyword, kwargs.values())))
         found = self._bins.get(key)
         if found is None:  # Triton's own launch: binds, specializes, compiles or finds the binary, launches
             binary = self.fn.run(*args, grid=grid, warmup=False, **kwargs)

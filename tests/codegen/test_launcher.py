@@ -12,12 +12,13 @@ from dlblas_compiler.codegen.launcher import Launcher, _spec
 
 
 def test_the_key_follows_what_triton_specializes_on():
-    a = torch.zeros(8)
-    assert _spec(a) == (torch.float32, True) and _spec(a[1:]) == (torch.float32, False)
-    assert _spec(a.double()) == (torch.float64, True)
-    assert [_spec(n) for n in (1, 16, 48, 7, 2**40)] == [(True, False, True), (False, True, True), (False, True, True),
-                                                          (False, False, True), (False, True, False)]  # fmt: skip
-    assert _spec(0.5) is float and _spec(2.5) is float and _spec(True) is True and _spec(None) is None
+    a, b = torch.zeros(8), torch.zeros(8)
+    assert _spec(a) == _spec(b) != _spec(a[1:]) and _spec(a[4:]) == _spec(a)  # (16-byte alignment)
+    assert _spec(a.double()) != _spec(a) and _spec(a.to(torch.bfloat16)) != _spec(a.half())  # (dtype)
+    assert _spec(a) < 0  # (a tensor's code never equals an int's)
+    codes = [_spec(n) for n in (1, 16, 48, 7, 5, 2**40, 2**40 + 3)]  # (an int's class: 1, multiple of 16, 64 bits)
+    assert codes == [1, 2, 2, 0, 0, 6, 4]
+    assert _spec(0.5) == _spec(2.5) == 8 and _spec(True) == 10 and _spec(False) == 9 and _spec(None) is None
 
 
 @triton.jit
