@@ -741,17 +741,31 @@ def decode_attention_section(name: str, old: str, label: str) -> str:
 
 def decode_host_section(entries: list[tuple[str, str]]) -> str:
     """bench/decode_host.py rows (file, label): per decode token, host ms inside model.forward, inside our
-    compiled module, inside the graph replay, the GPU's time in the forward and its idle time between forwards."""
-    out = ["| tree | decode ms/token | host ms in model.forward | host ms in ours | host ms in replay | "
+    compiled module, inside the graph replay, the GPU's time in the forward and its idle time between forwards
+    (– where a row has none: eager, or ours without CUDA graphs)."""
+    out = ["| run | decode ms/token | host ms in model.forward | host ms in ours | host ms in replay | "
            "GPU ms in forward | GPU idle ms between forwards |", "|" + "---|" * 7]  # fmt: skip
     sources = []
+    cell = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
     for name, label in entries:
         doc = _load(name)
         r = doc["row"]
-        out.append(f"| {label} | {r['decode_ms_per_token']:.2f} | {r['host_ms_in_forward']:.3f} | "
-                   f"{r['host_ms_in_ours']:.3f} | {r['host_ms_in_replay']:.3f} | {r['gpu_ms_in_forward']:.2f} | "
-                   f"{r['gpu_idle_ms_between_forwards']:.3f} |")  # fmt: skip
+        out.append(f"| {label} | {r['decode_ms_per_token']:.2f} | {cell(r['host_ms_in_forward'], '.3f')} | "
+                   f"{cell(r['host_ms_in_ours'], '.3f')} | {cell(r['host_ms_in_replay'], '.3f')} | "
+                   f"{cell(r['gpu_ms_in_forward'], '.2f')} | {cell(r['gpu_idle_ms_between_forwards'], '.3f')} |")  # fmt: skip
         sources.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch")}, label))
+    return "\n".join(out) + "\n\n" + source_line(sources) + "\n"
+
+
+def launch_overhead_section(entries: list[tuple[str, str]]) -> str:
+    """bench/launch_overhead.py rows (file, label): host µs per launch by path, one column per run."""
+    docs = [(_load(name), label, name) for name, label in entries]
+    keys = list(dict.fromkeys(k for doc, _, _ in docs for k in doc["rows"]))
+    out = ["| launch path | " + " | ".join(label for _, label, _ in docs) + " |", "|" + "---|" * (len(docs) + 1)]
+    for k in keys:
+        out.append(f"| {k} | " + " | ".join(f"{doc['rows'][k]:.1f}" if k in doc["rows"] else "–" for doc, _, _ in docs) + " |")
+    sources = [(name, {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")}, label)
+               for doc, label, name in docs]  # fmt: skip
     return "\n".join(out) + "\n\n" + source_line(sources) + "\n"
 
 
@@ -906,6 +920,31 @@ SECTIONS = {
        for x in "de"},
     "decode-attention-s13": functools.partial(decode_attention_section, "2026-11-27-h100-s13-decode-attention.json",
                                               "2026-11-27-h100-s13-decode-attention-old.json", "tree of 86e9852"),
+    "generation-s14-a": functools.partial(generation_section, "2026-11-27-h100-s14-generate-a.json",
+                                          "2026-11-27-h100-s14-generate-a-old.json", "tree of 9a595c8"),
+    "generation-trace-s14-a": functools.partial(generation_trace_section, "2026-11-27-h100-s14-generate-a.json",
+                                                "2026-11-27-h100-s14-generate-a-old.json", "tree of 9a595c8"),
+    "generation-s14-e": functools.partial(generation_section, "2026-11-27-h100-s14-generate-e.json"),
+    "generation-trace-s14-e": functools.partial(generation_trace_section, "2026-11-27-h100-s14-generate-e.json"),
+    "launch-overhead-s14": functools.partial(launch_overhead_section, [
+        ("2026-11-27-h100-s14-launch-overhead-b.json", "run b (no Launcher yet)"),
+        ("2026-11-27-h100-s14-launch-overhead-c.json", "run c (first key)"),
+        ("2026-11-27-h100-s14-launch-overhead-d.json", "run d (final key)")]),
+    "decode-host-s14": functools.partial(decode_host_section, [
+        ("2026-11-27-h100-s14-decode-host-b-direct.json", "b: ours, static, no CUDA graph, 38ff7fb (before the Launcher)"),
+        ("2026-11-27-h100-s14-decode-host-b-eager-static.json", "b: eager, static"),
+        ("2026-11-27-h100-s14-decode-host-b-dynamic.json", "b: ours, dynamic, 38ff7fb"),
+        ("2026-11-27-h100-s14-decode-host-b-eager-dynamic.json", "b: eager, dynamic"),
+        ("2026-11-27-h100-s14-decode-host-c-direct.json", "c: ours, static, no CUDA graph, first Launcher"),
+        ("2026-11-27-h100-s14-decode-host-c-direct-rerun.json", "c: the same, a second process"),
+        ("2026-11-27-h100-s14-decode-host-c-dynamic.json", "c: ours, dynamic, first Launcher"),
+        ("2026-11-27-h100-s14-decode-host-c-dynamic-rerun.json", "c: the same, a second process"),
+        ("2026-11-27-h100-s14-decode-host-c-eager-dynamic.json", "c: eager, dynamic"),
+        ("2026-11-27-h100-s14-decode-host-d-direct.json", "d: ours, static, no CUDA graph, final Launcher"),
+        ("2026-11-27-h100-s14-decode-host-d-old-direct.json", "d: the same, 38ff7fb (before the Launcher)"),
+        ("2026-11-27-h100-s14-decode-host-d-dynamic.json", "d: ours, dynamic, final Launcher"),
+        ("2026-11-27-h100-s14-decode-host-d-old-dynamic.json", "d: the same, 38ff7fb"),
+        ("2026-11-27-h100-s14-decode-host-d-eager-dynamic.json", "d: eager, dynamic")]),
     "decode-host-s13": functools.partial(decode_host_section, [
         ("2026-11-27-h100-s13-decode-host-old.json", "86e9852 (run b)"),
         ("2026-11-27-h100-s13-decode-host.json", "this session (run c)")]),

@@ -73,7 +73,7 @@ class Launcher:
         device = _device()
         spec = tuple(map(_spec, args))
         if self._const_at and self._const_at[0] < len(args):
-            spec = tuple(a if i in self._const_at else s for i, (a, s) in enumerate(zip(args, spec)))
+            spec = tuple(a if i in self._const_at else s for i, (a, s) in enumerate(zip(args, spec, strict=True)))
         key = (device, spec, tuple(kwargs), tuple(map(_keyword, kwargs.values())))
         found = self._bins.get(key)
         if found is None:  # Triton's own launch: binds, specializes, compiles or finds the binary, launches
