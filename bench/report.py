@@ -925,6 +925,7 @@ SECTIONS = {
     "generation-trace-s14-a": functools.partial(generation_trace_section, "2026-11-27-h100-s14-generate-a.json",
                                                 "2026-11-27-h100-s14-generate-a-old.json", "tree of 9a595c8"),
     "generation-s14-e": functools.partial(generation_section, "2026-11-27-h100-s14-generate-e.json"),
+    "generation-s14-p2048": functools.partial(generation_section, "2026-11-27-h100-s14-generate-p2048.json"),
     "generation-trace-s14-e": functools.partial(generation_trace_section, "2026-11-27-h100-s14-generate-e.json"),
     "launch-overhead-s14": functools.partial(launch_overhead_section, [
         ("2026-11-27-h100-s14-launch-overhead-b.json", "run b (no Launcher yet)"),
