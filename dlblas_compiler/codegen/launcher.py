@@ -75,7 +75,11 @@ class Launcher:
         if self._const_at and self._const_at[0] < len(args):
             spec = tuple(a if i in self._const_at else s for i, (a, s) in enumerate(zip(args, spec, strict=True)))
         key = (device, spec, tuple(kwargs), tuple(map(_keyword, kwargs.values())))
-        found = self._bins.get(key)
+        try:
+            found = self._bins.get(key)
+        except TypeError:  # (an argument of a kind the key cannot hold: Triton's own launch, every time)
+            self.fn.run(*args, grid=grid, warmup=False, **kwargs)
+            return
         if found is None:  # Triton's own launch: binds, specializes, compiles or finds the binary, launches
             binary = self.fn.run(*args, grid=grid, warmup=False, **kwargs)
             if hasattr(binary, "result"):

@@ -494,6 +494,32 @@ def test_gemm_stores_k_and_v_into_the_cache_at_their_positions(batch, pos):
     assert any(c["SPLIT_K"] == 2 for c in checked) and {c["BLOCK_N"] for c in checked} >= {16, 32, 64}
 
 
+def test_a_cache_position_outside_the_cache_writes_nothing():
+    """torch's index_copy_ fails on a position outside the destination; the GEMM's store must not write there
+    (no memory past the cache is touched): the rows in range are written, every other cache row is unchanged."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    k, length = 64, 8
+    model = randomize_(CacheWriteQKV(k, 4, 2, 16)).eval()
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        cm(*_cache_write_args(1, 3, k, 2, 16, length, [0, 1, 2]))
+        prog = cm._spec().executor
+        (step,) = [st for st in prog.steps if isinstance(st, RegionStep)]
+        args = _cache_write_args(1, 3, k, 2, 16, length, [5, length + 3, -1], seed=4)
+        tensors = step.inputs(prog._env(args))
+        before = [t.clone() for t in tensors]
+        good = _cache_write_args(1, 3, k, 2, 16, length, [5, 6, 7], seed=4)
+        ref = step.reference(step.inputs(prog._env(good)))
+        out = step.launch(tensors, step.choice.config)
+    caches = [(o, r, next(i for i, t in enumerate(tensors) if t is o)) for o, r in zip(out, ref, strict=True)
+              if any(o is t for t in tensors)]  # (the k and v caches: written in the tensors passed)
+    assert len(caches) == 2
+    for o, r, i in caches:
+        assert rel_error(o[:, :, 5], r[:, :, 5]) <= tolerance(torch.float32)
+        assert torch.equal(o[:, :, :5], before[i][:, :, :5]) and torch.equal(o[:, :, 6:], before[i][:, :, 6:])
+
+
 def test_a_cache_the_caller_gets_back_is_written_as_a_copy():
     """Where the cache is also an output (eager returns the caller's tensor there), the runtime keeps its update
     functional: the GEMM stores k into a copy of the cache, which the compiled module writes back; the outputs

@@ -62,3 +62,21 @@ def test_a_launch_inside_a_cuda_graph_capture_uses_the_capture_stream():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, x + 2)
+
+
+def test_an_argument_the_key_cannot_hold_goes_through_triton_every_time(monkeypatch):
+    from dlblas_compiler.codegen import launcher
+
+    monkeypatch.setattr(launcher, "_device", lambda: 0)
+    runs = []
+
+    class Fake:
+        params = []
+
+        def run(self, *a, **k):
+            runs.append(a)
+
+    fast = Launcher(Fake())
+    for _ in range(2):
+        fast[(1,)](1, [2, 3])  # (a list: unhashable)
+    assert len(runs) == 2 and not fast._bins

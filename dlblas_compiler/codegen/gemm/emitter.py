@@ -26,6 +26,7 @@ class GemmEmitter(EpilogueEmitter):
         args = ["x_ptr", "w_ptr"] + (["bias_ptr"] if has_bias else []) + (["nw_ptr"] if norm_w else [])
         args += [f"e{j}_ptr" for j in range(len(self.ext))] + [f"out{k}_ptr" for k in range(len(self.outputs))]
         args += [f"ix{k}_ptr" for k, r in enumerate(self.outputs) if r in p.scatters]
+        args += [f"ix{k}_n" for k, r in enumerate(self.outputs) if r in p.scatters]  # (the destination's size there)
         args += ["mm_ptr", "ws_ptr", "cnt_ptr", "rs_ptr", "M"] + [f"R{d}" for d in range(1, nrow)]
         for j in range(len(self.ext)):
             args += [f"e{j}_s{d}" for d in range(len(self.ext[j][1].perm))]

@@ -146,13 +146,16 @@ class EpilogueEmitter:
         r = self.outputs[k]
         idx, member = self._space(w, self.plan.info[r])
         scatter = self.plan.scatters.get(r)
+        rows = "mmask"
         if scatter is not None:  # row i of the tile goes to the destination's position index[i] along that dim
             d = self.plan.info[r].perm[scatter.axis]
             pos = self.names.fresh("pos")
             w(f"{pos} = tl.load(ix{k}_ptr + i{d}, mask=mmask, other=0)")
+            # (a position outside the destination's ix<k>_n, where torch's index_copy_ fails, writes nothing)
+            rows = f"(mmask & ({pos} >= 0) & ({pos} < ix{k}_n))"
             idx[d] = f"{pos}[:, None]"
         addr = " + ".join(f"({e}) * o{k}_s{d}" for d, e in enumerate(idx))
-        w(f"tl.store(out{k}_ptr + {addr}, {self.names[r]}.to({TL_DTYPE[dtype_of(r)]}), mask=mmask[:, None] & {member})")
+        w(f"tl.store(out{k}_ptr + {addr}, {self.names[r]}.to({TL_DTYPE[dtype_of(r)]}), mask={rows}[:, None] & {member})")
 
 
     def _split_k(self, w: Writer) -> None:

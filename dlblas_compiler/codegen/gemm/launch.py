@@ -50,6 +50,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     scatters = [(k, args.index(o.dest), args.index(o.index))
                 for k, r in enumerate(em.outputs) if (o := plan.scatters.get(r))]  # fmt: skip
     ix_args = [i for _, _, i in scatters]
+    ix_sizes = [shape_of(plan.scatters[r].dest)[plan.scatters[r].axis] for r in em.outputs if r in plan.scatters]
     out_strides: list[int] = []
     for r in em.outputs:
         out_strides += _canonical_strides(shape_of(r), plan.info[r], shape_of(r))
@@ -112,7 +113,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         if tma:
             device.descriptor_scratch()
         kernel[(tiles, sk)](
-            *ins, *[tensors[i] for i in ext_args], *outs, *[tensors[i] for i in ix_args], prod, ws, cnt, rs, m,
+            *ins, *[tensors[i] for i in ext_args], *outs, *[tensors[i] for i in ix_args], *ix_sizes, prod, ws, cnt, rs, m,
             *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
             K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
