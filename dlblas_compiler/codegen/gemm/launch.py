@@ -72,6 +72,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     nw_arg = args.index(plan.norm.weight) if has_norm and plan.norm.weight is not None else None
     nb_arg = args.index(plan.norm.bias) if ln else None
 
+    k_pow2 = triton.next_power_of_2(k)  # (a jitted helper in Triton: ~5 µs a call)
+
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         dev = tensors[x_arg].device
         outs = [torch.empty(s, dtype=dt, device=dev) for s, dt in zip(out_shapes, out_dtypes)]
@@ -91,7 +93,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         ins = [tensors[i] for i in pre]
         if normed:  # the normalized rows (as eager computes them) written once: the K loop reads them as they are
             xn = torch.empty(m, k, dtype=ins[1].dtype, device=dev)
-            kb = min(8192, triton.next_power_of_2(k))  # whole rows up to 8192 columns: x read once
+            kb = min(8192, k_pow2)  # whole rows up to 8192 columns: x read once
             grid, rows = (cdiv(m, max(1, 8192 // kb)),), max(1, 8192 // kb)
             if ln:
                 launch_lib(row_layer_norm, grid, dev, ins[0], tensors[nw_arg], tensors[nb_arg], xn, m, k, eps,
@@ -106,7 +108,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         rs_inline = has_norm and m <= RS_INLINE_ROWS and not normed
         if has_norm and not rs_inline and not normed:  # (an RMSNorm: a LayerNorm is always a pass)  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
             rs = torch.empty(m, dtype=torch.float32, device=dev)
-            launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, triton.next_power_of_2(k)), ROWS=RMS_ROWS)
+            launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, k_pow2), ROWS=RMS_ROWS)
         else:
             rs = outs[0]
         tma = config["TMA"] and all(t.data_ptr() % 16 == 0 for t in ins[:2])
@@ -117,7 +119,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
             K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
-            RS_BLOCK=max(64, min(2048 // bm, triton.next_power_of_2(k))), MM=mm, NORMED=bool(normed), num_warps=config["num_warps"], num_stages=config["num_stages"],
+            RS_BLOCK=max(64, min(2048 // bm, k_pow2)), MM=mm, NORMED=bool(normed), num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
 
