@@ -32,7 +32,7 @@ from ..dialects import (
     UnaryOp,
 )
 from ..dialects.types import dtype_of, numel, shape_of
-from ..fusion.templates import KernelTemplate, WhyNot, register_template
+from ..fusion.templates import PlannedTemplate, register_template
 from ..tuning.space import SearchSpace, pow2
 from .exprs import Names, emit_pointwise, round_to
 from .kernel import Kernel
@@ -357,22 +357,6 @@ def space(plan: RowPlan) -> SearchSpace:
     )
 
 
-class RowTemplate(KernelTemplate):
-    """Elementwise chains, row reductions, norms, softmax and rotary over the last dim: one program per block of
-    rows, the whole row in registers."""
-
-    name = "row"
-    params = PARAMS
-
-    def can_lower(self, ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | WhyNot:
-        plan = analyze(ops, inputs)
-        return WhyNot(plan) if isinstance(plan, str) else plan
-
-    def emit(self, fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
-        return build(fused, plan, name)
-
-    def space(self, plan: RowPlan) -> SearchSpace:
-        return space(plan)
-
-
-register_template(RowTemplate())
+# elementwise chains, row reductions, norms, softmax and rotary over the last dim: one program per block of rows,
+# the whole row in registers
+register_template(PlannedTemplate("row", PARAMS, analyze, build, space))

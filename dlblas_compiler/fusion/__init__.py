@@ -14,6 +14,7 @@ from .templates import (
     KernelLowering,
     KernelTemplate,
     Lowered,
+    PlannedTemplate,
     ReferenceLowering,
     Template,
     WhyNot,
@@ -25,6 +26,6 @@ from .templates import (
 __all__ = [
     "PATTERNS", "FusionPattern", "Match", "P", "patterns_by_priority", "register_fusion_pattern",
     "unregister_fusion_pattern", "LEGALITY", "FusePass", "Plan", "external_inputs", "fusion_notes", "rule",
-    "TEMPLATES", "CallLowering", "CallTemplate", "KernelLowering", "KernelTemplate", "Lowered", "ReferenceLowering",
-    "Template", "WhyNot", "get_template", "register_template", "unregister_template",
+    "TEMPLATES", "CallLowering", "CallTemplate", "KernelLowering", "KernelTemplate", "Lowered", "PlannedTemplate",
+    "ReferenceLowering", "Template", "WhyNot", "get_template", "register_template", "unregister_template",
 ]  # fmt: skip

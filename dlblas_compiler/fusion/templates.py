@@ -5,7 +5,8 @@ A template implements a kind of region. The planner grows and checks regions onl
 through `lower(fused, plan, name)`. A `dl.fused` op names its template (`FusedOp.template_name`), and
 `get_template` resolves the name. Codegen templates (row, gemm, attention) derive from `KernelTemplate`:
 `emit(fused, plan, name)` writes the kernel, `space(plan)` declares its tunable configs (drawn from `params`,
-every parameter and its choices). A user pattern whose lowering is a Python callable gets a `CallTemplate`.
+every parameter and its choices); the built-in ones are `PlannedTemplate`s, made from an analyze, a build and a
+space function. A user pattern whose lowering is a Python callable gets a `CallTemplate`.
 
     register_template(MyTemplate())          # a user template, next to the built-in ones
     register_fusion_pattern("mine", dag, "my_template")
@@ -115,6 +116,26 @@ class KernelTemplate(abc.ABC):
         kernel = self.emit(fused, plan, name)
         kernel.space = self.space(plan)
         return KernelLowering(kernel, kernel.space)
+
+
+class PlannedTemplate(KernelTemplate):
+    """A KernelTemplate made of three functions, as the built-in templates are: `analyze(ops, inputs)` returns the
+    plan or the reason it cannot lower them, `build(fused, plan, name)` the kernel, `space(plan)` its configs."""
+
+    def __init__(self, name: str, params: dict[str, list], analyze: Callable[[list[Operation], list[SSAValue]], Any],
+                 build: Callable[[FusedOp, Any, str], Any], space: Callable[[Any], SearchSpace]) -> None:  # fmt: skip
+        self.name, self.params = name, params
+        self._analyze, self._build, self._space = analyze, build, space
+
+    def can_lower(self, ops: list[Operation], inputs: list[SSAValue]) -> Any | WhyNot:
+        plan = self._analyze(ops, inputs)
+        return WhyNot(plan) if isinstance(plan, str) else plan
+
+    def emit(self, fused: FusedOp, plan: Any, name: str) -> Any:
+        return self._build(fused, plan, name)
+
+    def space(self, plan: Any) -> SearchSpace:
+        return self._space(plan)
 
 
 @dataclass

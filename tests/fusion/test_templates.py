@@ -101,9 +101,10 @@ def test_what_the_user_template_refuses_is_not_fused_by_it():
 
 
 def test_the_builtin_templates_are_registered_the_same_way():
-    from dlblas_compiler.codegen.attention import AttentionTemplate
-    from dlblas_compiler.codegen.gemm import GemmTemplate
-    from dlblas_compiler.codegen.row import RowTemplate
+    from dlblas_compiler.codegen import attention, gemm, row
+    from dlblas_compiler.fusion.templates import PlannedTemplate
 
-    for name, cls in (("row", RowTemplate), ("gemm", GemmTemplate), ("attention", AttentionTemplate)):
-        assert isinstance(TEMPLATES[name], cls) and PATTERNS[name].template == name
+    for name, mod in (("row", row), ("gemm", gemm), ("attention", attention)):
+        t = TEMPLATES[name]
+        assert isinstance(t, PlannedTemplate) and PATTERNS[name].template == name and t.params is mod.PARAMS
+        assert (t._analyze, t._build, t._space) == (mod.analyze, mod.build, mod.space)

@@ -13,7 +13,7 @@ import dlblas_compiler.codegen.kernel as kernel_mod
 import dlblas_compiler.codegen.source as source_mod
 import dlblas_compiler.runtime.program as program_mod
 import dlblas_compiler.runtime.selection as selection
-from dlblas_compiler.codegen.row import RowTemplate
+from dlblas_compiler.fusion.templates import get_template
 from dlblas_compiler.lowering import lower_region
 from dlblas_compiler.runtime.graphs import graph_pays
 from dlblas_compiler.codegen.kernel import Kernel
@@ -93,7 +93,7 @@ def _inject(monkeypatch, fault: str) -> tuple[set[str], str]:
     """Make `fault` happen; return the regions it hits and what their warning must say."""
     if fault in ("analyze", "build"):
         method = "can_lower" if fault == "analyze" else "emit"
-        monkeypatch.setattr(RowTemplate, method, _raise(fault))
+        monkeypatch.setattr(get_template("row"), method, _raise(fault))  # (the row template alone)
         return {"row_1"}, f"lowering failed (RuntimeError: injected {fault} fault)"
     if fault == "compile":
         monkeypatch.setattr(Kernel, "compiled", _raise(fault))

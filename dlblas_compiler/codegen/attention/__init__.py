@@ -21,18 +21,14 @@ Files: plan.py (analyze), prefill.py and decode.py (each kernel's source and sea
 
 from __future__ import annotations
 
-from xdsl.ir import Operation, SSAValue
-
-from ...dialects import FusedOp
-from ...fusion.templates import KernelTemplate, WhyNot, register_template
+from ...fusion.templates import PlannedTemplate, register_template
 from ...tuning.space import SearchSpace
-from ..kernel import Kernel
 from .decode import DECODE_PARAMS, decode_source, decode_space
 from .launch import build
 from .plan import DECODE_ROWS, AttentionPlan, analyze, out_layout
 from .prefill import PARAMS, prefill_space, source
 
-__all__ = ["DECODE_PARAMS", "DECODE_ROWS", "PARAMS", "AttentionPlan", "AttentionTemplate", "analyze", "build",
+__all__ = ["DECODE_PARAMS", "DECODE_ROWS", "PARAMS", "AttentionPlan", "analyze", "build",
            "decode_source", "decode_space", "out_layout", "prefill_space", "source", "space"]  # fmt: skip
 
 
@@ -41,22 +37,6 @@ def space(plan: AttentionPlan) -> SearchSpace:
     return decode_space(plan) if plan.decode else prefill_space(plan)
 
 
-class AttentionTemplate(KernelTemplate):
-    """Flash attention for one dl.sdpa, reading q/k/v through the views that produce them and writing through
-    the views of its output."""
-
-    name = "attention"
-    params = PARAMS
-
-    def can_lower(self, ops: list[Operation], inputs: list[SSAValue]) -> AttentionPlan | WhyNot:
-        plan = analyze(ops, inputs)
-        return WhyNot(plan) if isinstance(plan, str) else plan
-
-    def emit(self, fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
-        return build(fused, plan, name)
-
-    def space(self, plan: AttentionPlan) -> SearchSpace:
-        return space(plan)
-
-
-register_template(AttentionTemplate())
+# flash attention for one dl.sdpa, reading q/k/v through the views that produce them and writing through the
+# views of its output
+register_template(PlannedTemplate("attention", PARAMS, analyze, build, space))

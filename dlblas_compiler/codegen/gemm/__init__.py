@@ -21,37 +21,15 @@ folded into W scales the A tile.
 
 from __future__ import annotations
 
-from xdsl.ir import Operation, SSAValue
-
-from ...dialects import FusedOp
-from ...fusion.templates import KernelTemplate, WhyNot, register_template
-from ...tuning.space import SearchSpace
-from ..kernel import Kernel
+from ...fusion.templates import PlannedTemplate, register_template
 from .launch import build
 from .norms import row_layer_norm, row_norm, row_rms
 from .plan import GEMV_ROWS, Cols, GemmPlan, analyze
 from .space import PARAMS, space
 
-__all__ = ["GEMV_ROWS", "PARAMS", "Cols", "GemmPlan", "GemmTemplate", "analyze", "build", "row_layer_norm", "row_norm",
+__all__ = ["GEMV_ROWS", "PARAMS", "Cols", "GemmPlan", "analyze", "build", "row_layer_norm", "row_norm",
            "row_rms", "space"]  # fmt: skip
 
 
-class GemmTemplate(KernelTemplate):
-    """Y = x @ W^T with an RMSNorm prologue and an epilogue of everything the planner attached to Y (see the
-    module docstring)."""
-
-    name = "gemm"
-    params = PARAMS
-
-    def can_lower(self, ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | WhyNot:
-        plan = analyze(ops, inputs)
-        return WhyNot(plan) if isinstance(plan, str) else plan
-
-    def emit(self, fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
-        return build(fused, plan, name)
-
-    def space(self, plan: GemmPlan) -> SearchSpace:
-        return space(plan)
-
-
-register_template(GemmTemplate())
+# Y = x @ W^T with an RMSNorm prologue and an epilogue of everything the planner attached to Y (see above)
+register_template(PlannedTemplate("gemm", PARAMS, analyze, build, space))
