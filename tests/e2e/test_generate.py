@@ -57,11 +57,17 @@ def _batch(padded: bool):
 @pytest.mark.parametrize("cache", ["static", "dynamic"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_greedy_tokens_equal_eager(name, cache, padded, fresh_dynamo):
+    """Greedy tokens equal eager's (five families, both caches, batch 1 and a padded batch of 2); the decode step's
+    regions run generated kernels, and with the static cache the k/v writes are in the QKV GEMMs."""
     ids, mask = _batch(padded)
     out, ref = _generate(causal_lm(name), ids, mask, cache, 4, {"backend": "interpret"})
     assert torch.equal(out, ref), (out.tolist(), ref.tolist())
     decode = dynamo.COMPILATIONS[1]  # the first decode step's graph: its regions run the generated kernels
     assert set(decode.report().impls().values()) == {"kernel"}
+    if cache == "static":  # every layer's QKV GEMM stores its k and v into the caller's caches
+        program = decode._spec().executor
+        assert len(cache_writes(program)) == 2 * BASE["num_hidden_layers"]
+        assert not [s for s in program.steps if isinstance(s, InPlaceIndexCopy)]
 
 
 def _static_decode():
