@@ -1,11 +1,12 @@
 """Check generated kernels config by config on the GPU: every output against an fp32 reference of its region.
 
-    python bench/check_configs.py
+    python bench/check_configs.py [BLOCK:M,...]
 
 For each block and M, each listed config of each region's kernel is launched on the same inputs and every
 output is compared with the region's reference computed in float32 (relative error, and the share of
-elements off by more than 5% of the output's RMS). A config-dependent error points at the kernel, not at
-rounding.
+elements off by more than 5% of the output's RMS; a non-finite output counts as all off), each config
+launched REPEATS times: a config-dependent error points at the kernel, not at rounding, and runs of one config
+that differ at a race. Lines of configs with more than 0.1% of elements off start with WRONG.
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import dlblas_compiler as dc  # noqa: E402
 from blocks import BLOCKS  # noqa: E402
+from dlblas_compiler.codegen.kernel import compile_configs  # noqa: E402
 from dlblas_compiler.numerics import rel_error  # noqa: E402
 from dlblas_compiler.runtime.program import RegionStep  # noqa: E402
 
-GEMM = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=w, num_stages=s, TMA=t, MM=0)
-        for t in (0, 1) for bm, bn, w, s in [(64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 8, 3), (128, 128, 4, 3),
-                             (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 3)]]  # fmt: skip
+GEMM = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=w, num_stages=s, TMA=t, MM=0, NORM_PASS=p,
+             PERSISTENT=pers)
+        for t in (0, 1) for p in (0, 1) for pers in (0, 1)
+        for bm, bn, w, s in [(64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4),
+                             (128, 256, 8, 3), (128, 256, 8, 4)]]  # fmt: skip
+REPEATS = 3  # each config launched this many times on the same inputs: a race shows as runs that differ
 ATTN = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
         for bm, bn, w, s in [(32, 128, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 4, 2), (128, 128, 8, 3)]]  # fmt: skip
 
@@ -60,17 +65,26 @@ def main() -> None:
                 configs = [step.choice.config]
                 if block != "llama_block":
                     configs = GEMM if step.choice.pattern == "gemm" else ATTN if step.choice.pattern == "attention" else configs
+                configs = [c for c in configs if step.kernel.space.is_valid(c)]
+                compile_configs(step.kernel, step.compiled, tensors, configs)  # (in parallel)
                 for cfg in configs:
-                    if not step.kernel.space.is_valid(cfg):
-                        continue
-                    outs = step.launch(tensors, cfg)
-                    errs = []
-                    for o, r in zip(outs, ref):
-                        rms = r.float().pow(2).mean().sqrt()
-                        bad = ((o.float() - r.float()).abs() > 0.05 * rms).float().mean().item()
-                        errs.append(f"{rel_error(o, r):.1e}/{bad:.1%}")
-                    short = {k: v for k, v in cfg.items() if k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
-                    print(f"{block:14s} M={m:5d} {step.choice.region:12s} {short} " + " ".join(errs), flush=True)
+                    errs, worst = [], 0.0
+                    for _ in range(REPEATS):
+                        try:
+                            outs = step.launch(tensors, cfg)
+                        except Exception as e:  # noqa: BLE001 - reported, not fatal
+                            errs = [f"failed: {type(e).__name__}: {str(e)[:120]}"]
+                            break
+                        for o, r in zip(outs, ref):
+                            rms = r.float().pow(2).mean().sqrt()
+                            bad = ((o.float() - r.float()).abs() > 0.05 * rms).float().mean().item()
+                            bad = 1.0 if not torch.isfinite(o).all() else bad
+                            worst = max(worst, bad)
+                            errs.append(f"{rel_error(o, r):.1e}/{bad:.1%}")
+                    keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA", "NORM_PASS", "PERSISTENT")
+                    short = " ".join(f"{k}={cfg[k]}" for k in keys if k in cfg)
+                    flag = "WRONG " if worst > 1e-3 else ""
+                    print(f"{flag}{block:14s} M={m:5d} {step.choice.region:12s} {short} " + " ".join(errs), flush=True)
         del cm, mod
         torch.cuda.empty_cache()
 

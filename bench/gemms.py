@@ -39,12 +39,13 @@ from blocks import BLOCKS, HF_LAYERS, _randn  # noqa: E402
 
 import dlblas_compiler as dc  # noqa: E402
 from dlblas_compiler.models import RMSNorm, randomize_, rope_cos_sin, rotate_half  # noqa: E402
+from dlblas_compiler.codegen.kernel import compile_configs  # noqa: E402
 from dlblas_compiler.runtime.steps import RegionStep  # noqa: E402
 
-SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, GROUP_M=8, num_warps=w, num_stages=s, TMA=1, MM=0, NORM_PASS=p)
-         for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4),
-                                  (64, 256, 64, 4, 4), (128, 256, 64, 8, 4), (128, 128, 128, 8, 3)]
-         for p in (0, 1)]  # fmt: skip
+SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, GROUP_M=8, num_warps=w, num_stages=s, TMA=1, MM=0, NORM_PASS=p,
+              PERSISTENT=pers)
+         for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4)]
+         for pers in (0, 1) for p in (0, 1)]  # fmt: skip
 
 
 def graph_time_us(fn) -> float:
@@ -96,15 +97,21 @@ def time_regions(cm, args, kwargs, sweep: bool) -> list[dict]:
                    "kernel_us": kernel, "cublas_us": cublas, "ratio": cublas / kernel,
                    "kernel_tflops": flops / kernel / 1e6, "cublas_tflops": flops / cublas / 1e6}  # fmt: skip
             if sweep:
-                best = (kernel, c.config)
-                for cfg in SWEEP:
-                    if step.kernel.space.is_valid(cfg):
-                        try:
-                            t = graph_time_us(lambda: step.launch(tensors, cfg))
-                        except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
-                            print(f"    sweep {cfg}: {type(e).__name__}", flush=True)
-                            continue
-                        best = min(best, (t, cfg), key=lambda b: b[0])
+                best, row["sweep"] = (kernel, c.config), []
+                want = [o.float() for o in step.launch(tensors, c.config)]
+                valid = [cfg for cfg in SWEEP if step.kernel.space.is_valid(cfg)]
+                compile_configs(step.kernel, step.compiled, tensors, valid)  # (in parallel, before timing)
+                for cfg in valid:
+                    try:
+                        got = step.launch(tensors, cfg)
+                        err = max(((g.float() - r).norm() / r.norm().clamp_min(1e-30)).item() for g, r in zip(got, want))
+                        t = graph_time_us(lambda: step.launch(tensors, cfg))
+                    except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
+                        print(f"    sweep {cfg}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                        continue
+                    row["sweep"].append((cfg, t, err))
+                    print(f"    sweep {t:8.1f} µs (rel. diff from the tuned config's output {err:.1e}) {cfg}", flush=True)
+                    best = min(best, (t, cfg), key=lambda b: b[0])
                 row["sweep_best_us"], row["sweep_best_config"] = best
             print(f"  {c.region:10s} {c.impl:9s} M={row['M']} N={row['N']} K={row['K']}: kernel {kernel:8.1f} µs "
                   f"({row['kernel_tflops']:.0f} TFLOP/s), cuBLAS {cublas:8.1f} µs: {row['ratio']:.2f}x  {c.config}", flush=True)  # fmt: skip

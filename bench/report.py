@@ -847,6 +847,8 @@ def gemm_ran(r: dict) -> str:
     the reference; the timed kernel is the tuned config either way."""
     c = r["config"]
     kern = "cuBLAS + epilogue kernel" if c.get("MM") else f"our K loop{' (TMA)' if c.get('TMA') else ''}"
+    if c.get("PERSISTENT"):
+        kern += ", persistent" + (", warp-specialized" if c.get("WS") else "")
     if c.get("NORM_PASS"):
         kern += " after a norm pass"
     return kern if r["impl"] == "kernel" else f"reference (cuBLAS, torch ops); timed: {kern}"
@@ -863,6 +865,26 @@ def gemms_section(name: str) -> str:
                    f"{r['cublas_us']:.1f} | {r['ratio']:.2f}x | {r['kernel_tflops']:.0f} |")  # fmt: skip
     env = {"gpu": doc.get("gpu"), "torch": doc.get("torch")}
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
+
+
+def persistent_sweep_section(name: str) -> str:
+    """bench/gemms.py --sweep with persistent variants: per region, the fastest config of each loop form (one tile
+    per program, persistent, persistent and warp-specialized) among those whose output matched the tuned config's
+    (rel. difference ≤ 1e-2), and how many configs of each form gave wrong or non-finite outputs."""
+    doc = _load(name)
+    forms = [("one tile per program", (0, 0)), ("persistent", (1, 0)), ("persistent, warp-specialized", (1, 1))]
+    out = ["| layer | region | cuBLAS µs | " + " | ".join(f"{f} µs (wrong)" for f, _ in forms) + " |",
+           "|---|---|---|" + "---|" * len(forms)]
+    for r in doc["layers"]:
+        cells = []
+        for _, key in forms:
+            runs = [(t, e) for c, t, e in r.get("sweep", []) if (c.get("PERSISTENT", 0), c.get("WS", 0)) == key]
+            good = [t for t, e in runs if e == e and e <= 1e-2]  # (NaN != NaN)
+            cells.append(f"{min(good):.1f} ({len(runs) - len(good)} of {len(runs)})" if good else "–")
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['cublas_us']:.1f} | "
+                   + " | ".join(cells) + " |")
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"triton {doc.get('triton')}")]) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -959,6 +981,9 @@ SECTIONS = {
     "gemms-s8-e": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-e.json"),
     "gemms-s8-f": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-f.json"),
     "gemms-s8-g": functools.partial(gemms_section, "2026-11-26-h100-s8-gemms-g.json"),
+    "gemms-s15-sweep": functools.partial(persistent_sweep_section, "2026-11-27-h100-s15-gemms-a-sweep.json"),
+    "gemms-s15-b": functools.partial(gemms_section, "2026-11-27-h100-s15-gemms-b.json"),
+    "gemms-s15-c": functools.partial(gemms_section, "2026-11-27-h100-s15-gemms-c.json"),
     "block-layer-llama3_8b-h100-s8-b": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s8-layer-llama3_8b-b.json"], "layer_llama3_8b"), heading=False),
     "gemms-s9-qwen3": functools.partial(gemms_section, "2026-11-26-h100-s9-gemms-qwen3.json"),

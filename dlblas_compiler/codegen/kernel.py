@@ -46,7 +46,8 @@ def compile_source(source: str, name: str, interpret: bool) -> Callable:
     filename = f"<dlblas:{name}:{source_hash(source)}>"
     # register the text so tracebacks (and Triton, which reads the function's source) can see it
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict[str, Any] = {"triton": triton, "tl": tl}
+    # (a module name: Triton's code generator reads it from each @triton.jit function a kernel calls)
+    namespace: dict[str, Any] = {"triton": triton, "tl": tl, "__name__": f"dlblas_compiler.generated.{name}"}
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     try:

@@ -244,30 +244,34 @@ def test_gemm_configs_split_k_and_ragged_tiles(k):
         configs = [(16, 16, 32, 1, 0), (32, 32, 64, 2, 0), (16, 32, 32, 4, 0), (64, 16, 64, 2, 0), (16, 32, 64, 2, 1)]
         for (bm, bn, bk, sk, tma), normed in itertools.product(configs, (0, 1)):  # TMA: the partial last K step is zero-filled
             cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2,
-                   "TMA": tma, "MM": 0, "NORM_PASS": normed}  # NORM_PASS: the norm as a row pass before the K loop
+                   "TMA": tma, "MM": 0, "NORM_PASS": normed, "PERSISTENT": 0}  # NORM_PASS: the norm as a row pass before the K loop
             (out,) = step.launch(tensors, cfg)
             assert rel_error(out, ref) <= tolerance(torch.float32), cfg
 
 
-def _launch_valid(step, tensors: list, refs: list, configs: list[dict]) -> list[dict]:
+def _launch_valid(step, tensors: list, refs: list, configs: list[dict], dtype=torch.float32) -> list[dict]:
     """Launch each config the region's space accepts and compare every output with its reference; returns
     the configs checked."""
     checked = []
     for c in configs:
         if step.kernel.space.is_valid(c):
             for o, r in zip(step.launch(step.private(tensors, every=True), c), refs):
-                assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
+                assert rel_error(o, r) <= tolerance(dtype), (step.choice.region, c)
             checked.append(c)
     return checked
 
 
-def _check_gemm_regions(cfg: BlockConfig, tokens: int, configs: list[dict]) -> list[tuple]:
-    """Launch each valid config on every GEMM region of a Llama block (interpreter) and compare with the
-    region's reference; returns (region, config, K) for each config checked."""
+def _check_gemm_regions(cfg: BlockConfig, tokens: int, configs: list[dict], dtype=None) -> list[tuple]:
+    """Launch each valid config on every GEMM region of a Llama block (interpreter; on the GPU in `dtype`) and
+    compare with the region's reference (computed in float64); returns (region, config, K) for each config
+    checked."""
     from dlblas_compiler.runtime.program import RegionStep
 
-    x, cos, sin = llama_block_inputs(cfg, 1, tokens)
-    cm = dc.compile(randomize_(LlamaBlock(cfg)).eval(), backend="interpret", cuda_graphs=False)
+    gpu = dtype is not None
+    x, cos, sin = llama_block_inputs(cfg, 1, tokens, dtype or torch.float32, "cuda" if gpu else "cpu")
+    model = randomize_(LlamaBlock(cfg)).eval()
+    model = model.to("cuda", dtype) if gpu else model
+    cm = dc.compile(model, backend="triton" if gpu else "interpret", cuda_graphs=False)
     checked = []
     with torch.no_grad():
         cm(x, cos, sin)
@@ -276,8 +280,8 @@ def _check_gemm_regions(cfg: BlockConfig, tokens: int, configs: list[dict]) -> l
         for step in prog.steps:
             if isinstance(step, RegionStep) and step.choice.pattern == "gemm":
                 tensors = step.inputs(env)
-                refs = step.reference(tensors)
-                for c in _launch_valid(step, tensors, refs, configs):
+                refs = step.reference([t.double() if gpu and t.is_floating_point() else t for t in tensors])
+                for c in _launch_valid(step, tensors, refs, configs, dtype or torch.float32):
                     checked.append((step.kernel.region_ir, c, step.kernel.shape_key["K"]))
             step(env)
     return checked
@@ -289,12 +293,44 @@ def test_gemm_tma_and_pointer_configs(tokens):
     down+residual) under tiles loaded by pointer and through TMA descriptors, split-K included (with
     1 token the norm statistics come from the GEMM itself), against the region's reference."""
     cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)  # K long enough to split
-    configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": p}
+    configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 0}
                for bn, bk, sk in [(32, 32, 4), (64, 64, 1), (128, 32, 2)] for tma in (0, 1) for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
     assert {(c["SPLIT_K"] > 1, c["TMA"]) for _, c, _ in checked} == {(a, b) for a in (False, True) for b in (0, 1)}
     assert {c["NORM_PASS"] for r, c, _ in checked if "dl.rms_norm" in r} == {0, 1}
+
+
+def test_gemm_persistent_configs(monkeypatch):
+    """One program per SM looping over the tiles (PERSISTENT, tiles by pointer, through TMA, after cuBLAS): with
+    2 SMs each program runs several tiles of every GEMM region of a Llama block (norm+QKV+RoPE, o-proj+residual,
+    norm+gate/up+SiLU, down+residual), ragged tiles included, against the region's reference."""
+    from dlblas_compiler.codegen import device
+
+    monkeypatch.setattr(device, "sm_count", lambda: 2)
+    cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)
+    configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": 32 if mm else 64, "SPLIT_K": 1, "GROUP_M": g, "num_warps": 4,
+                "num_stages": 2, "TMA": tma, "MM": mm, "NORM_PASS": mm, "PERSISTENT": 1}
+               for bn, g in [(64, 1), (128, 8)] for tma in (0, 1) for mm in (0, 1) if not (mm and tma)]  # fmt: skip
+    checked = _check_gemm_regions(cfg, 19, configs)
+    assert len({r for r, _, _ in checked}) == 4, checked
+    assert {(c["TMA"], c["MM"]) for _, c, _ in checked} == {(0, 0), (1, 0), (0, 1)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemm_persistent_configs_on_the_gpu(dtype):
+    """The persistent loop on the GPU: every GEMM region of a Llama block at 2100 tokens (more tiles than an H100
+    has SMs), tensor-core tiles through TMA and by pointer, norm weight in the K loop or a norm pass, against
+    float64."""
+    cfg = BlockConfig(hidden=512, intermediate=1024, heads=8, kv_heads=2, head_dim=64)
+    tiles = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4)]
+    configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": w, "num_stages": s,
+                "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1}
+               for bm, bn, w, s in tiles for tma in (0, 1) for p in (0, 1)]  # fmt: skip
+    checked = _check_gemm_regions(cfg, 2100, configs, dtype)
+    assert len({r for r, _, _ in checked}) == 4, checked
+    assert {(c["TMA"], c["NORM_PASS"]) for r, c, _ in checked if "dl.rms_norm" in r} == {(0, 0), (0, 1), (1, 1)}
 
 
 @pytest.mark.parametrize("tokens", [2, 19])
@@ -304,7 +340,7 @@ def test_gemm_cublas_product_with_generated_epilogue(tokens):
     adds) on every GEMM region of a Llama block, tiles narrower than a head included, against the reference."""
     cfg = BlockConfig(hidden=256, intermediate=320, heads=4, kv_heads=2, head_dim=64)
     configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": g, "num_warps": 4,
-                "num_stages": 2, "TMA": 0, "MM": 1, "NORM_PASS": p} for bm, bn, g in [(16, 64, 1), (16, 32, 1), (32, 128, 8)] for p in (0, 1)]  # fmt: skip
+                "num_stages": 2, "TMA": 0, "MM": 1, "NORM_PASS": p, "PERSISTENT": 0} for bm, bn, g in [(16, 64, 1), (16, 32, 1), (32, 128, 8)] for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
     assert any(c["BLOCK_N"] < 64 and "dl.rotary" in r for r, c, _ in checked)
@@ -339,7 +375,7 @@ def test_gemm_rotary_partners_read_from_the_product(rd, inter):
     rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
     args = [_x(1, s, 32), rep(ang.cos()), rep(ang.sin())]
     cm = dc.compile(model, backend="interpret", cuda_graphs=False)
-    base = {"BLOCK_M": 16, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0}
+    base = {"BLOCK_M": 16, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0, "PERSISTENT": 0}
     configs = [{**base, "BLOCK_N": bn, "MM": mm} for bn, mm in [(16, 1), (32, 1), (64, 1), (128, 1), (16, 0), (32, 0)]]
     with torch.no_grad():
         cm(*args)
@@ -406,7 +442,7 @@ def test_gemm_rotary_on_q_k_v_sliced_from_each_heads_columns(tokens, rd, inter):
     ang = _x(tokens, (rd or d) // 2, seed=3)
     rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
     args = [_x(1, tokens, k), rep(ang.cos()), rep(ang.sin())]
-    base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0}
+    base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0, "PERSISTENT": 0}
     configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm}
                for bm, bn, sk, mm in [(16, 16, 1, 0), (16, 32, 1, 0), (16, 64, 2, 0), (16, 128, 1, 0), (16, 16, 1, 1),
                                       (16, 64, 1, 1), (1, 16, 1, 0), (1, 32, 2, 0)]]  # fmt: skip
@@ -484,7 +520,7 @@ def test_gemm_stores_k_and_v_into_the_cache_at_their_positions(batch, pos):
         before = [t.clone() for t in tensors]
         refs = step.reference([t.double() if t.is_floating_point() else t for t in tensors])
         base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0}
-        configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": mm}
+        configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": mm, "PERSISTENT": 0}
                    for bm, bn, sk, mm in [(16, 16, 1, 0), (16, 32, 2, 0), (16, 64, 1, 0), (16, 32, 1, 1),
                                           (16, 64, 1, 1), (1, 16, 1, 0), (1, 32, 2, 0)]]  # fmt: skip
         checked = _launch_valid(step, tensors, refs, configs)
@@ -569,7 +605,7 @@ def test_gemm_per_head_rms_norm_before_rotary(tokens):
     ang = _x(tokens, d // 2, seed=3)
     args = [_x(1, tokens, k), torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)]
     base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0}
-    configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": p}
+    configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": p, "PERSISTENT": 0}
                for bm, bn, sk, mm, p in [(16, 32, 1, 0, 0), (16, 64, 2, 0, 0), (16, 128, 1, 0, 1), (16, 32, 1, 1, 1),
                                          (16, 64, 1, 1, 1), (1, 32, 1, 0, 0), (16, 16, 1, 0, 0), (16, 16, 1, 1, 1)]]  # fmt: skip
     with torch.no_grad():
@@ -612,7 +648,7 @@ def test_gemm_one_row_tiles(tokens):
     rotation pairs gathered from both halves of the head), split-K, grouped rows, a partial last K step."""
     cfg = BlockConfig(hidden=256, intermediate=320, heads=4, kv_heads=2, head_dim=64)
     configs = [{"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 8 if tokens > 1 else 1,
-                "num_warps": 4, "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": p}
+                "num_warps": 4, "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": p, "PERSISTENT": 0}
                for bn, bk, sk in [(16, 64, 1), (32, 32, 2), (64, 128, 1), (16, 128, 1), (128, 32, 2)] for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked

@@ -7,7 +7,8 @@ region's reference):
   cublas.py    MM: cuBLAS computes the product and the kernel is the prologue's scaling and the epilogue
 and the parts they share:
   plan.py      what a region computes (`analyze`: the linear, its norm, each epilogue value's view of the tile)
-  emitter.py   the kernel's skeleton: arguments, the program's tile, the variants' main loops, the epilogue
+  emitter.py   the kernel's skeleton: one tile per program or (PERSISTENT) one program per SM looping over the
+               tiles; each tile's work (`_tile`): its rows and columns, the variants' main loops, the epilogue
   prologue.py  an RMSNorm / LayerNorm before the GEMM: a norm weight on the A tile, row statistics on the result
   epilogue.py  split-K reduction and everything the planner attached to Y, one store per output
   norms.py     the row passes a launch runs first (NORM_PASS's normalized rows, the RMSNorm statistics)

@@ -114,12 +114,15 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         tma = config["TMA"] and all(t.data_ptr() % 16 == 0 for t in ins[:2])
         if tma:
             device.descriptor_scratch()
-        kernel[(tiles, sk)](
+        persistent = config.get("PERSISTENT", 0)
+        grid = (min(tiles, device.sm_count()), 1) if persistent else (tiles, sk)
+        kernel[grid](
             *ins, *[tensors[i] for i in ext_args], *outs, *[tensors[i] for i in ix_args], *ix_sizes, prod, ws, cnt, rs, m,
             *row_sizes, *ext_strides,
             *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
             K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
-            RS_BLOCK=max(64, min(2048 // bm, k_pow2)), MM=mm, NORMED=bool(normed), num_warps=config["num_warps"], num_stages=config["num_stages"],
+            RS_BLOCK=max(64, min(2048 // bm, k_pow2)), MM=mm, NORMED=bool(normed), PERSISTENT=bool(persistent),
+            num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return outs
 

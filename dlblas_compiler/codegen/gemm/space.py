@@ -24,6 +24,7 @@ PARAMS = {
     "TMA": [0, 1],
     "MM": [0, 1],  # 1: cuBLAS computes x @ W^T, the kernel is the prologue's scaling and the epilogue
     "NORM_PASS": [0, 1],  # 1: a row pass writes the normalized x (the K loop reads it unscaled, no row statistics)
+    "PERSISTENT": [0, 1],  # 1: one program per SM looping over the tiles (TMA tiles only)
 }
 
 
@@ -36,6 +37,7 @@ def space(plan: GemmPlan) -> SearchSpace:
     narrow = plan.narrow_rotary is not None
     smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
     has_norm, ln = plan.norm is not None, isinstance(plan.norm, LayerNormOp)
+    norm_w = plan.rms is not None and plan.rms.weight is not None  # (a norm weight not folded into W)
     return SearchSpace(
         PARAMS,
         {
@@ -60,6 +62,10 @@ def space(plan: GemmPlan) -> SearchSpace:
             or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and not c["TMA"] and c["BLOCK_K"] == 32 and c["num_stages"] == 2),
             "a norm pass only with a norm prologue, always under a cuBLAS product and for a LayerNorm": lambda c:
             c["NORM_PASS"] == (has_norm and (c["MM"] or c["NORM_PASS"] or ln)),
+            "persistent programs only for tensor-core tiles, more of them than SMs, without split-K": lambda c:
+            not c["PERSISTENT"] or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) > sms),
+            "no norm weight on TMA tiles in the K loop (Triton 3.6 on H100: wrong rows that vary between runs)":
+            lambda c: not (norm_w and c["TMA"] and not c["NORM_PASS"] and not c["MM"] and c["BLOCK_M"] > 1),
         },
         default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
                                 has_norm, ln),
@@ -82,7 +88,7 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
         while tiles * split * 2 <= 8 * sms and k // (split * 2) >= 4 * bk and split < 16:
             split *= 2
         return {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 1, "num_warps": 4,
-                "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": int(ln)}  # fmt: skip
+                "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": int(ln), "PERSISTENT": 0}  # fmt: skip
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
     bn = min(max(rot, 128), max(16, rot, triton.next_power_of_2(n)))  # no wider than N
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
@@ -96,13 +102,16 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": stages,
-            "TMA": int(tma and bm == 128), "MM": 0, "NORM_PASS": int(ln or (has_norm and m > 16))}  # fmt: skip
+            "TMA": int(tma and bm == 128), "MM": 0, "NORM_PASS": int(ln or (has_norm and m > 16)),
+            "PERSISTENT": 0}  # fmt: skip
 
 
 def _seed_configs(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dict]:
     """The best configs of the exhaustive sweeps on H200 and H100 (bench/NOTES.md) for this row count's class,
     then (above 16 rows) the cuBLAS product with this kernel as its epilogue: the quick search tries them after
-    the default (those the shape's constraints reject are skipped). Above 16 rows a norm is a row pass."""
+    the default (those the shape's constraints reject are skipped). Above 16 rows a norm is a row pass. Above
+    256 rows the sweeps' tiles also come persistent (one program per SM; H100, M=2048: 1–8% faster on 128-row
+    tiles, NOTES 59)."""
     if m == 1:  # QKV, down, gate/up at M=1
         tiles = [(1, 32, 256, 2, 8, 3, 0), (1, 16, 128, 8, 4, 2, 0), (1, 32, 128, 1, 4, 2, 0)]
     elif m <= 16:  # QKV (narrow rotary tiles), o-proj, gate/up
@@ -113,9 +122,11 @@ def _seed_configs(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dic
         tiles = [(128, 128, 64, 1, 8, 4, 1), (128, 256, 64, 1, 8, 4, 1), (128, 256, 64, 1, 8, 3, 1)]
     keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages", "TMA")
     pas = int(ln or (has_norm and m > 16))
-    seeds = [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1, "MM": 0, "NORM_PASS": pas} for t in tiles]
+    seeds = [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1, "MM": 0, "NORM_PASS": pas, "PERSISTENT": p}
+             for p in ((0,) if m <= 256 else (0, 1)) for t in tiles]  # fmt: skip
     if m > 16:  # an epilogue pass over the product: wide tiles, one per 8 warps
         bm = 64 if m <= 64 else 128
         seeds.append({"BLOCK_M": bm, "BLOCK_N": 128 if ns == 1 else 64, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 8,
-                      "num_stages": 2, "TMA": 0, "GROUP_M": 8 if m > bm else 1, "MM": 1, "NORM_PASS": pas})  # fmt: skip
+                      "num_stages": 2, "TMA": 0, "GROUP_M": 8 if m > bm else 1, "MM": 1, "NORM_PASS": pas,
+                      "PERSISTENT": 0})  # fmt: skip
     return seeds
