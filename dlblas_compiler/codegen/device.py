@@ -34,6 +34,11 @@ def dot_args(dtype: torch.dtype) -> str:
     return f', input_precision="{fp32_dot_precision()}"' if dtype == torch.float32 else ""
 
 
+def capability() -> tuple[int, int]:
+    """The device's compute capability; (9, 0) without CUDA (the interpreter sees an H100's search spaces)."""
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
+
+
 def has_tma() -> bool:
     """Tensor descriptors: Hopper and newer; the Triton interpreter emulates them."""
     return not torch.cuda.is_available() or torch.cuda.get_device_capability() >= (9, 0)

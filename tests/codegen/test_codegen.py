@@ -761,3 +761,23 @@ def test_row_layer_norm_pass_matches_torch(one_pass):
                ONE_PASS=one_pass)  # fmt: skip
         ref = F.layer_norm(x.double(), (k,), wt.double(), b.double(), 1e-5)
         assert rel_error(y, ref) <= (4e-3 if dtype == torch.bfloat16 else 1e-6), dtype
+
+
+def test_gemm_seeds_only_on_the_devices_they_were_measured_on(monkeypatch):
+    """The GEMM space's seed configs come from sweeps on sm90 cards: another device's quick search starts from the
+    shape's default alone, not from another card's table."""
+    from dlblas_compiler.codegen import device
+    from dlblas_compiler.runtime.program import RegionStep
+
+    def gemm_spaces():
+        cm = dc.compile(randomize_(NormGLU(64, 40, F.silu)).eval(), backend="interpret", cuda_graphs=False)
+        with torch.no_grad():
+            cm(_x(300, 64))
+        steps = [s for s in cm._spec().executor.steps if isinstance(s, RegionStep) and s.choice.pattern == "gemm"]
+        return [s.kernel.space for s in steps]
+
+    (sm90,) = gemm_spaces()
+    assert len(sm90.starts()) > 1  # the default, then the sweeps' seeds valid here
+    monkeypatch.setattr(device, "capability", lambda: (8, 0))
+    (sm80,) = gemm_spaces()
+    assert sm80.starts() == [sm80.default()]

@@ -28,6 +28,9 @@ PARAMS = {
 }
 
 
+SEEDED_ON = 9  # the seeds come from sweeps on H200 and H100 (sm90): elsewhere the search starts from the default alone
+
+
 def space(plan: GemmPlan) -> SearchSpace:
     """Tiles, split-K, grouping, warps, stages and TMA, constrained by the shape, the device's shared memory,
     SM count and TMA support, and the epilogue (rotary heads within a tile)."""
@@ -69,7 +72,7 @@ def space(plan: GemmPlan) -> SearchSpace:
         },
         default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
                                 has_norm, ln),
-        seeds=_seed_configs(m, ns, has_norm, ln),
+        seeds=_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [],
     )
 
 
@@ -107,7 +110,8 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
 
 
 def _seed_configs(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dict]:
-    """The best configs of the exhaustive sweeps on H200 and H100 (bench/NOTES.md) for this row count's class,
+    """The best configs of the exhaustive sweeps on H200 and H100 (bench/NOTES.md) for this row count's class
+    (offered on sm90 cards only, `SEEDED_ON`),
     then (above 16 rows) the cuBLAS product with this kernel as its epilogue: the quick search tries them after
     the default (those the shape's constraints reject are skipped). Above 16 rows a norm is a row pass. Above
     256 rows the sweeps' tiles also come persistent (one program per SM; H100, M=2048: 1–8% faster on 128-row
