@@ -9,7 +9,7 @@ weights check, input copies, the graph replay's launch, output clones), inside o
 dynamo calls, `CompiledModule.guarded`), inside the CUDA-graph replay; GPU ms between CUDA events recorded at the forward's entry and exit (the decode graph);
 the GPU's idle ms from one forward's exit event to the next one's entry event (HF's loop, whose stopping check
 waits for the GPU, plus our host time before the replay). Medians over the decode tokens, and a cProfile of a
-generate() of 33 tokens (cumulative and internal time). `--cuda-graphs 0` runs every call's steps directly (each
+generate() of --new tokens (cumulative and internal time). `--cuda-graphs 0` runs every call's steps directly (each
 kernel launched from the host, as for a length never captured), `--cache dynamic` uses HF's default cache (a new
 length every token), `--eager` times the model without compiling it. Results: OUT/decode_host[-TAG].json.
 """
@@ -134,7 +134,7 @@ def main() -> None:
     print(json.dumps(row), flush=True)
     prof = cProfile.Profile()
     prof.enable()
-    generate(33)
+    generate(args.new)  # (the length already compiled: a new one would profile its compile)
     prof.disable()
     for key, sort, n in (("profile_cumulative", "cumulative", 70), ("profile_internal", "tottime", 40)):
         text = io.StringIO()
