@@ -261,10 +261,9 @@ def _launch_valid(step, tensors: list, refs: list, configs: list[dict], dtype=to
     return checked
 
 
-def _check_gemm_regions(cfg: BlockConfig, tokens: int, configs: list[dict], dtype=None) -> list[tuple]:
-    """Launch each valid config on every GEMM region of a Llama block (interpreter; on the GPU in `dtype`) and
-    compare with the region's reference (computed in float64); returns (region, config, K) for each config
-    checked."""
+def _gemm_regions(cfg: BlockConfig, tokens: int, dtype=None):
+    """(step, inputs, references) for each GEMM region of a Llama block compiled for the interpreter (on the GPU
+    in `dtype`), the references computed in float64 on the GPU; the program steps along between regions."""
     from dlblas_compiler.runtime.program import RegionStep
 
     gpu = dtype is not None
@@ -272,7 +271,6 @@ def _check_gemm_regions(cfg: BlockConfig, tokens: int, configs: list[dict], dtyp
     model = randomize_(LlamaBlock(cfg)).eval()
     model = model.to("cuda", dtype) if gpu else model
     cm = dc.compile(model, backend="triton" if gpu else "interpret", cuda_graphs=False)
-    checked = []
     with torch.no_grad():
         cm(x, cos, sin)
         prog = cm._spec().executor
@@ -280,10 +278,19 @@ def _check_gemm_regions(cfg: BlockConfig, tokens: int, configs: list[dict], dtyp
         for step in prog.steps:
             if isinstance(step, RegionStep) and step.choice.pattern == "gemm":
                 tensors = step.inputs(env)
-                refs = step.reference([t.double() if gpu and t.is_floating_point() else t for t in tensors])
-                for c in _launch_valid(step, tensors, refs, configs, dtype or torch.float32):
-                    checked.append((step.kernel.region_ir, c, step.kernel.shape_key["K"]))
+                yield step, tensors, step.reference([t.double() if gpu and t.is_floating_point() else t for t in tensors])
             step(env)
+
+
+def _check_gemm_regions(cfg: BlockConfig, tokens: int, configs: list[dict], dtype=None) -> list[tuple]:
+    """Launch each valid config on every GEMM region of a Llama block (interpreter; on the GPU in `dtype`) and
+    compare with the region's reference (computed in float64); returns (region, config, K) for each config
+    checked."""
+    checked = []
+    with torch.no_grad():
+        for step, tensors, refs in _gemm_regions(cfg, tokens, dtype):
+            for c in _launch_valid(step, tensors, refs, configs, dtype or torch.float32):
+                checked.append((step.kernel.region_ir, c, step.kernel.shape_key["K"]))
     return checked
 
 
@@ -342,32 +349,22 @@ def test_gemm_space_samples_are_right_and_repeatable(tokens):
     import random
 
     from dlblas_compiler.codegen.kernel import compile_configs
-    from dlblas_compiler.runtime.program import RegionStep
 
     cfg = BlockConfig(hidden=512, intermediate=1024, heads=8, kv_heads=2, head_dim=64)
-    x, cos, sin = llama_block_inputs(cfg, 1, tokens, torch.bfloat16, "cuda")
-    cm = dc.compile(randomize_(LlamaBlock(cfg)).eval().to("cuda", torch.bfloat16), backend="triton", cuda_graphs=False)
     rng, checked = random.Random(tokens), 0
     with torch.no_grad():
-        cm(x, cos, sin)
-        prog = cm._spec().executor
-        env = prog._env([x, cos, sin])
-        for step in prog.steps:
-            if isinstance(step, RegionStep) and step.choice.pattern == "gemm":
-                tensors = step.inputs(env)
-                refs = step.reference([t.double() if t.is_floating_point() else t for t in tensors])
-                space, seen = step.kernel.space, set()
-                configs = [c for c in (space.sample(rng, seen) for _ in range(12)) if c is not None and not seen.add(space.key(c))]
-                compile_configs(step.kernel, step.compiled, tensors, configs)
-                for c in configs:
-                    runs = [step.launch(step.private(tensors, every=True), c) for _ in range(3)]
-                    for outs in runs:
-                        for o, r in zip(outs, refs):
-                            assert rel_error(o, r) <= tolerance(torch.bfloat16), (step.choice.region, c)
-                    for outs in runs[1:]:
-                        assert all(torch.equal(a, b) for a, b in zip(outs, runs[0])), ("runs differ", step.choice.region, c)
-                    checked += 1
-            step(env)
+        for step, tensors, refs in _gemm_regions(cfg, tokens, torch.bfloat16):
+            space, seen = step.kernel.space, set()
+            configs = [c for c in (space.sample(rng, seen) for _ in range(12)) if c is not None and not seen.add(space.key(c))]
+            compile_configs(step.kernel, step.compiled, tensors, configs)
+            for c in configs:
+                runs = [step.launch(step.private(tensors, every=True), c) for _ in range(3)]
+                for outs in runs:
+                    for o, r in zip(outs, refs):
+                        assert rel_error(o, r) <= tolerance(torch.bfloat16), (step.choice.region, c)
+                for outs in runs[1:]:
+                    assert all(torch.equal(a, b) for a, b in zip(outs, runs[0])), ("runs differ", step.choice.region, c)
+                checked += 1
     assert checked >= 40
 
 

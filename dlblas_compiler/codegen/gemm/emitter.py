@@ -4,12 +4,15 @@ tensor-core tiles by pointer or TMA), chosen at run time by the config's constex
 
 from __future__ import annotations
 
-import textwrap
-
 from ...dialects import ConstantOp, IndexCopyOp
 from ..source import PDL_ARG, Writer, chained_start
 from . import cublas, gemv, tiled
 from .epilogue import EpilogueEmitter
+
+
+# the kernel's compile-time parameters, passed on to each tile's work
+CONSTS = ("K", "GRID_N", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "K_SPLIT", "EVEN_K", "TMA", "RS_INLINE",
+          "RS_BLOCK", "MM", "NORMED")  # fmt: skip
 
 
 class GemmEmitter(EpilogueEmitter):
@@ -34,19 +37,9 @@ class GemmEmitter(EpilogueEmitter):
             args += [f"e{j}_s{d}" for d in range(len(self.ext[j][1].perm))]
         for k, r in enumerate(self.outputs):
             args += [f"o{k}_s{d}" for d in range(len(p.info[r].perm))]
-        consts = ["K: tl.constexpr, GRID_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,",
-                  "BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,",
-                  "EVEN_K: tl.constexpr, TMA: tl.constexpr, RS_INLINE: tl.constexpr, RS_BLOCK: tl.constexpr,",
-                  "MM: tl.constexpr, NORMED: tl.constexpr,"]  # fmt: skip
-        self._kernel(w, args, consts)
+        self._kernel(w, args)
         w("@triton.jit")
-        w("def _tile(")
-        w.indent()
-        w(", ".join(args) + ", pid, pid_k,")
-        for line in consts:
-            w(line)
-        w.dedent()
-        w("):")
+        _wrapped(w, "def _tile(", [*args, "pid", "pid_k", *(f"{c}: tl.constexpr" for c in CONSTS)], "):")
         w.indent()
         w('"""One output tile: its rows and columns, the K loop of the config\'s variant, the epilogue."""')
         w("num_m = tl.cdiv(M, BLOCK_M)")
@@ -92,43 +85,41 @@ class GemmEmitter(EpilogueEmitter):
         w.dedent()
         return w.text()
 
-    def _kernel(self, w: Writer, args: list[str], consts: list[str]) -> None:
+    def _kernel(self, w: Writer, args: list[str]) -> None:
         """The kernel: one tile per program, or (PERSISTENT) one program per SM looping over the tiles. (Triton
         3.6's warp specialization of that loop, `tl.range(..., warp_specialize=True)`, gave non-finite rows that
         varied between runs on the H100 for the dual GEMM with 4 warps: not offered, NOTES 59.)"""
         w("@triton.jit")
-        w(f"def {self.name}(")
-        w.indent()
-        w(", ".join(args) + ",")
-        for line in consts:
-            w(line)
-        w("PERSISTENT: tl.constexpr, " + PDL_ARG)
-        w.dedent()
-        w("):")
+        _wrapped(w, f"def {self.name}(", [*args, *(f"{c}: tl.constexpr" for c in CONSTS), "PERSISTENT: tl.constexpr",
+                                          PDL_ARG.rstrip(",")], "):")  # fmt: skip
         w.indent()
         chained_start(w)
         w("if PERSISTENT:")
         w("    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(GRID_N, BLOCK_N)")
         w("    for pid in range(tl.program_id(0), tiles, tl.num_programs(0)):")
-        names = [c.split(":")[0].strip() for line in consts for c in line.split(",") if c.strip()]
         w.indent()
         w.indent()
-        _call(w, "_tile", [*args, "pid", "0", *names])
+        _wrapped(w, "_tile(", [*args, "pid", "0", *CONSTS], ")")
         w.dedent()
         w.dedent()
         w("else:")
         w.indent()
-        _call(w, "_tile", [*args, "tl.program_id(0)", "tl.program_id(1)", *names])
+        _wrapped(w, "_tile(", [*args, "tl.program_id(0)", "tl.program_id(1)", *CONSTS], ")")
         w.dedent()
         w.dedent()
         w("")
         w("")
 
 
-def _call(w: Writer, fn: str, args: list[str]) -> None:
-    """`fn(args)`, its arguments wrapped over lines of at most ~110 characters."""
-    lines = textwrap.wrap(", ".join(args), 110 - 4 * w.depth - 4, break_long_words=False, break_on_hyphens=False)
-    w(f"{fn}(")
-    for line in lines:
-        w("    " + line)
-    w(")")
+def _wrapped(w: Writer, opening: str, items: list[str], closing: str) -> None:
+    """`opening`, the comma-separated items wrapped over lines of at most ~110 characters, then `closing`: a
+    signature or a call."""
+    w(opening)
+    width, line = 110 - 4 * w.depth - 4, ""
+    for item in items:  # (whole items per line: an annotation is not split)
+        if line and len(line) + len(item) + 2 > width:
+            w("    " + line.rstrip())
+            line = ""
+        line += item + ", "
+    w("    " + line.rstrip())
+    w(closing)

@@ -114,7 +114,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         tma = config["TMA"] and all(t.data_ptr() % 16 == 0 for t in ins[:2])
         if tma:
             device.descriptor_scratch()
-        persistent = config.get("PERSISTENT", 0)
+        persistent = config["PERSISTENT"]
         grid = (min(tiles, device.sm_count()), 1) if persistent else (tiles, sk)
         kernel[grid](
             *ins, *[tensors[i] for i in ext_args], *outs, *[tensors[i] for i in ix_args], *ix_sizes, prod, ws, cnt, rs, m,
