@@ -7,6 +7,11 @@ valid config is timed once (the exhaustive best), then random and Bayesian searc
 20% and 40% of the space over the *same* measured times (a lookup, so the comparison is about the
 policies, not timing noise). Reports, per policy and budget, the best time found over the exhaustive best
 (mean and worst over seeds). Goal of issue 5: Bayesian within 3% using at most 20% of the evaluations.
+The tuner's quick mode (its budget and patience) runs over the same table twice: from the default and the
+seeds, and from the default alone. Where the whole space is too large to time (thousands of configs at
+M = 2048), `--narrow` times a subspace and `--real-quick N` runs the quick search for real over the whole space:
+N times as a card without the sweeps' seeds builds it (the default and the variants' own starts: a shape no
+sweep has seen, issue 19's goal: within 5%), once with them; each against the subspace's best.
 `--block`/`--region` pick another block and its n-th GEMM region (e.g. swiglu_mlp 1: down projection);
 `--narrow k=v1/v2,...` restricts the space. Each result also holds the best time per BLOCK_M (BLOCK_M 1:
 one-row CUDA-core tiles, tensor cores from 16) and the weight bandwidth of the best config.
@@ -16,10 +21,12 @@ one-row CUDA-core tiles, tensor cores from 16) and the weight bandwidth of the b
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
 import sys
+from unittest import mock
 
 import torch
 
@@ -28,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import dlblas_compiler as dc  # noqa: E402
 from dlblas_compiler.runtime.program import RegionStep  # noqa: E402
-from dlblas_compiler.tuning import POLICIES, make_objective  # noqa: E402
+from dlblas_compiler.tuning import POLICIES, SearchSpace, make_objective  # noqa: E402
+from dlblas_compiler.tuning.tuner import TUNE_MODES  # noqa: E402
 
 
 def region(block_model, args, backend: str, index: int = 0, kwargs=None):
@@ -77,7 +85,8 @@ def precompile(block: str, index: int, m: int, space, jobs: int) -> None:
     print(f"M={m}: compiled {len(keys)} configs in {jobs} processes ({failed} failed)", flush=True)
 
 
-def study(step: RegionStep, tensors: list, space, device: str, seeds: int) -> dict:
+def study(step: RegionStep, tensors: list, space, device: str, seeds: int, full=None, real_quick: int = 0,
+          no_sweeps=None) -> dict:
     with torch.no_grad():
         ref = step.reference(tensors)
     timed = make_objective(lambda cfg: (lambda: step.launch(tensors, cfg)), ref, device=device)
@@ -111,6 +120,39 @@ def study(step: RegionStep, tensors: list, space, device: str, seeds: int) -> di
             budget = max(2, int(frac * space.size()))
             ratios = [POLICIES[name](space, lookup, budget, None, seed, None).best_time / best for seed in range(seeds)]
             out["policies"][f"{name}@{int(frac * 100)}%"] = {"budget": budget, "mean": statistics.mean(ratios), "worst": max(ratios)}
+    # The tuner's quick mode as it runs in a compile (its policy, budget and patience), starting from the
+    # default and the seeds, and from the default alone: a shape no sweep has seen (issue 19: within 5%).
+    quick = TUNE_MODES["quick"]
+    budget = quick.budget(space.count(quick.sizes_that_matter()))
+    unseeded = SearchSpace(space.params, space.constraints, space.default(), ())
+    for name, sp in (("quick", space), ("quick, default alone", unseeded)):
+        ratios = [POLICIES[quick.policy](sp, lookup, budget, quick.patience, seed, None).best_time / best
+                  for seed in range(seeds)]
+        out["policies"][name] = {"budget": budget, "mean": statistics.mean(ratios), "worst": max(ratios)}
+    if full is not None and real_quick:
+        # With a narrowed table: the quick search run for real over the whole space (its own budget there),
+        # each config timed as the table's were (and once: a memo over the table), against the table's best.
+        def memo(cfg):
+            key = full.key(cfg)
+            if key not in table:
+                try:
+                    table[key] = timed(cfg)
+                except Exception:  # noqa: BLE001
+                    table[key] = float("inf")
+            return lookup(cfg)
+
+        budget = quick.budget(full.count(quick.sizes_that_matter()))
+        runs = [("quick over the whole space, no sweep seeds", no_sweeps or full, s) for s in range(real_quick)]
+        runs.append(("quick over the whole space", full, 0))
+        for name, sp, seed in runs:
+            r = POLICIES[quick.policy](sp, memo, budget, quick.patience, seed, None)
+            found = out["policies"].setdefault(name, {"budget": budget, "ratios": [], "configs": []})
+            found["ratios"].append(r.best_time / best)
+            found["configs"].append(r.best_config)
+        for v in out["policies"].values():
+            if "ratios" in v:
+                v["mean"], v["worst"] = statistics.mean(v["ratios"]), max(v["ratios"])
+        out["whole_space"] = full.size()
     return out
 
 
@@ -123,6 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--block", default="norm_qkv_rope")
     p.add_argument("--region", type=int, default=0, help="which GEMM region of the block (0 = first)")
     p.add_argument("--narrow", default="", help="k=v1/v2,... restricts the space, e.g. num_stages=3/4,GROUP_M=1")
+    p.add_argument("--real-quick", type=int, default=0,
+                   help="with --narrow: run the quick search for real over the whole space with this many seeds")
     p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="processes compiling configs first")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -140,14 +184,26 @@ def main(argv=None) -> int:
         narrow = {k: [int(x) for x in v.split("/")] for k, v in (kv.split("=") for kv in a.narrow.split(",") if kv)}
         for m in [int(t) for t in a.tokens.split(",")]:
             mod, args, kwargs, _, _ = BLOCKS[a.block](m, torch.bfloat16, "cuda")
+            no_sweeps = None
+            if a.real_quick:  # the space as a card without the sweeps' seeds builds it (the variants' starts only)
+                with mock.patch.object(importlib.import_module("dlblas_compiler.codegen.gemm.space"), "SEEDED_ON", -1):
+                    no_sweeps = region(mod, args, "triton", a.region, kwargs)[0].kernel.space
             step, tensors = region(mod, args, "triton", a.region, kwargs)
             space = step.kernel.space.narrow(**narrow) if narrow else step.kernel.space
             if a.jobs > 1:
                 precompile(a.block, a.region, m, space, a.jobs)
-            results[f"{a.block}[{a.region}] M={m}"] = study(step, tensors, space, "cuda", a.seeds)
+            full = step.kernel.space if narrow and a.real_quick else None
+            results[f"{a.block}[{a.region}] M={m}"] = study(step, tensors, space, "cuda", a.seeds, full, a.real_quick,
+                                                            no_sweeps)
+    if torch.cuda.is_available():  # the card and versions, for the report's source line
+        import triton
+
+        results["_run"] = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     with open(os.path.join(a.out, f"tuning_study_{a.block}_{a.region}.json"), "w") as f:
         json.dump(results, f, indent=1)
     for key, r in results.items():
+        if key.startswith("_"):
+            continue
         print(f"{key}: {r['space']} valid configs ({r['failed']} failed), exhaustive best {r['exhaustive_best_us']:.1f} µs "
               f"({r['weight_TBps_at_best']:.2f} TB/s of weight), default {r['default_us']:.1f} µs, {r['best_config']}")
         print("  best per BLOCK_M: " + ", ".join(f"{bm}: {t:.1f}" for bm, t in sorted(r["best_us_by_BLOCK_M"].items())))

@@ -2,6 +2,8 @@
 
 - hoist parameters and scalar constants to the top of the function (they have no operands), so later
   rewrites may read any weight anywhere;
+- columns regrouped: a linear whose output is viewed as [.., A, B, D] and read through slices of B gets its weight
+  rows ordered by slice, so each slice is a column range (Falcon's q/k/v interleaved per group);
 - horizontal fusion: linears that share their input (q/k/v, gate/up) become one linear over the
   concatenated weight, followed by slices of its output (one pass over the activations, one GEMM);
 - FlashNorm (opt-in, `algebraic{fold_norm_weight=true}`): when a normalized value feeds only linears,
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -94,6 +96,62 @@ def horizontal_linears(fn: func.FuncOp) -> None:
         for o in ops:
             o.detach()
             o.erase()
+
+
+def regroup_split_columns(fn: func.FuncOp) -> None:
+    """A linear whose output columns are viewed as [.., A, B, D] and read only through slices of B (Falcon's new
+    decoder: q, k and v interleaved per k/v group, `fused.view(.., groups, heads_per_group + 2, D)[:, :, :, :-2]`,
+    `[..., [-2], :]`, `[..., [-1], :]`) computes each slice from a strided set of rows of its weight. Ordering the
+    weight's rows by slice (each slice's rows of every A in turn: a weight-only cat of row slices, computed once;
+    held beside the parameter, which the model's own forward still reads) makes each slice a contiguous column
+    range of the linear, viewed: [.., A*(e-s)*D] as [.., A, e-s, D], what a q/k/v split of a GEMM looks like."""
+    for r in [o for o in fn.body.block.ops if isinstance(o, ReshapeOp)]:
+        lin = producer(r.input, LinearOp)
+        if lin is None or not r.input.has_one_use() or not is_constant(lin.weight):
+            continue
+        if lin.bias is not None and not is_constant(lin.bias):
+            continue
+        xs, rs = tuple(shape(r.input)), tuple(shape(r.result))
+        lead, split = len(xs) - 1, rs[len(xs) - 1 :]
+        if rs[:lead] != xs[:-1] or len(split) < 3 or math.prod(split) != xs[-1]:
+            continue
+        slices = [u.operation for u in r.result.uses]
+        if not slices or not all(isinstance(s, SliceOp) and s.bounds()[3] == 1 for s in slices):
+            continue
+        dims = {s.bounds()[0] for s in slices}
+        if len(dims) != 1 or not lead < (dim := dims.pop()) < len(rs) - 1:
+            continue  # slices of the first split dim are column ranges already (`_fold_slice`), of D not regrouped
+        a, b, d = math.prod(rs[lead:dim]), rs[dim], math.prod(rs[dim + 1 :])
+        ranges = sorted({s.bounds()[1:3] for s in slices})
+        rows = [(g * b * d + s * d, g * b * d + e * d) for s, e in ranges for g in range(a)]
+        rw = Rewriter()
+        ip = InsertPoint.before(lin)
+
+        def regrouped(w: SSAValue) -> SSAValue:
+            parts = [SliceOp(w, 0, s, e) for s, e in rows]
+            cat = CatOp([p.result for p in parts], 0)
+            rw.insert_op([*parts, cat], ip)
+            return cat.result
+
+        new = LinearOp(lin.input, regrouped(lin.weight), None if lin.bias is None else regrouped(lin.bias))
+        set_name(new.result, lin.result)
+        rw.insert_op(new, ip)
+        offsets, start = {}, 0
+        for s, e in ranges:
+            offsets[s, e] = start
+            start += a * (e - s) * d
+        for op in slices:
+            s, e = op.bounds()[1:3]
+            cols = SliceOp(new.result, lead, offsets[s, e], offsets[s, e] + a * (e - s) * d)
+            view = ReshapeOp(cols.result, list(shape(op.result)))
+            set_name(view.result, op.result)
+            rw.insert_op([cols, view], InsertPoint.before(op))
+            op.result.replace_all_uses_with(view.result)
+            op.detach()
+            op.erase()
+        for old in (r, lin):
+            old.detach()
+            old.erase()
 
 
 def fold_norm_weights(fn: func.FuncOp) -> None:
@@ -250,6 +308,7 @@ class AlgebraicPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for fn in [o for o in op.ops if isinstance(o, func.FuncOp)]:
             hoist_constants(fn)
+            regroup_split_columns(fn)
             if self.horizontal:
                 horizontal_linears(fn)
             if self.fold_norm_weight:

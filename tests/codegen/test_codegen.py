@@ -762,8 +762,10 @@ def test_row_layer_norm_pass_matches_torch(one_pass):
 
 def test_gemm_seeds_only_on_the_devices_they_were_measured_on(monkeypatch):
     """The GEMM space's seed configs come from sweeps on sm90 cards: another device's quick search starts from the
-    shape's default alone, not from another card's table."""
+    shape's default and the variants' own starts (the cuBLAS product with epilogue tiles of a fixed size), not
+    from another card's table."""
     from dlblas_compiler.codegen import device
+    from dlblas_compiler.codegen.gemm.space import EPILOGUE_TILE
     from dlblas_compiler.runtime.program import RegionStep
 
     def gemm_spaces():
@@ -777,4 +779,7 @@ def test_gemm_seeds_only_on_the_devices_they_were_measured_on(monkeypatch):
     assert len(sm90.starts()) > 1  # the default, then the sweeps' seeds valid here
     monkeypatch.setattr(device, "capability", lambda: (8, 0))
     (sm80,) = gemm_spaces()
-    assert sm80.starts() == [sm80.default()]
+    default, *variants = sm80.starts()
+    assert default == sm80.default() and variants and all(c["MM"] == 1 for c in variants)
+    assert {c["BLOCK_M"] * c["BLOCK_N"] * 2 for c in variants} == {EPILOGUE_TILE}  # (two streams: gate, up)
+    assert all(c in sm90.starts() for c in variants)

@@ -33,8 +33,8 @@ LLAMA_LIKE = Counter({"row": 2, "gemm": 4 * 2 + 1, "attention": 2})
 # where attention and MLP read one norm), the down-projection adds both residuals; multi-query attention (1 k/v
 # head) and grouped attention (k/v broadcast per group, rotary applied after) run as GQA. Multi-query: the q, k and
 # v heads sliced from the fused projection's [.., heads + 2, D] view are slices of its columns (`algebraic`), so
-# the q/k rotary rides in the GEMM; the new decoder architecture interleaves q, k and v per group (as GPT-NeoX per
-# head), and its rotary stays a row kernel for q and for k.
+# the q/k rotary rides in the GEMM; the new decoder architecture interleaves q, k and v per group (slices of a
+# middle dim of the view): its weight's rows are ordered by slice once (`algebraic`), so the same holds there.
 REGIONS = {
     "llama": LLAMA_LIKE,
     "qwen2": LLAMA_LIKE,
@@ -42,7 +42,7 @@ REGIONS = {
     "phi": Counter({"row": 2 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
     "gpt2": Counter({"row": 2 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
     "falcon": Counter({"row": 2 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
-    "falcon-gqa": Counter({"row": 2 + 4 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
+    "falcon-gqa": Counter({"row": 2 + 2 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
 }
 MODELS = list(REGIONS)
 

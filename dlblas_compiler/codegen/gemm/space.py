@@ -72,7 +72,8 @@ def space(plan: GemmPlan) -> SearchSpace:
         },
         default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
                                 has_norm, ln),
-        seeds=_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [],
+        seeds=(_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [])
+        + _variant_starts(m, ns, has_norm, ln),
     )
 
 
@@ -107,6 +108,30 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": stages,
             "TMA": int(tma and bm == 128), "MM": 0, "NORM_PASS": int(ln or (has_norm and m > 16)),
             "PERSISTENT": 0}  # fmt: skip
+
+
+EPILOGUE_TILE = 8192  # elements (all streams) per program of an epilogue pass over a cuBLAS product
+
+
+def _variant_starts(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dict]:
+    """Starts for the quick search on every device, from the variants' own rules rather than a sweep's table:
+    above 16 rows, the cuBLAS product (MM) with epilogue tiles of `EPILOGUE_TILE` elements (a memory-bound pass
+    over the product, as a row kernel is) in three aspect ratios, with 4 and 8 warps. The MM family is a few
+    percent of the space and its tile parameters act only on the epilogue pass, so a search over the whole
+    space rarely lands on its good tiles; on an H100 at M = 2048 it was the fastest variant for Qwen2.5-7B's
+    norm+QKV+RoPE (0.83x the fastest K-loop tile's time) and gate/up (0.93x), found by one search in three
+    (bench/NOTES.md 61). Tiles the shape's constraints reject are skipped (`SearchSpace.starts`)."""
+    if m <= 16:
+        return []
+    pas = int(ln or has_norm)
+    starts = []
+    for warps in (4, 8):
+        for bn in (64, 128, 256):
+            bm = min(128, max(16, EPILOGUE_TILE // (ns * bn)))
+            starts.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 8 if m > bm else 1,
+                           "num_warps": warps, "num_stages": 2, "TMA": 0, "MM": 1, "NORM_PASS": pas,
+                           "PERSISTENT": 0})  # fmt: skip
+    return starts
 
 
 def _seed_configs(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dict]:
