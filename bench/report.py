@@ -573,6 +573,41 @@ def tuning_study_section() -> str:
     return "\n".join(out) + "\n"
 
 
+QUICK_S16 = [("2026-11-27-h100-s16-tuning-study-a-qkv.json", "a", "K-loop tiles", "the default"),
+             ("2026-11-27-h100-s16-tuning-study-a-gateup.json", "a", "K-loop tiles", "the default"),
+             ("2026-11-27-h100-s16-tuning-study-b-gateup-mm.json", "b", "cuBLAS product + epilogue (MM)",
+              "the default, 6 MM starts")]
+
+
+def quick_tuning_section() -> str:
+    """bench/tuning_study.py --narrow ... --real-quick 2: a timed subspace's best against the tuner's quick search,
+    over that table and for real over the whole space (with and without the sweeps' seeds)."""
+    out = ["| run | region | subspace timed | configs (whole space) | subspace best µs | quick over the table: "
+           "seeded / default alone | quick over the whole space without the sweeps' seeds: starts | "
+           "the same, 2 searches | quick over the whole space, seeded |", "|" + "---|" * 9]  # fmt: skip
+    entries = []
+    for name, run, sub, starts in QUICK_S16:
+        doc = _load(name)
+        env = doc.get("_run", {})
+        for key, v in doc.items():
+            if key.startswith("_"):
+                continue
+            block, idx, _m = re.match(r"(\w+)\[(\d+)\] M=(\d+)", key).groups()
+            region = {0: "norm+QKV+RoPE", 2: "norm+gate/up+GLU"}.get(int(idx), f"region {idx}")
+            p = v["policies"]  # (run a named two entries as the script first did)
+            alone = p.get("quick, default alone") or p["quick, no seeds"]
+            unseeded = p.get("quick over the whole space, no sweep seeds") or p["quick over the whole space, no seeds"]
+            table = f"{p['quick']['worst']:.3f} / {alone['worst']:.3f}"
+            whole = ", ".join(f"{r:.3f}" for r in unseeded["ratios"])
+            seeded = ", ".join(f"{r:.3f}" for r in p["quick over the whole space"]["ratios"])
+            out.append(f"| {run} | {block.removeprefix('layer_')} {region} (M = {_m}) | {sub} | {v['space']} "
+                       f"({v['whole_space']}) | {v['exhaustive_best_us']:.1f} | {table} | {starts} | {whole} | "
+                       f"{seeded} |")
+        entries.append((name, {"gpu": env.get("card"), "torch": env.get("torch"), "triton": env.get("triton"),
+                               "run": f"run {run}"}, ""))  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
 # -------------------------------------------------------------------------------------- library kernels
 
 
@@ -900,6 +935,7 @@ SECTIONS = {
     "profile-2048": functools.partial(profile_section, 2048),
     "smi-s4": smi_section,
     "tuning-study": tuning_study_section,
+    "quick-tuning-s16": quick_tuning_section,
     "library-tuned": functools.partial(library_section, H200 + "library-tuned.json"),
     "library-untuned": functools.partial(library_section, H200 + "library-untuned.json",
                                          {"matmul", "apply_rotary_pos_emb", "partial_rotary_emb"}),

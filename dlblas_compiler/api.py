@@ -10,6 +10,7 @@ Each compile is logged (`dlblas_compiler.compile`, `.fusion`, `.codegen`: see `l
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import operator
 import os
@@ -27,7 +28,7 @@ from torch.utils import _pytree as pytree
 
 from .dialects import FusedOp, TorchCallOp
 from .errors import FrontendError, UnsupportedError
-from .frontend import Captured, Imported, capture, import_graph, sizes_unseen
+from .frontend import Captured, Imported, capture, import_graph, shape_errors, sizes_unseen
 from .fusion.planner import fusion_notes
 from .fusion.templates import KernelLowering
 from .logs import get_logger
@@ -599,8 +600,15 @@ def compile(model, backend: str | None = None, **options):  # noqa: A001
     if not callable(model):
         raise TypeError(f"dc.compile takes an nn.Module or a callable, got {type(model).__name__}")
     owner = getattr(model, "__self__", None)  # (a bound method: model.forward)
-    dynamo_backend = DynamoBackend(opts, name=type(owner).__name__ if isinstance(owner, torch.nn.Module) else None)
-    fn = torch.compile(model, backend=dynamo_backend)
+    name = type(owner).__name__ if isinstance(owner, torch.nn.Module) else None
+    dynamo_backend = DynamoBackend(opts, name=name)
+    compiled = torch.compile(model, backend=dynamo_backend)
+
+    @functools.wraps(model)
+    def fn(*args, **kwargs):
+        with shape_errors(name or getattr(model, "__qualname__", "the function")):  # one line, not dynamo's log
+            return compiled(*args, **kwargs)
+
     generation = getattr(owner, "generation_config", None)
     if generation is not None and hasattr(generation, "disable_compile"):
         # Hugging Face's generate() compiles the decode step itself (torch.compile of the model's __call__, for

@@ -7,7 +7,9 @@ Registered by the `torch_dynamo_backends` entry point in pyproject, so no import
     "reduce-overhead"               cuda_graphs=True
     "max-autotune"                  tune="full", cuda_graphs=True
     "max-autotune-no-cudagraphs"    tune="full", cuda_graphs=False
-Any other mode is a ValueError naming these.
+Any other mode is a ValueError naming these. Unlike Inductor's, our default mode keeps `Options.cuda_graphs`
+(True: a program is captured from its second call, where replaying measured faster), so "default" and
+"reduce-overhead" differ only in what options set.
 
 `options=` takes the fields of `Options` (see there), e.g.
 `torch.compile(model, backend="dlblas", options={"backend": "interpret", "tune": "quick", "dump_ir": "dir/"})`.

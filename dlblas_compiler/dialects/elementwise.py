@@ -85,6 +85,7 @@ SinOp = _unary("dl.sin", torch.sin, "tl.sin({x})", (torch.sin, "sin"))
 CosOp = _unary("dl.cos", torch.cos, "tl.cos({x})", (torch.cos, "cos"))
 SigmoidOp = _unary("dl.sigmoid", torch.sigmoid, "tl.sigmoid({x})", (torch.sigmoid, F.sigmoid, "sigmoid"))
 SiluOp = _unary("dl.silu", F.silu, "({x} * tl.sigmoid({x}))", (F.silu,))
+ErfOp = _unary("dl.erf", torch.erf, "tl.erf({x})", (torch.erf, torch.special.erf, "erf"))
 TanhOp = _unary("dl.tanh", torch.tanh, "(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)", (torch.tanh, F.tanh, "tanh"))
 ReluOp = _unary("dl.relu", torch.relu, "tl.where({x} < 0.0, 0.0, {x})", (torch.relu, F.relu, "relu"))
 
@@ -283,6 +284,6 @@ class ConstantOp(IRDLOperation):
         return repr(v)
 
 
-UNARY_OPS = [NegOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, AbsOp, SinOp, CosOp, SigmoidOp, SiluOp, TanhOp, ReluOp, GeluOp, PowOp]
+UNARY_OPS = [NegOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, AbsOp, SinOp, CosOp, SigmoidOp, SiluOp, ErfOp, TanhOp, ReluOp, GeluOp, PowOp]
 BINARY_OPS = [AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp]
 ELEMENTWISE_OPS = [*UNARY_OPS, *BINARY_OPS, ConvertOp, ConstantOp]

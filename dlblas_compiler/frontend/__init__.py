@@ -1,7 +1,7 @@
 """FX graph capture and import into the `dl` dialect."""
 
-from .capture import Captured, capture, sizes_unseen, source_line
+from .capture import Captured, capture, shape_errors, sizes_unseen, source_line
 from .converters import CONVERTERS, Unsupported, converts
 from .importer import Imported, import_graph
 
-__all__ = ["Captured", "capture", "sizes_unseen", "source_line", "CONVERTERS", "Unsupported", "converts", "Imported", "import_graph"]
+__all__ = ["Captured", "capture", "shape_errors", "sizes_unseen", "source_line", "CONVERTERS", "Unsupported", "converts", "Imported", "import_graph"]

@@ -239,7 +239,7 @@ def _dynamo_capture(model, args, kwargs, symbolic_failure: str) -> Captured:
             warnings.simplefilter("ignore")
             result = torch._dynamo.export(model, aten_graph=False, assume_static_by_default=True)(*args, **kwargs)
     except torch._dynamo.exc.TorchRuntimeError as e:  # an op failed on the inputs' (fake) tensors: a shape error
-        raise FrontendError(_shape_failure(model, e)) from None  # (dynamo's text says nothing more)
+        raise FrontendError(_shape_failure(type(model).__name__, e)) from None  # (dynamo's text says nothing more)
     except Exception as e:  # noqa: BLE001
         raise FrontendError(
             f"cannot trace {type(model).__name__}: torch.fx.symbolic_trace failed ({symbolic_failure}), "
@@ -281,14 +281,28 @@ def _dynamo_reason(e: BaseException) -> str:
     return f"{head}{where}" + (f" ({explanation})" if explanation else "")
 
 
-def _shape_failure(model: torch.nn.Module, e: BaseException) -> str:
-    """One line for an op that fails on the call's shapes while dynamo traces it: the op's source line and torch's
-    error (what dynamo's explanation quotes after "got")."""
+@contextlib.contextmanager
+def shape_errors(name: str) -> Iterator[None]:
+    """Around a call of a function compiled through dynamo (`dc.compile(model.forward)`): an op that fails on the
+    call's shapes while dynamo traces it raises one FrontendError naming the op's source line, as `capture` does,
+    instead of dynamo's TorchRuntimeError after FakeTensorMode's logged traceback."""
+    import torch._dynamo
+
+    with quiet_fake_tensor_log():
+        try:
+            yield
+        except torch._dynamo.exc.TorchRuntimeError as e:
+            raise FrontendError(_shape_failure(name, e)) from None
+
+
+def _shape_failure(name: str, e: BaseException) -> str:
+    """One line for an op that fails on the call's shapes while dynamo traces `name`: the op's source line and
+    torch's error (what dynamo's explanation quotes after "got")."""
     frame = _user_frame(getattr(e, "real_stack", None) or [])
     explanation = next((ln for ln in str(e).splitlines() if ln.strip().startswith("Explanation:")), "")
     cause = explanation.partition("): got ")[2] or _first_line(e)
     where = f" at {frame}" if frame else ""
-    return f"cannot compute the shape of an op of {type(model).__name__}{where}: {cause}"
+    return f"cannot compute the shape of an op of {name}{where}: {cause}"
 
 
 def _user_frame(stack: list[traceback.FrameSummary]) -> str | None:

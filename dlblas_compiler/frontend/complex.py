@@ -7,7 +7,8 @@ Meta's Llama reference, Mistral's and many training codebases rotate q and k as 
 
 The dialect holds real tensors only, so the importer carries each complex value as its real and imaginary parts
 (`Complex`) through the few ops such code uses: `view_as_complex` (the even and odd entries of the last dim,
-read as strided slices), complex buffers (their parts become two parameters), shape ops applied to both parts,
+read as strided slices), complex buffers (their parts become two parameters), `torch.complex(re, im)` and
+`torch.polar(abs, angle)` (re, im = abs*cos(angle), abs*sin(angle)), shape ops applied to both parts,
 products with complex or real tensors, and `view_as_real` (the parts interleaved again). The rotary above thus
 imports as `stack(xe*c - xo*s, xo*c + xe*s, -1).flatten(-2)`, the interleaved rotary that `recognize` raises to
 `dl.rotary`. Any other op on a complex value is refused with a clear error.
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from xdsl.ir import SSAValue
 
-from ..dialects import AddOp, CatOp, MulOp, ReshapeOp, SliceOp, SubOp
+from ..dialects import AddOp, CatOp, CosOp, MulOp, ReshapeOp, SinOp, SliceOp, SubOp
 from ..dialects.types import shape_of
 from ..errors import FrontendError
 from .converters import CONVERTERS, Unsupported
@@ -55,6 +56,12 @@ def convert(importer: Any, n: Any, args: tuple, kwargs: dict, value: Any) -> Com
     if target is torch.view_as_complex:
         (x,) = args
         return _from_pairs(importer, n.args[0], x, emit)
+    if target in (torch.complex, torch.polar) and not kwargs and all(isinstance(a, SSAValue) for a in args):
+        a, b = args  # (real, imag) or (abs, angle): a rotary table computed in forward
+        if target is torch.polar:
+            return Complex(emit(MulOp(a, emit(CosOp(b)))), emit(MulOp(a, emit(SinOp(b)))))
+        if shape_of(a) == shape_of(b):
+            return Complex(a, b)
     if target is torch.view_as_real:
         (c,) = args
         shape = shape_of(c.re)
@@ -86,7 +93,8 @@ def convert(importer: Any, n: Any, args: tuple, kwargs: dict, value: Any) -> Com
                     e.node = None
     raise FrontendError(
         f"{where} works on a complex tensor; dlblas_compiler carries complex values only through view_as_complex, "
-        "view_as_real, products and shape ops (the rotary embedding written with complex numbers)"
+        "view_as_real, torch.complex, torch.polar, products and shape ops (the rotary embedding written with complex "
+        "numbers)"
     )
 
 

@@ -34,6 +34,7 @@ from ..dialects import (
     LinearOp,
     MatmulOp,
     MoEOp,
+    MulOp,
     PermuteOp,
     PowOp,
     ReduceMaxOp,
@@ -115,6 +116,15 @@ for _cls in UNARY_OPS:
         converts(*_cls.TORCH_FNS)(_unary_converter(_cls))
 for _cls in BINARY_OPS:
     converts(*_cls.TORCH_FNS)(_binary_converter(_cls))
+
+
+converts(torch.special.expit)(CONVERTERS[torch.sigmoid])  # the logistic function under its scipy name
+
+
+@converts(torch.square, "square")
+def _square(e, x):
+    x = _tensor(x)
+    return _emit(e, MulOp(x, x))
 
 
 @converts(*GeluOp.TORCH_FNS, "gelu")
@@ -418,6 +428,53 @@ def _addmm(e, bias, a, b, *, beta=1, alpha=1):
     if beta != 1 or alpha != 1:
         raise Unsupported("addmm with beta or alpha")
     return _emit(e, AddOp(_matmul(e, a, b), _tensor(bias, "bias")))
+
+
+def _by_2d(e, x, w, w_dim: int) -> SSAValue:
+    """x [..., K] with its last dim contracted with dim `w_dim` of a 2-D w: linear(x, w) when w is [N, K],
+    x @ w when w is [K, N] (which `recognize` raises to a linear when w is a weight)."""
+    x, w = _tensor(x), _tensor(w)
+    if len(shape_of(x)) < 2 or len(shape_of(w)) != 2:
+        raise Unsupported("not a contraction of a tensor's last dim with a 2-D one")
+    return _emit(e, LinearOp(x, w)) if w_dim == 1 else _matmul(e, x, w)
+
+
+@converts(torch.einsum)
+def _einsum(e, equation, *operands):
+    """einsum("bsd,od->bso", x, W) and the like (any letters, '...', W [N, K] or [K, N], W first or second): a
+    contraction of x's last dim with one dim of a 2-D W. Other equations stay torch calls."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    ins, arrow, out = equation.replace(" ", "").partition("->")
+    specs = ins.split(",")
+    if len(specs) != 2 or len(operands) != 2:
+        raise Unsupported(f"einsum {equation!r} of {len(operands)} operands")
+    if not arrow:  # the implicit output: the letters used once, in alphabetical order
+        letters = ins.replace("...", "").replace(",", "")
+        out = "..." * ("..." in ins) + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    for (xs, ws), (x, w) in ((specs, operands), (specs[::-1], operands[::-1])):
+        letters = xs.replace("...", "")
+        if len(ws) != 2 or ws[0] == ws[1] or not xs or xs[-1] not in ws or len(set(letters)) != len(letters):
+            continue
+        k = ws.index(xs[-1])
+        if "." not in ws + letters and ws[1 - k] not in xs and out == xs[:-1] + ws[1 - k]:
+            return _by_2d(e, x, w, k)
+    raise Unsupported(f"einsum {equation!r} is not a contraction of a tensor's last dim with a 2-D one")
+
+
+@converts(torch.tensordot)
+def _tensordot(e, a, b, dims=2, out=None):
+    """tensordot(x, W, dims=([-1], [1])) (or [0], or dims=1) with W 2-D: linear(x, W) or x @ W."""
+    x = _tensor(a)
+    r = len(shape_of(x))
+    if isinstance(dims, int) and dims == 1:
+        dims = ([r - 1], [0])
+    if out is not None or not isinstance(dims, (list, tuple)) or len(dims) != 2:
+        raise Unsupported(f"tensordot with dims={dims}")
+    da, db = ([d] if isinstance(d, int) else list(d) for d in dims)
+    if len(da) != 1 or len(db) != 1 or normalize_dim(da[0], r) != r - 1:
+        raise Unsupported(f"tensordot with dims={dims}")
+    return _by_2d(e, x, b, normalize_dim(db[0], 2))
 
 
 @converts(F.linear, torch._C._nn.linear)

@@ -18,8 +18,9 @@ Patterns (each robust to the spellings real model code uses):
                 repeat
   causal mask   sdpa with a mask the frontend found causal (made from constants, keeping keys j <= i) -> torch's
                 causal sdpa over the first S keys
-SiLU and rotary spelled out another way (x * sigmoid(x), x / (1 + exp(-x)), rotary as a cat of halves or stacked
-pairs with per-half cos/sin) are first rewritten to one form (`spellings.py`).
+SiLU, GELU, a mean and rotary spelled out another way (x * sigmoid(x), x / (1 + exp(-x)), GELU's erf and tanh
+formulas, sum / n, rotary as a cat of halves or stacked pairs with per-half cos/sin) are first rewritten to one form
+(`spellings.py`).
 Every rewrite keeps the replaced value's type, so IR around it is untouched; the intermediate ops of a
 match must have no other users, else the match is refused (nothing is computed twice).
 """
@@ -560,7 +561,7 @@ class RecognizePass(ModulePass):
     add_rms_norm: bool = True
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        rewrite_spellings(op)  # one form of SiLU and rotary first (passes/spellings.py)
+        rewrite_spellings(op)  # one form of SiLU, GELU, mean and rotary first (passes/spellings.py)
         patterns = [p() for p in RECOGNIZERS]
         PatternRewriteWalker(GreedyRewritePatternApplier(patterns)).rewrite_module(op)
         if self.add_rms_norm:

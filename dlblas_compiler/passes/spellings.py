@@ -1,19 +1,27 @@
-"""Spellings: reduce the algebraically equivalent spellings of SiLU and rotary to one form, the dialect's op.
+"""Spellings: reduce the algebraically equivalent spellings of SiLU, GELU, a mean and rotary to one form, the
+dialect's op.
 
   silu     x * sigmoid(x) (either order), x / (1 + exp(-x))                -> dl.silu(x)
-  sigmoid  1 / (1 + exp(-x))                                               -> dl.sigmoid(x)
+  sigmoid  1 / (1 + exp(-x)), (1 + exp(-x)).reciprocal()                   -> dl.sigmoid(x)
+  gelu     0.5 * x * (1 + erf(x / sqrt(2)))                                 -> dl.gelu(x)
+           0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))          -> dl.gelu(x, approximate="tanh")
+           (the factors of each product in any order and grouping; x^3 as x**3 or x*x*x)
+  mean     sum(v, dims, keepdim) / n, n the number of entries summed         -> dl.reduce_mean(v, dims, keepdim)
   rotary   cat(x1*c1 - x2*s1, x2*c2 + x1*s2) over the halves x1, x2 of x    -> dl.rotary(x, cat(c1, c2), cat(s1, s2))
            stack(xe*c1 - xo*s1, xo*c2 + xe*s2, -1).flatten(-2) over the even/odd entries xe, xo of x
                                                                            -> dl.rotary(x, ..., "interleaved")
            (cos/sin given per half or per pair: c1, c2 slices of one full-width tensor give it back; equal ones
            are repeated to full width, a weight-free view or cat on the small cos/sin tensors)
-RMSNorm's spellings (rsqrt / 1/sqrt / x/sqrt, pow(2) / x*x, F.rms_norm, weight first or last) need no rewrite: the
-`recognize` pass matches each of them. `recognize` runs these patterns first (`rewrite_spellings`), so every later
-pattern (GLU, partial rotary, rotary moved before a head repeat) sees the one form.
+A constant matches when it equals the one in the formula to fp32 precision (fp32 code computes with that value).
+RMSNorm's spellings (rsqrt / 1/sqrt / x/sqrt, pow(2) / x*x, mean or sum/n, F.rms_norm, weight first or last) need no
+rewrite beyond `mean`: the `recognize` pass matches each of them. `recognize` runs these patterns first
+(`rewrite_spellings`), so every later pattern (RMSNorm, GLU, partial rotary, rotary moved before a head repeat) sees
+the one form.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import ModuleOp
@@ -26,7 +34,27 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from ..dialects import AddOp, CatOp, DivOp, ExpOp, MulOp, NegOp, ReshapeOp, RotaryOp, SigmoidOp, SiluOp, SliceOp, SubOp
+from ..dialects import (
+    AddOp,
+    CatOp,
+    DivOp,
+    ErfOp,
+    ExpOp,
+    GeluOp,
+    MulOp,
+    NegOp,
+    PowOp,
+    ReciprocalOp,
+    ReduceMeanOp,
+    ReduceSumOp,
+    ReshapeOp,
+    RotaryOp,
+    SigmoidOp,
+    SiluOp,
+    SliceOp,
+    SubOp,
+    TanhOp,
+)
 from .match import install, last_dim, operand_pairs, producer, scalar, shape
 
 
@@ -66,6 +94,137 @@ class LogisticDivision(RewritePattern):
             install(rewriter, SiluOp(x), op.result)
         elif scalar(op.lhs) == 1.0:
             install(rewriter, SigmoidOp(x), op.result)
+
+
+class LogisticReciprocal(RewritePattern):
+    """reciprocal(1 + exp(-x)) -> sigmoid(x) (x times it is then silu(x))."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: ReciprocalOp, rewriter: PatternRewriter):
+        x = _logistic_denominator(op.input)
+        if x is not None:
+            install(rewriter, SigmoidOp(x), op.result)
+
+
+# -- gelu -----------------------------------------------------------------------------------------
+
+
+def _is(c: float | None, value: float) -> bool:
+    """c is the constant `value` to fp32 precision."""
+    return c is not None and math.isclose(c, value, rel_tol=2**-24)
+
+
+def _factors(v: SSAValue, root: bool = False, depth: int = 4) -> tuple[float, list[SSAValue]]:
+    """v as a product c * f1 * f2 * ... of scalar constants (multiplied into c) and other factors, read through
+    up to `depth` nested dl.mul's whose results are used once (the root's may have other uses)."""
+    m = producer(v, MulOp)
+    if m is None or not (root or v.has_one_use()) or depth == 0:
+        c = scalar(v)
+        return (c, []) if c is not None else (1.0, [v])
+    (ca, fa), (cb, fb) = _factors(m.lhs, depth=depth - 1), _factors(m.rhs, depth=depth - 1)
+    return ca * cb, [*fa, *fb]
+
+
+def _scaled(v: SSAValue, x: SSAValue) -> float | None:
+    """c if v = c * x (or x / (1/c)), used once."""
+    if not v.has_one_use():
+        return None
+    div = producer(v, DivOp)
+    if div is not None:
+        d = scalar(div.rhs)
+        return 1.0 / d if div.lhs == x and d else None
+    c, rest = _factors(v)
+    return c if rest == [x] else None
+
+
+def _addend(v: SSAValue | None, a: SSAValue) -> SSAValue | None:
+    """b if v = a + b (either order), used once."""
+    add = producer(v, AddOp)
+    if add is None or not v.has_one_use():
+        return None
+    return next((b for u, b in operand_pairs(add) if u == a), None)
+
+
+def _one_plus(v: SSAValue) -> SSAValue | None:
+    """t if v = 1 + t (either order), used once."""
+    add = producer(v, AddOp)
+    if add is None or not v.has_one_use():
+        return None
+    return next((t for one, t in operand_pairs(add) if _is(scalar(one), 1.0)), None)
+
+
+def _input_of(v: SSAValue | None, cls: type[ErfOp] | type[TanhOp]) -> SSAValue | None:
+    """t if v = f(t) with f a `cls` op, used once."""
+    op = producer(v, cls)
+    return op.input if op is not None and v.has_one_use() else None
+
+
+def _is_term(v: SSAValue | None, x: SSAValue, k: float, n: int) -> bool:
+    """v = k * x^n, x^n spelled x*...*x or pow(x, n) (single-use chain)."""
+    if v is None or not v.has_one_use():
+        return False
+    c, xs = _factors(v)
+    if not _is(c, k) or not xs:
+        return False
+    power = producer(xs[0], PowOp) if len(xs) == 1 and xs[0].has_one_use() else None
+    return xs == [x] * n or (power is not None and power.input == x and power.value == n)
+
+
+def _is_tanh_gelu_argument(t: SSAValue, x: SSAValue) -> bool:
+    """t = sqrt(2/pi) * (x + 0.044715 * x^3), or sqrt(2/pi) * x * (1 + 0.044715 * x^2) (Megatron, BLOOM)."""
+    c, rest = _factors(t) if t.has_one_use() else (0.0, [])
+    if not _is(c, math.sqrt(2 / math.pi)):
+        return False
+    if len(rest) == 1:
+        return _is_term(_addend(rest[0], x), x, 0.044715, 3)
+    return len(rest) == 2 and any(a == x and _is_term(_one_plus(u), x, 0.044715, 2) for a, u in (rest, rest[::-1]))
+
+
+class GeluOfErf(RewritePattern):
+    """0.5 * x * (1 + erf(x / sqrt(2))) -> gelu(x): x * Phi(x), Phi the standard normal CDF, which is GELU's
+    definition (torch's exact gelu)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: MulOp, rewriter: PatternRewriter):
+        c, rest = _factors(op.result, root=True)
+        if not _is(c, 0.5) or len(rest) != 2:
+            return
+        for x, s in (rest, rest[::-1]):
+            t = _input_of(_one_plus(s), ErfOp)
+            if t is not None and _is(_scaled(t, x), 1 / math.sqrt(2)) and install(rewriter, GeluOp(x), op.result):
+                return
+
+
+class GeluOfTanh(RewritePattern):
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) -> gelu(x, approximate="tanh"): the formula torch's
+    approximate gelu computes (GPT-2's NewGELU, BLOOM's and Megatron's bias-gelu)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: MulOp, rewriter: PatternRewriter):
+        c, rest = _factors(op.result, root=True)
+        if not _is(c, 0.5) or len(rest) != 2:
+            return
+        for x, s in (rest, rest[::-1]):
+            t = _input_of(_one_plus(s), TanhOp)
+            if t is not None and _is_tanh_gelu_argument(t, x) and install(rewriter, GeluOp(x, "tanh"), op.result):
+                return
+
+
+# -- mean -----------------------------------------------------------------------------------------
+
+
+class MeanOfSum(RewritePattern):
+    """sum(v, dims, keepdim) / n -> mean(v, dims, keepdim) when n is the number of entries summed (the definition
+    of the mean), so RMSNorm written with sum(x^2) / D is matched like the mean spelling."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: DivOp, rewriter: PatternRewriter):
+        total = producer(op.lhs, ReduceSumOp)
+        if total is None or not op.lhs.has_one_use():
+            return
+        sizes = [shape(total.input)[d] for d in total.axes]
+        if all(s > 0 for s in sizes) and scalar(op.rhs) == math.prod(sizes):  # static sizes (a dynamic one is < 0)
+            install(rewriter, ReduceMeanOp(total.input, total.axes, total.keep), op.result)
 
 
 # -- rotary ----------------------------------------------------------------------------------------
@@ -193,7 +352,16 @@ class RotaryOfPairs(RewritePattern):
             _install_rotary(rewriter, terms, 2, op.results[0])
 
 
-SPELLINGS: list[type[RewritePattern]] = [SiluOfSigmoid, LogisticDivision, RotaryOfHalves, RotaryOfPairs]
+SPELLINGS: list[type[RewritePattern]] = [
+    SiluOfSigmoid,
+    LogisticDivision,
+    LogisticReciprocal,
+    GeluOfErf,
+    GeluOfTanh,
+    MeanOfSum,
+    RotaryOfHalves,
+    RotaryOfPairs,
+]
 
 
 def rewrite_spellings(module: ModuleOp) -> None:

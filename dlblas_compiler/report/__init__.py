@@ -162,7 +162,7 @@ class Report:
             "unfused": dict(self.unfused),
             "computed_once": dict(self.once),
             "counts": self.counts(),
-            "notes": list(self.notes),
+            "notes": [_text.one_line(n) for n in self.notes],  # (verifier and dynamo texts span lines)
         }
 
     def to_json(self, **kw) -> str:

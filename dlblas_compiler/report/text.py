@@ -135,7 +135,8 @@ def concise_notes(notes: list[str]) -> list[str]:
             plain[note] += 1
     lines = [f"{n} (×{k})" if k > 1 else n for n, k in plain.items()]
     if len(refused) > MANY:
-        lines.append(f"why {len(refused)} torch fallbacks are not dl ops: see the detailed text")
+        lines.append(f"{len(refused)} torch calls the converters refused (some later removed, as a mask found causal "
+                     "is; those still run are the fallbacks above): the detailed text says why")
     else:
         lines.extend(refused)
     if len(unfused) > MANY:

@@ -62,6 +62,21 @@ def test_wrong_hidden_size_through_dynamo_is_one_error_and_no_log(capfd):
     assert capfd.readouterr().err == ""
 
 
+def test_wrong_hidden_size_through_a_compiled_forward_is_one_error_and_no_log(capfd, fresh_dynamo):
+    """`dc.compile(model.forward)` (the generate() path: dynamo traces each call): the same one-line error. (With
+    `torch.compile(..., backend="dlblas")` dynamo's own tracing fails before any backend runs, as with Inductor.)"""
+    layer, (x,), kw = llama_layer_and_inputs()
+    fn = dc.compile(layer.forward, backend="reference")
+    with torch.no_grad(), pytest.raises(dc.FrontendError) as err:
+        fn(torch.randn(1, 8, 48), **kw)
+    msg = str(err.value)
+    assert msg.startswith("cannot compute the shape of an op of LlamaDecoderLayer at ")
+    assert "modeling_llama.py:" in msg and "broadcast" in msg
+    assert capfd.readouterr().err == ""
+    with torch.no_grad():  # the right size still compiles, and equals eager
+        torch.testing.assert_close(fn(x, **kw), layer(x, **kw), rtol=1e-5, atol=1e-5)
+
+
 def _gate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(a) * b + 1.0
 

@@ -156,10 +156,11 @@ def test_a_size_that_is_not_affine_drops_the_family(caplog):
 
 
 class _Mean(torch.nn.Module):
-    """Divides by the length as a Python number: a float constant that changes with it."""
+    """Divides by the length plus one as a Python number: a float constant that changes with it. (A sum divided
+    by the length alone is a mean, `spellings`, and its instances are exact.)"""
 
     def forward(self, x):
-        return x.sum(1) / x.shape[1]
+        return x.sum(1) / (x.shape[1] + 1)
 
 
 def test_a_float_that_moves_with_the_length_forms_no_family():
@@ -167,6 +168,20 @@ def test_a_float_that_moves_with_the_length_forms_no_family():
     cm = dc.compile(model, backend="reference")
     _run(cm, model, [5, 6, 7], lambda n: torch.randn(2, n, 4))
     assert (cm.compile_count, cm.instances) == (3, 0)
+
+
+class _MeanOverLength(torch.nn.Module):
+    def forward(self, x):
+        return x.sum(1) / x.shape[1]
+
+
+def test_a_sum_over_the_length_divided_by_it_is_a_mean_of_a_family():
+    """sum / n with n the summed length is a mean (`spellings`): no float moves, the third length is an instance
+    and equals eager."""
+    model = _MeanOverLength()
+    cm = dc.compile(model, backend="reference")
+    _run(cm, model, [5, 6, 7], lambda n: torch.randn(2, n, 4))
+    assert (cm.compile_count, cm.instances) == (2, 1)
 
 
 def test_lengths_outside_the_bucket_are_compiled(fresh_dynamo):

@@ -1,5 +1,7 @@
 """FX capture + import + reference backend equal eager (fp32, rel. tol 1e-5) on real model code."""
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn as nn
@@ -214,3 +216,118 @@ def test_an_unsupported_op_on_a_complex_tensor_is_named():
 
     with pytest.raises(dc.FrontendError, match="works on a complex tensor"):
         dc.compile(Abs(), backend="interpret")(torch.randn(3, 8))
+
+
+class RotaryTableInForward(ComplexRotaryAttention):
+    """The complex rotary with its table computed in forward from position ids, by torch.polar or torch.complex."""
+
+    def __init__(self, make_table, dim=64, heads=4):
+        super().__init__(dim, heads)
+        del self.freqs_cis
+        self.register_buffer("inv_freq", 1.0 / (10000.0 ** (torch.arange(0, self.hd, 2).float() / self.hd)))
+        self.make_table = make_table
+
+    def forward(self, x, pos):
+        b, s, _ = x.shape
+        freqs = torch.outer(pos.float(), self.inv_freq)
+        freqs_cis = self.make_table(freqs)
+        q, k, v = (w(x).view(b, s, self.heads, self.hd) for w in (self.wq, self.wk, self.wv))
+        q, k = self.rotate(q, k, freqs_cis)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+@pytest.mark.parametrize(
+    "make_table",
+    [lambda f: torch.polar(torch.ones_like(f), f), lambda f: torch.complex(torch.cos(f), torch.sin(f))],
+    ids=["polar", "complex"],
+)
+def test_rotary_table_made_complex_in_forward(make_table):
+    """torch.polar(abs, angle) / torch.complex(re, im) make complex values (abs*cos, abs*sin) / (re, im): the
+    Meta-style rotary on a table computed in forward imports, is recognized and fused into the q/k GEMM."""
+    torch.manual_seed(0)
+    model = RotaryTableInForward(make_table).eval()
+    cm = dc.compile(model, backend="interpret")
+    for start in (0, 5):  # fresh inputs and positions on the second call
+        x, pos = torch.randn(2, 11, 64), torch.arange(start, start + 11)
+        with torch.no_grad():
+            assert (cm(x, pos) - model(x, pos)).abs().max() < 1e-5
+    ir = cm.ir()
+    assert ir.count("dl.rotary") == 2 and 'layout = "interleaved"' in ir and "complex" not in ir
+    # cos and sin of the table are row kernels; torch.outer (and ones_like) stay torch calls
+    assert Counter(cm.report().patterns) == {"gemm": 2, "attention": 1, "row": 2}
+    assert "rotary" in cm.report().text()
+
+
+class ActivatedLinear(nn.Module):
+    def __init__(self, gate):
+        super().__init__()
+        self.proj, self.gate = nn.Linear(32, 48), gate
+
+    def forward(self, x):
+        y = self.proj(x)
+        return y * self.gate(y)
+
+
+def test_expit_is_sigmoid():
+    """x * torch.special.expit(x) becomes silu like x * torch.sigmoid(x): the same regions, outputs equal eager."""
+    torch.manual_seed(0)
+    counts = []
+    for gate in (torch.sigmoid, torch.special.expit, torch.Tensor.sigmoid):
+        model = ActivatedLinear(gate).eval()
+        cm = dc.compile(model, backend="interpret")
+        x = torch.randn(2, 5, 32)
+        with torch.no_grad():
+            assert (cm(x) - model(x)).abs().max() < 1e-5
+        assert "dl.torch_call" not in cm.ir() and "dl.silu" in cm.ir("after:recognize")
+        counts.append(Counter(cm.report().patterns))
+    assert counts == [{"gemm": 1}] * 3
+
+
+class WeightContraction(nn.Module):
+    def __init__(self, contract, transposed):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(32, 48) if transposed else torch.randn(48, 32))
+        self.contract = contract
+
+    def forward(self, x):
+        return self.contract(x, self.weight)
+
+
+@pytest.mark.parametrize(
+    "contract, transposed",
+    [
+        (lambda x, w: torch.einsum("bsd,od->bso", x, w), False),
+        (lambda x, w: torch.einsum("...d,od->...o", x, w), False),
+        (lambda x, w: torch.einsum("bsd,do->bso", x, w), True),
+        (lambda x, w: torch.einsum("n i k , j k -> n i j", [x, w]), False),
+        (lambda x, w: torch.einsum("od,bsd->bso", w, x), False),
+        (lambda x, w: torch.tensordot(x, w, dims=([-1], [1])), False),
+        (lambda x, w: torch.tensordot(x, w, dims=([2], [0])), True),
+        (lambda x, w: torch.tensordot(x, w, dims=1), True),
+    ],
+    ids=["einsum", "einsum-ellipsis", "einsum-in-out", "einsum-list", "einsum-weight-first",
+         "tensordot", "tensordot-in-out", "tensordot-int"],  # fmt: skip
+)
+def test_einsum_and_tensordot_by_a_weight_are_linear(contract, transposed):
+    """x's last dim contracted with a 2-D weight, spelled with einsum or tensordot, is one GEMM region."""
+    torch.manual_seed(0)
+    model = WeightContraction(contract, transposed).eval()
+    cm = dc.compile(model, backend="interpret")
+    for _ in range(2):
+        x = torch.randn(2, 5, 32)
+        with torch.no_grad():
+            assert (cm(x) - model(x)).abs().max() < 1e-4
+    assert Counter(cm.report().patterns) == {"gemm": 1} and "dl.torch_call" not in cm.ir()
+
+
+@pytest.mark.parametrize("equation", ["bsd,od", "bsd,od->bos", "bsd,od->bs", "bsd,bsd->bs"])
+def test_other_einsums_stay_torch_calls(equation):
+    """Any other einsum (an implicit output in another order, a transposed output, no weight) runs in torch."""
+    model = WeightContraction(lambda x, w: torch.einsum(equation, x, w if "o" in equation else x), False).eval()
+    cm = dc.compile(model, backend="interpret")
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        assert (cm(x) - model(x)).abs().max() < 1e-4
+    assert Counter(cm.report().patterns) == {} and 'dl.torch_call "torch.functional.einsum"' in cm.ir()

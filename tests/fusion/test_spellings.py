@@ -1,7 +1,8 @@
-"""Equivalent spellings of RMSNorm, SiLU (plain and gated) and rotary are recognized as one op (the `spellings`
-canonicalization, then `recognize`) and fuse to the same regions as the library spelling; outputs equal eager's on
-the interpret backend (the generated kernels) within rtol = atol = 1e-4 (fp32, values of order 1)."""
+"""Equivalent spellings of RMSNorm, SiLU and GELU (plain and gated) and rotary are recognized as one op (the
+`spellings` canonicalization, then `recognize`) and fuse to the same regions as the library spelling; outputs equal
+eager's on the interpret backend (the generated kernels) within rtol = atol = 1e-4 (fp32, values of order 1)."""
 
+import math
 import re
 from collections import Counter
 
@@ -27,14 +28,29 @@ RMS_NORMS = {
     "weight_first_pow_op": lambda x, w: w * (x * torch.rsqrt(torch.mean(x**2, dim=-1, keepdim=True) + EPS)),
     "reciprocal_sqrt": lambda x, w: x * (1.0 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + EPS)) * w,
     "F.rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS),
+    "rsqrt_method": lambda x, w: x * (x.pow(2).mean(-1, keepdim=True) + EPS).rsqrt() * w,
+    "sum_over_D": lambda x, w: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) / D + EPS) * w,
+    "square_method": lambda x, w: x * (x.square().mean(-1, keepdim=True) + EPS).rsqrt() * w,
 }
 SILUS = {
     "x*sigmoid(x)": lambda x: x * torch.sigmoid(x),
     "sigmoid(x)*x": lambda x: torch.sigmoid(x) * x,
     "x/(1+exp(-x))": lambda x: x / (1 + torch.exp(-x)),
     "x*(1/(1+exp(-x)))": lambda x: x * (1 / (1 + torch.exp(-x))),
+    "x*(1+exp(-x)).reciprocal()": lambda x: x * (1 + torch.exp(-x)).reciprocal(),
     "F.silu": F.silu,
 }
+GELUS = {  # spelling: (activation, approximate)
+    "erf_div_sqrt2": (lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))), "none"),
+    "erf_mul_rsqrt2": (lambda x: x * 0.5 * (1.0 + torch.erf(x * 0.7071067811865476)), "none"),
+    "x*phi(x)": (lambda x: x * (0.5 * (1.0 + torch.erf(x / 2**0.5))), "none"),
+    "F.gelu": (F.gelu, "none"),
+    "tanh_new_gelu": (lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))), "tanh"),
+    "tanh_x*x*x": (lambda x: x * 0.5 * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x))), "tanh"),
+    "tanh_bloom": (lambda x: x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))), "tanh"),
+    "F.gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), "tanh"),
+}
+
 def _cat_of_halves(q, c, s, full_width: bool):
     (q1, q2), (c1, c2), (s1, s2) = _half(q), _half(c), _half(s)
     if not full_width:  # one half-width cos/sin for both halves
@@ -94,13 +110,19 @@ def _rope(n: int, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return emb.cos(), emb.sin()
 
 
-def _compile(model: nn.Module, *args: torch.Tensor) -> tuple[Counter, Counter]:
-    """The recognized composite ops and the fused regions; outputs compared with eager (interpret backend)."""
+def _compiled(model: nn.Module, *args: torch.Tensor) -> dc.CompiledModule:
+    """The model compiled (interpret backend), its outputs compared with eager's."""
     model = randomize_(model).eval()
     cm = dc.compile(model, backend="interpret", strict=True)
     with torch.no_grad():
         torch.testing.assert_close(cm(*args), model(*args), rtol=1e-4, atol=1e-4)
-    recognized = Counter(re.findall(r"= (dl\.(?:rms_norm|silu|sigmoid|glu|rotary))", cm.ir("after:recognize")))
+    return cm
+
+
+def _compile(model: nn.Module, *args: torch.Tensor) -> tuple[Counter, Counter]:
+    """The recognized composite ops and the fused regions; outputs compared with eager (interpret backend)."""
+    cm = _compiled(model, *args)
+    recognized = Counter(re.findall(r"= (dl\.(?:rms_norm|silu|sigmoid|gelu|glu|rotary))", cm.ir("after:recognize")))
     return recognized, Counter(cm.report().patterns)
 
 
@@ -109,6 +131,13 @@ def test_rms_norm_spellings_are_one_op_in_the_gemm_prologue(spelling):
     ops, regions = _compile(NormLinear(RMS_NORMS[spelling]), torch.randn(2, 5, D))
     assert ops == {"dl.rms_norm": 1}
     assert regions == {"gemm": 1}
+
+
+def test_norm_plus_eps_is_not_an_rms_norm():
+    """x / (||x|| / sqrt(D) + eps) puts eps outside the root: not RMSNorm's math, so not raised to it."""
+    norm = lambda x, w: x / (x.norm(dim=-1, keepdim=True) / math.sqrt(D) + EPS) * w  # noqa: E731
+    ops, _ = _compile(NormLinear(norm), torch.randn(2, 5, D))
+    assert "dl.rms_norm" not in ops
 
 
 @pytest.mark.parametrize("gated", [False, True])
@@ -126,3 +155,27 @@ def test_rotary_spellings_are_one_op_in_the_gemm_epilogue(spelling):
     ops, regions = _compile(QRotary(ROTARIES[spelling]), torch.randn(2, 5, D), cos, sin)
     assert ops == {"dl.rotary": 1}
     assert regions == {"gemm": 1}
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("spelling", list(GELUS))
+def test_gelu_spellings_are_one_op(spelling, gated):
+    """Plain: gelu (exact or tanh, as spelled) rides in the fc GEMM's epilogue. Gated (GeGLU): glu(gate, up) with
+    that gelu, one dual GEMM, then the down GEMM."""
+    act, approximate = GELUS[spelling]
+    cm = _compiled(Mlp(act, gated), torch.randn(2, 5, D))
+    found = re.findall(r"= (dl\.(?:gelu|glu|erf|tanh)) [^{\n]*(\{[^}]*\})?", cm.ir("after:recognize"))
+    if gated:
+        assert found == [("dl.glu", '{act = "%s"}' % ("gelu_tanh" if approximate == "tanh" else "gelu"))]
+    else:
+        assert found == [("dl.gelu", '{approximate = "tanh"}' if approximate == "tanh" else "")]
+    regions = cm.report().regions
+    assert [r.pattern for r in regions] == ["gemm", "gemm"]
+    assert ("dl.glu" if gated else "dl.gelu") in regions[0].ops
+
+
+def test_gelu_with_another_constant_is_not_gelu():
+    """0.5 * x * (1 + erf(x / 1.4)) is not GELU (1.4 != sqrt(2)): it stays elementwise math, in the GEMM epilogue."""
+    ops, regions = _compile(Mlp(lambda x: 0.5 * x * (1 + torch.erf(x / 1.4)), False), torch.randn(2, 5, D))
+    assert "dl.gelu" not in ops
+    assert regions == {"gemm": 2}

@@ -114,13 +114,13 @@ EPILOGUE_TILE = 8192  # elements (all streams) per program of an epilogue pass o
 
 
 def _variant_starts(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dict]:
-    """Starts for the quick search on every device, from the variants' own rules rather than a sweep's table:
-    above 16 rows, the cuBLAS product (MM) with epilogue tiles of `EPILOGUE_TILE` elements (a memory-bound pass
-    over the product, as a row kernel is) in three aspect ratios, with 4 and 8 warps. The MM family is a few
-    percent of the space and its tile parameters act only on the epilogue pass, so a search over the whole
-    space rarely lands on its good tiles; on an H100 at M = 2048 it was the fastest variant for Qwen2.5-7B's
-    norm+QKV+RoPE (0.83x the fastest K-loop tile's time) and gate/up (0.93x), found by one search in three
-    (bench/NOTES.md 61). Tiles the shape's constraints reject are skipped (`SearchSpace.starts`)."""
+    """Starts for the quick search on every device, from a variant's own rule rather than a sweep's table:
+    above 16 rows, the cuBLAS product (MM) with epilogue tiles of `EPILOGUE_TILE` elements over all streams (a
+    memory-bound pass over the product, as a row kernel is) in three aspect ratios, with 4 and 8 warps. MM is a
+    few percent of the space and its tile parameters act only on the epilogue pass, so a joint search rarely
+    reaches it, yet it was the fastest variant for Qwen2.5-7B's norm+QKV+RoPE and gate/up at M = 2048 on an H100
+    (bench/NOTES.md 61; there the best gate/up tile was 128x64, twice this size, and a search from these starts
+    stopped 8.6% above it). Tiles the shape's constraints reject are skipped (`SearchSpace.starts`)."""
     if m <= 16:
         return []
     pas = int(ln or has_norm)

@@ -26,7 +26,8 @@ builtin.module {
     %n7 = dl.sin %n6 : tensor<2x8x1xf32>
     %n8 = dl.cos %n7 : tensor<2x8x1xf32>
     %n9 = dl.sigmoid %n8 : tensor<2x8x1xf32>
-    %n10 = dl.tanh %n9 : tensor<2x8x1xf32>
+    %n9e = dl.erf %n9 : tensor<2x8x1xf32>
+    %n10 = dl.tanh %n9e : tensor<2x8x1xf32>
     %n11 = dl.relu %n10 : tensor<2x8x1xf32>
     %n12 = dl.silu %n11 : tensor<2x8x1xf32>
     %n13 = dl.gelu %n12 {approximate = "tanh"} : tensor<2x8x1xf32>
