@@ -7,6 +7,14 @@ rebuild the call's output structure from the values of the output node's leaves.
 Tracing never changes the module: buffers are traced as graph values (so `self.count.add_(1)` is a node,
 not a write at trace time), and a buffer that forward reassigns (`self.count += 1`) is put back and the
 assignment recorded as `copy_` into the buffer, which the importer turns into a write-back.
+
+Why `torch._dynamo.export` and not the public `torch.export.export`: the importer's converters take torch-level
+calls (`F.linear`, `F.scaled_dot_product_attention`, `Tensor.view`, ...), the level at which the fusion patterns
+are written, and dynamo's export with `aten_graph=False` gives that graph with its pytree specs. `torch.export`
+gives an ATen graph (`aten.linear`, `aten.mul.Tensor`, decomposed attention), which would need a second converter
+table for every op. Its errors are read from the exceptions' own fields where dynamo keeps them (the user stack in
+`real_stack`, torch's error as the innermost exception of the chain); only dynamo's explanation of a graph break
+is read from its text.
 """
 
 from __future__ import annotations
@@ -296,11 +304,15 @@ def shape_errors(name: str) -> Iterator[None]:
 
 
 def _shape_failure(name: str, e: BaseException) -> str:
-    """One line for an op that fails on the call's shapes while dynamo traces `name`: the op's source line and
-    torch's error (what dynamo's explanation quotes after "got")."""
+    """One line for an op that fails on the call's shapes while dynamo traces `name`: the op's source line (from
+    dynamo's record of the user stack) and torch's own error, the innermost exception of the chain dynamo raised
+    from (not its text)."""
     frame = _user_frame(getattr(e, "real_stack", None) or [])
-    explanation = next((ln for ln in str(e).splitlines() if ln.strip().startswith("Explanation:")), "")
-    cause = explanation.partition("): got ")[2] or _first_line(e)
+    root, seen = e, set()
+    while (inner := root.__cause__ or root.__context__) is not None and id(inner) not in seen:
+        seen.add(id(root))
+        root = inner
+    cause = f"{type(root).__name__}: {_first_line(root)}" if root is not e else _first_line(e)
     where = f" at {frame}" if frame else ""
     return f"cannot compute the shape of an op of {name}{where}: {cause}"
 
