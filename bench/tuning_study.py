@@ -153,6 +153,9 @@ def study(step: RegionStep, tensors: list, space, device: str, seeds: int, full=
             if "ratios" in v:
                 v["mean"], v["worst"] = statistics.mean(v["ratios"]), max(v["ratios"])
         out["whole_space"] = full.size()
+    # every timed config (µs; null: failed), so other policies can be replayed over this run's times offline
+    out["names"] = list(space.names)
+    out["table"] = [[list(k), None if t == float("inf") else t * 1e6] for k, t in table.items()]
     return out
 
 

@@ -4,7 +4,7 @@ Every policy has the signature `policy(space, objective, budget, patience, seed,
 `objective(config)` returns seconds and may raise: a raising config is recorded as a failed trial and can never
 win. Only valid configs (see `SearchSpace.violations`) are ever passed to the objective, each at most once.
 `budget` caps the number of objective evaluations; `patience` stops the search once that many evaluations in a
-row have not improved the best time. `prepare(configs)`, when given, is told the configs about to be evaluated,
+row have not improved the best time (bayes: its TPE phase, before the climb from the best). `prepare(configs)`, when given, is told the configs about to be evaluated,
 up to `BATCH` at a time, before the first of them is (the compiler compiles their kernels in parallel there,
 so the objective's first call of each finds its kernel built).
 """
@@ -195,10 +195,13 @@ def bayes(
     progress: Progress | None = None,
     prepare: Prepare | None = None,
     max_misses: int = 16,
+    refine: float = 0.25,
 ) -> TuneResult:
     """Bayesian optimisation with optuna's (constrained, multivariate) TPE sampler through ask/tell, starting
     from the space's default and seeds (`SearchSpace.starts`), proposing up to `BATCH` configs at a time (the
-    "constant liar" keeps a batch's proposals apart) so that their kernels can be prepared together.
+    "constant liar" keeps a batch's proposals apart) so that their kernels can be prepared together; then, when
+    the budget is smaller than the space, its last `refine` share (at least 2 evaluations once the budget reaches
+    8) climbs from the best config found (`_refine`). `patience` ends the TPE phase, not the climb.
 
     Proposals that violate a constraint are told to the study as infeasible without calling the objective,
     and so are configs whose evaluation failed; proposals already evaluated are answered from the memo and do
@@ -208,6 +211,56 @@ def bayes(
     search = _Search(space, objective, budget, patience, progress, prepare)
     if search.done:
         return search.result()
+    full = search.limit  # (fewer than the budget: the space is smaller, and TPE gets to see all of it)
+    reserve = max(2, int(refine * full)) if refine and budget is not None and full == budget >= 8 else 0
+    search.limit = full - reserve  # the TPE phase; its patience ends it, not the climb after it
+    _tpe(search, space, seed, max_misses)
+    search.limit, search.stale = min(full, len(search.trials) + reserve), 0
+    if search.best is not None:
+        _refine(search, space)
+    return search.result()
+
+
+def _neighbours(space: SearchSpace, config: Config) -> list[Config]:
+    """The valid configs one step from `config`: each parameter in declaration order moved to its adjacent
+    choices (the next smaller first), the others unchanged."""
+    out = []
+    for name, choices in space.params.items():
+        i = choices.index(config[name])
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(choices):
+                c = {**config, name: choices[j]}
+                if space.is_valid(c):
+                    out.append(c)
+    return out
+
+
+def _refine(search: _Search, space: SearchSpace) -> None:
+    """Hill-climbing from the best config: its unseen neighbours in turn, moving to the first that is faster,
+    until the budget is spent or none is left. TPE models the whole space from a few samples; a variant that
+    is a small part of it (the GEMM's cuBLAS-product family) can be reached by a start and left unpolished, its
+    better tile one step away (bench/NOTES.md 61)."""
+    while not search.done:
+        best = search.best
+        fresh = [c for c in _neighbours(space, best.config) if space.key(c) not in search.memo]
+        if not fresh:
+            return
+        for start in range(0, len(fresh), BATCH):
+            batch = fresh[start : start + min(BATCH, search.left)]
+            search.prefetch(batch)
+            for c in batch:
+                if search.done:
+                    return
+                search.evaluate(c)
+                if search.best is not best:
+                    break
+            if search.best is not best:
+                break
+
+
+def _tpe(search: _Search, space: SearchSpace, seed: int, max_misses: int) -> None:
+    if search.done:
+        return
     varying = {n: c for n, c in space.params.items() if len(c) > 1}
     fixed = {n: c[0] for n, c in space.params.items() if len(c) == 1}
     rng = _random.Random(seed)
@@ -255,7 +308,6 @@ def bayes(
                     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 else:
                     study.tell(trial, result.time)
-    return search.result()
 
 
 Policy = Callable[..., TuneResult]

@@ -237,6 +237,24 @@ def test_patience_stops_early(space, name):
     assert r.evaluations == 6 and r.best_config == order[0]
 
 
+def test_bayes_climbs_from_its_best_to_a_better_neighbour():
+    """A small family reached by a start (here: the seed {a: 5, ...} of a 10^4-config space) whose best config is
+    a few steps from it, and a flat landscape elsewhere that TPE cannot model: the climb at the end of the budget
+    walks from the seed to the best, one parameter step at a time; without it the search stops at the seed."""
+    params = {n: list(range(10)) for n in "abcd"}
+    target = {"a": 7, "b": 3, "c": 0, "d": 0}
+
+    def valley(c):  # 100 everywhere but near the target, where each step closer is faster
+        dist = sum(abs(c[n] - target[n]) for n in params)
+        return 1.0 + dist if dist <= 3 else 100.0
+
+    seed = {"a": 5, "b": 4, "c": 0, "d": 0}  # three steps from the target
+    s = SearchSpace(params, default={"a": 0, "b": 9, "c": 9, "d": 9}, seeds=[seed])
+    found = bayes(s, valley, budget=24, seed=0)
+    assert found.best_config == target and found.evaluations <= 24
+    assert bayes(s, valley, budget=24, seed=0, refine=0).best_time > 1.0
+
+
 def test_bayes_serves_duplicates_from_the_memo():
     # a tiny space: TPE keeps proposing configs it has seen; each is timed once and all are eventually seen
     s = SearchSpace({"A": [1, 2, 3], "B": [1, 2, 4, 8]}, {"no_3_8": lambda c: (c["A"], c["B"]) != (3, 8)})
@@ -539,7 +557,7 @@ def test_sampling_a_space_does_not_list_it(monkeypatch):
     rng = random.Random(0)
     seen = {sparse.key(sparse.sample(rng)) for _ in range(200)}
     assert all(sum(k) % 50 == 0 for k in seen) and len(seen) > 100 and not listed
-    result = policies.bayes(sparse, lambda c: 1.0 + c["a"] / 100, budget=40, patience=None, seed=1)
+    result = policies.bayes(sparse, lambda c: 1.0 + c["a"] / 100, budget=40, patience=None, seed=1, refine=0)
     assert result.evaluations == 40 and not listed  # (many proposals break the constraint: misses)
     tiny = SearchSpace({"a": [1, 2, 3]}, {"only 2": lambda c: c["a"] == 2})
     assert tiny.sample(rng, exclude={(2,)}, tries=10) is None  # (draws fail, the list has nothing left)
