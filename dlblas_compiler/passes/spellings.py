@@ -180,9 +180,10 @@ def _is_tanh_gelu_argument(t: SSAValue, x: SSAValue) -> bool:
     return len(rest) == 2 and any(a == x and _is_term(_one_plus(u), x, 0.044715, 2) for a, u in (rest, rest[::-1]))
 
 
-class GeluOfErf(RewritePattern):
-    """0.5 * x * (1 + erf(x / sqrt(2))) -> gelu(x): x * Phi(x), Phi the standard normal CDF, which is GELU's
-    definition (torch's exact gelu)."""
+class GeluOfFormula(RewritePattern):
+    """0.5 * x * (1 + erf(x / sqrt(2))) -> gelu(x): x * Phi(x), Phi the standard normal CDF, GELU's definition
+    (torch's exact gelu); 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) -> gelu(x, approximate="tanh"):
+    the formula torch's approximate gelu computes (GPT-2's NewGELU, BLOOM's and Megatron's bias-gelu)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: MulOp, rewriter: PatternRewriter):
@@ -190,23 +191,13 @@ class GeluOfErf(RewritePattern):
         if not _is(c, 0.5) or len(rest) != 2:
             return
         for x, s in (rest, rest[::-1]):
-            t = _input_of(_one_plus(s), ErfOp)
-            if t is not None and _is(_scaled(t, x), 1 / math.sqrt(2)) and install(rewriter, GeluOp(x), op.result):
-                return
-
-
-class GeluOfTanh(RewritePattern):
-    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) -> gelu(x, approximate="tanh"): the formula torch's
-    approximate gelu computes (GPT-2's NewGELU, BLOOM's and Megatron's bias-gelu)."""
-
-    @op_type_rewrite_pattern
-    def match_and_rewrite(self, op: MulOp, rewriter: PatternRewriter):
-        c, rest = _factors(op.result, root=True)
-        if not _is(c, 0.5) or len(rest) != 2:
-            return
-        for x, s in (rest, rest[::-1]):
-            t = _input_of(_one_plus(s), TanhOp)
-            if t is not None and _is_tanh_gelu_argument(t, x) and install(rewriter, GeluOp(x, "tanh"), op.result):
+            if (t := _input_of(_one_plus(s), ErfOp)) is not None and _is(_scaled(t, x), 1 / math.sqrt(2)):
+                gelu = GeluOp(x)
+            elif (t := _input_of(_one_plus(s), TanhOp)) is not None and _is_tanh_gelu_argument(t, x):
+                gelu = GeluOp(x, "tanh")
+            else:
+                continue
+            if install(rewriter, gelu, op.result):
                 return
 
 
@@ -356,8 +347,7 @@ SPELLINGS: list[type[RewritePattern]] = [
     SiluOfSigmoid,
     LogisticDivision,
     LogisticReciprocal,
-    GeluOfErf,
-    GeluOfTanh,
+    GeluOfFormula,
     MeanOfSum,
     RotaryOfHalves,
     RotaryOfPairs,
