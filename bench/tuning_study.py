@@ -74,15 +74,45 @@ def _compile_part(block: str, index: int, m: int, keys: list[tuple]) -> int:
     return failed
 
 
-def precompile(block: str, index: int, m: int, space, jobs: int) -> None:
+def precompile(block: str, index: int, m: int, space, jobs: int, part: tuple[int, int] | None = None) -> None:
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    keys = [space.key(c) for c in space.configs()]
+    keys = [space.key(c) for c in (part_configs(space, part) if part else space.configs())]
     parts = [keys[i::jobs] for i in range(jobs)]
     with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
         failed = sum(pool.map(_compile_part, [block] * jobs, [index] * jobs, [m] * jobs, parts))
     print(f"M={m}: compiled {len(keys)} configs in {jobs} processes ({failed} failed)", flush=True)
+
+
+def space_record(space, no_sweeps=None) -> dict:
+    """What a replay needs to rebuild the search over a saved table (`bench/replay_tuning.py`): the parameters
+    and their choices in order, the default, and the starts with and without the sweeps' seeds."""
+    return {"params": {n: list(c) for n, c in space.params.items()}, "default": space.default(),
+            "starts": space.starts(), "starts_no_sweeps": (no_sweeps or space).starts()}  # fmt: skip
+
+
+def time_part(step: RegionStep, tensors: list, space, part: tuple[int, int], no_sweeps=None,
+              device: str = "cuda") -> dict:
+    """Time every `part[1]`-th config of the space from the `part[0]`-th (an exhaustive search split over device
+    calls; `bench/replay_tuning.py` merges the parts and replays the policies over the whole table)."""
+    with torch.no_grad():
+        ref = step.reference(tensors)
+    timed = make_objective(lambda cfg: (lambda: step.launch(tensors, cfg)), ref, device=device)
+    table = []
+    for cfg in part_configs(space, part):
+        try:
+            t = timed(cfg) * 1e6
+        except Exception:  # noqa: BLE001 - a failing config: null, a failed trial in every replay
+            t = None
+        table.append([list(space.key(cfg)), t])
+    return {"part": list(part), "space": space.size(), "names": list(space.names), "table": table,
+            **space_record(space, no_sweeps)}  # fmt: skip
+
+
+def part_configs(space, part: tuple[int, int]) -> list[dict]:
+    i, n = part
+    return [c for j, c in enumerate(space.configs()) if j % n == i]
 
 
 def study(step: RegionStep, tensors: list, space, device: str, seeds: int, full=None, real_quick: int = 0,
@@ -156,6 +186,7 @@ def study(step: RegionStep, tensors: list, space, device: str, seeds: int, full=
     # every timed config (µs; null: failed), so other policies can be replayed over this run's times offline
     out["names"] = list(space.names)
     out["table"] = [[list(k), None if t == float("inf") else t * 1e6] for k, t in table.items()]
+    out.update(space_record(space, no_sweeps))
     return out
 
 
@@ -170,6 +201,8 @@ def main(argv=None) -> int:
     p.add_argument("--narrow", default="", help="k=v1/v2,... restricts the space, e.g. num_stages=3/4,GROUP_M=1")
     p.add_argument("--real-quick", type=int, default=0,
                    help="with --narrow: run the quick search for real over the whole space with this many seeds")
+    p.add_argument("--part", default="", help="I/N: time only every N-th config from the I-th (merge the parts "
+                   "with bench/replay_tuning.py); no policies run")
     p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="processes compiling configs first")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -180,21 +213,27 @@ def main(argv=None) -> int:
         cfg = BlockConfig()
         step, tensors = region(randomize_(LlamaBlock(cfg)).eval(), llama_block_inputs(cfg, 1, 5), "interpret")
         space = step.kernel.space.narrow(BLOCK_K=[32, 64], num_stages=[2, 3], GROUP_M=1)
-        results["smoke"] = study(step, tensors, space, "cpu", a.seeds)
+        if a.part:
+            results["smoke"] = time_part(step, tensors, space, tuple(int(x) for x in a.part.split("/")), device="cpu")
+        else:
+            results["smoke"] = study(step, tensors, space, "cpu", a.seeds)
     else:
         from blocks import BLOCKS
 
         narrow = {k: [int(x) for x in v.split("/")] for k, v in (kv.split("=") for kv in a.narrow.split(",") if kv)}
         for m in [int(t) for t in a.tokens.split(",")]:
             mod, args, kwargs, _, _ = BLOCKS[a.block](m, torch.bfloat16, "cuda")
-            no_sweeps = None
-            if a.real_quick:  # the space as a card without the sweeps' seeds builds it (the variants' starts only)
-                with mock.patch.object(importlib.import_module("dlblas_compiler.codegen.gemm.space"), "SEEDED_ON", -1):
-                    no_sweeps = region(mod, args, "triton", a.region, kwargs)[0].kernel.space
+            # the space as a card without the sweeps' seeds builds it (the variants' starts only)
+            with mock.patch.object(importlib.import_module("dlblas_compiler.codegen.gemm.space"), "SEEDED_ON", -1):
+                no_sweeps = region(mod, args, "triton", a.region, kwargs)[0].kernel.space
             step, tensors = region(mod, args, "triton", a.region, kwargs)
             space = step.kernel.space.narrow(**narrow) if narrow else step.kernel.space
+            part = tuple(int(x) for x in a.part.split("/")) if a.part else None
             if a.jobs > 1:
-                precompile(a.block, a.region, m, space, a.jobs)
+                precompile(a.block, a.region, m, space, a.jobs, part)
+            if part:
+                results[f"{a.block}[{a.region}] M={m}"] = time_part(step, tensors, space, part, no_sweeps)
+                continue
             full = step.kernel.space if narrow and a.real_quick else None
             results[f"{a.block}[{a.region}] M={m}"] = study(step, tensors, space, "cuda", a.seeds, full, a.real_quick,
                                                             no_sweeps)
@@ -202,10 +241,14 @@ def main(argv=None) -> int:
         import triton
 
         results["_run"] = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
-    with open(os.path.join(a.out, f"tuning_study_{a.block}_{a.region}.json"), "w") as f:
+    suffix = "_part{}of{}".format(*a.part.split("/")) if a.part else ""
+    with open(os.path.join(a.out, f"tuning_study_{a.block}_{a.region}{suffix}.json"), "w") as f:
         json.dump(results, f, indent=1)
     for key, r in results.items():
         if key.startswith("_"):
+            continue
+        if "part" in r:
+            print(f"{key}: part {r['part']}: timed {len(r['table'])} of {r['space']} configs")
             continue
         print(f"{key}: {r['space']} valid configs ({r['failed']} failed), exhaustive best {r['exhaustive_best_us']:.1f} µs "
               f"({r['weight_TBps_at_best']:.2f} TB/s of weight), default {r['default_us']:.1f} µs, {r['best_config']}")
