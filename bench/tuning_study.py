@@ -185,7 +185,12 @@ def study(step: RegionStep, tensors: list, space, device: str, seeds: int, full=
         out["whole_space"] = full.size()
     # every timed config (µs; null: failed), so other policies can be replayed over this run's times offline
     out["names"] = list(space.names)
-    out["table"] = [[list(k), None if t == float("inf") else t * 1e6] for k, t in table.items()]
+    # (the real quick search's configs outside a narrowed space are timed too: kept apart, "whole_space_table")
+    inside = {k: t for k, t in table.items() if space.is_valid(dict(zip(space.names, k)))}
+    out["table"] = [[list(k), None if t == float("inf") else t * 1e6] for k, t in inside.items()]
+    if len(inside) < len(table):
+        out["whole_space_table"] = [[list(k), None if t == float("inf") else t * 1e6] for k, t in table.items()
+                                    if k not in inside]  # fmt: skip
     out.update(space_record(space, no_sweeps))
     return out
 

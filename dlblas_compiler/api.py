@@ -10,7 +10,6 @@ Each compile is logged (`dlblas_compiler.compile`, `.fusion`, `.codegen`: see `l
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import operator
 import os
@@ -602,12 +601,8 @@ def compile(model, backend: str | None = None, **options):  # noqa: A001
     owner = getattr(model, "__self__", None)  # (a bound method: model.forward)
     name = type(owner).__name__ if isinstance(owner, torch.nn.Module) else None
     dynamo_backend = DynamoBackend(opts, name=name)
-    compiled = torch.compile(model, backend=dynamo_backend)
-
-    @functools.wraps(model)
-    def fn(*args, **kwargs):
-        with shape_errors(name or getattr(model, "__qualname__", "the function")):  # one line, not dynamo's log
-            return compiled(*args, **kwargs)
+    # (a shape error while dynamo traces a call: one line, not dynamo's log)
+    fn = shape_errors(name or getattr(model, "__qualname__", "the function"), torch.compile(model, backend=dynamo_backend))
 
     generation = getattr(owner, "generation_config", None)
     if generation is not None and hasattr(generation, "disable_compile"):

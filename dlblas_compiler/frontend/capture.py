@@ -20,6 +20,7 @@ is read from its text.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -27,7 +28,7 @@ import operator
 import re
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -289,18 +290,38 @@ def _dynamo_reason(e: BaseException) -> str:
     return f"{head}{where}" + (f" ({explanation})" if explanation else "")
 
 
-@contextlib.contextmanager
-def shape_errors(name: str) -> Iterator[None]:
-    """Around a call of a function compiled through dynamo (`dc.compile(model.forward)`): an op that fails on the
+class _QuietWhileCalling(logging.Filter):
+    """Drops FakeTensorMode's log records while a function compiled through dynamo is being called (`calling`
+    counts the calls in progress): installed once, so a call costs a counter, not a filter's installation."""
+
+    calling = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.calling
+
+
+_QUIET = _QuietWhileCalling()
+
+
+def shape_errors(name: str, fn: Callable) -> Callable:
+    """`fn` (a function compiled through dynamo: `dc.compile(model.forward)`) called so that an op failing on the
     call's shapes while dynamo traces it raises one FrontendError naming the op's source line, as `capture` does,
     instead of dynamo's TorchRuntimeError after FakeTensorMode's logged traceback."""
     import torch._dynamo
 
-    with quiet_fake_tensor_log():
+    logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QUIET)  # (once per logger: a set of filters)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        _QUIET.calling += 1
         try:
-            yield
+            return fn(*args, **kwargs)
         except torch._dynamo.exc.TorchRuntimeError as e:
             raise FrontendError(_shape_failure(name, e)) from None
+        finally:
+            _QUIET.calling -= 1
+
+    return call
 
 
 def _shape_failure(name: str, e: BaseException) -> str:

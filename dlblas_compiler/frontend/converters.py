@@ -443,6 +443,8 @@ def _by_2d(e, x, w, w_dim: int) -> SSAValue:
 def _einsum(e, equation, *operands):
     """einsum("bsd,od->bso", x, W) and the like (any letters, '...', W [N, K] or [K, N], W first or second): a
     contraction of x's last dim with one dim of a 2-D W. Other equations stay torch calls."""
+    if not isinstance(equation, str):
+        raise Unsupported("einsum in sublist form (operand, dims, operand, dims, ...)")
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     ins, arrow, out = equation.replace(" ", "").partition("->")

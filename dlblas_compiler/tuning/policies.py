@@ -215,7 +215,7 @@ def bayes(
     reserve = max(2, int(refine * full)) if refine and budget is not None and full == budget >= 8 else 0
     search.limit = full - reserve  # the TPE phase; its patience ends it, not the climb after it
     _tpe(search, space, seed, max_misses)
-    search.limit, search.stale = min(full, len(search.trials) + reserve), 0
+    search.limit, search.stale, search.patience = min(full, len(search.trials) + reserve), 0, None
     if search.best is not None:
         _refine(search, space)
     return search.result()

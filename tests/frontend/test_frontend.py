@@ -331,3 +331,13 @@ def test_other_einsums_stay_torch_calls(equation):
     with torch.no_grad():
         assert (cm(x) - model(x)).abs().max() < 1e-4
     assert Counter(cm.report().patterns) == {} and 'dl.torch_call "torch.functional.einsum"' in cm.ir()
+
+
+def test_einsum_in_sublist_form_stays_a_torch_call():
+    """einsum(x, [0, 1, 2], w, [3, 2], [0, 1, 3]): the same contraction, not in the converted spelling."""
+    model = WeightContraction(lambda x, w: torch.einsum(x, [0, 1, 2], w, [3, 2], [0, 1, 3]), False).eval()
+    cm = dc.compile(model, backend="interpret")
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        assert (cm(x) - model(x)).abs().max() < 1e-4
+    assert 'dl.torch_call "torch.functional.einsum"' in cm.ir()

@@ -253,6 +253,7 @@ def test_bayes_climbs_from_its_best_to_a_better_neighbour():
     found = bayes(s, valley, budget=24, seed=0)
     assert found.best_config == target and found.evaluations <= 24
     assert bayes(s, valley, budget=24, seed=0, refine=0).best_time > 1.0
+    assert bayes(s, valley, budget=24, patience=1, seed=0).best_config == target  # (patience ends TPE, not the climb)
 
 
 def test_bayes_serves_duplicates_from_the_memo():
