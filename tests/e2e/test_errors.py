@@ -1,6 +1,8 @@
 """Errors a user meets first, each one FrontendError (or Python's own TypeError) in one message naming the cause:
 a call that does not fit forward's signature, a wrong hidden size (no fake-tensor log on stderr), a plain function."""
 
+import logging
+
 import pytest
 import torch
 
@@ -73,6 +75,8 @@ def test_wrong_hidden_size_through_a_compiled_forward_is_one_error_and_no_log(ca
     assert msg.startswith("cannot compute the shape of an op of LlamaDecoderLayer at ")
     assert "modeling_llama.py:" in msg and "broadcast" in msg
     assert capfd.readouterr().err == ""
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")  # quiet during a call only
+    assert fake_log.filter(fake_log.makeRecord(fake_log.name, logging.ERROR, __file__, 1, "outside a call", (), None))
     with torch.no_grad():  # the right size still compiles, and equals eager
         torch.testing.assert_close(fn(x, **kw), layer(x, **kw), rtol=1e-5, atol=1e-5)
 
