@@ -56,7 +56,7 @@ def replay_space(record: dict, times: dict, starts: str | None) -> SearchSpace:
 def replay(record: dict, times: dict, seeds: int) -> dict:
     names = list(record["params"])
     valid = SearchSpace(record["params"]).is_valid  # (rows of another space's parameters are not this table's)
-    times = {k: t for k, t in times.items() if valid(dict(zip(names, k)))}
+    times = {k: t for k, t in times.items() if valid(dict(zip(names, k, strict=True)))}
     good = {k: t for k, t in times.items() if t is not None}
     best = min(good.values())
     quick = TUNE_MODES["quick"]

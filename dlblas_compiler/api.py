@@ -602,7 +602,8 @@ def compile(model, backend: str | None = None, **options):  # noqa: A001
     name = type(owner).__name__ if isinstance(owner, torch.nn.Module) else None
     dynamo_backend = DynamoBackend(opts, name=name)
     # (a shape error while dynamo traces a call: one line, not dynamo's log)
-    fn = shape_errors(name or getattr(model, "__qualname__", "the function"), torch.compile(model, backend=dynamo_backend))
+    fn = shape_errors(name or getattr(model, "__qualname__", "the function"),
+                      torch.compile(model, backend=dynamo_backend))
 
     generation = getattr(owner, "generation_config", None)
     if generation is not None and hasattr(generation, "disable_compile"):
