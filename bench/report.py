@@ -604,7 +604,7 @@ def quick_tuning_section() -> str:
                        f"({v['whole_space']}) | {v['exhaustive_best_us']:.1f} | {table} | {starts} | {whole} | "
                        f"{seeded} |")
         entries.append((name, {"gpu": env.get("card"), "torch": env.get("torch"), "triton": env.get("triton"),
-                               "run": f"run {run}"}, ""))  # fmt: skip
+                               "run": f"run {run}", "date": name[:10]}, ""))  # fmt: skip
     return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
 
 

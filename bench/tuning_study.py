@@ -85,6 +85,13 @@ def precompile(block: str, index: int, m: int, space, jobs: int, part: tuple[int
     print(f"M={m}: compiled {len(keys)} configs in {jobs} processes ({failed} failed)", flush=True)
 
 
+def objective(step: RegionStep, tensors: list, device: str):
+    """config -> seconds for the region's kernel, each output checked against its reference first."""
+    with torch.no_grad():
+        ref = step.reference(tensors)
+    return make_objective(lambda cfg: (lambda: step.launch(tensors, cfg)), ref, device=device)
+
+
 def space_record(space, no_sweeps=None) -> dict:
     """What a replay needs to rebuild the search over a saved table (`bench/replay_tuning.py`): the parameters
     and their choices in order, the default, and the starts with and without the sweeps' seeds."""
@@ -96,9 +103,7 @@ def time_part(step: RegionStep, tensors: list, space, part: tuple[int, int], no_
               device: str = "cuda") -> dict:
     """Time every `part[1]`-th config of the space from the `part[0]`-th (an exhaustive search split over device
     calls; `bench/replay_tuning.py` merges the parts and replays the policies over the whole table)."""
-    with torch.no_grad():
-        ref = step.reference(tensors)
-    timed = make_objective(lambda cfg: (lambda: step.launch(tensors, cfg)), ref, device=device)
+    timed = objective(step, tensors, device)
     table = []
     for cfg in part_configs(space, part):
         try:
@@ -117,9 +122,7 @@ def part_configs(space, part: tuple[int, int]) -> list[dict]:
 
 def study(step: RegionStep, tensors: list, space, device: str, seeds: int, full=None, real_quick: int = 0,
           no_sweeps=None) -> dict:
-    with torch.no_grad():
-        ref = step.reference(tensors)
-    timed = make_objective(lambda cfg: (lambda: step.launch(tensors, cfg)), ref, device=device)
+    timed = objective(step, tensors, device)
     table: dict[tuple, float] = {}
     for cfg in space.configs():  # the exhaustive pass
         try:

@@ -41,7 +41,7 @@ def capability() -> tuple[int, int]:
 
 def has_tma() -> bool:
     """Tensor descriptors: Hopper and newer; the Triton interpreter emulates them."""
-    return not torch.cuda.is_available() or torch.cuda.get_device_capability() >= (9, 0)
+    return capability() >= (9, 0)
 
 
 def has_pdl() -> bool:

@@ -58,17 +58,35 @@ from ..dialects import (
 from .match import install, last_dim, operand_pairs, producer, scalar, shape
 
 
-def _logistic_denominator(v: SSAValue) -> SSAValue | None:
-    """x if v = 1 + exp(-x) (either order, single-use chain)."""
+def _is(c: float | None, value: float) -> bool:
+    """c is the constant `value` to fp32 precision."""
+    return c is not None and math.isclose(c, value, rel_tol=2**-24)
+
+
+def _sum_with(v: SSAValue | None, first) -> SSAValue | None:
+    """b if v = a + b (either order, used once) with `first(a)`."""
     add = producer(v, AddOp)
     if add is None or not v.has_one_use():
         return None
-    for one, e in operand_pairs(add):
-        exp = producer(e, ExpOp)
-        neg = producer(exp.input, NegOp) if exp is not None else None
-        if scalar(one) == 1.0 and neg is not None and e.has_one_use() and exp.input.has_one_use():
-            return neg.input
-    return None
+    return next((b for a, b in operand_pairs(add) if first(a)), None)
+
+
+def _addend(v: SSAValue | None, a: SSAValue) -> SSAValue | None:
+    """b if v = a + b (either order), used once."""
+    return _sum_with(v, lambda u: u == a)
+
+
+def _one_plus(v: SSAValue | None) -> SSAValue | None:
+    """t if v = 1 + t (either order), used once."""
+    return _sum_with(v, lambda one: _is(scalar(one), 1.0))
+
+
+def _logistic_denominator(v: SSAValue) -> SSAValue | None:
+    """x if v = 1 + exp(-x) (either order, single-use chain)."""
+    e = _one_plus(v)
+    exp = producer(e, ExpOp) if e is not None and e.has_one_use() else None
+    neg = producer(exp.input, NegOp) if exp is not None and exp.input.has_one_use() else None
+    return neg.input if neg is not None else None
 
 
 class SiluOfSigmoid(RewritePattern):
@@ -109,11 +127,6 @@ class LogisticReciprocal(RewritePattern):
 # -- gelu -----------------------------------------------------------------------------------------
 
 
-def _is(c: float | None, value: float) -> bool:
-    """c is the constant `value` to fp32 precision."""
-    return c is not None and math.isclose(c, value, rel_tol=2**-24)
-
-
 def _factors(v: SSAValue, root: bool = False, depth: int = 4) -> tuple[float, list[SSAValue]]:
     """v as a product c * f1 * f2 * ... of scalar constants (multiplied into c) and other factors, read through
     up to `depth` nested dl.mul's whose results are used once (the root's may have other uses)."""
@@ -135,22 +148,6 @@ def _scaled(v: SSAValue, x: SSAValue) -> float | None:
         return 1.0 / d if div.lhs == x and d else None
     c, rest = _factors(v)
     return c if rest == [x] else None
-
-
-def _addend(v: SSAValue | None, a: SSAValue) -> SSAValue | None:
-    """b if v = a + b (either order), used once."""
-    add = producer(v, AddOp)
-    if add is None or not v.has_one_use():
-        return None
-    return next((b for u, b in operand_pairs(add) if u == a), None)
-
-
-def _one_plus(v: SSAValue) -> SSAValue | None:
-    """t if v = 1 + t (either order), used once."""
-    add = producer(v, AddOp)
-    if add is None or not v.has_one_use():
-        return None
-    return next((t for one, t in operand_pairs(add) if _is(scalar(one), 1.0)), None)
 
 
 def _input_of(v: SSAValue | None, cls: type[ErfOp] | type[TanhOp]) -> SSAValue | None:

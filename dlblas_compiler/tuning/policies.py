@@ -4,9 +4,9 @@ Every policy has the signature `policy(space, objective, budget, patience, seed,
 `objective(config)` returns seconds and may raise: a raising config is recorded as a failed trial and can never
 win. Only valid configs (see `SearchSpace.violations`) are ever passed to the objective, each at most once.
 `budget` caps the number of objective evaluations; `patience` stops the search once that many evaluations in a
-row have not improved the best time (bayes: its TPE phase, before the climb from the best). `prepare(configs)`, when given, is told the configs about to be evaluated,
-up to `BATCH` at a time, before the first of them is (the compiler compiles their kernels in parallel there,
-so the objective's first call of each finds its kernel built).
+row have not improved the best time (bayes: its TPE phase, before the climb from the best). `prepare(configs)`,
+when given, is told the configs about to be evaluated, up to `BATCH` at a time, before the first of them is (the
+compiler compiles their kernels in parallel there, so the objective's first call of each finds its kernel built).
 """
 
 from __future__ import annotations
@@ -245,17 +245,12 @@ def _refine(search: _Search, space: SearchSpace) -> None:
         fresh = [c for c in _neighbours(space, best.config) if space.key(c) not in search.memo]
         if not fresh:
             return
-        for start in range(0, len(fresh), BATCH):
-            batch = fresh[start : start + min(BATCH, search.left)]
-            search.prefetch(batch)
-            for c in batch:
-                if search.done:
-                    return
-                search.evaluate(c)
-                if search.best is not best:
-                    break
-            if search.best is not best:
+        for i, c in enumerate(fresh):
+            if search.done or search.best is not best:
                 break
+            if i % BATCH == 0:
+                search.prefetch(fresh[i : i + min(BATCH, search.left)])
+            search.evaluate(c)
 
 
 def _tpe(search: _Search, space: SearchSpace, seed: int, max_misses: int) -> None:
