@@ -13,9 +13,12 @@ environment is left as it is. Per layer and world size:
                synchronize, forward, synchronize); tokens/s counts all ranks' tokens. route / dispatch /
                compute / combine: EPMoE's CUDA-event split (medians, slowest rank); with overlap the
                dispatch and combine columns hold only the communication not hidden behind compute.
-Variants: 1 GPU: "torch loop" (moe_reference in bf16: router + loop over experts) and "fused_moe" (EPMoE on one
-rank: topk_gating + fused_moe); several GPUs: "ep" (EPMoE, overlap off), "ep+overlap" (two chunks) and
-"ep+padded" (padded_tokens = the tokens per rank: fixed blocks, no wait for the host).
+Variants: 1 GPU: "torch loop" (moe_reference in bf16: router + loop over experts), "fused_moe" (EPMoE on one
+rank: topk_gating + fused_moe) and, if asked for, "fused_moe+graph" (the same replayed from a CUDA graph);
+several GPUs: "ep" (EPMoE, overlap off), "ep+overlap" (two chunks) and
+"ep+padded" (padded_tokens = the tokens per rank: fixed blocks, no wait for the host), "ep+peer" (peer_tokens: rows
+written into the other GPUs' memory, counts exchanged there, no NCCL, no wait for the host); "+graph": the same
+replayed from a CUDA graph (cuda_graphs=True; no phase split: the timings need events between the phases).
 """
 
 from __future__ import annotations
@@ -112,10 +115,21 @@ def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, devi
         variants["torch loop"] = lambda _t: moe_reference(x, *weights, shape["k"])
         layer = EPMoE(*weights, shape["k"])
         variants["fused_moe"] = lambda t: layer(x, timings=t)
+        if cuda and "fused_moe+graph" in args.variants:
+            graphed = EPMoE(*weights, shape["k"], cuda_graphs=True)
+            variants["fused_moe+graph"] = lambda _t: graphed(x)
     else:
-        for label, kw in (("ep", {}), ("ep+overlap", {"overlap": True}), ("ep+padded", {"padded_tokens": args.tokens})):
-            layer = EPMoE(*weights, shape["k"], **kw)
-            variants[label] = lambda t, layer=layer: layer(x, timings=t)
+        for label, kw in (
+            ("ep", {}),
+            ("ep+overlap", {"overlap": True}),
+            ("ep+padded", {"padded_tokens": args.tokens}),
+            ("ep+padded+graph", {"padded_tokens": args.tokens, "cuda_graphs": True}),
+            ("ep+peer", {"peer_tokens": args.tokens}),
+            ("ep+peer+graph", {"peer_tokens": args.tokens, "cuda_graphs": True}),
+        ):
+            if label in args.variants and ("peer" not in label and "graph" not in label or cuda):
+                layer = EPMoE(*weights, shape["k"], **kw)
+                variants[label] = lambda t, layer=layer: layer(x, timings=t if not layer.cuda_graphs else None)
 
     rows = []
     for label, fn in variants.items():
@@ -130,7 +144,7 @@ def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, devi
             leaving = args.tokens * shape["k"] * shape["H"] * x.element_size() * (ws - 1) / ws
             row["dispatch_GB_per_s"] = leaving / row["dispatch_ms"] / 1e6
             row["combine_GB_per_s"] = leaving / row["combine_ms"] / 1e6
-        if args.trace and ws > 1 and label == "ep":
+        if ws > 1 and label in args.trace:
             row["trace"] = _trace(fn, cuda)
         rows.append(row)
     return rows
@@ -272,8 +286,11 @@ def main() -> None:
     parser.add_argument("--world-timeout", type=float, default=240.0, help="seconds allowed per world size")
     parser.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny layers, worlds 1 and 2")
     parser.add_argument("--module", default=MODULE, help="the module EPMoE comes from (an A/B against another version)")
-    parser.add_argument("--trace", action="store_true", help="add a torch.profiler summary of 3 calls of 'ep'")
+    parser.add_argument("--variants", default="ep,ep+overlap,ep+padded,ep+peer",
+                        help="variants, comma-separated (also ep+padded+graph, ep+peer+graph; fused_moe+graph on 1 GPU)")
+    parser.add_argument("--trace", default="", help="variants to add a torch.profiler summary of 3 calls for")
     args = parser.parse_args()
+    args.variants, args.trace = args.variants.split(","), args.trace.split(",")
     args.tokens = args.tokens or (64 if args.smoke else 4096)
     args.iters = args.iters or (3 if args.smoke else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 3)

@@ -18,6 +18,9 @@ With `padded_tokens` (the most tokens any rank passes in a call; the same on eve
 fixed blocks with room for every pair, so nothing waits for the host (see `_padded_exchange`): a decode-sized
 mode. Otherwise the plan waits for the host once per call: the per-expert counts, exchanged first, give the split sizes `all_to_all_single` needs (the kept pairs are counted and sorted on the GPU without a nonzero, which would wait
 for the router too).
+With `peer_tokens` (likewise the most tokens any rank passes in a call) the rows go straight into the other
+GPUs' memory (`peer_exchange`: CUDA symmetric memory, counts exchanged on the GPUs, three stream barriers), so
+neither NCCL nor the host is in the exchange.
 With overlap, the pairs are split by the half of the tokens they come from: both halves' dispatches are issued
 asynchronously at once, so the second half's proceeds while the first half computes, and the first half's combine
 while the second half computes. Ranks vote for overlap in the counts exchange and split only if all of them do,
@@ -38,7 +41,8 @@ from torch import nn
 
 from .common import launch, next_pow2
 from .gating import topk_gating, topk_gating_reference
-from .moe_gemm import fused_moe, fused_moe_reference
+from .moe_gemm import fused_moe, fused_moe_reference, grouped_experts, grouped_unsupported
+from .peer_exchange import PeerBuffers, PeerExchange
 
 BACKENDS = ("auto", "triton", "reference")
 OVERLAP_MIN_TOKENS = 1024  # overlap="auto" votes for two chunks from this many tokens on the rank
@@ -154,6 +158,27 @@ def combine(back: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor, use_tr
     return torch.einsum("tkh,tk->th", rows, scale).to(back.dtype)
 
 
+def run_peer_exchange(
+    ex: PeerExchange, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts, use_triton: bool,
+    timer: _PhaseTimer | None = None,
+) -> torch.Tensor:
+    """One call of the exchange through peer buffers on this rank: the four steps with a barrier after each of the
+    first three (tests on a CPU run the ranks' steps in turn instead)."""
+    lap = timer.lap if timer is not None else (lambda _phase: None)
+    sends = ex.send_counts(ids, use_triton)
+    ex.buffers.barrier()
+    lap("plan")
+    pos = ex.send_rows(x, sends, use_triton)
+    ex.buffers.barrier()
+    lap("dispatch")
+    ex.compute_and_return(experts, use_triton)
+    ex.buffers.barrier()
+    lap("compute")
+    out = combine(ex.buffers.own["back"], pos.view(ids.shape), weights, use_triton)
+    lap("combine")
+    return out
+
+
 def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
     """(world size, rank) of the group; (1, 0) with no group and torch.distributed not initialized."""
     if group is None and not (dist.is_available() and dist.is_initialized()):
@@ -175,7 +200,12 @@ class EPMoE(nn.Module):
     expert GEMMs, and half-size GEMMs lose more than the hidden communication gains. All ranks of the group must
     call forward together. padded_tokens: None (default: split sizes from the exchanged counts, one wait for the
     host per call) or the most tokens any rank passes in one call, the same on every rank: fixed blocks of
-    padded_tokens * top_k rows per pair of ranks, no wait for the host (overlap is then ignored). After forward,
+    padded_tokens * top_k rows per pair of ranks, no wait for the host (overlap is then ignored). peer_tokens:
+    None (default) or, likewise, the most tokens any rank passes: the exchange through the GPUs' memory
+    (`peer_exchange`; CUDA tensors, the buffers allocated on the first call, a collective). cuda_graphs: replay
+    calls on CUDA from a graph per input shape (with one GPU, or with padded_tokens or peer_tokens, whose
+    exchanges never wait for the host): a decode-sized call is otherwise mostly the host issuing ~40 small
+    operations. After forward,
     `last_aux_loss` holds this rank's load-balancing loss."""
 
     def __init__(
@@ -191,6 +221,8 @@ class EPMoE(nn.Module):
         backend: str = "auto",
         overlap: bool | str = False,
         padded_tokens: int | None = None,
+        peer_tokens: int | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         super().__init__()
         E, H = router_weight.shape
@@ -202,8 +234,11 @@ class EPMoE(nn.Module):
             )
         if backend not in BACKENDS:
             raise ValueError(f"EPMoE: backend must be one of {BACKENDS}, got {backend!r}")
-        if padded_tokens is not None and (not isinstance(padded_tokens, int) or padded_tokens < 1):
-            raise ValueError(f"EPMoE: padded_tokens must be a positive int or None, got {padded_tokens!r}")
+        for name, value in (("padded_tokens", padded_tokens), ("peer_tokens", peer_tokens)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"EPMoE: {name} must be a positive int or None, got {value!r}")
+        if padded_tokens is not None and peer_tokens is not None:
+            raise ValueError("EPMoE: padded_tokens and peer_tokens choose two different exchanges; give one")
         if overlap not in (True, False, "auto"):
             raise ValueError(f"EPMoE: overlap must be True, False or 'auto', got {overlap!r}")
         self.world_size, self.rank = _world(group)
@@ -220,12 +255,44 @@ class EPMoE(nn.Module):
         self.w_gate_up, self.w_down = local(w_gate_up), local(w_down)
         self.top_k, self.capacity_factor, self.renormalize = top_k, capacity_factor, renormalize
         self.group, self.backend, self.overlap, self.padded_tokens = group, backend, overlap, padded_tokens
+        self.peer_tokens, self._peers = peer_tokens, None
+        if cuda_graphs and padded_tokens is None and peer_tokens is None and self.world_size > 1:
+            raise ValueError("EPMoE: cuda_graphs needs an exchange that never waits for the host: padded_tokens "
+                             "or peer_tokens")
+        self.cuda_graphs, self._graphs = cuda_graphs, {}
         self.last_aux_loss: torch.Tensor | None = None
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, timings: dict[str, float] | None = None) -> torch.Tensor:
         """x [..., H], this rank's tokens -> [..., H]. A `timings` dict is filled with milliseconds per phase
-        (route, plan, dispatch, compute, combine; total; plan: sorting the pairs and exchanging the counts), measured by CUDA events on CUDA (which synchronizes)."""
+        (route, plan, dispatch, compute, combine; total; plan: sorting the pairs and exchanging the counts),
+        measured by CUDA events on CUDA (which synchronizes; such a call is never replayed from a graph)."""
+        if self.cuda_graphs and x.is_cuda and timings is None:
+            return self._replay(x)
+        return self._forward(x, timings)
+
+    def _replay(self, x: torch.Tensor) -> torch.Tensor:
+        """The call through a CUDA graph per input shape and dtype: the first call of a shape runs eagerly (it
+        compiles the kernels and, in the peer exchange, allocates the buffers), the second captures (which runs
+        nothing) and replays, so every call runs the exchange exactly once on every rank, whatever shapes the
+        other ranks see. Returns a copy of the graph's output (the next replay overwrites it)."""
+        key = (tuple(x.shape), x.dtype, x.device)
+        entry = self._graphs.get(key)
+        if entry is None:
+            self._graphs[key] = "seen"
+            return self._forward(x, None)
+        if entry == "seen":
+            static_x = x.clone()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = self._forward(static_x, None)
+            self._graphs[key] = entry = (graph, static_x, static_out, self.last_aux_loss)
+        graph, static_x, static_out, self.last_aux_loss = entry
+        static_x.copy_(x)
+        graph.replay()
+        return static_out.clone()
+
+    def _forward(self, x: torch.Tensor, timings: dict[str, float] | None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         use_triton = self.backend == "triton" or (self.backend == "auto" and x.is_cuda)
         timer = _PhaseTimer(timings, x.device)
@@ -253,6 +320,8 @@ class EPMoE(nn.Module):
     ) -> torch.Tensor:
         if self.padded_tokens is not None:
             return self._padded_exchange(x, ids, weights, use_triton, timer)
+        if self.peer_tokens is not None:
+            return self._peer_exchange(x, ids, weights, use_triton, timer)
         exchanges = self._plan(ids, weights)
         timer.lap("plan")
         dispatches = []
@@ -319,6 +388,32 @@ class EPMoE(nn.Module):
         out = combine(back, pos.view(T, k), weights, use_triton)
         timer.lap("combine")
         return out
+
+    def _peer_exchange(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, use_triton: bool, timer: _PhaseTimer
+    ) -> torch.Tensor:
+        """The exchange through the GPUs' memory (peer_tokens set; see peer_exchange's docstring)."""
+        if not x.is_cuda:
+            raise ValueError("EPMoE: peer_tokens needs CUDA tensors (symmetric memory); use padded_tokens on CPU")
+        if self._peers is None or self._peers.buffers.own["recv"].dtype != x.dtype:
+            shapes = PeerExchange.shapes(self.world_size, self.num_experts, self.top_k, self.peer_tokens,
+                                         x.shape[1], x.dtype)
+            buffers = PeerBuffers.symmetric(shapes, self.group, x.device)
+            self._peers = PeerExchange(buffers, self.num_experts, self.top_k, self.peer_tokens)
+        return run_peer_exchange(self._peers, x, ids, weights, self._experts_on_rows(use_triton), use_triton, timer)
+
+    def _experts_on_rows(self, use_triton: bool):
+        """experts(rows [n, H] grouped by local expert, their ids [n] (-1: none), ends [n_local]) -> [n, H], each row
+        through its one expert: the grouped GEMMs straight over the rows where they run (no sort, no gather), else
+        fused_moe (or the loop) with k = 1 and unit weights."""
+
+        def experts(rows: torch.Tensor, expert: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+            if use_triton and grouped_unsupported(rows, (self.w_gate_up, self.w_down)) is None:
+                return grouped_experts(rows, (self.w_gate_up,), self.w_down, ends)
+            unit = torch.ones(rows.shape[0], 1, device=rows.device, dtype=torch.float32)
+            return self._experts(rows, expert[:, None], unit, use_triton)
+
+        return experts
 
     def _plan(self, ids: torch.Tensor, weights: torch.Tensor) -> list[_Exchange]:
         """Sort the kept (token, slot) pairs by (expert, half of the tokens) and exchange the counts per (expert,

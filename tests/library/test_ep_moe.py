@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dlblas_compiler.library.gating import topk_gating_reference
 from dlblas_compiler.library import EPMoE, moe_reference
 from dlblas_compiler.library.ep_moe import router_logits
+from dlblas_compiler.library.gating import topk_gating_reference
 
 F64_TOL = {"rtol": 1e-10, "atol": 1e-10}
 F32_TOL = {"rtol": 1e-4, "atol": 1e-4}
@@ -181,3 +181,135 @@ def test_combine_sums_each_tokens_rows_scaled_by_its_weights(use_triton: bool) -
                 ref[t] += w[t, s].double() * back[pos[t, s]].double()
     assert out.dtype == torch.bfloat16 and torch.equal(out[2], torch.zeros(H, dtype=torch.bfloat16))
     torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
+
+
+def _simulate_peer_exchange(ws: int, shards: list[torch.Tensor], weights: tuple[torch.Tensor, ...], max_tokens: int,
+                            use_triton: bool, capacity_factor: float | None = None,
+                            buffers: list | None = None, grouped: bool = False) -> list[torch.Tensor]:
+    """EPMoE's exchange through peer buffers with ws ranks in this process: every rank's step 1, then every
+    rank's step 2, ... (what the barriers enforce on GPUs), with the buffers of `PeerBuffers.local`."""
+    from dlblas_compiler.library.ep_moe import combine
+    from dlblas_compiler.library.moe_gemm import fused_moe, fused_moe_reference, grouped_experts
+    from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
+
+    router, w_gate_up, w_down = weights
+    n_local = router.shape[0] // ws
+    routes = [topk_gating_reference(router_logits(x, router), TOP_K, capacity_factor) for x in shards]
+    if buffers is None:
+        shapes = PeerExchange.shapes(ws, router.shape[0], TOP_K, max_tokens, H, shards[0].dtype)
+        buffers = PeerBuffers.local(shapes, ws)
+    exchanges = [PeerExchange(buffers[r], router.shape[0], TOP_K, max_tokens) for r in range(ws)]
+
+    def experts_of(r: int):
+        part = slice(r * n_local, (r + 1) * n_local)
+        moe = fused_moe if use_triton else fused_moe_reference
+
+        def experts(rows: torch.Tensor, expert: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+            # the rows come grouped by expert: the ids and the ends say the same
+            by_ends = torch.searchsorted(ends, torch.arange(rows.shape[0]), right=True)
+            assert torch.equal(torch.where(by_ends < n_local, by_ends, -1), expert)
+            if grouped:
+                return grouped_experts(rows, (w_gate_up[part],), w_down[part], ends)
+            unit = torch.ones(rows.shape[0], 1, dtype=torch.float32)
+            return moe(rows, w_gate_up[part], w_down[part], expert[:, None], unit)
+
+        return experts
+
+    sends = [ex.send_counts(route.ids, use_triton) for ex, route in zip(exchanges, routes, strict=True)]
+    pos = [ex.send_rows(x, s, use_triton) for ex, x, s in zip(exchanges, shards, sends, strict=True)]
+    for r, ex in enumerate(exchanges):
+        ex.compute_and_return(experts_of(r), use_triton)
+    return [combine(buffers[r].own["back"], pos[r].view(routes[r].ids.shape), routes[r].weights, use_triton)
+            for r in range(ws)]
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_peer_exchange_matches_the_reference(ws: int) -> None:
+    """The exchange through peer buffers (step by step, ranks in turn) on uneven, capacity-limited and starved
+    routings, different token counts per rank, and a second call on the same buffers (stale rows must not
+    count); float64 torch path."""
+    from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
+
+    owner = torch.arange(E) // (E // ws)
+    shapes = PeerExchange.shapes(ws, E, TOP_K, 40, H, torch.float64)
+    buffers = PeerBuffers.local(shapes, ws)
+    for name, bias, tokens, cf in (
+        ("uneven", 1.5 * (owner == 0).double(), [40, 17, 33, 1][:ws], None),
+        ("capacity", torch.zeros(E, dtype=torch.float64), [40] * ws, 0.5),
+        ("starved last rank", -20.0 * (owner == ws - 1).double(), [40, 8, 40, 25][:ws], None),
+    ):
+        router, w_gate_up, w_down = _weights(seed=11)
+        router[:, 0] = bias
+        shards = [_tokens(500 + r, t) for r, t in enumerate(tokens)]
+        outs = _simulate_peer_exchange(ws, shards, (router, w_gate_up, w_down), 40, False, cf, buffers)
+        for r, (x, out) in enumerate(zip(shards, outs, strict=True)):
+            ref = moe_reference(x, router, w_gate_up, w_down, TOP_K, cf)
+            torch.testing.assert_close(out, ref, **F64_TOL, msg=lambda m, r=r, name=name: f"{name}, rank {r}: {m}")
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["fused_moe", "grouped_experts"])
+def test_peer_exchange_triton_kernels(grouped: bool) -> None:
+    """The same through the Triton kernels (address-table stores, combine) on the interpreter, float32, 2 ranks,
+    the experts by fused_moe over the padded receive buffer or by the grouped GEMMs straight over its rows."""
+    weights = tuple(w.float() for w in _weights(seed=12))
+    shards = [_tokens(600 + r, t, torch.float32) for r, t in enumerate([12, 5])]
+    outs = _simulate_peer_exchange(2, shards, weights, 12, True, grouped=grouped)
+    for x, out in zip(shards, outs, strict=True):
+        ref = moe_reference(x.double(), *(w.double() for w in weights), TOP_K)
+        torch.testing.assert_close(out.double(), ref, **F32_TOL)
+
+
+def test_peer_exchange_refuses_more_tokens_than_its_room() -> None:
+    from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
+
+    buffers = PeerBuffers.local(PeerExchange.shapes(2, E, TOP_K, 4, H, torch.float64), 2)
+    with pytest.raises(ValueError, match="5 tokens on rank 0 exceed peer_tokens=4"):
+        PeerExchange(buffers[0], E, TOP_K, 4).send_counts(torch.zeros(5, TOP_K, dtype=torch.long), False)
+    with pytest.raises(ValueError, match="needs CUDA"):
+        EPMoE(*_weights(seed=8), TOP_K, peer_tokens=4)._peer_exchange(
+            _tokens(1, 3), torch.zeros(3, TOP_K, dtype=torch.long), torch.ones(3, TOP_K), False, None)
+    with pytest.raises(ValueError, match="give one"):
+        EPMoE(*_weights(seed=8), TOP_K, peer_tokens=4, padded_tokens=4)
+
+
+def _gpu_worker(rank: int, ws: int, init_file: str) -> None:
+    """On GPU `rank`: the peer exchange and CUDA-graph replay against the float32 reference of the same bf16
+    weights, with different token counts per rank and new tokens on every call."""
+    import faulthandler
+    from datetime import timedelta
+
+    faulthandler.dump_traceback_later(150, exit=True)  # a rank stuck in an exchange: its stack, then a failure
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=ws,
+                            timeout=timedelta(seconds=60), device_id=device)
+    try:
+        g = torch.Generator().manual_seed(20)
+        hidden, inter, experts = 256, 384, 4 * ws
+        router = torch.randn(experts, hidden, generator=g) / hidden**0.5
+        w_gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5
+        w_down = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
+        weights = [w.to(device, torch.bfloat16) for w in (router, w_gate_up, w_down)]
+        for kw in ({"peer_tokens": 96}, {"peer_tokens": 96, "cuda_graphs": True},
+                   {"padded_tokens": 96, "cuda_graphs": True}):
+            layer = EPMoE(*weights, TOP_K, **kw)
+            for call in range(4):  # eager, capture + replay, replays
+                tokens = 96 if rank == 0 else 40 + 8 * rank
+                x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(call * 10 + rank))
+                x = x.to(device, torch.bfloat16)
+                out = layer(x)
+                print(f"rank {rank}: {kw}, call {call}", flush=True)
+                ref = moe_reference(x.float(), *(w.float() for w in weights), TOP_K)
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                assert err < 1e-2, f"{kw}, call {call}, rank {rank}: rel err {err:.2e}"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_peer_exchange_and_graphs_on_gpus(tmp_path) -> None:
+    """EPMoE's exchange through symmetric memory (and the CUDA-graph replays) on every GPU of this machine."""
+    ws = torch.cuda.device_count()
+    if ws < 2:
+        pytest.skip(f"needs 2 or more GPUs, this machine has {ws}")
+    mp.spawn(_gpu_worker, args=(ws, str(tmp_path / "init")), nprocs=ws)
