@@ -202,6 +202,35 @@ def _all_to_all_probe(ws: int, args: argparse.Namespace, device: torch.device) -
             "GB_per_s": nbytes / ms / 1e6, "peer_access": peer}  # fmt: skip
 
 
+def _peer_probe(ws: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The same volume moved as the peer exchange moves rows: one `put_rows` kernel storing each rank's block of
+    rows into every rank's symmetric buffer, then the stream barrier (median of 10 timed calls)."""
+    from dlblas_compiler.library.peer_exchange import PeerBuffers
+
+    rows, H = args.tokens * 2 // ws * ws, 4096
+    block = rows // ws
+    buffers = PeerBuffers.symmetric({"recv": ((rows, H), torch.bfloat16)}, None, device)
+    src = torch.randn(rows, H, device=device).to(torch.bfloat16)
+    index = torch.arange(rows, device=device)
+    dest_rank, dest_pos = index // block, dist.get_rank() * block + index % block
+    times = []
+    for i in range(13):
+        dist.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        buffers.put_rows("recv", src, index, dest_rank, dest_pos, use_triton=True)
+        buffers.barrier()
+        _sync(device)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    mine = slice(dist.get_rank() * block, (dist.get_rank() + 1) * block)
+    assert torch.equal(buffers.own["recv"][mine], src[mine])  # the block this rank sent itself
+    ms = sorted(times)[len(times) // 2] * 1e3
+    nbytes = rows * H * 2 * (ws - 1) / ws
+    return {"world": ws, "probe": "put_rows (peer stores)", "MB_per_rank": nbytes / 1e6, "ms": ms,
+            "GB_per_s": nbytes / ms / 1e6, "peer_access": True}
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -226,6 +255,8 @@ def _worker(rank: int, ws: int, args: argparse.Namespace, init_file: str, result
         )
     try:
         rows = [] if ws == 1 else [_all_to_all_probe(ws, args, device)]
+        if ws > 1 and device.type == "cuda":
+            rows.append(_peer_probe(ws, args, device))
         for name, shape in (SMOKE_LAYERS if args.smoke else LAYERS).items():
             rows += _layer_rows(name, shape, args, device)
             if device.type == "cuda":
@@ -271,7 +302,7 @@ def _markdown(rows: list[dict[str, Any]], header: str) -> str:
         cells = [r["layer"], str(r["world"]), r["variant"], err, f"{r['tokens_per_s']:,.0f}", f"{r['ms']:.2f}", *phases]
         lines.append("| " + " | ".join(cells) + " |")
     for p in probes:
-        lines.append(f"\nall_to_all_single on {p['world']} ranks: {p['MB_per_rank']:.0f} MB leave each rank in "
+        lines.append(f"\n{p['probe']} on {p['world']} ranks: {p['MB_per_rank']:.0f} MB leave each rank in "
                      f"{p['ms']:.2f} ms = {p['GB_per_s']:.1f} GB/s per rank (peer access: {p['peer_access']})")  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -7,6 +7,8 @@ float32, exact fp32 dots) to 1e-4 absolute / relative."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -16,6 +18,7 @@ from dlblas_compiler.library import EPMoE, moe_reference
 from dlblas_compiler.library.ep_moe import router_logits
 from dlblas_compiler.library.gating import topk_gating_reference
 
+START = time.perf_counter()
 F64_TOL = {"rtol": 1e-10, "atol": 1e-10}
 F32_TOL = {"rtol": 1e-4, "atol": 1e-4}
 E, H, INTER, TOP_K = 8, 16, 24, 2
@@ -284,26 +287,32 @@ def _gpu_worker(rank: int, ws: int, init_file: str) -> None:
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=ws,
                             timeout=timedelta(seconds=60), device_id=device)
     try:
-        g = torch.Generator().manual_seed(20)
-        hidden, inter, experts = 256, 384, 4 * ws
-        router = torch.randn(experts, hidden, generator=g) / hidden**0.5
-        w_gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5
-        w_down = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
-        weights = [w.to(device, torch.bfloat16) for w in (router, w_gate_up, w_down)]
-        for kw in ({"peer_tokens": 96}, {"peer_tokens": 96, "cuda_graphs": True},
-                   {"padded_tokens": 96, "cuda_graphs": True}):
-            layer = EPMoE(*weights, TOP_K, **kw)
-            for call in range(4):  # eager, capture + replay, replays
-                tokens = 96 if rank == 0 else 40 + 8 * rank
-                x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(call * 10 + rank))
-                x = x.to(device, torch.bfloat16)
-                out = layer(x)
-                print(f"rank {rank}: {kw}, call {call}", flush=True)
-                ref = moe_reference(x.float(), *(w.float() for w in weights), TOP_K)
-                err = ((out.float() - ref).norm() / ref.norm()).item()
-                assert err < 1e-2, f"{kw}, call {call}, rank {rank}: rel err {err:.2e}"
+        _gpu_cases(rank, ws, device)
+        torch.cuda.synchronize()  # the layers, their buffers and graphs are gone before the group is
     finally:
         dist.destroy_process_group()
+    print(f"rank {rank}: done, {time.perf_counter() - START:.0f} s", flush=True)
+
+
+def _gpu_cases(rank: int, ws: int, device: torch.device) -> None:
+    g = torch.Generator().manual_seed(20)
+    hidden, inter, experts = 256, 384, 4 * ws
+    router = torch.randn(experts, hidden, generator=g) / hidden**0.5
+    w_gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5
+    w_down = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
+    weights = [w.to(device, torch.bfloat16) for w in (router, w_gate_up, w_down)]
+    for kw in ({"peer_tokens": 96}, {"peer_tokens": 96, "cuda_graphs": True},
+               {"padded_tokens": 96, "cuda_graphs": True}):
+        layer = EPMoE(*weights, TOP_K, **kw)
+        for call in range(4):  # eager, capture + replay, replays
+            tokens = 96 if rank == 0 else 40 + 8 * rank
+            x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(call * 10 + rank))
+            x = x.to(device, torch.bfloat16)
+            out = layer(x)
+            print(f"rank {rank}: {kw}, call {call}, {time.perf_counter() - START:.0f} s", flush=True)
+            ref = moe_reference(x.float(), *(w.float() for w in weights), TOP_K)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, f"{kw}, call {call}, rank {rank}: rel err {err:.2e}"
 
 
 @pytest.mark.gpu
