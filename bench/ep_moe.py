@@ -231,6 +231,62 @@ def _peer_probe(ws: int, args: argparse.Namespace, device: torch.device) -> dict
             "GB_per_s": nbytes / ms / 1e6, "peer_access": True}
 
 
+def _peer_latency_probe(ws: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The peer exchange alone, in DeepSeek-V3's units (H=7168, top-8 of 256 experts, bf16, args.tokens tokens a
+    rank, random routing), replayed from two CUDA graphs: dispatch (counts, barrier, token and meta rows, barrier)
+    and combine (the owners return each row as its own partial sum, barrier, the senders add them): no expert
+    GEMMs. Medians of 20 replays of each, CUDA events between the replays on one stream."""
+    from dlblas_compiler.library.ep_moe import combine
+    from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
+
+    H, E, k, T = 7168, 256, 8, args.tokens
+    buffers = PeerBuffers.symmetric(PeerExchange.shapes(ws, k, T, H, torch.bfloat16), None, device)
+    ex = PeerExchange(buffers, E, k, T)
+    g = torch.Generator(device).manual_seed(dist.get_rank())
+    x = torch.randn(T, H, device=device, generator=g).to(torch.bfloat16)
+    ids = torch.rand(T, E, device=device, generator=g).topk(k, dim=1).indices
+    weights = torch.full((T, k), 1.0 / k, device=device)
+    pos: list[torch.Tensor] = []
+
+    def dispatch() -> None:
+        sends = ex.send_counts(ids, True)
+        buffers.barrier()
+        pos[:] = [ex.send_rows(x, weights, sends, True)]
+        buffers.barrier()
+
+    def back() -> torch.Tensor:
+        ex.compute_and_return(lambda rows, _ids, _w: rows, True)
+        buffers.barrier()
+        return combine(buffers.own["back"], pos[0], torch.ones(pos[0].shape, device=device), True)
+
+    dispatch(), back()  # compile the kernels
+    graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
+    with torch.cuda.graph(graphs[0]):
+        dispatch()
+    with torch.cuda.graph(graphs[1]):
+        out = back()
+    times = []
+    for i in range(25):
+        dist.barrier()
+        torch.cuda.synchronize()
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        events[0].record()
+        graphs[0].replay()
+        events[1].record()
+        graphs[1].replay()
+        events[2].record()
+        torch.cuda.synchronize()
+        if i >= 5:
+            times.append([events[0].elapsed_time(events[1]), events[1].elapsed_time(events[2])])
+    ranks_hit = (ids // (E // ws))[:, :, None].eq(torch.arange(ws, device=device)).any(1).sum(1)  # [T]
+    # each rank holding a token's experts returned the token row itself: the sum is the row times that count
+    torch.testing.assert_close(out.float(), x.float() * ranks_hit[:, None], rtol=2e-2, atol=2e-2)
+    med = torch.tensor(times).median(0).values.tolist()
+    return {"world": ws, "probe": "peer exchange alone (graphs)", "tokens": T, "H": H, "top_k": k, "experts": E,
+            "rows_per_token": ranks_hit.float().mean().item(), "dispatch_us": med[0] * 1e3,
+            "combine_us": med[1] * 1e3}
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -256,7 +312,7 @@ def _worker(rank: int, ws: int, args: argparse.Namespace, init_file: str, result
     try:
         rows = [] if ws == 1 else [_all_to_all_probe(ws, args, device)]
         if ws > 1 and device.type == "cuda":
-            rows.append(_peer_probe(ws, args, device))
+            rows += [_peer_probe(ws, args, device), _peer_latency_probe(ws, args, device)]
         for name, shape in (SMOKE_LAYERS if args.smoke else LAYERS).items():
             rows += _layer_rows(name, shape, args, device)
             if device.type == "cuda":
@@ -302,6 +358,11 @@ def _markdown(rows: list[dict[str, Any]], header: str) -> str:
         cells = [r["layer"], str(r["world"]), r["variant"], err, f"{r['tokens_per_s']:,.0f}", f"{r['ms']:.2f}", *phases]
         lines.append("| " + " | ".join(cells) + " |")
     for p in probes:
+        if "dispatch_us" in p:
+            lines.append(f"\n{p['probe']} on {p['world']} ranks, {p['tokens']} tokens a rank (H={p['H']}, top-"
+                         f"{p['top_k']} of {p['experts']} experts, {p['rows_per_token']:.2f} rows a token): dispatch "
+                         f"{p['dispatch_us']:.0f} us, combine {p['combine_us']:.0f} us")
+            continue
         lines.append(f"\n{p['probe']} on {p['world']} ranks: {p['MB_per_rank']:.0f} MB leave each rank in "
                      f"{p['ms']:.2f} ms = {p['GB_per_s']:.1f} GB/s per rank (peer access: {p['peer_access']})")  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -653,13 +653,19 @@ def ep_moe_table(doc: dict) -> str:
                *(names.get(k, k.replace("_ms", " ms")) for k in keys)]
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
-        b = best1[r["layer"]]
-        vs = "best" if r is b else f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x of {b['variant']}"
+        b = best1.get(r["layer"])
+        vs = ("" if b is None else "best" if r is b
+              else f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x of {b['variant']}")
         phases = " | ".join(f"{r[k]:.2f}" if k.endswith("_ms") and k in r else f"{r[k]:.0f}" if k in r else ""
                             for k in keys)
         out.append(f"| {r['layer']} | {r['world']} | {r['variant']} | {r['rel_err']:.1e} | {r['tokens_per_s']:,.0f} | "
                    f"{vs} | {r['ms']:.2f} | {phases} |")  # fmt: skip
     for p in (r for r in doc["rows"] if "probe" in r):
+        if "dispatch_us" in p:
+            out += ["", f"{p['probe']} on {p['world']} ranks, {p['tokens']} tokens a rank (H={p['H']}, top-"
+                        f"{p['top_k']} of {p['experts']} experts, bf16; {p['rows_per_token']:.2f} rows leave a token): "
+                        f"dispatch {p['dispatch_us']:.0f} µs, combine {p['combine_us']:.0f} µs."]  # fmt: skip
+            continue
         out += ["", f"{p['probe']} on {p['world']} ranks: {p['MB_per_rank']:.1f} MB leave each rank in "
                     f"{p['ms']:.3f} ms = {p['GB_per_s']:.1f} GB/s per rank "
                     f"(peer access: {p['peer_access']})."]  # fmt: skip
@@ -673,6 +679,29 @@ def ep_moe_section(name: str = "2026-11-26-h200x2-ep-moe.json") -> str:
     env = {"gpu": f"{gpus}× {e['device']}", "torch": e["torch"], "nccl": e.get("nccl"), "date": e["date"],
            "ceilings": e.get("ceilings")}
     return ep_moe_table(doc) + "\n" + source_line([(name, env, "")]) + "\n"
+
+
+def moe_gemm_section(name: str, sweep: bool = True) -> str:
+    """bench/moe_gemm.py's table (one GPU: the loop over experts, fused_moe's two paths, the GEMM floor), and its
+    tile sweep of the triton path."""
+    doc = _load(name)
+    e = doc["env"]
+    out = ["| layer | tokens | rows/expert | variant | ms | TFLOP/s | vs loop | rel err | default path |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        err = f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else ""
+        out.append(f"| {r['layer']} | {r['tokens']} | {r['rows_per_expert']:g} | {r['variant']} | {r['ms']:.3f} | "
+                   f"{r['tflops']:.0f} | {r['vs_loop']:.2f}x | {err} | {r['default']} |")  # fmt: skip
+    if sweep and doc.get("sweep"):
+        out += ["", "The triton path's tiles, one parameter moved from the default:", "",
+                "| layer | tokens | config | ms | vs default |", "|---|---|---|---|---|"]
+        for r in doc["sweep"]:
+            failed = str(r.get("error", "")).split(",")[0].split(": ", 1)[-1]  # e.g. "out of resource: shared memory"
+            cells = f"{r['ms']:.3f} | {r['vs_default']:.2f}x" if r.get("ms") else f"failed ({failed}) | "
+            out.append(f"| {r['layer']} | {r['tokens']} | {r['variant']} | {cells} |")
+    env = {"gpu": e["device"], "torch": e["torch"], "triton": e["triton"], "date": e["date"],
+           "run": f"bf16 matmul {e['matmul_tflops']:.0f} TFLOP/s measured in the run (the floor's rate)"}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
 
 
 # -------------------------------------------------------------------------------------------- generation
@@ -943,6 +972,10 @@ SECTIONS = {
     **{f"ep-moe-s9-{x}": functools.partial(ep_moe_section, f"2026-11-26-h100x4-s9-ep-moe-{x}.json")
        for x in ("a", "c-before", "c-after", "d-after", "e-128-tokens", "f-128-tokens-padded",
                  "g-4096-tokens-padded")},
+    **{f"ep-moe-s17-{x}": functools.partial(ep_moe_section, f"2026-11-27-h100x4-s17-ep-moe-{x}.json")
+       for x in ("a-4096", "b-128", "c-4096-graphs", "d-128-graphs", "e-probes")},
+    "moe-gemm-s17": functools.partial(moe_gemm_section, "2026-11-27-h100-s17-moe-gemm.json"),
+    "moe-gemm-s17-tokens": functools.partial(moe_gemm_section, "2026-11-27-h100-s17-moe-gemm-tokens.json", False),
     **{f"generation-{x}": functools.partial(generation_section, f"2026-11-26-h100-s6-generate-{x}.json")
        for x in "cdefg"},
     **{f"generation-s7-{x}": functools.partial(generation_section, f"2026-11-26-h100-s7-generate-{x}.json")

@@ -20,7 +20,8 @@ mode. Otherwise the plan waits for the host once per call: the per-expert counts
 for the router too).
 With `peer_tokens` (likewise the most tokens any rank passes in a call) the rows go straight into the other
 GPUs' memory (`peer_exchange`: CUDA symmetric memory, counts exchanged on the GPUs, three stream barriers), so
-neither NCCL nor the host is in the exchange.
+neither NCCL nor the host is in the exchange; a token travels once to each rank holding any of its experts, and
+that rank returns one weighted sum of their outputs.
 With overlap, the pairs are split by the half of the tokens they come from: both halves' dispatches are issued
 asynchronously at once, so the second half's proceeds while the first half computes, and the first half's combine
 while the second half computes. Ranks vote for overlap in the counts exchange and split only if all of them do,
@@ -41,7 +42,7 @@ from torch import nn
 
 from .common import launch, next_pow2
 from .gating import topk_gating, topk_gating_reference
-from .moe_gemm import fused_moe, fused_moe_reference, grouped_experts, grouped_unsupported
+from .moe_gemm import fused_moe, fused_moe_reference
 from .peer_exchange import PeerBuffers, PeerExchange
 
 BACKENDS = ("auto", "triton", "reference")
@@ -168,13 +169,13 @@ def run_peer_exchange(
     sends = ex.send_counts(ids, use_triton)
     ex.buffers.barrier()
     lap("plan")
-    pos = ex.send_rows(x, sends, use_triton)
+    pos = ex.send_rows(x, weights, sends, use_triton)
     ex.buffers.barrier()
     lap("dispatch")
     ex.compute_and_return(experts, use_triton)
     ex.buffers.barrier()
     lap("compute")
-    out = combine(ex.buffers.own["back"], pos.view(ids.shape), weights, use_triton)
+    out = combine(ex.buffers.own["back"], pos, torch.ones(pos.shape, device=x.device), use_triton)
     lap("combine")
     return out
 
@@ -396,22 +397,17 @@ class EPMoE(nn.Module):
         if not x.is_cuda:
             raise ValueError("EPMoE: peer_tokens needs CUDA tensors (symmetric memory); use padded_tokens on CPU")
         if self._peers is None or self._peers.buffers.own["recv"].dtype != x.dtype:
-            shapes = PeerExchange.shapes(self.world_size, self.num_experts, self.top_k, self.peer_tokens,
-                                         x.shape[1], x.dtype)
+            shapes = PeerExchange.shapes(self.world_size, self.top_k, self.peer_tokens, x.shape[1], x.dtype)
             buffers = PeerBuffers.symmetric(shapes, self.group, x.device)
             self._peers = PeerExchange(buffers, self.num_experts, self.top_k, self.peer_tokens)
         return run_peer_exchange(self._peers, x, ids, weights, self._experts_on_rows(use_triton), use_triton, timer)
 
     def _experts_on_rows(self, use_triton: bool):
-        """experts(rows [n, H] grouped by local expert, their ids [n] (-1: none), ends [n_local]) -> [n, H], each row
-        through its one expert: the grouped GEMMs straight over the rows where they run (no sort, no gather), else
-        fused_moe (or the loop) with k = 1 and unit weights."""
+        """experts(rows [n, H], local expert ids [n, k] (-1: none), weights [n, k]) -> [n, H]: fused_moe (or the
+        loop over experts) on this rank's experts."""
 
-        def experts(rows: torch.Tensor, expert: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-            if use_triton and grouped_unsupported(rows, (self.w_gate_up, self.w_down)) is None:
-                return grouped_experts(rows, (self.w_gate_up,), self.w_down, ends)
-            unit = torch.ones(rows.shape[0], 1, device=rows.device, dtype=torch.float32)
-            return self._experts(rows, expert[:, None], unit, use_triton)
+        def experts(rows: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+            return self._experts(rows, ids, weights, use_triton)
 
         return experts
 

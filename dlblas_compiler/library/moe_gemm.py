@@ -136,6 +136,18 @@ def _swiglu_kernel(g_ptr, u_ptr, h_ptr, num_rows_ptr, N, stride_g, stride_u, str
     tl.store(h_ptr + m * stride_h + offs, (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _gather_rows_kernel(src_ptr, index_ptr, out_ptr, num_rows_ptr, H, stride_src, stride_out, BLOCK_H: tl.constexpr):
+    """out[m] = src[index[m]] for the rows m < num_rows (rows past it are left unwritten)."""
+    m = tl.program_id(0)
+    if m >= tl.load(num_rows_ptr):
+        return
+    row = tl.load(index_ptr + m).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = offs < H
+    tl.store(out_ptr + m.to(tl.int64) * stride_out + offs, tl.load(src_ptr + row * stride_src + offs, mask=ok), mask=ok)
+
+
 def _sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The flat pair indices t * k + j sorted by expert, in token order within an expert, dropped slots (id -1)
     last: (sorted expert ids, with E for dropped slots; the pair indices; starts [E + 1], where expert e's group
@@ -358,8 +370,13 @@ def _fused_moe_grouped(
     """The "grouped" implementation (module docstring), writing out; gate_up is (w_gate_up,) or (gate, up)."""
     _, order, starts = _sort_by_expert(ids, w_down.shape[0])
     offs = starts[1:].to(torch.int32)  # each expert's end row; the kept pairs end at offs[-1], the dropped follow
-    rows = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=x.device))  # pair's row
-    y = grouped_experts(x.index_select(0, order // ids.shape[1]), gate_up, w_down, offs)
+    n, H = order.numel(), x.shape[1]
+    rows = torch.empty_like(order).scatter_(0, order, torch.arange(n, device=x.device))  # each pair's row
+    xs = torch.empty(n, H, device=x.device, dtype=x.dtype)  # the kept pairs' rows; the dropped are not gathered
+    block_h = min(next_pow2(H), 1024)
+    launch(_gather_rows_kernel, (n, triton.cdiv(H, block_h)), x.device,
+           x, order // ids.shape[1], xs, offs[-1:], H, x.stride(0), xs.stride(0), BLOCK_H=block_h, num_warps=4)
+    y = grouped_experts(xs, gate_up, w_down, offs)
     _sum_pairs(y, ids, rows, weights, out, gather=True)
 
 

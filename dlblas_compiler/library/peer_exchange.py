@@ -2,29 +2,30 @@
 
 EPMoE's NCCL exchange needs each pair's row count on the host before `all_to_all_single` can move the rows, so
 every call waits for the GPU once, with every rank's arrival skew in the wait (~1.2 ms a call on 4 H100s, at
-128 tokens as at 4096). Here the counts stay on the GPUs. Every rank holds three buffers of the same shapes
-(CUDA symmetric memory: each GPU can address the others' over NVLink):
+128 tokens as at 4096). Here the counts stay on the GPUs, and a token travels once to each rank that holds any
+of its experts (not once per expert: with DeepSeek-like top-6 of 64 experts on 4 ranks that is 3.3 rows a token
+instead of 6). Every rank holds four buffers of the same shapes (CUDA symmetric memory: each GPU addresses the
+others' over NVLink); P is the most tokens any rank passes in one call, k the top-k:
 
-    counts [ws, E]          int32   row s: the kept pairs rank s sends to each global expert
-    recv   [ws * P * k, H]  x.dtype the rows this rank's experts receive, grouped by local expert, then source
-    back   [P * k, H]       x.dtype the expert outputs of this rank's pairs, in this rank's sorted order
+    counts [ws, ws]          int32   row s: the tokens rank s sends to each rank
+    recv   [ws * P, H]       x.dtype the token rows this rank's experts receive, by source rank, then token order
+    meta   [ws * P, 2k + 1]  int64   per received row: its k local expert ids (-1: not here), its k routing
+                                     weights (float64 bits) and its token index at the sender
+    back   [ws * P, H]       x.dtype row d * P + t: rank d's weighted sum of token t's expert outputs
 
-(P: the most tokens any rank passes in one call, k: top-k). One call is four steps with a barrier between
-consecutive steps (a kernel on the stream: every rank's earlier kernels have finished, and their writes are
-visible, before any rank goes on):
-  1. sort this rank's kept (token, slot) pairs by global expert (so by owner, then local expert) and write the
-     per-expert counts into row `rank` of every rank's `counts`;
-  2. from the whole count table, each pair's row in its owner's `recv` (expert-major, so the owner's rows of one
-     expert are contiguous, sources in rank order); write the token rows there;
-  3. the owner runs its experts over `recv` (rows past the received ones tagged expert -1, skipped) and writes
-     each result into the sender's `back` at the pair's index in the sender's sorted order, which it computes
-     from the same count table;
-  4. the sender sums each token's k rows of `back` scaled by its routing weights (`combine`).
+One call is four steps with a barrier between consecutive steps (a kernel on the stream: every rank's earlier
+kernels have finished, and their writes are visible, before any rank goes on):
+  1. find the ranks each token goes to; write this rank's token counts into row `rank` of every `counts`;
+  2. from the whole count table, each (token, rank) row's place in that rank's `recv`; write the token rows and
+     their meta rows there;
+  3. the owner runs its experts over the received rows (fused_moe: rows past the received ones get no expert),
+     sums each row's expert outputs with its routing weights, and writes that partial sum into the sender's
+     `back` at row owner * P + token;
+  4. the sender adds each token's partial sums (`combine`, float32).
 Three barriers make reuse safe across calls: a buffer is written in step i of one call only after every rank
-has finished reading it in the previous call (`counts` is read in steps 2-3, `recv` in 3, `back` in 4). No
-step waits for the host, so the exchange can be captured in a CUDA graph. The price: `recv` holds room for the
-worst case (every rank's pairs to one rank), and the experts run over that many rows, most of them padding
-that exits at once.
+has finished reading it in the previous call (`counts` is read in steps 2-3, `recv` and `meta` in 3, `back` in
+4). No step waits for the host, so the exchange can be captured in a CUDA graph. The price: `recv` has room for
+the worst case (every rank's tokens to one rank).
 
 `PeerBuffers` hides where the buffers live: `symmetric` (CUDA symmetric memory over a process group) or `local`
 (all ranks' buffers in one process, for tests that run the ranks' steps in turn on a CPU).
@@ -130,83 +131,79 @@ def _exclusive_cumsum(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 @dataclass
 class _Sends:
-    """Step 1's result, on this rank. order: the pairs t * k + s sorted by global expert (dropped last); key:
-    their experts (E for dropped); starts: exclusive prefix of this rank's counts per expert."""
+    """Step 1's result on this rank: hit [T, ws] (token t has an expert on rank d), their per-destination
+    counts [ws], and each token's local expert ids [T, ws, k] (-1 where slot j's expert is elsewhere or dropped)."""
 
-    order: torch.Tensor
-    key: torch.Tensor
-    starts: torch.Tensor
+    hit: torch.Tensor
+    counts: torch.Tensor
+    local_ids: torch.Tensor
 
 
 class PeerExchange:
     """EPMoE's dispatch, expert computation and combine through `PeerBuffers` (see the module docstring).
-    experts(rows [n, H], local expert ids [n] (-1: skip), ends [n_local] int32: each expert's end row) -> [n, H]
-    runs this rank's experts (the rows come grouped by expert: ids and ends say the same)."""
+    experts(rows [n, H], local expert ids [n, k] (-1: none), weights [n, k]) -> [n, H] runs this rank's experts
+    and sums each row's results scaled by its weights (fused_moe's contract)."""
 
     def __init__(self, buffers: PeerBuffers, num_experts: int, top_k: int, max_tokens: int) -> None:
         self.buffers, self.num_experts, self.top_k, self.max_tokens = buffers, num_experts, top_k, max_tokens
         self.local_experts = num_experts // buffers.world_size
 
     @staticmethod
-    def shapes(world_size: int, num_experts: int, top_k: int, max_tokens: int, hidden: int,
+    def shapes(world_size: int, top_k: int, max_tokens: int, hidden: int,
                dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        rows = max_tokens * top_k
-        return {"counts": ((world_size, num_experts), torch.int32), "recv": ((world_size * rows, hidden), dtype),
-                "back": ((rows, hidden), dtype)}
+        rows = world_size * max_tokens
+        return {"counts": ((world_size, world_size), torch.int32), "recv": ((rows, hidden), dtype),
+                "meta": ((rows, 2 * top_k + 1), torch.int64), "back": ((rows, hidden), dtype)}
 
     def send_counts(self, ids: torch.Tensor, use_triton: bool) -> _Sends:
-        """Step 1: sort the kept pairs by expert; this rank's counts into row `rank` of every rank's table."""
-        E, b = self.num_experts, self.buffers
+        """Step 1: which ranks each token goes to; this rank's token counts into row `rank` of every rank's
+        table."""
+        b, n_local = self.buffers, self.local_experts
         if ids.shape[0] > self.max_tokens:
             raise ValueError(f"EPMoE: {ids.shape[0]} tokens on rank {b.rank} exceed peer_tokens={self.max_tokens}")
-        flat = ids.reshape(-1).long()
-        key = torch.where(flat >= 0, flat, E)
-        order = torch.argsort(key, stable=True)
-        counts = torch.zeros(E + 1, device=ids.device, dtype=torch.int32).scatter_add_(
-            0, key, torch.ones_like(key, dtype=torch.int32))[:E]
-        everyone = torch.arange(b.world_size, device=ids.device)
-        b.put_rows("counts", counts[None], torch.zeros_like(everyone), everyone, torch.full_like(everyone, b.rank),
+        ids = ids.long()
+        ranks = torch.arange(b.world_size, device=ids.device)
+        on = (ids[:, None, :] >= 0) & (ids[:, None, :] // n_local == ranks[None, :, None])  # [T, ws, k]
+        hit = on.any(2)
+        counts = hit.sum(0, dtype=torch.int32)
+        b.put_rows("counts", counts[None], torch.zeros_like(ranks), ranks, torch.full_like(ranks, b.rank), use_triton)
+        return _Sends(hit, counts, torch.where(on, ids[:, None, :] % n_local, -1))
+
+    def _token_starts(self) -> torch.Tensor:
+        """[src, dst]: where src's rows start in dst's `recv` (sources in rank order)."""
+        return _exclusive_cumsum(self.buffers.own["counts"].long(), 0)
+
+    def send_rows(self, x: torch.Tensor, weights: torch.Tensor, sends: _Sends, use_triton: bool) -> torch.Tensor:
+        """Step 2: each token's row, once per rank holding any of its experts, into that rank's `recv`, with a
+        meta row (the local expert ids, the routing weights as float64 bits, the token index) into its `meta`;
+        returns pos [T, ws]: the rows of this rank's `back` that will hold each rank's partial sum (-1: none)."""
+        b, (T, k) = self.buffers, weights.shape
+        ws = b.world_size
+        rank_in_list = torch.cumsum(sends.hit, 0) - sends.hit.long()  # [T, ws]: the token's place among d's rows
+        dest_pos = torch.where(sends.hit, self._token_starts()[b.rank][None, :] + rank_in_list, -1)
+        dest_rank = torch.arange(ws, device=x.device).expand(T, ws)
+        token = torch.arange(T, device=x.device)
+        b.put_rows("recv", x, token[:, None].expand(T, ws).reshape(-1), dest_rank.reshape(-1), dest_pos.reshape(-1),
                    use_triton)
-        return _Sends(order, key[order], _exclusive_cumsum(counts.long()))
+        meta = torch.cat([sends.local_ids, weights.double()[:, None, :].expand(T, ws, k).contiguous().view(torch.int64),
+                          token[:, None, None].expand(T, ws, 1)], 2).view(T * ws, 2 * k + 1)
+        b.put_rows("meta", meta, torch.arange(T * ws, device=x.device), dest_rank.reshape(-1), dest_pos.reshape(-1),
+                   use_triton)
+        return torch.where(sends.hit, torch.arange(ws, device=x.device)[None, :] * self.max_tokens + token[:, None],
+                           -1).to(torch.int32)
 
-    def _table(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The count table [src, dst, local expert] and each destination's expert-major row starts [dst, e, src]
-        (exclusive prefix over (e, src))."""
-        ws, n_local = self.buffers.world_size, self.local_experts
-        table = self.buffers.own["counts"].long().view(ws, ws, n_local)
-        by_dst = table.permute(1, 2, 0).reshape(ws, n_local * ws)
-        return table, _exclusive_cumsum(by_dst).view(ws, n_local, ws)
-
-    def send_rows(self, x: torch.Tensor, sends: _Sends, use_triton: bool) -> torch.Tensor:
-        """Step 2: each kept pair's token row into its owner's `recv`; returns pos [T * k]: each pair's row in
-        `back` (its index in this rank's sorted order), -1 for a dropped pair."""
-        E, k, b = self.num_experts, self.top_k, self.buffers
-        _, starts = self._table()
-        mine = starts[:, :, b.rank].reshape(E)  # where this rank's rows of each global expert start at its owner
-        kept = sends.key < E
-        expert = sends.key.clamp(max=E - 1)
-        index = torch.arange(sends.order.numel(), device=x.device)
-        dest_pos = torch.where(kept, mine[expert] + index - sends.starts[expert], -1)
-        b.put_rows("recv", x, sends.order // k, expert // self.local_experts, dest_pos, use_triton)
-        pos = torch.empty_like(index, dtype=torch.int32)
-        pos[sends.order] = torch.where(kept, index, -1).to(torch.int32)
-        return pos
-
-    def compute_and_return(self, experts: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                           use_triton: bool) -> None:
-        """Step 3: this rank's experts over `recv`; each result into its sender's `back`."""
-        b, ws, n_local = self.buffers, self.buffers.world_size, self.local_experts
-        table, starts = self._table()
-        sizes = table[:, b.rank, :].T.reshape(-1)  # rows per (local expert, source), expert-major
-        group_start = starts[b.rank].reshape(-1)
-        recv = b.own["recv"]
-        p = torch.arange(recv.shape[0], device=recv.device)
-        group = torch.searchsorted(group_start + sizes, p, right=True).clamp(max=n_local * ws - 1)
-        valid = p < sizes.sum()
-        expert, source = group // ws, group % ws
-        # the row's index in its sender's sorted order: the sender's pairs of lower global experts, then its rank
-        sender_starts = _exclusive_cumsum(table.reshape(ws, -1))  # [src, global expert]
-        back_pos = sender_starts[source, b.rank * n_local + expert] + p - group_start[group]
-        ends = torch.cumsum(sizes.view(n_local, ws).sum(1), 0).to(torch.int32)  # each local expert's end row
-        y = experts(recv, torch.where(valid, expert, -1), ends)
-        b.put_rows("back", y, p, source, torch.where(valid, back_pos, -1), use_triton)
+    def compute_and_return(self, experts: Callable, use_triton: bool) -> None:
+        """Step 3: this rank's experts over the received rows, each row's results summed with its weights, and
+        that partial sum written into its sender's `back` (row rank * max_tokens + token)."""
+        b, k = self.buffers, self.top_k
+        starts = self._token_starts()[:, b.rank].contiguous()  # where each source's rows start here
+        total = self.buffers.own["counts"][:, b.rank].sum()
+        recv, meta = b.own["recv"], b.own["meta"]
+        row = torch.arange(recv.shape[0], device=recv.device)
+        valid = row < total
+        ids = torch.where(valid[:, None], meta[:, :k], -1)  # rows past the received ones hold earlier calls' data
+        weights = meta[:, k : 2 * k].contiguous().view(torch.float64).to(torch.promote_types(recv.dtype, torch.float32))
+        out = experts(recv, ids, weights)
+        source = torch.searchsorted(starts, row, right=True) - 1
+        back_pos = torch.where(valid, b.rank * self.max_tokens + meta[:, 2 * k].long(), -1)
+        b.put_rows("back", out, row, source, back_pos, use_triton)

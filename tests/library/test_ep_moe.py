@@ -188,42 +188,33 @@ def test_combine_sums_each_tokens_rows_scaled_by_its_weights(use_triton: bool) -
 
 def _simulate_peer_exchange(ws: int, shards: list[torch.Tensor], weights: tuple[torch.Tensor, ...], max_tokens: int,
                             use_triton: bool, capacity_factor: float | None = None,
-                            buffers: list | None = None, grouped: bool = False) -> list[torch.Tensor]:
+                            buffers: list | None = None, impl: str | None = None) -> list[torch.Tensor]:
     """EPMoE's exchange through peer buffers with ws ranks in this process: every rank's step 1, then every
     rank's step 2, ... (what the barriers enforce on GPUs), with the buffers of `PeerBuffers.local`."""
     from dlblas_compiler.library.ep_moe import combine
-    from dlblas_compiler.library.moe_gemm import fused_moe, fused_moe_reference, grouped_experts
+    from dlblas_compiler.library.moe_gemm import fused_moe, fused_moe_reference
     from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
 
     router, w_gate_up, w_down = weights
     n_local = router.shape[0] // ws
+    kw = {"config": {"IMPL": impl}} if impl else {}
     routes = [topk_gating_reference(router_logits(x, router), TOP_K, capacity_factor) for x in shards]
     if buffers is None:
-        shapes = PeerExchange.shapes(ws, router.shape[0], TOP_K, max_tokens, H, shards[0].dtype)
+        shapes = PeerExchange.shapes(ws, TOP_K, max_tokens, H, shards[0].dtype)
         buffers = PeerBuffers.local(shapes, ws)
     exchanges = [PeerExchange(buffers[r], router.shape[0], TOP_K, max_tokens) for r in range(ws)]
 
     def experts_of(r: int):
         part = slice(r * n_local, (r + 1) * n_local)
         moe = fused_moe if use_triton else fused_moe_reference
-
-        def experts(rows: torch.Tensor, expert: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-            # the rows come grouped by expert: the ids and the ends say the same
-            by_ends = torch.searchsorted(ends, torch.arange(rows.shape[0]), right=True)
-            assert torch.equal(torch.where(by_ends < n_local, by_ends, -1), expert)
-            if grouped:
-                return grouped_experts(rows, (w_gate_up[part],), w_down[part], ends)
-            unit = torch.ones(rows.shape[0], 1, dtype=torch.float32)
-            return moe(rows, w_gate_up[part], w_down[part], expert[:, None], unit)
-
-        return experts
+        return lambda rows, ids, w: moe(rows, w_gate_up[part], w_down[part], ids, w, **kw)
 
     sends = [ex.send_counts(route.ids, use_triton) for ex, route in zip(exchanges, routes, strict=True)]
-    pos = [ex.send_rows(x, s, use_triton) for ex, x, s in zip(exchanges, shards, sends, strict=True)]
+    pos = [ex.send_rows(x, route.weights, s, use_triton)
+           for ex, x, route, s in zip(exchanges, shards, routes, sends, strict=True)]
     for r, ex in enumerate(exchanges):
         ex.compute_and_return(experts_of(r), use_triton)
-    return [combine(buffers[r].own["back"], pos[r].view(routes[r].ids.shape), routes[r].weights, use_triton)
-            for r in range(ws)]
+    return [combine(buffers[r].own["back"], p, torch.ones(p.shape), use_triton) for r, p in enumerate(pos)]
 
 
 @pytest.mark.parametrize("ws", [2, 4])
@@ -234,7 +225,7 @@ def test_peer_exchange_matches_the_reference(ws: int) -> None:
     from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
 
     owner = torch.arange(E) // (E // ws)
-    shapes = PeerExchange.shapes(ws, E, TOP_K, 40, H, torch.float64)
+    shapes = PeerExchange.shapes(ws, TOP_K, 40, H, torch.float64)
     buffers = PeerBuffers.local(shapes, ws)
     for name, bias, tokens, cf in (
         ("uneven", 1.5 * (owner == 0).double(), [40, 17, 33, 1][:ws], None),
@@ -250,13 +241,13 @@ def test_peer_exchange_matches_the_reference(ws: int) -> None:
             torch.testing.assert_close(out, ref, **F64_TOL, msg=lambda m, r=r, name=name: f"{name}, rank {r}: {m}")
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["fused_moe", "grouped_experts"])
-def test_peer_exchange_triton_kernels(grouped: bool) -> None:
+@pytest.mark.parametrize("impl", ["triton", "grouped"])
+def test_peer_exchange_triton_kernels(impl: str) -> None:
     """The same through the Triton kernels (address-table stores, combine) on the interpreter, float32, 2 ranks,
-    the experts by fused_moe over the padded receive buffer or by the grouped GEMMs straight over its rows."""
+    the experts by either of fused_moe's paths over the receive buffer (rows past the received ones: no expert)."""
     weights = tuple(w.float() for w in _weights(seed=12))
     shards = [_tokens(600 + r, t, torch.float32) for r, t in enumerate([12, 5])]
-    outs = _simulate_peer_exchange(2, shards, weights, 12, True, grouped=grouped)
+    outs = _simulate_peer_exchange(2, shards, weights, 12, True, impl=impl)
     for x, out in zip(shards, outs, strict=True):
         ref = moe_reference(x.double(), *(w.double() for w in weights), TOP_K)
         torch.testing.assert_close(out.double(), ref, **F32_TOL)
@@ -265,7 +256,7 @@ def test_peer_exchange_triton_kernels(grouped: bool) -> None:
 def test_peer_exchange_refuses_more_tokens_than_its_room() -> None:
     from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
 
-    buffers = PeerBuffers.local(PeerExchange.shapes(2, E, TOP_K, 4, H, torch.float64), 2)
+    buffers = PeerBuffers.local(PeerExchange.shapes(2, TOP_K, 4, H, torch.float64), 2)
     with pytest.raises(ValueError, match="5 tokens on rank 0 exceed peer_tokens=4"):
         PeerExchange(buffers[0], E, TOP_K, 4).send_counts(torch.zeros(5, TOP_K, dtype=torch.long), False)
     with pytest.raises(ValueError, match="needs CUDA"):
