@@ -124,28 +124,32 @@ def _moe_sum_kernel(
 
 @triton.jit
 def _swiglu_kernel(g_ptr, u_ptr, h_ptr, num_rows_ptr, N, stride_g, stride_u, stride_h, BLOCK_N: tl.constexpr):
-    """h[m, n] = silu(g[m, n]) * u[m, n] for the rows m < num_rows (rows past it are left unwritten)."""
+    """h[m, n] = silu(g[m, n]) * u[m, n] for the rows m < num_rows (rows past it are left unwritten; one program
+    a row, so that those exit at once)."""
     m = tl.program_id(0)
     if m >= tl.load(num_rows_ptr):
         return
     m = m.to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok = offs < N
-    g = tl.load(g_ptr + m * stride_g + offs, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + m * stride_u + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(h_ptr + m * stride_h + offs, (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty), mask=ok)
+    for start in range(0, N, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        ok = offs < N
+        g = tl.load(g_ptr + m * stride_g + offs, mask=ok, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + m * stride_u + offs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(h_ptr + m * stride_h + offs, (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
 def _gather_rows_kernel(src_ptr, index_ptr, out_ptr, num_rows_ptr, H, stride_src, stride_out, BLOCK_H: tl.constexpr):
-    """out[m] = src[index[m]] for the rows m < num_rows (rows past it are left unwritten)."""
+    """out[m] = src[index[m]] for the rows m < num_rows (rows past it are left unwritten; one program a row)."""
     m = tl.program_id(0)
     if m >= tl.load(num_rows_ptr):
         return
     row = tl.load(index_ptr + m).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    ok = offs < H
-    tl.store(out_ptr + m.to(tl.int64) * stride_out + offs, tl.load(src_ptr + row * stride_src + offs, mask=ok), mask=ok)
+    for start in range(0, H, BLOCK_H):
+        offs = start + tl.arange(0, BLOCK_H)
+        ok = offs < H
+        tl.store(out_ptr + m.to(tl.int64) * stride_out + offs, tl.load(src_ptr + row * stride_src + offs, mask=ok),
+                 mask=ok)
 
 
 def _sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -374,7 +378,7 @@ def _fused_moe_grouped(
     rows = torch.empty_like(order).scatter_(0, order, torch.arange(n, device=x.device))  # each pair's row
     xs = torch.empty(n, H, device=x.device, dtype=x.dtype)  # the kept pairs' rows; the dropped are not gathered
     block_h = min(next_pow2(H), 1024)
-    launch(_gather_rows_kernel, (n, triton.cdiv(H, block_h)), x.device,
+    launch(_gather_rows_kernel, (n,), x.device,
            x, order // ids.shape[1], xs, offs[-1:], H, x.stride(0), xs.stride(0), BLOCK_H=block_h, num_warps=4)
     y = grouped_experts(xs, gate_up, w_down, offs)
     _sum_pairs(y, ids, rows, weights, out, gather=True)
@@ -393,7 +397,7 @@ def grouped_experts(
     h = torch.empty(n, inter, device=rows.device, dtype=rows.dtype)
     block_n = min(next_pow2(inter), 1024)
     launch(
-        _swiglu_kernel, (n, triton.cdiv(inter, block_n)), rows.device,
+        _swiglu_kernel, (n,), rows.device,
         gate, up, h, ends[-1:], inter, gate.stride(0), up.stride(0), h.stride(0), BLOCK_N=block_n, num_warps=4,
     )
     return torch._grouped_mm(h, w_down.transpose(-2, -1), offs=ends)
