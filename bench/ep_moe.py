@@ -13,6 +13,12 @@ environment is left as it is. Per layer and world size:
                synchronize, forward, synchronize); tokens/s counts all ranks' tokens. route / dispatch /
                compute / combine: EPMoE's CUDA-event split (medians, slowest rank); with overlap the
                dispatch and combine columns hold only the communication not hidden behind compute.
+Probes, per world size: all_to_all_single and the peer stores (`put_rows`) moving the same volume, and the peer
+exchange alone in DeepSeek-V3's units (H=7168, top-8 of 256 experts), replayed from graphs, dispatch and combine
+apart. `--variants` chooses the rows (default ep, ep+overlap, ep+padded, ep+peer); `--trace V1,V2` adds a
+torch.profiler summary of those variants' calls. dispatch / combine GB/s: NCCL variants only (the peer exchange
+moves one row per (token, rank), and its phases are split differently: "compute" includes returning the partial
+sums, "combine" is the local sum).
 Variants: 1 GPU: "torch loop" (moe_reference in bf16: router + loop over experts), "fused_moe" (EPMoE on one
 rank: topk_gating + fused_moe) and, if asked for, "fused_moe+graph" (the same replayed from a CUDA graph);
 several GPUs: "ep" (EPMoE, overlap off), "ep+overlap" (two chunks) and
@@ -140,7 +146,7 @@ def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, devi
         row["ok"] = row["rel_err"] <= MAX_REL_ERR
         row.update(_time(fn, args.iters, args.warmup, cuda))
         row["tokens_per_s"] = ws * args.tokens / row["ms"] * 1e3
-        if ws > 1 and row.get("dispatch_ms"):
+        if ws > 1 and row.get("dispatch_ms") and "peer" not in label:  # (the peer exchange sends other volumes)
             leaving = args.tokens * shape["k"] * shape["H"] * x.element_size() * (ws - 1) / ws
             row["dispatch_GB_per_s"] = leaving / row["dispatch_ms"] / 1e6
             row["combine_GB_per_s"] = leaving / row["combine_ms"] / 1e6
@@ -203,8 +209,9 @@ def _all_to_all_probe(ws: int, args: argparse.Namespace, device: torch.device) -
 
 
 def _peer_probe(ws: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    """The same volume moved as the peer exchange moves rows: one `put_rows` kernel storing each rank's block of
-    rows into every rank's symmetric buffer, then the stream barrier (median of 10 timed calls)."""
+    """The all_to_all probe's volume (tokens x 2 rows of H=4096 bf16 a rank, split evenly) moved as the peer
+    exchange moves rows: one `put_rows` kernel storing each rank's block of rows into every rank's symmetric
+    buffer, then the stream barrier (median of 10 timed calls)."""
     from dlblas_compiler.library.peer_exchange import PeerBuffers
 
     rows, H = args.tokens * 2 // ws * ws, 4096

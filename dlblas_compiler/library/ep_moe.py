@@ -42,7 +42,7 @@ from torch import nn
 
 from .common import launch, next_pow2
 from .gating import topk_gating, topk_gating_reference
-from .moe_gemm import fused_moe, fused_moe_reference
+from .moe_gemm import default_config, fused_moe, fused_moe_reference
 from .peer_exchange import PeerBuffers, PeerExchange
 
 BACKENDS = ("auto", "triton", "reference")
@@ -154,8 +154,8 @@ def combine(back: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor, use_tr
                back.contiguous(), pos.contiguous(), weights.contiguous(), out, back.shape[1], K=k, BLOCK_H=block)
         return out
     acc = torch.promote_types(back.dtype, torch.float32)
-    rows = back.to(acc)[pos.clamp(min=0)]  # [T, k, H]
-    scale = torch.where(pos >= 0, weights.to(acc), 0)
+    rows = torch.where(pos[..., None] >= 0, back.to(acc)[pos.clamp(min=0)], 0)  # [T, k, H]; a dropped slot's row
+    scale = torch.where(pos >= 0, weights.to(acc), 0)  # may hold anything (NaN from an earlier call): not read
     return torch.einsum("tkh,tk->th", rows, scale).to(back.dtype)
 
 
@@ -203,11 +203,16 @@ class EPMoE(nn.Module):
     host per call) or the most tokens any rank passes in one call, the same on every rank: fixed blocks of
     padded_tokens * top_k rows per pair of ranks, no wait for the host (overlap is then ignored). peer_tokens:
     None (default) or, likewise, the most tokens any rank passes: the exchange through the GPUs' memory
-    (`peer_exchange`; CUDA tensors, the buffers allocated on the first call, a collective). cuda_graphs: replay
-    calls on CUDA from a graph per input shape (with one GPU, or with padded_tokens or peer_tokens, whose
-    exchanges never wait for the host): a decode-sized call is otherwise mostly the host issuing ~40 small
-    operations. After forward,
-    `last_aux_loss` holds this rank's load-balancing loss."""
+    (`peer_exchange`; CUDA tensors on one stream; overlap is ignored). Its buffers are allocated on the first
+    call of each dtype (a collective) and shared by every EPMoE of the process with the same group, sizes and
+    dtype (layers run one after another, so one set serves them all); they hold room for every rank's tokens
+    at one rank, ~2 * ws * peer_tokens * H elements. cuda_graphs: replay calls on CUDA from a graph per input
+    shape (with one GPU, or with padded_tokens or peer_tokens, whose exchanges never wait for the host; not
+    with the reference backend, whose torch ops do): the first call of a shape runs eagerly, the graphs share
+    one memory pool; a decode-sized call is otherwise mostly the host issuing ~100 small operations. A rank
+    that raises inside a call (more tokens than padded_tokens / peer_tokens, say) leaves the others waiting
+    in the exchange, as with any collective. After forward, `last_aux_loss` holds this rank's load-balancing
+    loss (a tensor of its own, also after a replay)."""
 
     def __init__(
         self,
@@ -236,7 +241,7 @@ class EPMoE(nn.Module):
         if backend not in BACKENDS:
             raise ValueError(f"EPMoE: backend must be one of {BACKENDS}, got {backend!r}")
         for name, value in (("padded_tokens", padded_tokens), ("peer_tokens", peer_tokens)):
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"EPMoE: {name} must be a positive int or None, got {value!r}")
         if padded_tokens is not None and peer_tokens is not None:
             raise ValueError("EPMoE: padded_tokens and peer_tokens choose two different exchanges; give one")
@@ -256,11 +261,14 @@ class EPMoE(nn.Module):
         self.w_gate_up, self.w_down = local(w_gate_up), local(w_down)
         self.top_k, self.capacity_factor, self.renormalize = top_k, capacity_factor, renormalize
         self.group, self.backend, self.overlap, self.padded_tokens = group, backend, overlap, padded_tokens
-        self.peer_tokens, self._peers = peer_tokens, None
+        self.peer_tokens, self._peers = peer_tokens, {}  # dtype -> PeerExchange
         if cuda_graphs and padded_tokens is None and peer_tokens is None and self.world_size > 1:
             raise ValueError("EPMoE: cuda_graphs needs an exchange that never waits for the host: padded_tokens "
                              "or peer_tokens")
-        self.cuda_graphs, self._graphs = cuda_graphs, {}
+        if cuda_graphs and backend == "reference":
+            raise ValueError("EPMoE: cuda_graphs needs the Triton kernels (backend 'triton' or 'auto'): the "
+                             "reference backend's torch ops wait for the host")
+        self.cuda_graphs, self._graphs, self._pool = cuda_graphs, {}, None
         self.last_aux_loss: torch.Tensor | None = None
 
     @torch.no_grad()
@@ -285,12 +293,16 @@ class EPMoE(nn.Module):
         if entry == "seen":
             static_x = x.clone()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            self._pool = self._pool or torch.cuda.graph_pool_handle()
+            # one pool for every shape's graph: what lives across replays (static_x, the exchange's buffers) is
+            # outside it, and each replay's output and aux loss are copied out before the next replay
+            with torch.cuda.graph(graph, pool=self._pool):
                 static_out = self._forward(static_x, None)
             self._graphs[key] = entry = (graph, static_x, static_out, self.last_aux_loss)
-        graph, static_x, static_out, self.last_aux_loss = entry
+        graph, static_x, static_out, aux = entry
         static_x.copy_(x)
         graph.replay()
+        self.last_aux_loss = aux.clone()
         return static_out.clone()
 
     def _forward(self, x: torch.Tensor, timings: dict[str, float] | None) -> torch.Tensor:
@@ -396,18 +408,25 @@ class EPMoE(nn.Module):
         """The exchange through the GPUs' memory (peer_tokens set; see peer_exchange's docstring)."""
         if not x.is_cuda:
             raise ValueError("EPMoE: peer_tokens needs CUDA tensors (symmetric memory); use padded_tokens on CPU")
-        if self._peers is None or self._peers.buffers.own["recv"].dtype != x.dtype:
+        if x.dtype not in self._peers:  # the buffers of another dtype stay: graphs captured with them replay them
             shapes = PeerExchange.shapes(self.world_size, self.top_k, self.peer_tokens, x.shape[1], x.dtype)
             buffers = PeerBuffers.symmetric(shapes, self.group, x.device)
-            self._peers = PeerExchange(buffers, self.num_experts, self.top_k, self.peer_tokens)
-        return run_peer_exchange(self._peers, x, ids, weights, self._experts_on_rows(use_triton), use_triton, timer)
+            self._peers[x.dtype] = PeerExchange(buffers, self.num_experts, self.top_k, self.peer_tokens)
+        return run_peer_exchange(self._peers[x.dtype], x, ids, weights, self._experts_on_rows(use_triton), use_triton,
+                                 timer)
 
     def _experts_on_rows(self, use_triton: bool):
         """experts(rows [n, H], local expert ids [n, k] (-1: none), weights [n, k]) -> [n, H]: fused_moe (or the
-        loop over experts) on this rank's experts."""
+        loop over experts) on this rank's experts. The receive buffer has room for ws times the rows a rank
+        receives on average, so fused_moe's tiles are chosen for that average (peer_tokens * k pairs), not for
+        the buffer's size."""
+        config = default_config(self.peer_tokens * self.top_k, self.local_experts, self.w_down.dtype,
+                                 self.w_down.device)
 
         def experts(rows: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-            return self._experts(rows, ids, weights, use_triton)
+            if not use_triton:
+                return self._experts(rows, ids, weights, use_triton)
+            return fused_moe(rows, self.w_gate_up, self.w_down, ids, weights, config=config)
 
         return experts
 

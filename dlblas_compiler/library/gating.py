@@ -188,6 +188,8 @@ def _route_triton(
     ids = torch.empty(T, k, device=dev, dtype=index_dtype)
     weights = torch.empty(T, k, device=dev, dtype=logits.dtype)
     sums = torch.zeros(2, E, device=dev, dtype=torch.float32)
+    if T == 0:  # (a grid of no programs is not launched)
+        return probs, ids, sums[0], sums[1], ids, weights
     block_t, block_e = _blocks(T, E)
     grid = (triton.cdiv(T, block_t),)
     block_counts = torch.empty(grid[0] if capacity is not None else 0, E, device=dev, dtype=torch.int32)
@@ -241,7 +243,7 @@ class _TopKGating(torch.autograd.Function):
         probs, ids, prob_sum, counts, kept_ids, kept_weights = route(
             logits, k, renormalize, index_dtype, capacity
         )
-        aux = counts.dot(prob_sum) * (E / T**2)
+        aux = counts.dot(prob_sum) * (E / T**2 if T else 0.0)  # no tokens: no load to balance
         ctx.save_for_backward(probs, ids, None if capacity is None else kept_ids, counts)
         ctx.renormalize, ctx.logits_dtype = renormalize, logits.dtype
         ctx.mark_non_differentiable(kept_ids)
@@ -310,8 +312,8 @@ def topk_gating_reference(
     weights, ids = torch.topk(probs, k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
-    routed_fraction = torch.nn.functional.one_hot(ids, E).sum((0, 1)).to(probs.dtype) / T
-    aux_loss = E * (routed_fraction * probs.mean(0)).sum()
+    routed_fraction = torch.nn.functional.one_hot(ids, E).sum((0, 1)).to(probs.dtype) / max(T, 1)
+    aux_loss = E * (routed_fraction * probs.sum(0) / max(T, 1)).sum()  # no tokens: 0, as topk_gating
     if capacity_factor is not None:
         ids, weights = _drop_torch(ids, weights, expert_capacity(T, k, E, capacity_factor))
     return Routing(ids.to(index_dtype), weights.to(logits.dtype), aux_loss)

@@ -139,7 +139,8 @@ def _swiglu_kernel(g_ptr, u_ptr, h_ptr, num_rows_ptr, N, stride_g, stride_u, str
 
 
 @triton.jit
-def _gather_rows_kernel(src_ptr, index_ptr, out_ptr, num_rows_ptr, H, stride_src, stride_out, BLOCK_H: tl.constexpr):
+def _gather_rows_kernel(src_ptr, index_ptr, out_ptr, num_rows_ptr, H, stride_src, stride_col, stride_out,
+                        BLOCK_H: tl.constexpr):
     """out[m] = src[index[m]] for the rows m < num_rows (rows past it are left unwritten; one program a row)."""
     m = tl.program_id(0)
     if m >= tl.load(num_rows_ptr):
@@ -148,8 +149,8 @@ def _gather_rows_kernel(src_ptr, index_ptr, out_ptr, num_rows_ptr, H, stride_src
     for start in range(0, H, BLOCK_H):
         offs = start + tl.arange(0, BLOCK_H)
         ok = offs < H
-        tl.store(out_ptr + m.to(tl.int64) * stride_out + offs, tl.load(src_ptr + row * stride_src + offs, mask=ok),
-                 mask=ok)
+        tl.store(out_ptr + m.to(tl.int64) * stride_out + offs,
+                 tl.load(src_ptr + row * stride_src + offs * stride_col, mask=ok), mask=ok)
 
 
 def _sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -325,11 +326,13 @@ def fused_moe(
     k = topk_ids.shape[1]
     num_pairs = T * k
     cfg = {**default_config(num_pairs, E, x.dtype, x.device), **(config or {})}
+    if config and "IMPL" not in config and any(name in config for name in SPACE if name != "IMPL"):
+        cfg["IMPL"] = "triton"  # tiles given: they are the triton path's
     if cfg["IMPL"] not in IMPLS:
         raise ValueError(f"fused_moe: IMPL={cfg['IMPL']!r}, expected one of {IMPLS}")
     if out is None:
         out = torch.empty_like(x)
-    ids, weights = topk_ids.contiguous(), topk_weights.reshape(-1)
+    ids, weights = topk_ids.contiguous(), topk_weights.contiguous().view(-1)  # (the kernels index them flat)
     gate_up = (w_gate_up,) if w_up is None else (gate, up)
     if cfg["IMPL"] == "grouped" and grouped_unsupported(x, (*gate_up, w_down)) is None:
         _fused_moe_grouped(x, gate_up, w_down, ids, weights, out)
@@ -379,7 +382,8 @@ def _fused_moe_grouped(
     xs = torch.empty(n, H, device=x.device, dtype=x.dtype)  # the kept pairs' rows; the dropped are not gathered
     block_h = min(next_pow2(H), 1024)
     launch(_gather_rows_kernel, (n,), x.device,
-           x, order // ids.shape[1], xs, offs[-1:], H, x.stride(0), xs.stride(0), BLOCK_H=block_h, num_warps=4)
+           x, order // ids.shape[1], xs, offs[-1:], H, x.stride(0), x.stride(1), xs.stride(0), BLOCK_H=block_h,
+           num_warps=4)
     y = grouped_experts(xs, gate_up, w_down, offs)
     _sum_pairs(y, ids, rows, weights, out, gather=True)
 
@@ -389,8 +393,8 @@ def grouped_experts(
 ) -> torch.Tensor:
     """SwiGLU experts over rows [n, H] already grouped by expert: expert e's rows end at ends[e] (int32 [E], on the
     device). Returns [n, H]; rows past ends[-1] are neither computed nor written. gate_up: (w_gate_up,) or (gate,
-    up). The "grouped" path without its sort, gather and sum: the expert-parallel exchange's receive buffer is
-    already in this order. Only where `grouped_unsupported` is None."""
+    up). The "grouped" path's GEMMs, after its sort and gather, before its sum. Only where `grouped_unsupported`
+    is None."""
     n, inter = rows.shape[0], w_down.shape[2]
     h2 = [torch._grouped_mm(rows, w.transpose(-2, -1), offs=ends) for w in gate_up]
     gate, up = (h2[0][:, :inter], h2[0][:, inter:]) if len(h2) == 1 else h2

@@ -176,7 +176,12 @@ def test_combine_sums_each_tokens_rows_scaled_by_its_weights(use_triton: bool) -
     pos[pos >= back.shape[0]] = -1  # four dropped slots
     pos[2] = -1  # a token with no rows left: 0
     w = torch.rand(T, k, generator=g)
+    pos[pos == 0] = -1  # row 0, which a dropped slot's index clamps to, is one that no slot points at
+    unused = torch.ones(back.shape[0], dtype=torch.bool)  # rows no slot points at may hold anything
+    unused[pos[pos >= 0].long()] = False
+    back[unused] = float("nan")
     out = combine(back, pos, w, use_triton)
+    assert out.isfinite().all()
     ref = torch.zeros(T, H, dtype=torch.float64)
     for t in range(T):
         for s in range(k):
@@ -217,24 +222,41 @@ def _simulate_peer_exchange(ws: int, shards: list[torch.Tensor], weights: tuple[
     return [combine(buffers[r].own["back"], p, torch.ones(p.shape), use_triton) for r, p in enumerate(pos)]
 
 
+def _poisoned_buffers(ws: int, max_tokens: int, dtype: torch.dtype) -> list:
+    """PeerBuffers.local with what uninitialized symmetric memory may hold: NaN rows, garbage meta and counts."""
+    from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
+
+    buffers = PeerBuffers.local(PeerExchange.shapes(ws, TOP_K, max_tokens, H, dtype), ws)
+    g = torch.Generator().manual_seed(99)
+    for b in buffers:
+        for t in b.own.values():
+            if t.is_floating_point():
+                t.fill_(float("nan"))
+            else:
+                t.copy_(torch.randint(-(2**30), 2**30, t.shape, generator=g, dtype=t.dtype))
+    return buffers
+
+
 @pytest.mark.parametrize("ws", [2, 4])
 def test_peer_exchange_matches_the_reference(ws: int) -> None:
     """The exchange through peer buffers (step by step, ranks in turn) on uneven, capacity-limited and starved
-    routings, different token counts per rank, and a second call on the same buffers (stale rows must not
-    count); float64 torch path."""
-    from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
-
+    routings, different token counts per rank (a rank with none), non-contiguous tokens, and calls one after
+    another on buffers that start as garbage (NaN rows, random meta: stale rows must not count); float64 torch
+    path."""
     owner = torch.arange(E) // (E // ws)
-    shapes = PeerExchange.shapes(ws, TOP_K, 40, H, torch.float64)
-    buffers = PeerBuffers.local(shapes, ws)
+    buffers = _poisoned_buffers(ws, 40, torch.float64)
     for name, bias, tokens, cf in (
         ("uneven", 1.5 * (owner == 0).double(), [40, 17, 33, 1][:ws], None),
         ("capacity", torch.zeros(E, dtype=torch.float64), [40] * ws, 0.5),
         ("starved last rank", -20.0 * (owner == ws - 1).double(), [40, 8, 40, 25][:ws], None),
+        ("a rank without tokens", torch.zeros(E, dtype=torch.float64), [0, 30, 7, 40][:ws], None),
     ):
         router, w_gate_up, w_down = _weights(seed=11)
         router[:, 0] = bias
         shards = [_tokens(500 + r, t) for r, t in enumerate(tokens)]
+        if name == "capacity":  # every other column of a wider tensor
+            shards = [torch.stack([x, -x], 2).reshape(x.shape[0], -1)[:, ::2] for x in shards]
+            assert shards[0].stride(1) == 2
         outs = _simulate_peer_exchange(ws, shards, (router, w_gate_up, w_down), 40, False, cf, buffers)
         for r, (x, out) in enumerate(zip(shards, outs, strict=True)):
             ref = moe_reference(x, router, w_gate_up, w_down, TOP_K, cf)
@@ -244,13 +266,53 @@ def test_peer_exchange_matches_the_reference(ws: int) -> None:
 @pytest.mark.parametrize("impl", ["triton", "grouped"])
 def test_peer_exchange_triton_kernels(impl: str) -> None:
     """The same through the Triton kernels (address-table stores, combine) on the interpreter, float32, 2 ranks,
-    the experts by either of fused_moe's paths over the receive buffer (rows past the received ones: no expert)."""
+    two calls on garbage-filled buffers, one with non-contiguous tokens; the experts by either of fused_moe's
+    paths over the receive buffer (rows past the received ones: no expert)."""
     weights = tuple(w.float() for w in _weights(seed=12))
-    shards = [_tokens(600 + r, t, torch.float32) for r, t in enumerate([12, 5])]
-    outs = _simulate_peer_exchange(2, shards, weights, 12, True, impl=impl)
-    for x, out in zip(shards, outs, strict=True):
-        ref = moe_reference(x.double(), *(w.double() for w in weights), TOP_K)
-        torch.testing.assert_close(out.double(), ref, **F32_TOL)
+    buffers = _poisoned_buffers(2, 12, torch.float32)
+    for call, tokens in enumerate(([12, 5], [3, 12])):
+        shards = [_tokens(600 + 10 * call + r, t, torch.float32) for r, t in enumerate(tokens)]
+        if call == 1:
+            shards = [torch.stack([x, -x], 2).reshape(x.shape[0], -1)[:, ::2] for x in shards]
+        outs = _simulate_peer_exchange(2, shards, weights, 12, True, buffers=buffers, impl=impl)
+        for x, out in zip(shards, outs, strict=True):
+            ref = moe_reference(x.double(), *(w.double() for w in weights), TOP_K)
+            torch.testing.assert_close(out.double(), ref, **F32_TOL)
+
+
+def test_run_peer_exchange_with_ranks_as_threads() -> None:
+    """EPMoE's own driver of the four steps (`run_peer_exchange`), each rank a thread whose barrier waits for the
+    others, on the torch path (float64): what the GPUs run, in order, with real waits."""
+    import dataclasses
+    import threading
+
+    from dlblas_compiler.library.ep_moe import run_peer_exchange
+    from dlblas_compiler.library.moe_gemm import fused_moe_reference
+    from dlblas_compiler.library.peer_exchange import PeerExchange
+
+    ws, tokens = 4, [16, 0, 9, 16]
+    router, w_gate_up, w_down = _weights(seed=13)
+    wait = threading.Barrier(ws).wait
+    buffers = [dataclasses.replace(b, barrier=lambda: wait(timeout=60)) for b in _poisoned_buffers(ws, 16,
+                                                                                                  torch.float64)]
+    shards = [_tokens(700 + r, t) for r, t in enumerate(tokens)]
+    outs: list = [None] * ws
+    part = E // ws
+
+    def rank(r: int) -> None:
+        route = topk_gating_reference(router_logits(shards[r], router), TOP_K)
+        mine = slice(r * part, (r + 1) * part)
+        experts = lambda rows, ids, w: fused_moe_reference(rows, w_gate_up[mine], w_down[mine], ids, w)  # noqa: E731
+        ex = PeerExchange(buffers[r], E, TOP_K, 16)
+        outs[r] = run_peer_exchange(ex, shards[r], route.ids, route.weights, experts, False)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(ws)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for r, x in enumerate(shards):
+        torch.testing.assert_close(outs[r], moe_reference(x, router, w_gate_up, w_down, TOP_K), **F64_TOL)
 
 
 def test_peer_exchange_refuses_more_tokens_than_its_room() -> None:
@@ -264,6 +326,10 @@ def test_peer_exchange_refuses_more_tokens_than_its_room() -> None:
             _tokens(1, 3), torch.zeros(3, TOP_K, dtype=torch.long), torch.ones(3, TOP_K), False, None)
     with pytest.raises(ValueError, match="give one"):
         EPMoE(*_weights(seed=8), TOP_K, peer_tokens=4, padded_tokens=4)
+    with pytest.raises(ValueError, match="peer_tokens must be a positive int"):
+        EPMoE(*_weights(seed=8), TOP_K, peer_tokens=True)
+    with pytest.raises(ValueError, match="reference backend"):
+        EPMoE(*_weights(seed=8), TOP_K, peer_tokens=4, cuda_graphs=True, backend="reference")
 
 
 def _gpu_worker(rank: int, ws: int, init_file: str) -> None:

@@ -108,6 +108,28 @@ def test_grouped_and_triton_agree(grouped_calls):
     assert rel_err(grouped, reference(*args)) <= TOL[torch.float32]
 
 
+@pytest.mark.parametrize("impl", ["grouped", "triton"])
+def test_strided_tokens_and_weights(impl):
+    """x every other column of a wider tensor, the routing weights a column slice of a wider [T, 2k]: both paths
+    read them by their strides."""
+    x, w_gate_up, w_down, ids, weights = moe_inputs(19, 32, 48, 4, 2, torch.float32, range(4), dropped=3)
+    wide_x = torch.stack([x, torch.full_like(x, float("nan"))], 2).reshape(19, -1)
+    wide_w = torch.cat([weights, torch.full_like(weights, float("nan"))], 1)
+    out = fused_moe(wide_x[:, ::2], w_gate_up, w_down, ids, wide_w[:, :2], config={"IMPL": impl})
+    assert rel_err(out, reference(x, w_gate_up, w_down, ids, weights)) <= TOL[torch.float32]
+
+
+def test_tiles_without_impl_choose_the_triton_path(monkeypatch, grouped_calls):
+    """A config of tiles and no IMPL where the default would be grouped: the tiles are the triton path's."""
+    monkeypatch.setattr(moe_gemm, "grouped_mm_fast", lambda dtype, device: True)
+    monkeypatch.setattr(moe_gemm, "GROUPED_MIN_ROWS", 1)
+    x, w_gate_up, w_down, ids, weights = moe_inputs(8, 32, 48, 4, 2, torch.float32, range(4))
+    fused_moe(x, w_gate_up, w_down, ids, weights)
+    assert len(grouped_calls) == 2  # the default here: grouped
+    fused_moe(x, w_gate_up, w_down, ids, weights, config={"BLOCK_M": 16})
+    assert len(grouped_calls) == 2
+
+
 def test_default_impl(monkeypatch):
     # on CPU (and wherever grouped_mm_fast says no) the default is always triton
     assert default_config(8 * 4096, 8, torch.bfloat16, "cpu")["IMPL"] == "triton"
