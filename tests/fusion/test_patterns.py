@@ -26,10 +26,10 @@ def missing_attr(x, w, b, W, bias, layer_norm_eps):  # no gelu_approximate: cann
 
 
 class Block(nn.Module):
-    def __init__(self, bias: bool):
+    def __init__(self, bias: bool, hidden: int = 32):
         super().__init__()
-        self.ln = nn.LayerNorm(32)
-        self.proj = nn.Linear(32, 64, bias=bias)
+        self.ln = nn.LayerNorm(hidden)
+        self.proj = nn.Linear(hidden, 64, bias=bias)
 
     def forward(self, x):
         return F.gelu(self.proj(self.ln(x)))
@@ -78,6 +78,20 @@ def test_layernorm_linear_gelu_lowers_to_one_generated_gemm_kernel(pattern, bias
         model = model.to(torch.bfloat16)
         out, eager = dc.compile(model, backend="interpret")(x.bfloat16()), model(x.bfloat16())
     assert rel_error(out, ref) <= 1.05 * rel_error(eager, ref) + 1e-6
+
+
+@pytest.mark.parametrize("pattern_name", ["gemm", None], ids=["ln-prologue", "ln-row-kernel"])
+def test_constant_rows_normalize_to_the_bias_exactly(pattern, pattern_name):
+    """Rows whose values are all equal (here an expanded input) have deviations of exactly 0, as in eager: both
+    LayerNorm kernels (the GEMM's prologue pass and the row kernel) shift the mean by the row's first element,
+    where sum / n alone leaves an ulp that the rsqrt of a zero variance magnifies ~300x."""
+    if pattern_name:
+        pattern(pattern_name)
+    model = Block(True, hidden=18).eval()  # 18: a sum of equal values rounds (of 32 it would not)
+    x = (torch.randn(9, 1) * 3 + 0.7).expand(9, 18)
+    with torch.no_grad():
+        out, eager = dc.compile(model, backend="interpret")(x), model(x)
+    torch.testing.assert_close(out, eager, rtol=1e-6, atol=1e-6)
 
 
 def test_a_pattern_without_the_bias_does_not_match_a_linear_with_one():
