@@ -132,6 +132,8 @@ def output_guard(module: ModuleOp, imported) -> OutputGuard:
     for i, (v, r) in enumerate(zip(values, roots)):
         eager = imported.eager_aliases[i] if i < len(imported.eager_aliases) else None
         eager = eager or frozenset()
+        if i < len(imported.contiguous) and imported.contiguous[i]:
+            guard.contiguous.append(i)  # (after a kept weight's copy too: a clone keeps a view's strides)
         if ("const",) in r:
             guard.copies.append(i)
             continue
@@ -145,8 +147,6 @@ def output_guard(module: ModuleOp, imported) -> OutputGuard:
             guard.checks.append((i, against))
         if not eager and r - {("fresh", v)}:
             guard.dense.append(i)
-        if i < len(imported.contiguous) and imported.contiguous[i]:
-            guard.contiguous.append(i)
     return guard
 
 
