@@ -262,12 +262,12 @@ class RowEmitter:
             names[op.normed] = _scale(w, names, op, normed, op.sum, names[op.weight] if op.weight else None, op.normed)
         elif isinstance(op, LayerNormOp):
             x = names[op.input]
-            # the mean shifted by the row's first element: a constant row's deviations are then exactly 0, as
-            # eager's are (sum / n alone leaves an ulp, which the rsqrt of a zero variance turns into ~1e-5)
-            x0 = names.fresh("x0")
-            w(f"{x0} = tl.sum(tl.where(cols[None, :] == 0, {x}, 0.0), axis=1)[:, None]")
+            # the mean, then one correction step (the mean of the deviations from it): a constant row's deviations
+            # are then exactly 0, as eager's are on an expanded input (sum / n alone can leave an ulp, which the
+            # rsqrt of a zero variance turns into ~1e-5)
+            first = _reduce(w, names, "mean", x, n)
             mu = names.fresh("mu")
-            w(f"{mu} = {x0} + {_reduce(w, names, 'mean', f'{x} - {x0}', n)}")
+            w(f"{mu} = {first} + {_reduce(w, names, 'mean', f'{x} - {first}', n)}")
             xc = names.fresh("xc")
             w(f"{xc} = tl.where(mask, {x} - {mu}, 0.0)")
             var = _reduce(w, names, "mean", f"{xc} * {xc}", n)

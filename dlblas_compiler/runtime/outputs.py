@@ -83,8 +83,9 @@ class OutputGuard:
 
     def __call__(self, inputs: list, params: dict[str, torch.Tensor], outs: tuple) -> tuple:
         outs = list(outs)
-        for i in self.copies:
-            outs[i] = outs[i].clone()
+        for i in self.copies:  # (contiguous at once where eager's output is: one copy, not two)
+            outs[i] = outs[i].clone(memory_format=torch.contiguous_format if i in self.contiguous else
+                                    torch.preserve_format)
         for i, against in self.checks:
             o = outs[i]
             for kind, key in against:

@@ -1059,8 +1059,10 @@ def check(spec: dict, backends: list[str]) -> list[Outcome] | None:
     eager = leaves(eager_out)
     if any(_nonfinite_diff(e, t) for e, t in zip(eager, truth)):
         return None  # eager overflows (or loses a NaN) in the dtype where float64 does not
+    copies: dict[int, torch.Tensor] = {}  # one copy per tensor: an input passed twice stays one tensor
+    contiguous = [copies.setdefault(id(t), t.contiguous()) for t in make_inputs(spec, dtype)]
     with torch.no_grad():  # eager on contiguous copies of the inputs: torch's own rounding can depend on the layout
-        eager_c = leaves(model(*[t.contiguous() for t in make_inputs(spec, dtype)]))
+        eager_c = leaves(model(*contiguous))
     tol = ULPS[dtype] * torch.finfo(dtype).eps
     bounds = [tol * scale + 4 * max(_max_err(e, t), _max_err(c, t)) for e, c, t in zip(eager, eager_c, truth)]
     return [_check_backend(spec, b, model, eager_out, eager_xs, truth, bounds) for b in backends]
@@ -1176,7 +1178,8 @@ def shrink(spec: dict, failure: Outcome, backends: list[str], budget: int = 200)
             tries += 1
             try:
                 out = first_failure(cand, [failure.backend])
-            except RuntimeError:  # eager itself cannot run the candidate (a shape rule valid() does not know)
+            except RuntimeError as e:  # eager itself cannot run the candidate (a shape rule valid() does not know)
+                print(f"shrink: candidate skipped, eager raised {type(e).__name__}: {str(e)[:120]}", flush=True)
                 continue
             if out is not None and out.failure == failure.failure:
                 spec, improved = cand, True

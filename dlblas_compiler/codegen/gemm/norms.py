@@ -65,15 +65,16 @@ def row_norm(x_ptr, w_ptr, y_ptr, M, K, eps, offset, HAS_W: tl.constexpr, SCALE_
 def row_layer_norm(x_ptr, w_ptr, b_ptr, y_ptr, M, K, eps, K_BLOCK: tl.constexpr, ROWS: tl.constexpr,
                    ONE_PASS: tl.constexpr):
     """y = F.layer_norm(x, weight, bias) (statistics, scaling and shift in fp32, one rounding to y's dtype): the A
-    operand of a GEMM with a LayerNorm prologue. ONE_PASS (K <= K_BLOCK): x is read once. The mean is shifted by
-    each row's first element, so that a constant row's deviations are exactly 0, as eager's are."""
+    operand of a GEMM with a LayerNorm prologue. ONE_PASS (K <= K_BLOCK): x is read once. The mean gets one
+    correction step (the mean of the deviations from it), so that a constant row's deviations are exactly 0, as
+    eager's are on an expanded input."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, K_BLOCK)
-    x0 = tl.load(x_ptr + rows.to(tl.int64) * K, mask=rows < M, other=0.0).to(tl.float32)
     if ONE_PASS:
         whole = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
                         mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
-        mean = x0 + tl.sum(tl.where((cols < K)[None, :], whole - x0[:, None], 0.0), axis=1) / K
+        mean = tl.sum(whole, axis=1) / K
+        mean += tl.sum(tl.where((cols < K)[None, :], whole - mean[:, None], 0.0), axis=1) / K
         dev = tl.where((cols < K)[None, :], whole - mean[:, None], 0.0)
         var = tl.sum(dev * dev, axis=1) / K
     else:
@@ -81,16 +82,19 @@ def row_layer_norm(x_ptr, w_ptr, b_ptr, y_ptr, M, K, eps, K_BLOCK: tl.constexpr,
         acc = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
         for k0 in range(0, K, K_BLOCK):
             mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
-            v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
-            acc += tl.where(mask, v - x0[:, None], 0.0)
-        mean = x0 + tl.sum(acc, axis=1) / K
+            acc += tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(acc, axis=1) / K
         acc = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
-        for k0 in range(0, K, K_BLOCK):  # the variance from the deviations (no cancellation)
+        acc2 = tl.zeros((ROWS, K_BLOCK), dtype=tl.float32)
+        for k0 in range(0, K, K_BLOCK):  # the deviations: the mean's correction and the variance (no cancellation)
             mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
             v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
             d = tl.where(mask, v - mean[:, None], 0.0)
-            acc += d * d
-        var = tl.sum(acc, axis=1) / K
+            acc += d
+            acc2 += d * d
+        shift = tl.sum(acc, axis=1) / K
+        mean += shift
+        var = tl.maximum(tl.sum(acc2, axis=1) / K - shift * shift, 0.0)
     rstd = tl.rsqrt(var + eps)
     for k0 in range(0, K, K_BLOCK):
         mask = (rows < M)[:, None] & (k0 + cols < K)[None, :]
