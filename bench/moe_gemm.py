@@ -37,6 +37,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ep_moe import LAYERS, SMOKE_LAYERS  # noqa: E402  (the same two layers as the expert-parallel bench)
+
 from dlblas_compiler.library.moe_gemm import (  # noqa: E402
     SPACE,
     default_config,
@@ -45,14 +47,6 @@ from dlblas_compiler.library.moe_gemm import (  # noqa: E402
     grouped_unsupported,
 )
 
-LAYERS = {
-    "mixtral": {"E": 8, "H": 4096, "I": 14336, "k": 2},
-    "deepseek": {"E": 64, "H": 2048, "I": 1408, "k": 6},
-}
-SMOKE_LAYERS = {
-    "mixtral": {"E": 8, "H": 64, "I": 96, "k": 2},
-    "deepseek": {"E": 16, "H": 32, "I": 24, "k": 4},
-}
 TOKENS, SMOKE_TOKENS = (4096, 128), (64, 8)
 # the sweep moves one parameter at a time, in this order (both GEMMs' tiles first)
 SWEEP_ORDER = ("BLOCK_M", "BLOCK_N", "DOWN_BLOCK_N", "BLOCK_K", "DOWN_BLOCK_K", "num_stages", "DOWN_num_stages",

@@ -24,18 +24,6 @@ GROUPED = {"IMPL": "grouped"}
 
 
 @pytest.fixture
-def poisoned(monkeypatch):
-    """torch.empty / empty_like return NaN-filled floats: an element left unwritten and then read shows up."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan") if t.is_floating_point() else -7777)
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
-
-
-@pytest.fixture
 def grouped_calls(monkeypatch):
     """Counts the calls of torch._grouped_mm (so a test knows which path ran)."""
     calls, real = [], torch._grouped_mm

@@ -32,15 +32,9 @@ DTYPES = [torch.float32, torch.float16]
 
 
 @pytest.fixture(autouse=True)
-def strict_and_poisoned(monkeypatch):
-    """torch.empty / empty_like return NaN-filled tensors; compiler fallback warnings are errors."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan") if t.is_floating_point() else -7777)
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
+def strict_and_poisoned(poisoned):
+    """torch.empty / empty_like return NaN-filled tensors (conftest's `poisoned`); compiler fallback warnings are
+    errors."""
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="dlblas_compiler")
         yield
