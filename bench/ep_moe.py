@@ -23,7 +23,8 @@ Variants: 1 GPU: "torch loop" (moe_reference in bf16: router + loop over experts
 rank: topk_gating + fused_moe) and, if asked for, "fused_moe+graph" (the same replayed from a CUDA graph);
 several GPUs: "ep" (EPMoE, overlap off), "ep+overlap" (two chunks) and
 "ep+padded" (padded_tokens = the tokens per rank: fixed blocks, no wait for the host), "ep+peer" (peer_tokens: rows
-written into the other GPUs' memory, counts exchanged there, no NCCL, no wait for the host); "+graph": the same
+written into the other GPUs' memory, counts exchanged there, no NCCL, no wait for the host), "ep+peer+overlap" (the
+same in two halves, a second stream moving one half while the other's experts run); "+graph": the same
 replayed from a CUDA graph (cuda_graphs=True; no phase split: the timings need events between the phases).
 """
 
@@ -132,6 +133,8 @@ def _layer_rows(name: str, shape: dict[str, int], args: argparse.Namespace, devi
             ("ep+padded+graph", {"padded_tokens": args.tokens, "cuda_graphs": True}),
             ("ep+peer", {"peer_tokens": args.tokens}),
             ("ep+peer+graph", {"peer_tokens": args.tokens, "cuda_graphs": True}),
+            ("ep+peer+overlap", {"peer_tokens": args.tokens, "overlap": True}),
+            ("ep+peer+overlap+graph", {"peer_tokens": args.tokens, "overlap": True, "cuda_graphs": True}),
         ):
             if label in args.variants and ("peer" not in label and "graph" not in label or cuda):
                 layer = EPMoE(*weights, shape["k"], **kw)

@@ -25,13 +25,14 @@ that rank returns one weighted sum of their outputs.
 With overlap, the pairs are split by the half of the tokens they come from: both halves' dispatches are issued
 asynchronously at once, so the second half's proceeds while the first half computes, and the first half's combine
 while the second half computes. Ranks vote for overlap in the counts exchange and split only if all of them do,
-so ranks with different token counts agree (off by default: see EPMoE). Inference only: no autograd through the
-exchange.
+so ranks with different token counts agree (off by default: see EPMoE). The peer exchange overlaps its own way
+(`run_peer_exchange_overlapped`). Inference only: no autograd through the exchange.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -180,6 +181,78 @@ def run_peer_exchange(
     return out
 
 
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}  # the overlapped peer exchange's second stream, by device
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    if device.type != "cuda":
+        return None
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
+
+
+def run_peer_exchange_overlapped(
+    halves: tuple[PeerExchange, PeerExchange], x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+    experts: Callable, use_triton: bool, timer: _PhaseTimer | None = None,
+) -> torch.Tensor:
+    """One call with its tokens in two halves, each through its own peer buffers (`halves`; see peer_exchange's
+    docstring): on CUDA a second stream dispatches both halves and returns each half's partial sums while this
+    stream runs the experts, first half then second. The order is the same on every rank (ranks with fewer
+    tokens have smaller halves, maybe empty ones); on a CPU the steps run in that order on one thread."""
+    lap = timer.lap if timer is not None else (lambda _phase: None)
+    T = x.shape[0]
+    cut = (T + 1) // 2
+    parts = (slice(0, cut), slice(cut, T))
+    main = torch.cuda.current_stream(x.device) if x.is_cuda else None
+    side = _side_stream(x.device)
+
+    def on_side():
+        return torch.cuda.stream(side) if side is not None else _nothing()
+
+    def signal() -> torch.cuda.Event | None:
+        return torch.cuda.current_stream(x.device).record_event() if x.is_cuda else None
+
+    if side is not None:
+        side.wait_stream(main)  # (the route; and the previous call's reads of every buffer, on this rank)
+    dispatched, positions = [], []
+    with on_side():
+        for ex, part in zip(halves, parts, strict=True):
+            sends = ex.send_counts(ids[part], use_triton)
+            ex.buffers.barrier()
+            positions.append(ex.send_rows(x[part], weights[part], sends, use_triton))
+            ex.buffers.barrier()
+            dispatched.append(signal())
+    lap("dispatch")
+    computed = []  # (what this stream made and the side stream reads: alive until the streams join)
+    for ex, ready in zip(halves, dispatched, strict=True):
+        if ready is not None:
+            main.wait_event(ready)
+        computed.append((ex.compute(experts), signal()))
+    lap("compute")
+    with on_side():
+        for ex, (done, ready) in zip(halves, computed, strict=True):
+            if ready is not None:
+                side.wait_event(ready)
+            ex.send_back(done, use_triton)
+            ex.buffers.barrier()
+    if side is not None:
+        main.wait_stream(side)
+    outs = [combine(ex.buffers.own["back"], pos, torch.ones(pos.shape, device=x.device), use_triton)
+            for ex, pos in zip(halves, positions, strict=True)]  # fmt: skip
+    out = torch.cat(outs)
+    lap("combine")
+    return out
+
+
+class _nothing:  # (on a CPU: no second stream)
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
 def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
     """(world size, rank) of the group; (1, 0) with no group and torch.distributed not initialized."""
     if group is None and not (dist.is_available() and dist.is_initialized()):
@@ -203,7 +276,10 @@ class EPMoE(nn.Module):
     host per call) or the most tokens any rank passes in one call, the same on every rank: fixed blocks of
     padded_tokens * top_k rows per pair of ranks, no wait for the host (overlap is then ignored). peer_tokens:
     None (default) or, likewise, the most tokens any rank passes: the exchange through the GPUs' memory
-    (`peer_exchange`; CUDA tensors on one stream; overlap is ignored). Its buffers are allocated on the first
+    (`peer_exchange`; CUDA tensors, every call on the same stream). With overlap (True, or "auto" from
+    peer_tokens >= OVERLAP_MIN_TOKENS: decided from the arguments, so every rank agrees without a vote) each
+    call runs in two halves, a second stream moving one half's rows while the other half's experts run
+    (`run_peer_exchange_overlapped`), each half with buffers of half the room. Its buffers are allocated on the first
     call of each dtype (a collective) and shared by every EPMoE of the process with the same group, sizes and
     dtype (layers run one after another, so one set serves them all); they hold room for every rank's tokens
     at one rank, ~2 * ws * peer_tokens * H elements. cuda_graphs: replay calls on CUDA from a graph per input
@@ -408,20 +484,31 @@ class EPMoE(nn.Module):
         """The exchange through the GPUs' memory (peer_tokens set; see peer_exchange's docstring)."""
         if not x.is_cuda:
             raise ValueError("EPMoE: peer_tokens needs CUDA tensors (symmetric memory); use padded_tokens on CPU")
+        if x.shape[0] > self.peer_tokens:
+            raise ValueError(f"EPMoE: {x.shape[0]} tokens on rank {self.rank} exceed peer_tokens={self.peer_tokens}")
+        halves = self._peer_overlap()
+        tokens = (self.peer_tokens + 1) // 2 if halves else self.peer_tokens  # (the most a half holds)
         if x.dtype not in self._peers:  # the buffers of another dtype stay: graphs captured with them replay them
-            shapes = PeerExchange.shapes(self.world_size, self.top_k, self.peer_tokens, x.shape[1], x.dtype)
-            buffers = PeerBuffers.symmetric(shapes, self.group, x.device)
-            self._peers[x.dtype] = PeerExchange(buffers, self.num_experts, self.top_k, self.peer_tokens)
-        return run_peer_exchange(self._peers[x.dtype], x, ids, weights, self._experts_on_rows(use_triton), use_triton,
-                                 timer)
+            shapes = PeerExchange.shapes(self.world_size, self.top_k, tokens, x.shape[1], x.dtype)
+            self._peers[x.dtype] = tuple(
+                PeerExchange(PeerBuffers.symmetric(shapes, self.group, x.device, slot), self.num_experts, self.top_k,
+                             tokens) for slot in range(2 if halves else 1))  # fmt: skip
+        exchanges, experts = self._peers[x.dtype], self._experts_on_rows(use_triton, tokens)
+        if halves:
+            return run_peer_exchange_overlapped(exchanges, x, ids, weights, experts, use_triton, timer)
+        return run_peer_exchange(exchanges[0], x, ids, weights, experts, use_triton, timer)
 
-    def _experts_on_rows(self, use_triton: bool):
+    def _peer_overlap(self) -> bool:
+        """Whether the peer exchange splits calls in two halves (the same decision on every rank: from the
+        layer's arguments, not from this call's tokens)."""
+        return self.overlap is True or (self.overlap == "auto" and self.peer_tokens >= OVERLAP_MIN_TOKENS)
+
+    def _experts_on_rows(self, use_triton: bool, tokens: int):
         """experts(rows [n, H], local expert ids [n, k] (-1: none), weights [n, k]) -> [n, H]: fused_moe (or the
         loop over experts) on this rank's experts. The receive buffer has room for ws times the rows a rank
-        receives on average, so fused_moe's tiles are chosen for that average (peer_tokens * k pairs), not for
-        the buffer's size."""
-        config = default_config(self.peer_tokens * self.top_k, self.local_experts, self.w_down.dtype,
-                                 self.w_down.device)
+        receives on average, so fused_moe's tiles are chosen for that average (`tokens` * k pairs, the most
+        tokens a rank sends in one exchange), not for the buffer's size."""
+        config = default_config(tokens * self.top_k, self.local_experts, self.w_down.dtype, self.w_down.device)
 
         def experts(rows: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
             if not use_triton:

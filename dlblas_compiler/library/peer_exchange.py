@@ -29,6 +29,12 @@ waits for the host, so the exchange can be captured in a CUDA graph (the torch p
 by masks, which waits). The price: `recv` has room for the worst case (every rank's tokens to one rank), and
 the experts run over all of its rows (those past the received ones have no expert and exit at once).
 
+Overlapped (EPMoE's `overlap` with `peer_tokens`; `run_peer_exchange_overlapped`), a call splits its tokens in two
+halves, each with its own set of buffers (a `slot`: room for half the tokens, its own barrier channel). A second
+stream moves the halves (steps 1-2 of each, then each half's partial sums back) while the call's stream runs the
+experts: the second half's rows travel while the first half's experts run, and the first half's sums travel
+while the second half's experts run. Each set keeps the three barriers of one call, so reuse stays safe.
+
 `PeerBuffers` hides where the buffers live: `symmetric` (CUDA symmetric memory over a process group) or `local`
 (all ranks' buffers in one process, for tests that run the ranks' steps in turn on a CPU).
 """
@@ -80,20 +86,25 @@ class PeerBuffers:
     barrier: Callable[[], None]
 
     @staticmethod
-    def symmetric(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], group, device: torch.device) -> PeerBuffers:
+    def symmetric(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], group, device: torch.device,
+                  slot: int = 0) -> PeerBuffers:
         """CUDA symmetric memory over `group` (a collective: every rank calls it with the same shapes). One set
-        per (group, device, shapes) in a process: exchanges that run one after another on a stream (the layers of
-        a model) share it, with the same barriers that make one exchange's consecutive calls safe."""
+        per (group, device, shapes, slot) in a process: exchanges that run one after another on a stream (the
+        layers of a model) share it, with the same barriers that make one exchange's consecutive calls safe.
+        Exchanges in flight at the same time (the two halves of an overlapped call) take different slots: their
+        own buffers, and their own barrier channel."""
         import torch.distributed as dist
 
         group = group or dist.group.WORLD
-        key = (group.group_name, str(device), tuple((n, tuple(shape), dtype) for n, (shape, dtype) in shapes.items()))
+        key = (group.group_name, str(device), tuple((n, tuple(shape), dtype) for n, (shape, dtype) in shapes.items()),
+               slot)  # fmt: skip
         if key not in _SHARED:
-            _SHARED[key] = PeerBuffers._allocate(shapes, group, device)
+            _SHARED[key] = PeerBuffers._allocate(shapes, group, device, slot)
         return _SHARED[key]
 
     @staticmethod
-    def _allocate(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], group, device: torch.device) -> PeerBuffers:
+    def _allocate(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], group, device: torch.device,
+                  channel: int) -> PeerBuffers:
         import torch.distributed._symmetric_memory as symm_mem
 
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
@@ -114,7 +125,7 @@ class PeerBuffers:
             offset = (own[name].data_ptr() - handles[name].buffer_ptrs[handles[name].rank]) // own[name].element_size()
             return handles[name].get_buffer(r, own[name].shape, own[name].dtype, offset)
 
-        return PeerBuffers(first.rank, first.world_size, own, tables, peer, lambda: first.barrier(channel=0))
+        return PeerBuffers(first.rank, first.world_size, own, tables, peer, lambda: first.barrier(channel=channel))
 
     @staticmethod
     def local(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], world_size: int,
@@ -212,8 +223,12 @@ class PeerExchange:
                            -1).to(torch.int32)
 
     def compute_and_return(self, experts: Callable, use_triton: bool) -> None:
-        """Step 3: this rank's experts over the received rows, each row's results summed with its weights, and
-        that partial sum written into its sender's `back` (row rank * max_tokens + token)."""
+        """Step 3: `compute`, then `send_back`."""
+        self.send_back(self.compute(experts), use_triton)
+
+    def compute(self, experts: Callable) -> _Computed:
+        """Step 3's first half: this rank's experts over the received rows, each row's results summed with its
+        weights; and where each partial sum goes."""
         b, k = self.buffers, self.top_k
         starts = self._token_starts()[:, b.rank].contiguous()  # where each source's rows start here
         total = self.buffers.own["counts"][:, b.rank].sum()
@@ -225,4 +240,19 @@ class PeerExchange:
         out = experts(recv, ids, weights)
         source = torch.searchsorted(starts, row, right=True) - 1
         back_pos = torch.where(valid, b.rank * self.max_tokens + meta[:, 2 * k].long(), -1)
-        b.put_rows("back", out, row, source, back_pos, use_triton)
+        return _Computed(out, row, source, back_pos)
+
+    def send_back(self, done: _Computed, use_triton: bool) -> None:
+        """Step 3's second half: each partial sum into its sender's `back` (row rank * max_tokens + token)."""
+        self.buffers.put_rows("back", done.out, done.row, done.source, done.back_pos, use_triton)
+
+
+@dataclass
+class _Computed:
+    """`PeerExchange.compute`'s result: the partial sums [rows, H] and, per row, its sender and row there (-1:
+    a row past the received ones)."""
+
+    out: torch.Tensor
+    row: torch.Tensor
+    source: torch.Tensor
+    back_pos: torch.Tensor

@@ -315,6 +315,55 @@ def test_run_peer_exchange_with_ranks_as_threads() -> None:
         torch.testing.assert_close(outs[r], moe_reference(x, router, w_gate_up, w_down, TOP_K), **F64_TOL)
 
 
+@pytest.mark.parametrize("tokens", [[16, 0, 9, 16], [1, 15, 2, 7]])
+def test_overlapped_peer_exchange_with_ranks_as_threads(tokens: list[int]) -> None:
+    """The overlapped driver (`run_peer_exchange_overlapped`): two halves, each through its own garbage-filled
+    buffers with half the room and its own barrier (a thread barrier per set), ranks as threads, three calls in
+    a row with new tokens (the halves' buffers reused), ranks with no tokens, one token (an empty second half)
+    and odd counts; float64 torch path against the reference."""
+    import dataclasses
+    import threading
+
+    from dlblas_compiler.library.ep_moe import run_peer_exchange_overlapped
+    from dlblas_compiler.library.moe_gemm import fused_moe_reference
+    from dlblas_compiler.library.peer_exchange import PeerExchange
+
+    ws, room = 4, 8
+    router, w_gate_up, w_down = _weights(seed=14)
+    sets = []
+    for _ in range(2):
+        wait = threading.Barrier(ws).wait
+        sets.append([dataclasses.replace(b, barrier=lambda wait=wait: wait(timeout=60))
+                     for b in _poisoned_buffers(ws, room, torch.float64)])  # fmt: skip
+    part = E // ws
+    outs: dict = {}
+    failures: list = []
+
+    def rank(r: int) -> None:
+        try:
+            mine = slice(r * part, (r + 1) * part)
+            experts = lambda rows, ids, w: fused_moe_reference(rows, w_gate_up[mine], w_down[mine], ids, w)  # noqa: E731
+            halves = tuple(PeerExchange(sets[h][r], E, TOP_K, room) for h in range(2))
+            for call in range(3):
+                x = _tokens(800 + 10 * call + r, tokens[(r + call) % ws])
+                route = topk_gating_reference(router_logits(x, router), TOP_K)
+                outs[r, call] = x, run_peer_exchange_overlapped(halves, x, route.ids, route.weights, experts, False)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            failures.append(e)
+            raise
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(ws)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+    assert len(outs) == 3 * ws
+    for (r, call), (x, out) in outs.items():
+        torch.testing.assert_close(out, moe_reference(x, router, w_gate_up, w_down, TOP_K), **F64_TOL,
+                                   msg=lambda m, r=r, call=call: f"rank {r}, call {call}: {m}")
+
+
 def test_peer_exchange_refuses_more_tokens_than_its_room() -> None:
     from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
 
@@ -359,6 +408,7 @@ def _gpu_cases(rank: int, ws: int, device: torch.device) -> None:
     w_down = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
     weights = [w.to(device, torch.bfloat16) for w in (router, w_gate_up, w_down)]
     for kw in ({"peer_tokens": 96}, {"peer_tokens": 96, "cuda_graphs": True},
+               {"peer_tokens": 96, "overlap": True}, {"peer_tokens": 96, "overlap": True, "cuda_graphs": True},
                {"padded_tokens": 96, "cuda_graphs": True}):
         layer = EPMoE(*weights, TOP_K, **kw)
         for call in range(4):  # eager, capture + replay, replays
