@@ -975,6 +975,8 @@ SECTIONS = {
     **{f"ep-moe-s17-{x}": functools.partial(ep_moe_section, f"2026-11-27-h100x4-s17-ep-moe-{x}.json")
        for x in ("a-4096", "b-128", "c-4096-graphs", "d-128-graphs", "e-probes", "f-4096-dedup", "g-128-dedup",
                  "i-4096-final", "j-128-final")},
+    **{f"ep-moe-s18-{x}": functools.partial(ep_moe_section, f"2026-11-27-h100x4-s18-ep-moe-{x}.json")
+       for x in ("a-overlap",)},
     "moe-gemm-s17": functools.partial(moe_gemm_section, "2026-11-27-h100-s17-moe-gemm.json"),
     "moe-gemm-s17-tokens": functools.partial(moe_gemm_section, "2026-11-27-h100-s17-moe-gemm-tokens.json", False),
     **{f"generation-{x}": functools.partial(generation_section, f"2026-11-26-h100-s6-generate-{x}.json")
