@@ -608,6 +608,26 @@ def quick_tuning_section() -> str:
     return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
 
 
+def whole_space_replay_section(replayed: str, parts: list[str]) -> str:
+    """bench/replay_tuning.py over an exhaustive search split into `parts` (tuning_study.py --part I/N): the
+    whole space's best against the tuner's quick search replayed over it (best / exhaustive, worst of the seeds)."""
+    doc = _load(replayed)
+    labels = ["quick", "quick, no climb", "quick, no sweep seeds", "quick, no sweep seeds, no climb",
+              "quick, default alone", "quick, default alone, no climb"]  # fmt: skip
+    out = ["| region | configs timed (failed) | exhaustive best µs | " + " | ".join(labels) + " |",
+           "|" + "---|" * (3 + len(labels))]
+    for key, v in doc.items():
+        block, idx, m = re.match(r"(\w+)\[(\d+)\] M=(\d+)", key).groups()
+        region = {0: "norm+QKV+RoPE", 2: "norm+gate/up+GLU"}.get(int(idx), f"region {idx}")
+        cells = [f"{v['policies'][lab]['worst']:.3f}" for lab in labels]
+        out.append(f"| {block.removeprefix('layer_')} {region} (M = {m}) | {v['configs']} ({v['failed']}) | "
+                   f"{v['best_us']:.1f} | " + " | ".join(cells) + " |")
+    env = _load(parts[0]).get("_run", {})
+    entries = [(name, {"gpu": env.get("card"), "torch": env.get("torch"), "triton": env.get("triton"),
+                       "date": name[:10]}, "") for name in [*parts, replayed]]  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
 # -------------------------------------------------------------------------------------- library kernels
 
 
@@ -965,6 +985,9 @@ SECTIONS = {
     "smi-s4": smi_section,
     "tuning-study": tuning_study_section,
     "quick-tuning-s16": quick_tuning_section,
+    "quick-tuning-s18": functools.partial(
+        whole_space_replay_section, "2026-11-27-h100-s18-replay-tuning-gateup.json",
+                                          [f"2026-11-27-h100-s18-tuning-study-gateup-part{i}of4.json" for i in range(4)]),
     "library-tuned": functools.partial(library_section, H200 + "library-tuned.json"),
     "library-untuned": functools.partial(library_section, H200 + "library-untuned.json",
                                          {"matmul", "apply_rotary_pos_emb", "partial_rotary_emb"}),

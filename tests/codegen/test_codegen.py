@@ -783,3 +783,16 @@ def test_gemm_seeds_only_on_the_devices_they_were_measured_on(monkeypatch):
     assert default == sm80.default() and variants and all(c["MM"] == 1 for c in variants)
     assert {c["BLOCK_M"] * c["BLOCK_N"] * 2 for c in variants} == {EPILOGUE_TILE}  # (two streams: gate, up)
     assert all(c in sm90.starts() for c in variants)
+
+
+def test_gemm_variant_starts_include_the_default_run_persistent():
+    """Above 256 rows the device-independent starts offer the default's tile in the persistent variant (the first
+    start; the space drops it where the shape has no more tiles than SMs), then the cuBLAS-product tiles."""
+    from dlblas_compiler.codegen.gemm.space import _variant_starts
+
+    default = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 8,
+               "num_stages": 3, "TMA": 1, "MM": 0, "NORM_PASS": 1, "PERSISTENT": 0}  # fmt: skip
+    first, *rest = _variant_starts(2048, 2, True, default=default)
+    assert first == {**default, "PERSISTENT": 1} and rest and all(c["MM"] == 1 for c in rest)
+    assert all(c["MM"] == 1 for c in _variant_starts(256, 2, True, default=default))  # (a few tiles: not persistent)
+    assert _variant_starts(16, 2, True, default=default) == []

@@ -70,10 +70,10 @@ def space(plan: GemmPlan) -> SearchSpace:
             "no norm weight on TMA tiles in the K loop (Triton 3.6 on H100: wrong rows that vary between runs)":
             lambda c: not (norm_w and c["TMA"] and not c["NORM_PASS"] and not c["MM"] and c["BLOCK_M"] > 1),
         },
-        default=_default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
-                                has_norm, ln),
+        default=(default := _default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0,
+                                            smem_limit // elem, has_norm, ln)),
         seeds=(_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [])
-        + _variant_starts(m, ns, has_norm, ln),
+        + _variant_starts(m, ns, has_norm, ln, default),
     )
 
 
@@ -113,18 +113,22 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
 EPILOGUE_TILE = 8192  # elements (all streams) per program of an epilogue pass over a cuBLAS product
 
 
-def _variant_starts(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dict]:
-    """Starts for the quick search on every device, from a variant's own rule rather than a sweep's table:
-    above 16 rows, the cuBLAS product (MM) with epilogue tiles of `EPILOGUE_TILE` elements over all streams (a
+def _variant_starts(m: int, ns: int, has_norm: bool, ln: bool = False, default: dict | None = None) -> list[dict]:
+    """Starts for the quick search on every device, from a variant's own rule rather than a sweep's table: above
+    256 rows, the default's tile run persistent (one program per SM looping over the tiles; 0-4% faster than the
+    same tile launched per tile on an H100 at M = 2048, bench/NOTES.md 59, and the whole space's best for
+    Qwen2.5-7B's gate/up there, NOTES 68, where no climb from another family reaches it); above 16 rows, the
+    cuBLAS product (MM) with epilogue tiles of `EPILOGUE_TILE` elements over all streams (a
     memory-bound pass over the product, as a row kernel is) in three aspect ratios, with 4 and 8 warps. MM is a
     few percent of the space and its tile parameters act only on the epilogue pass, so a joint search rarely
     reaches it, yet it was the fastest variant for Qwen2.5-7B's norm+QKV+RoPE and gate/up at M = 2048 on an H100
     (bench/NOTES.md 61; there the best gate/up tile was 128x64, twice this size, and a search from these starts
-    stopped 8.6% above it). Tiles the shape's constraints reject are skipped (`SearchSpace.starts`)."""
+    stopped 8.6% above it). Tiles the shape's constraints reject are skipped (`SearchSpace.starts`): persistence
+    needs more tiles than SMs."""
     if m <= 16:
         return []
     pas = int(ln or has_norm)
-    starts = []
+    starts = [{**default, "PERSISTENT": 1}] if default is not None and m > 256 and default["BLOCK_M"] > 1 else []
     for warps in (4, 8):
         for bn in (64, 128, 256):
             bm = min(128, max(16, EPILOGUE_TILE // (ns * bn)))
