@@ -388,7 +388,9 @@ class CompiledModule(torch.nn.Module):
                 continue
             t0 = time.perf_counter()
             try:
-                replaced, aliases, shared = family.shapes.replacements(sizes, family.moved_calls, family.program.recipe.builder.share_key)
+                builder = family.program.recipe.builder
+                replaced, aliases, shared, retyped = family.shapes.replacements(sizes, family.moved_calls,
+                                                                                builder.share_key, builder.retypes)
                 calls = moved_calls(family, family.shapes.parameter(sizes))
                 imported = dataclasses.replace(family.imported, calls={**family.imported.calls, **calls}) if calls else family.imported
                 if family.inputs is not None and (why := masks_hold(family, sizes, imported)):
@@ -410,7 +412,7 @@ class CompiledModule(torch.nn.Module):
             lowered = {} if self.options.backend == "reference" else lower_regions(regions)
             if folder:
                 dump_kernels(lowered, os.path.join(folder, "kernels"))
-            program = rebuild_program(family.program, replaced, lowered, imported, aliases, shared)
+            program = rebuild_program(family.program, replaced, lowered, imported, aliases, shared, retyped)
             program.inherit(family.choices)  # (tuned per bucket: the first compile's choices hold here)
             note = f"instantiated from the shape family of sizes {family.shapes.sizes[0]} and {family.shapes.sizes[1]}"
             spec = Specialization(family.captured, imported, family.pipeline, program, time.perf_counter() - t0,

@@ -44,6 +44,7 @@ class Replacements(NamedTuple):
     replaced: dict[Operation, Operation]  # a changed op -> its copy at the new sizes
     aliases: dict[SSAValue, SSAValue]  # a value the copies read in place of one of the IR's (its argument, or a shared op's result)
     shared: dict[Operation, Operation]  # a changed op not copied -> the op of its class whose copy's step it runs
+    retyped: tuple[Operation, ...] = ()  # changed ops not copied whose steps do not read their types (`retype`)
 
 
 # Where an integer sits: (op index in walk order, "result" | "arg" | "prop" | "attr", key, path in the attribute)
@@ -151,7 +152,8 @@ class ShapeFamily:
                 _put(new, kind, key, path, value(i, a, b))
 
     def replacements(self, sizes: tuple[int, ...], also: frozenset[Operation] = frozenset(),
-                     share: Callable[[Operation], Hashable | None] | None = None) -> Replacements:  # fmt: skip
+                     share: Callable[[Operation], Hashable | None] | None = None,
+                     retype: Callable[[Operation], bool] | None = None) -> Replacements:  # fmt: skip
         """The ops of the function body that these sizes change, each mapped to a verified copy at these sizes
         (the copies read each other's values, and the function's arguments as new values of their new types: the
         `aliases` map those to the arguments); the rest of the IR is shared with the first compile.
@@ -160,36 +162,46 @@ class ShapeFamily:
         With `share` (op -> what must match for one op's step to run another's on other values; None: never),
         an op of a class whose first changed op was copied is not copied: `shared` maps it to that op (every
         layer's copy of an op is one copy, verified and lowered once, whose step the other layers run on their
-        own values)."""
+        own values). With `retype` (op -> whether its step ignores its types: an opaque torch call), such an op is
+        not copied: the copies read its values with their types at these sizes, and `retyped` lists it (its
+        step is the first compile's, or rebuilt by the caller where its constants move)."""
         value = self._evaluator(sizes)
         ops, changed = self._changed()
         fn = next(op for op in ops if isinstance(op, func.FuncOp))
         block = fn.body.block
-        arg_types = [a.type for a in block.args]
-        for (i, kind, key, path), a, b in self._at.get(self._index[fn], ()):
-            if kind == "arg":
-                arg_types[key[2]] = _replace(arg_types[key[2]], path, value(i, a, b))
-        scratch = Block(arg_types=arg_types)  # the arguments at these sizes, for the copies to read
-        aliases: dict[SSAValue, SSAValue] = dict(zip(scratch.args, block.args))
-        mapper: dict = dict(zip(block.args, scratch.args))
+        scratch = Block()  # stand-ins for the values the copies read at these sizes (arguments, ops not copied)
+        aliases: dict[SSAValue, SSAValue] = {}
+        mapper: dict = {}
         copies: dict[Operation, Operation] = {}
         replaced: dict[Operation, Operation] = {}
         shared: dict[Operation, Operation] = {}
         first: dict[int, Operation] = {}  # class -> its first copied op
         placeholders: list[tuple[BlockArgument, Operation, int]] = []
         index = self._index
+        retyped: list[Operation] = []
+        # a value of a changed op not copied (shared, or retyped) -> (that op or its class's copied op, result index):
+        # a copy reading it reads a stand-in of its type at these sizes, made when a copy first reads it
+        elsewhere: dict[SSAValue, tuple[Operation, int, bool | None]] = {a: (fn, a.index, None) for a in block.args}
         for op in self._copied(also):
+            if retype is not None and retype(op):
+                elsewhere.update((r, (op, j, False)) for j, r in enumerate(op.results))
+                retyped.append(op)
+                continue
             cls = self.classes.get(index[op]) if share is not None and op not in also else None
             if cls is not None and (k := self._share(op, share)) is not None:
                 rep = first.get(cls)
                 if rep is not None and k == self._share(rep, share):
                     shared[op] = rep
-                    for j, r in enumerate(op.results):  # (its values, for the copies that read them: typed below)
-                        arg = scratch.insert_arg(r.type, len(scratch.args))
-                        mapper[r], aliases[arg] = arg, r
-                        placeholders.append((arg, rep, j))
+                    elsewhere.update((r, (rep, j, True)) for j, r in enumerate(op.results))
                     continue
                 first.setdefault(cls, op)
+            for v in {v for o in op.walk() for v in o.operands if v in elsewhere and v not in mapper}:
+                owner, j, is_shared = elsewhere[v]
+                t = v.type if is_shared else self._arg_type(j, value) if is_shared is None else self._result_type(owner, j, value)
+                arg = scratch.insert_arg(t, len(scratch.args))
+                mapper[v], aliases[arg] = arg, v
+                if is_shared:  # (typed once its class's copy has its sizes, below)
+                    placeholders.append((arg, owner, j))
             new = replaced[op] = op.clone(mapper)
             copies.update(zip(op.walk(), new.walk()))
         self._put_all(copies, value)
@@ -199,7 +211,24 @@ class ShapeFamily:
             _verify([new for op, new in copies.items() if self._index[op] in changed])
         except VerifyException as e:
             raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
-        return Replacements(replaced, aliases, shared)
+        return Replacements(replaced, aliases, shared, tuple(retyped))
+
+    def _arg_type(self, j: int, value) -> Attribute:
+        """The type of the function's j-th argument at the sizes `value` evaluates."""
+        fn = next(op for op in self._ops if isinstance(op, func.FuncOp))
+        t = fn.body.block.args[j].type
+        for (i, kind, key, path), a, b in self._at.get(self._index[fn], ()):
+            if kind == "arg" and key[2] == j:
+                t = _replace(t, path, value(i, a, b))
+        return t
+
+    def _result_type(self, op: Operation, j: int, value) -> Attribute:
+        """The type of `op`'s j-th result at the sizes `value` evaluates."""
+        t = op.results[j].type
+        for (i, kind, key, path), a, b in self._at.get(self._index[op], ()):
+            if kind == "result" and key == j:
+                t = _replace(t, path, value(i, a, b))
+        return t
 
     def _share(self, op: Operation, share: Callable[[Operation], Hashable | None]) -> Hashable | None:
         if op not in self._shares:

@@ -12,7 +12,6 @@ and the cause (an error under strict=True); a region over empty tensors runs its
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import logging
@@ -191,7 +190,7 @@ class Builder:
 
     def build(self) -> Program:
         block = self.fn.body.block
-        inputs = [self.slot(a) for a in block.args]
+        inputs = [self.slot(a) for a in block.args]  # (slots 0, 1, ...: `_writes` relies on it)
         self.inplace = inplace_updates(self.fn, self.imported) if self.options.backend != "reference" else {}
         steps: list[Callable] = []
         reads: list[list[SSAValue]] = []  # per step, the values it reads and makes (to drop them after their last read)
@@ -263,12 +262,19 @@ class Builder:
             return None
         return ("reference",)
 
+    @staticmethod
+    def retypes(op: Operation) -> bool:
+        """Whether `op`'s step ignores its types, so that a shape family's instance need not copy it: a torch call
+        runs its function on the values it reads (`_torch_call`), at any sizes."""
+        return isinstance(op, TorchCallOp)
+
     def rebound(self, step: Callable, op: Operation) -> Callable:
         """`step`, built for an op of `op`'s class (`share_key`), running on `op`'s values."""
         ins, outs = [self.slots[v] for v in op.operands], [self.slots[r] for r in op.results]
         if isinstance(step, RegionStep):
-            new = copy.copy(step)
-            new.ins, new.outs, new.choice = ins, outs, dataclasses.replace(step.choice, region=op.label)
+            new = _shallow(step)
+            new.ins, new.outs, new.choice = ins, outs, _shallow(step.choice)
+            new.choice.region = op.label
             new.writes = self._writes(op)
             return new
         if isinstance(step, ReferenceStep):
@@ -282,7 +288,9 @@ class Builder:
         """The region inputs its kernel writes at indexed positions, each with whether it may write the caller's
         tensor (`inplace_updates` found nothing reading its old value afterwards)."""
         found = self.inplace.get(fused, ())
-        return tuple((i, isinstance(v := fused.inputs[i], BlockArgument) and v.index in found)
+        # (function argument j has slot j, `build`; a shape family's instance reads it through a stand-in of
+        # another block, `rebuild_program`, given the same slot)
+        return tuple((i, isinstance(v := fused.inputs[i], BlockArgument) and self.slots.get(v) in found)
                      for i, _ in region_writes(fused))  # fmt: skip
 
     def _moves(self) -> tuple[tuple[int, torch.device], ...]:
@@ -405,11 +413,14 @@ class Recipe:
 
 def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowered: dict[FusedOp, Lowered],
                     imported, aliases: dict[SSAValue, SSAValue] | None = None,
-                    shared: dict[Operation, Operation] | None = None) -> Program:  # fmt: skip
+                    shared: dict[Operation, Operation] | None = None,
+                    retyped: tuple[Operation, ...] = ()) -> Program:  # fmt: skip
     """A copy of `program` in which each op of `replaced` (an op of its function -> a copy of it at other sizes,
     reading the other copies' values, and `aliases`' values for the originals') runs from its copy: the copies
     take their originals' slots, their regions are built from `lowered`, and each op of `shared` runs the step
-    of the op it maps to (one of `replaced`) on its own values (`Builder.rebound`). Every other step is shared
+    of the op it maps to (one of `replaced`) on its own values (`Builder.rebound`); each torch call of `retyped`
+    (not copied: `Builder.retypes`) runs the same step, or a new one where `imported`'s function differs (its
+    constants move) or the step keeps its first values (an input-free call's). Every other step is shared
     (a region's step is copied, with its choice, so that a fallback in one program does not switch the other).
     A shape family's instance, without rebuilding the steps its sizes leave alone; it keeps `program`'s measured
     decision on CUDA graphs."""
@@ -425,7 +436,7 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
             b.slots[s] = base.slots[r]
         if old in base.inplace:
             b.inplace = {**b.inplace, new: b.inplace[old]}
-    steps = [copy.copy(st) if isinstance(st, RegionStep) else st for st in program.steps]
+    steps = [_shallow(st) if isinstance(st, RegionStep) else st for st in program.steps]
     weights = DerivedWeights(list(program.weights.weights))
     for old, new in replaced.items():
         at = recipe.made[old]
@@ -437,9 +448,13 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
             steps[at] = step
     for op, like in (shared or {}).items():
         steps[recipe.made[op]] = b.rebound(steps[recipe.made[like]], op)
+    for op in retyped:  # (a step that keeps its first values, an input-free call's, is built again too)
+        name, at = op.node.data, recipe.made[op]
+        if steps[at].once or imported.calls.get(name) is not base.imported.calls.get(name):
+            steps[at] = b.step(op)
     for st in steps:
         if isinstance(st, RegionStep):
-            st.choice = dataclasses.replace(st.choice)
+            st.choice = _shallow(st.choice)
     choices = [st.choice for st in steps if isinstance(st, RegionStep)]
     out = Program(program.inputs, program.outputs, steps, program.nslots, weights, choices, program.cuda_graphs and (
         b.options.cuda_graphs), program.tune_mode, static_inputs=program.static_inputs, frees=program.frees,
@@ -449,6 +464,14 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
     if program.graphs_pay is False:
         out.cuda_graphs = False
     return out
+
+
+def _shallow(x: Any) -> Any:
+    """A shallow copy of a plain object (a step, a choice): copy.copy's result, several times faster (an instance
+    copies every region's step and choice, per token of a dynamic cache)."""
+    new = object.__new__(type(x))
+    new.__dict__.update(x.__dict__)
+    return new
 
 
 def build_program(module: ModuleOp, lowered: dict[FusedOp, Lowered], imported, options) -> Program:
