@@ -12,7 +12,6 @@ and the cause (an error under strict=True); a region over empty tensors runs its
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections import Counter
