@@ -242,3 +242,29 @@ def test_on_the_gpu_instances_run_the_kernels_and_memory_stays_flat(fresh_dynamo
     assert _counts(cm) == (5, 15)
     assert torch.cuda.memory_allocated() <= early + (1 << 20)
     assert set(cm.report().impls().values()) <= {"kernel", "reference"} and "kernel" in cm.report().impls().values()
+
+
+def test_dynamic_cache_instances_copy_no_torch_call(fresh_dynamo):
+    """Each decode token of HF's dynamic cache is a new length, hence an instance: the torch calls whose sizes move
+    (the mask's aranges and comparisons) are not copied; an instance runs the first compile's step for each,
+    except where the call's constants move or it keeps its first values (an input-free call, whose first values
+    would be another length's), and the tokens are eager's (interpret)."""
+    from dlblas_compiler.dialects import TorchCallOp
+    from dlblas_compiler.runtime.steps import TorchStep
+
+    model, ref = causal_lm("llama"), causal_lm("llama")
+    model.forward = dc.compile(model.forward, backend="interpret")
+    gen = dict(do_sample=False, pad_token_id=0, max_new_tokens=8, min_new_tokens=8)
+    ids = _ids(9)
+    with torch.no_grad():
+        assert torch.equal(model.generate(ids, **gen), ref.generate(ids, **gen))
+    instances = [s for cm in model.forward.compilations for s in cm._specs.values() if s.family is not None]
+    assert instances
+    for s in instances:
+        first, made = s.family.program.steps, s.family.program.recipe.made
+        ops, changed = s.family.shapes._changed()  # (the ops whose sizes move, and those reading their values)
+        calls = [op for i in changed if isinstance(op := ops[i], TorchCallOp) and op in made]
+        kept = [op for op in calls if s.executor.steps[made[op]] is first[made[op]]]
+        assert calls and isinstance(first[made[calls[0]]], TorchStep)
+        assert kept, "every changed torch call's step was built again"
+        assert len(kept) < len(calls)  # (the moving ones, the mask's aranges, are not: a stale one changes tokens)
