@@ -163,7 +163,10 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
             if v is lin.result:
                 continue
             start = c.lo + c.stream_lo
-            base = max(o for o in offsets if o <= start)
+            below = [o for o in offsets if o <= start]
+            if not below:  # (a range of Y before the first half, read by another op of the region)
+                return "a column range lies outside the two halves"
+            base = below[-1]
             if start - base + (c.hi - c.lo) > w:
                 return "a column range crosses the two halves"
             plan.info[v] = replace(c, stream_lo=base, lo=start - base, hi=start - base + (c.hi - c.lo))
