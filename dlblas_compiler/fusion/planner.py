@@ -104,6 +104,14 @@ class Plan:
     claimed: dict[Operation, int] = field(default_factory=dict)
     regions: list[RegionPlan] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    _next_effect: dict[Operation, Operation] | None = field(default=None, repr=False)
+
+    def _effects(self) -> dict[Operation, Operation]:
+        """Each side-effecting op of the block (`_is_effect`) -> the next one."""
+        if self._next_effect is None:
+            chain = [o for o in self.block.ops if _is_effect(o)]
+            self._next_effect = dict(zip(chain, chain[1:]))
+        return self._next_effect
 
     def free(self, op: Operation) -> bool:
         return op.parent is self.block and op not in self.claimed and not _never_fused(op)
@@ -122,8 +130,11 @@ class Plan:
         return True
 
     def convex(self, ops: list[Operation]) -> bool:
-        """No path from the ops through an outside op back into them (so they can run as one kernel)."""
+        """No path from the ops through an outside op back into them (so they can run as one kernel). Paths also
+        step from a side-effecting op to the next one (torch calls keep their order, `topo_sort`): a region read
+        by one torch call must not also read a later one's result."""
         inside = set(ops)
+        effects = self._effects()
         first = min(self.order[o] for o in ops)
         last = max(self.order[o] for o in ops)  # (uses come later in the block: past `last` nothing leads back)
         frontier = [u.operation for o in ops for r in o.results for u in r.uses if u.operation not in inside]
@@ -135,12 +146,20 @@ class Plan:
             seen.add(op)
             if not first <= self.order[op] <= last:
                 continue
+            if op in effects:
+                frontier.append(effects[op])
             for r in op.results:
                 for u in r.uses:
                     if u.operation in inside:
                         return False
                     frontier.append(u.operation)
         return True
+
+
+def _is_effect(op: Operation) -> bool:
+    """Ops that keep their order among themselves: torch calls (opaque: they may write or draw random numbers) and
+    the return."""
+    return isinstance(op, (TorchCallOp, func.ReturnOp))
 
 
 def _never_fused(op: Operation) -> bool:
@@ -239,7 +258,7 @@ def topo_sort(block: Block) -> None:
         for v in o.operands:
             if isinstance(v.owner, Operation) and v.owner in pos:
                 graph.add_edge(v.owner, o)
-    effects = [o for o in ops if isinstance(o, (TorchCallOp, func.ReturnOp))]
+    effects = [o for o in ops if _is_effect(o)]
     graph.add_edges_from(zip(effects, effects[1:]))
     order = list(nx.lexicographical_topological_sort(graph, key=pos.__getitem__))
     for o in ops:
