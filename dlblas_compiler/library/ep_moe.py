@@ -31,6 +31,7 @@ so ranks with different token counts agree (off by default: see EPMoE). The peer
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -207,8 +208,8 @@ def run_peer_exchange_overlapped(
     main = torch.cuda.current_stream(x.device) if x.is_cuda else None
     side = _side_stream(x.device)
 
-    def on_side():
-        return torch.cuda.stream(side) if side is not None else _nothing()
+    def on_side():  # (on a CPU: no second stream)
+        return torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
 
     def signal() -> torch.cuda.Event | None:
         return torch.cuda.current_stream(x.device).record_event() if x.is_cuda else None
@@ -243,14 +244,6 @@ def run_peer_exchange_overlapped(
     out = torch.cat(outs)
     lap("combine")
     return out
-
-
-class _nothing:  # (on a CPU: no second stream)
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
