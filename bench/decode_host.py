@@ -66,7 +66,8 @@ def main() -> None:
     else:
         compiled = dc.compile(model.forward, backend="triton", tune=args.tune, cuda_graphs=bool(args.cuda_graphs))
 
-    spans: dict[str, list[float]] = {"forward": [], "ours": [], "replay": []}
+    spans: dict[str, list[float]] = {"forward": [], "ours": [], "replay": [], "program": [], "weights_check": [],
+                                     "alias_pattern": [], "write_back": []}
     events: list[tuple] = []
     on = [False]
 
@@ -98,6 +99,15 @@ def main() -> None:
     entry = "guarded" if hasattr(api.CompiledModule, "guarded") else "forward"  # (dynamo's entry; older trees: forward)
     setattr(api.CompiledModule, entry, timing(getattr(api.CompiledModule, entry), "ours"))
     graphs.CudaGraph.replay = timing(graphs.CudaGraph.replay, "replay")
+    # the parts of our host time: the program's call (the replay included), the weights' version check, the call
+    # key's alias pattern, the write-back of in-place updated inputs
+    from dlblas_compiler.runtime import program as program_mod
+    from dlblas_compiler.runtime import weights as weights_mod
+
+    program_mod.Program.__call__ = timing(program_mod.Program.__call__, "program")
+    weights_mod.DerivedWeights.changed = timing(weights_mod.DerivedWeights.changed, "weights_check")
+    api._alias_pattern = timing(api._alias_pattern, "alias_pattern")
+    api.Specialization._write_back = timing(api.Specialization._write_back, "write_back")
     model.forward = forward
 
     def generate(n: int):
@@ -127,6 +137,7 @@ def main() -> None:
         "decode_ms_per_token": round((many - one) / (args.new - 1), 3),
         "host_ms_in_forward": med(spans["forward"][1:]), "host_ms_in_ours": med(spans["ours"][1:]),
         "host_ms_in_replay": med(spans["replay"]) if spans["replay"] else None,
+        **{f"host_ms_in_{k}": med(spans[k][1:]) for k in ("program", "weights_check", "alias_pattern", "write_back")},
         "gpu_ms_in_forward": med(gpu), "gpu_idle_ms_between_forwards": med(idle),
         "host_ms_between_forwards": med(host_between),
         "graph_notes": [c._spec().executor.graph_note for c in compiled.compilations],

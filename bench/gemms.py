@@ -15,6 +15,7 @@ or the reference (cuBLAS and torch ops) where that measured faster).
 `--ablate`: the norm→QKV→RoPE region of Llama-3-8B built up one piece at a time (bare GEMM; + norm prologue;
 + head split and [B, H, S, D] stores; + rotary; all), each compiled alone, same timing: where the time goes.
 `--sweep`: also time a fixed list of configs on each region (the best is recorded).
+`--with-op dl.rotary`: only the regions with that op.
 `--ln`: also the user pattern LayerNorm→Linear(bias)→GELU (Phi-2's MLP dims) lowered to one generated GEMM kernel.
 Writes OUT/gemms.json (appended per layer, so a run cut short keeps what it measured).
 """
@@ -81,10 +82,12 @@ def operands(step: RegionStep, tensors: list) -> tuple[torch.Tensor, torch.Tenso
     return a.reshape(m, k), w[: n * ns]
 
 
-def time_regions(cm, args, kwargs, sweep: bool) -> list[dict]:
+def time_regions(cm, args, kwargs, sweep: bool, with_op: str = "") -> list[dict]:
     rows = []
     with torch.no_grad():
         for step, tensors in region_inputs(cm, args, kwargs):
+            if with_op and with_op not in {o.name for o in step.kernel.region.body_ops}:
+                continue
             c = step.choice
             key = step.kernel.shape_key
             a, w = operands(step, tensors)
@@ -119,14 +122,19 @@ def time_regions(cm, args, kwargs, sweep: bool) -> list[dict]:
     return rows
 
 
+def rotate_pairs(t):
+    """GPT-J's rotary layout: the pairs (2j, 2j + 1) of each head."""
+    return torch.stack((-t[..., 1::2], t[..., ::2]), dim=-1).flatten(-2)
+
+
 class QKVPiece(nn.Module):
     """Llama-3-8B's norm→QKV→RoPE with pieces switched off (for --ablate)."""
 
     H, HQ, HK, D = 4096, 32, 8, 128
 
-    def __init__(self, norm: bool, heads: bool, rope: bool):
+    def __init__(self, norm: bool, heads: bool, rope: bool, pairs: bool = False):
         super().__init__()
-        self.use_norm, self.heads, self.rope = norm, heads, rope
+        self.use_norm, self.heads, self.rope, self.pairs = norm, heads, rope, pairs
         self.norm = RMSNorm(self.H, 1e-5)
         self.qkv = nn.Linear(self.H, (self.HQ + 2 * self.HK) * self.D, bias=False)
 
@@ -141,7 +149,8 @@ class QKVPiece(nn.Module):
         v = v.view(b, s, self.HK, self.D).transpose(1, 2)
         if self.rope:
             c, sn = cos[None, None], sin[None, None]
-            q, k = q * c + rotate_half(q) * sn, k * c + rotate_half(k) * sn
+            turn = rotate_pairs if self.pairs else rotate_half
+            q, k = q * c + turn(q) * sn, k * c + turn(k) * sn
         return q, k, v
 
 
@@ -149,7 +158,8 @@ def ablate(m: int, tune: str, sweep: bool) -> list[dict]:
     rows = []
     for name, flags in [("gemm", (False, False, False)), ("norm+gemm", (True, False, False)),
                         ("gemm+heads", (False, True, False)), ("gemm+heads+rope", (False, True, True)),
-                        ("norm+gemm+heads+rope", (True, True, True))]:  # fmt: skip
+                        ("norm+gemm+heads+rope", (True, True, True)),
+                        ("gemm+heads+rope(pairs)", (False, True, True, True))]:  # fmt: skip
         mod = randomize_(QKVPiece(*flags)).to("cuda", torch.bfloat16).eval()
         x = _randn(1, m, QKVPiece.H, dtype=torch.bfloat16, device="cuda", seed=1)
         cos, sin = rope_cos_sin(m, QKVPiece.D, 500000.0, torch.bfloat16, "cuda")
@@ -210,6 +220,7 @@ def main() -> None:
     ap.add_argument("--ablate", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--ln", action="store_true", help="also the user pattern LayerNorm→Linear(bias)→GELU")
+    ap.add_argument("--with-op", default="", help="time only the regions with this op (e.g. dl.rotary)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "gemms.json")
@@ -238,7 +249,7 @@ def main() -> None:
             with torch.no_grad():
                 cm(*args, **kwargs)
             print(f"{name} M={m}: compiled and tuned in {time.time() - t0:.1f} s", flush=True)
-            for r in time_regions(cm, args, kwargs, a.sweep):
+            for r in time_regions(cm, args, kwargs, a.sweep, a.with_op):
                 res["layers"].append({"layer": name, **r})
             save()
             del cm, mod

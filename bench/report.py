@@ -841,6 +841,17 @@ def decode_host_section(entries: list[tuple[str, str]]) -> str:
     return "\n".join(out) + "\n\n" + source_line(sources) + "\n"
 
 
+def host_parts_section(name: str) -> str:
+    """bench/decode_host.py's parts of our host time per decode token (medians): the program's call (the replay
+    included), the derived weights' version check, the call key's alias pattern, the write-back of inputs."""
+    doc = _load(name)
+    r = doc["row"]
+    keys = ["ours", "replay", "program", "weights_check", "alias_pattern", "write_back"]
+    out = ["| " + " | ".join(f"host ms in {k.replace('_', ' ')}" for k in keys) + " |", "|" + "---|" * len(keys),
+           "| " + " | ".join(f"{r['host_ms_in_' + k]:.3f}" for k in keys) + " |"]
+    return "\n".join(out) + "\n\n" + source_line([(name, {"gpu": doc.get("gpu"), "torch": doc.get("torch")}, "")]) + "\n"
+
+
 def launch_overhead_section(entries: list[tuple[str, str]]) -> str:
     """bench/launch_overhead.py rows (file, label): host µs per launch by path, one column per run."""
     docs = [(_load(name), label, name) for name, label in entries]
@@ -971,6 +982,46 @@ def persistent_sweep_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"triton {doc.get('triton')}")]) + "\n"
 
 
+def default_tile_section(old: str, new: str) -> str:
+    """bench/gemms.py --tune none on two trees in one run: each region's default config (the untuned tile) before
+    and after a change of the default, against cuBLAS on the same GEMM shape."""
+    a, b = _load(old), _load(new)
+    out = ["| layer | region | M × N × K | tile before | µs before | tile after | µs after | after / before | "
+           "cuBLAS µs | cuBLAS / after |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    tile = lambda c: f"{c['BLOCK_M']}×{c['BLOCK_N']}×{c['BLOCK_K']}, {c['num_warps']} warps, {c['num_stages']} stages"  # noqa: E731
+    for r, q in zip(a["layers"], b["layers"]):
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['M']} × {r['N']} × {r['K']} | "
+                   f"{tile(r['config'])} | {r['kernel_us']:.1f} | {tile(q['config'])} | {q['kernel_us']:.1f} | "
+                   f"{q['kernel_us'] / r['kernel_us']:.2f} | {q['cublas_us']:.1f} | {q['ratio']:.2f}x |")  # fmt: skip
+    env = {"gpu": b.get("gpu"), "torch": b.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, f"after, tune={b.get('tune')}, triton {b.get('triton')}")]) + "\n"
+
+
+def rotary_pieces_section(name: str) -> str:
+    """bench/gemms.py --ablate --sweep --tune none: Llama-3-8B's norm→QKV→RoPE built up one piece at a time, each
+    piece's fastest config of the fixed sweep (and its default), against cuBLAS on the same GEMM shape."""
+    doc = _load(name)
+    out = ["| piece | default config µs | fastest swept config µs | its tile | cuBLAS µs |", "|---|---|---|---|---|"]
+    for r in doc["ablate"]:
+        c = r["sweep_best_config"]
+        out.append(f"| {r['piece']} | {r['kernel_us']:.1f} | {r['sweep_best_us']:.1f} | {c['BLOCK_M']}×{c['BLOCK_N']}, "
+                   f"{c['num_stages']} stages{', persistent' if c.get('PERSISTENT') else ''} | {r['cublas_us']:.1f} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M=2048, tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
+
+
+def rotary_split_section(old: str, new: str) -> str:
+    """bench/gemms.py --sweep --with-op dl.rotary on two trees in one run: the QKV+RoPE region's fastest swept
+    config before and after a change of the rotary epilogue."""
+    a, b = _load(old), _load(new)
+    out = ["| layer | M | fastest before µs | fastest after µs | after / before |", "|---|---|---|---|---|"]
+    for r, q in zip(a["layers"], b["layers"]):
+        out.append(f"| {r['layer']} | {r['M']} | {r['sweep_best_us']:.1f} | {q['sweep_best_us']:.1f} | "
+                   f"{q['sweep_best_us'] / r['sweep_best_us']:.2f} |")
+    env = {"gpu": b.get("gpu"), "torch": b.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, "after (x split alone)")]) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
@@ -1063,6 +1114,11 @@ SECTIONS = {
         ("2026-11-27-h100-s14-decode-host-d-dynamic.json", "d: ours, dynamic, final Launcher"),
         ("2026-11-27-h100-s14-decode-host-d-old-dynamic.json", "d: the same, 38ff7fb"),
         ("2026-11-27-h100-s14-decode-host-d-eager-dynamic.json", "d: eager, dynamic")]),
+    "decode-host-s19": functools.partial(decode_host_section, [
+        ("2026-11-27-h100-s19-decode-host-static.json", "ours, static"),
+        ("2026-11-27-h100-s19-decode-host-dynamic.json", "ours, dynamic"),
+        ("2026-11-27-h100-s19-decode-host-eager-dynamic.json", "eager, dynamic")]),
+    "decode-host-s19-parts": functools.partial(host_parts_section, "2026-11-27-h100-s19-decode-host-static.json"),
     "decode-host-s13": functools.partial(decode_host_section, [
         ("2026-11-27-h100-s13-decode-host-old.json", "86e9852 (run b)"),
         ("2026-11-27-h100-s13-decode-host.json", "this session (run c)")]),
@@ -1079,6 +1135,12 @@ SECTIONS = {
     "gemms-s15-sweep": functools.partial(persistent_sweep_section, "2026-11-27-h100-s15-gemms-a-sweep.json"),
     "gemms-s15-b": functools.partial(gemms_section, "2026-11-27-h100-s15-gemms-b.json"),
     "gemms-s15-c": functools.partial(gemms_section, "2026-11-27-h100-s15-gemms-c.json"),
+    "gemms-s19-default": functools.partial(default_tile_section, "2026-11-27-h100-s19-gemms-default-old.json",
+                                           "2026-11-27-h100-s19-gemms-default-new.json"),
+    "gemms-s19-rotary-pieces": functools.partial(rotary_pieces_section,
+                                                 "2026-11-27-h100-s19-gemms-rotary-b-ablate-pairs.json"),
+    "gemms-s19-rotary-split": functools.partial(rotary_split_section, "2026-11-27-h100-s19-gemms-rotary-a-old.json",
+                                                "2026-11-27-h100-s19-gemms-rotary-a-split-x-only.json"),
     "block-layer-llama3_8b-h100-s8-b": lambda: block_markdown(load_runs(
         ["2026-11-26-h100-s8-layer-llama3_8b-b.json"], "layer_llama3_8b"), heading=False),
     "gemms-s9-qwen3": functools.partial(gemms_section, "2026-11-26-h100-s9-gemms-qwen3.json"),

@@ -796,3 +796,23 @@ def test_gemm_variant_starts_include_the_default_run_persistent():
     assert first == {**default, "PERSISTENT": 1} and rest and all(c["MM"] == 1 for c in rest)
     assert all(c["MM"] == 1 for c in _variant_starts(256, 2, True, default=default))  # (a few tiles: not persistent)
     assert _variant_starts(16, 2, True, default=default) == []
+
+
+def test_gemm_default_tile_fills_the_registers_where_a_wave_of_tiles_remains():
+    """Above 256 rows the default accumulator tile is 128 x 256 over all streams (one stream 256 wide, the dual
+    GEMM 128 each), where that still makes at least one tile per SM and the tile holds whole rotary heads;
+    otherwise 128 wide. The config is valid in the shape's space either way."""
+    from dlblas_compiler.codegen.gemm.space import _default_config
+
+    def tile(m, n, rot=16, ns=1, sms=132):
+        c = _default_config(m, n, 4096, rot, False, ns, sms, True, 227 * 1024 // 2, True)
+        assert c["BLOCK_M"] * c["BLOCK_N"] * ns <= 128 * c["num_warps"] * 32  # (the space's register rule)
+        return c["BLOCK_M"], c["BLOCK_N"]
+
+    assert tile(2048, 6144, rot=128) == (128, 256)  # QKV with rotary heads of 128
+    assert tile(2048, 4096) == (128, 256)  # o-proj
+    assert tile(2048, 14336, ns=2) == (128, 128)  # gate/up: two accumulators
+    assert tile(512, 4096) == (128, 128)  # 4 x 16 wide tiles would leave SMs idle
+    assert tile(2048, 40 * 96, rot=96) == (128, 128)  # heads of 96 do not fit 256 columns
+    assert tile(2048, 4096, sms=1000) == (128, 128)
+    assert tile(128, 4096) == (64, 128)

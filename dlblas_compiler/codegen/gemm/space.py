@@ -82,7 +82,10 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
     """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): one row streams
     the weight through CUDA cores in narrow tiles; other decode shapes stream it with more programs
     (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles (also for the dual GEMM) loaded
-    through TMA (at 128 rows TMA made the default slower: 81 vs 55 µs). Above 16 rows a norm prologue is a row
+    through TMA (at 128 rows TMA made the default slower: 81 vs 55 µs), 256 columns wide over all streams where
+    that still makes a wave of tiles (one stream 128x256, the dual GEMM 128x128 each: the accumulators fill
+    8 warps' registers; on an H100 at M=2048 128x256 beat 128x128 by 10-25% on every single-stream GEMM of five
+    layers, bench/NOTES.md 71). Above 16 rows a norm prologue is a row
     pass: scaling the A tile by the norm weight inside the K loop takes it out of the tensor cores' pipeline (H100,
     M=2048: 171 vs 148 µs for the QKV GEMM, NOTES 36)."""
     if m == 1:  # about 8 programs per SM, each streaming 16 weight rows 128 wide (M=1 sweeps, NOTES 19)
@@ -95,6 +98,9 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
                 "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": int(ln), "PERSISTENT": 0}  # fmt: skip
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
     bn = min(max(rot, 128), max(16, rot, triton.next_power_of_2(n)))  # no wider than N
+    wide = max(bn, 256 // ns)  # 128 x 256 accumulators over all streams: 8 warps' register budget
+    if bm == 128 and wide % rot == 0 and wide <= triton.next_power_of_2(n) and -(-m // bm) * -(-n // wide) >= sms:
+        bn = wide  # (where the wider tiles still fill a wave)
     bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
     tiles = -(-m // bm) * -(-n // bn)
     split = 1
