@@ -1049,6 +1049,8 @@ SECTIONS = {
     **{f"ep-moe-s17-{x}": functools.partial(ep_moe_section, f"2026-11-27-h100x4-s17-ep-moe-{x}.json")
        for x in ("a-4096", "b-128", "c-4096-graphs", "d-128-graphs", "e-probes", "f-4096-dedup", "g-128-dedup",
                  "i-4096-final", "j-128-final")},
+    **{f"ep-moe-s19-{x}": functools.partial(ep_moe_section, f"2026-11-27-h100x4-s19-ep-moe-{x}.json")
+       for x in ("old", "new")},
     **{f"ep-moe-s18-{x}": functools.partial(ep_moe_section, f"2026-11-27-h100x4-s18-ep-moe-{x}.json")
        for x in ("a-overlap",)},
     "moe-gemm-s17": functools.partial(moe_gemm_section, "2026-11-27-h100-s17-moe-gemm.json"),

@@ -243,8 +243,24 @@ class PeerExchange:
         return _Computed(out, row, source, back_pos)
 
     def send_back(self, done: _Computed, use_triton: bool) -> None:
-        """Step 3's second half: each partial sum into its sender's `back` (row rank * max_tokens + token)."""
-        self.buffers.put_rows("back", done.out, done.row, done.source, done.back_pos, use_triton)
+        """Step 3's second half: each partial sum into its sender's `back` (row rank * max_tokens + token), the
+        rows taken in turn from each sender (the j-th row of sender 0, of sender 1, ..., then the (j+1)-th), so
+        that programs running side by side store over every link rather than over one sender's at a time (the
+        received rows lie sender by sender)."""
+        order = self._senders_in_turn(done.row.numel())
+        pos = torch.where(order >= 0, done.back_pos[order.clamp_min(0)], -1)
+        self.buffers.put_rows("back", done.out, done.row[order.clamp_min(0)], done.source[order.clamp_min(0)], pos,
+                              use_triton)
+
+    def _senders_in_turn(self, rows: int) -> torch.Tensor:
+        """[rows]: the received row each put program stores (-1: none), going round the senders: program i takes
+        sender i % ws's row i // ws."""
+        b = self.buffers
+        ws = b.world_size
+        counts = b.own["counts"][:, b.rank].long()
+        i = torch.arange(rows, device=counts.device)
+        sender, j = i % ws, i // ws
+        return torch.where(j < counts[sender], self._token_starts()[:, b.rank][sender] + j, -1)
 
 
 @dataclass

@@ -429,3 +429,15 @@ def test_peer_exchange_and_graphs_on_gpus(tmp_path) -> None:
     if ws < 2:
         pytest.skip(f"needs 2 or more GPUs, this machine has {ws}")
     mp.spawn(_gpu_worker, args=(ws, str(tmp_path / "init")), nprocs=ws)
+
+
+def test_partial_sums_go_back_taking_the_senders_in_turn() -> None:
+    """The return's put programs take the received rows round the senders (sender i % ws's row i // ws), so that
+    programs side by side store over different links; every received row exactly once, none past a sender's count."""
+    from dlblas_compiler.library.peer_exchange import PeerBuffers, PeerExchange
+
+    ws, max_tokens = 3, 5
+    b = PeerBuffers.local(PeerExchange.shapes(ws, 2, max_tokens, 4, torch.float32), ws)[1]
+    b.own["counts"][:, 1] = torch.tensor([2, 0, 4], dtype=torch.int32)  # rows from senders 0, 1, 2 at rank 1
+    order = PeerExchange(b, 6, 2, max_tokens)._senders_in_turn(ws * max_tokens)
+    assert order.tolist() == [0, -1, 2, 1, -1, 3, -1, -1, 4, -1, -1, 5, -1, -1, -1]
