@@ -781,6 +781,32 @@ def generation_section(name: str, old: str | None = None, label: str = "") -> st
     return generation_table(doc) + "\n" + source_line(sources) + "\n"
 
 
+def first_call_phases_section(name: str) -> str:
+    """bench/generate.py's split of our modes' first generate() call: seconds in the compiler's phases, dynamo's
+    tracing (its own counters) and the rest."""
+    doc = _load(name)
+    rows = [r for r in doc["rows"] if r.get("first_call_phases_s")]
+    keys = list(dict.fromkeys(k for r in rows for k in r["first_call_phases_s"]))
+    out = ["| mode | first call s | " + " | ".join(f"{k} s" for k in keys) + " |", "|" + "---|" * (len(keys) + 2)]
+    for r in rows:
+        ph = r["first_call_phases_s"]
+        out.append(f"| {r['mode']} | {r['first_call_s']:.1f} | " + " | ".join(_num(ph.get(k), ".2f") for k in keys) + " |")
+    env = {"gpu": doc.get("gpu"), "versions": doc.get("versions"), "ceilings": doc.get("ceilings")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
+
+
+def cold_tuning_section(name: str) -> str:
+    """bench/cold_tuning.py: a layer's cold quick tuning per token count, its Triton compiles by thread."""
+    doc = _load(name)
+    out = ["| block | M | call s (cold) | regions tuned | trials | compiles in the pool | their seconds, summed | "
+           "compiles on the calling thread |", "|" + "---|" * 8]  # fmt: skip
+    for r in doc["rows"]:
+        out.append(f"| {r['block']} | {r['M']} | {r['wall_s']:.1f} | {r['regions_tuned']} | {r['trials']} | "
+                   f"{r['pool_compiles']} | {r['pool_compile_s_summed']:.1f} | {r['main_thread_compiles']} |")
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
+
+
 def generation_trace_table(doc: dict) -> str:
     """The GPU's view of each mode (bench/generate.py --trace): a prefill (generate of one token) and 8 decode
     steps (generate(9) minus generate(1)) under torch.profiler: wall time (profiler overhead included), GPU busy
@@ -1095,6 +1121,9 @@ SECTIONS = {
     "generation-trace-s14-a": functools.partial(generation_trace_section, "2026-11-27-h100-s14-generate-a.json",
                                                 "2026-11-27-h100-s14-generate-a-old.json", "tree of 9a595c8"),
     "generation-s14-e": functools.partial(generation_section, "2026-11-27-h100-s14-generate-e.json"),
+    "generation-s19-a": functools.partial(generation_section, "2026-11-27-h100-s19-generate-a.json"),
+    "generation-s19-cold-tuning": functools.partial(cold_tuning_section, "2026-11-27-h100-s19-cold-tuning.json"),
+    "generation-s19-a-phases": functools.partial(first_call_phases_section, "2026-11-27-h100-s19-generate-a.json"),
     "generation-s14-p2048": functools.partial(generation_section, "2026-11-27-h100-s14-generate-p2048.json"),
     "generation-trace-s14-e": functools.partial(generation_trace_section, "2026-11-27-h100-s14-generate-e.json"),
     "launch-overhead-s14": functools.partial(launch_overhead_section, [
