@@ -280,8 +280,12 @@ class EPMoE(nn.Module):
     with the reference backend, whose torch ops do): the first call of a shape runs eagerly, the graphs share
     one memory pool; a decode-sized call is otherwise mostly the host issuing ~100 small operations. A rank
     that raises inside a call (more tokens than padded_tokens / peer_tokens, say) leaves the others waiting
-    in the exchange, as with any collective. After forward, `last_aux_loss` holds this rank's load-balancing
-    loss (a tensor of its own, also after a replay)."""
+    in the exchange, as with any collective (in the peer exchange, until barrier_timeout_s). After forward,
+    `last_aux_loss` holds this rank's load-balancing loss (a tensor of its own, also after a replay).
+    barrier_timeout_s (peer exchange only; default 600, NCCL's default timeout; None: wait forever): a rank that
+    waits longer than this at one of the exchange's barriers (another rank died, or skipped the call) stops its
+    GPU with torch's "barrier timeout" message, which fails the process (its CUDA context is lost) instead of
+    leaving it spinning."""
 
     def __init__(
         self,
@@ -298,6 +302,7 @@ class EPMoE(nn.Module):
         padded_tokens: int | None = None,
         peer_tokens: int | None = None,
         cuda_graphs: bool = False,
+        barrier_timeout_s: float | None = 600.0,
     ) -> None:
         super().__init__()
         E, H = router_weight.shape
@@ -314,6 +319,10 @@ class EPMoE(nn.Module):
                 raise ValueError(f"EPMoE: {name} must be a positive int or None, got {value!r}")
         if padded_tokens is not None and peer_tokens is not None:
             raise ValueError("EPMoE: padded_tokens and peer_tokens choose two different exchanges; give one")
+        if barrier_timeout_s is not None and (isinstance(barrier_timeout_s, bool) or not isinstance(
+                barrier_timeout_s, (int, float)) or not barrier_timeout_s > 0):  # fmt: skip
+            raise ValueError(f"EPMoE: barrier_timeout_s must be a positive number of seconds or None, got "
+                             f"{barrier_timeout_s!r}")
         if overlap not in (True, False, "auto"):
             raise ValueError(f"EPMoE: overlap must be True, False or 'auto', got {overlap!r}")
         self.world_size, self.rank = _world(group)
@@ -331,6 +340,7 @@ class EPMoE(nn.Module):
         self.top_k, self.capacity_factor, self.renormalize = top_k, capacity_factor, renormalize
         self.group, self.backend, self.overlap, self.padded_tokens = group, backend, overlap, padded_tokens
         self.peer_tokens, self._peers = peer_tokens, {}  # dtype -> PeerExchange
+        self._timeout_ms = 0 if barrier_timeout_s is None else max(1, round(barrier_timeout_s * 1000))
         if cuda_graphs and padded_tokens is None and peer_tokens is None and self.world_size > 1:
             raise ValueError("EPMoE: cuda_graphs needs an exchange that never waits for the host: padded_tokens "
                              "or peer_tokens")
@@ -484,8 +494,8 @@ class EPMoE(nn.Module):
         if x.dtype not in self._peers:  # the buffers of another dtype stay: graphs captured with them replay them
             shapes = PeerExchange.shapes(self.world_size, self.top_k, tokens, x.shape[1], x.dtype)
             self._peers[x.dtype] = tuple(
-                PeerExchange(PeerBuffers.symmetric(shapes, self.group, x.device, slot), self.num_experts, self.top_k,
-                             tokens) for slot in range(2 if halves else 1))  # fmt: skip
+                PeerExchange(PeerBuffers.symmetric(shapes, self.group, x.device, slot, self._timeout_ms),
+                             self.num_experts, self.top_k, tokens) for slot in range(2 if halves else 1))  # fmt: skip
         exchanges, experts = self._peers[x.dtype], self._experts_on_rows(use_triton, tokens)
         if halves:
             return run_peer_exchange_overlapped(exchanges, x, ids, weights, experts, use_triton, timer)

@@ -87,24 +87,26 @@ class PeerBuffers:
 
     @staticmethod
     def symmetric(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], group, device: torch.device,
-                  slot: int = 0) -> PeerBuffers:
+                  slot: int = 0, timeout_ms: int = 0) -> PeerBuffers:
         """CUDA symmetric memory over `group` (a collective: every rank calls it with the same shapes). One set
         per (group, device, shapes, slot) in a process: exchanges that run one after another on a stream (the
         layers of a model) share it, with the same barriers that make one exchange's consecutive calls safe.
         Exchanges in flight at the same time (the two halves of an overlapped call) take different slots: their
-        own buffers, and their own barrier channel."""
+        own buffers, and their own barrier channel. `timeout_ms` (0: none): a barrier that waits longer for a
+        rank stops the GPU with torch's "barrier timeout" message (the CUDA context is lost, the process fails)
+        instead of spinning forever — a rank that died or skipped a call, as NCCL's watchdog would."""
         import torch.distributed as dist
 
         group = group or dist.group.WORLD
         key = (group.group_name, str(device), tuple((n, tuple(shape), dtype) for n, (shape, dtype) in shapes.items()),
-               slot)  # fmt: skip
+               slot, timeout_ms)  # fmt: skip
         if key not in _SHARED:
-            _SHARED[key] = PeerBuffers._allocate(shapes, group, device, slot)
+            _SHARED[key] = PeerBuffers._allocate(shapes, group, device, slot, timeout_ms)
         return _SHARED[key]
 
     @staticmethod
     def _allocate(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], group, device: torch.device,
-                  channel: int) -> PeerBuffers:
+                  channel: int, timeout_ms: int = 0) -> PeerBuffers:
         import torch.distributed._symmetric_memory as symm_mem
 
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
@@ -125,7 +127,8 @@ class PeerBuffers:
             offset = (own[name].data_ptr() - handles[name].buffer_ptrs[handles[name].rank]) // own[name].element_size()
             return handles[name].get_buffer(r, own[name].shape, own[name].dtype, offset)
 
-        return PeerBuffers(first.rank, first.world_size, own, tables, peer, lambda: first.barrier(channel=channel))
+        return PeerBuffers(first.rank, first.world_size, own, tables, peer,
+                           lambda: first.barrier(channel=channel, timeout_ms=timeout_ms))
 
     @staticmethod
     def local(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], world_size: int,

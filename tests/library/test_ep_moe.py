@@ -7,6 +7,7 @@ float32, exact fp32 dots) to 1e-4 absolute / relative."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -155,6 +156,9 @@ def test_ep_moe_triton_interpreter() -> None:
 
 def test_ep_moe_bad_arguments() -> None:
     router, w_gate_up, w_down = _weights(seed=8)
+    for bad in (0, -1.0, True, "60"):
+        with pytest.raises(ValueError, match="barrier_timeout_s"):
+            EPMoE(router, w_gate_up, w_down, TOP_K, barrier_timeout_s=bad)
     with pytest.raises(ValueError, match="backend"):
         EPMoE(router, w_gate_up, w_down, TOP_K, backend="cuda")
     with pytest.raises(ValueError, match="overlap"):
@@ -441,3 +445,52 @@ def test_partial_sums_go_back_taking_the_senders_in_turn() -> None:
     b.own["counts"][:, 1] = torch.tensor([2, 0, 4], dtype=torch.int32)  # rows from senders 0, 1, 2 at rank 1
     order = PeerExchange(b, 6, 2, max_tokens)._senders_in_turn(ws * max_tokens)
     assert order.tolist() == [0, -1, 2, 1, -1, 3, -1, -1, 4, -1, -1, 5, -1, -1, -1]
+
+
+def _timeout_worker(rank: int, init_file: str, marker: str) -> None:
+    """Two ranks call the peer exchange once together; then rank 1 skips a call and rank 0's barrier must give
+    up after barrier_timeout_s (2 s) with a CUDA error, not spin. Rank 0 writes what it saw to `marker`."""
+    import faulthandler
+    from datetime import timedelta
+
+    faulthandler.dump_traceback_later(120, exit=True)  # (a barrier that never gives up: a failure, not a hang)
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60), device_id=device)
+    g = torch.Generator().manual_seed(3)
+    shapes = ((8, 64), (8, 192, 64), (8, 64, 96))  # router, gate/up, down: 8 experts, H = 64, I = 96
+    weights = [torch.randn(*shape, generator=g).to(device, torch.bfloat16) for shape in shapes]
+    layer = EPMoE(*weights, 2, peer_tokens=16, barrier_timeout_s=2.0)
+    x = torch.randn(16, 64, generator=g).to(device, torch.bfloat16)
+    layer(x)
+    torch.cuda.synchronize()
+    if rank == 1:  # alive, its buffers mapped, but not calling: wait for rank 0's verdict
+        deadline = time.time() + 90
+        while not os.path.exists(marker) and time.time() < deadline:
+            time.sleep(0.2)
+        os._exit(0)
+    t0 = time.time()
+    try:
+        layer(x)
+        torch.cuda.synchronize()
+        verdict = "returned"
+    except Exception as e:  # noqa: BLE001 - the expected outcome: the barrier stopped the GPU
+        verdict = f"error after {time.time() - t0:.1f} s: {type(e).__name__}: {e}"
+    with open(marker, "w") as f:
+        f.write(verdict)
+    os._exit(0)  # (the CUDA context is gone: no orderly teardown)
+
+
+@pytest.mark.gpu
+def test_peer_exchange_barrier_times_out_when_a_rank_skips_a_call(tmp_path) -> None:
+    """A rank that does not come to the exchange's barrier makes the waiting rank fail after barrier_timeout_s
+    (torch's symmetric-memory barrier traps), where it used to spin forever."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
+    marker = tmp_path / "verdict"
+    mp.start_processes(_timeout_worker, args=(str(tmp_path / "init"), str(marker)), nprocs=2, join=True,
+                       start_method="spawn")
+    verdict = marker.read_text()
+    assert verdict.startswith("error after"), verdict
+    assert float(verdict.split()[2]) < 60, verdict
