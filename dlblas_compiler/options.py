@@ -43,6 +43,11 @@ class Options:
     each region twice and without CUDA graphs: a debugging mode.
     expert_parallel: a torch.distributed process group; MoE blocks (`dl.moe`) then run as EPMoE, each rank
     holding its share of the experts. Without it, on the kernel backends they run as topk_gating + fused_moe.
+    expert_parallel_tokens: with expert_parallel, the most tokens any rank passes to a MoE block in one call (the
+    same number on every rank): the tokens then travel through the GPUs' memory (EPMoE's `peer_tokens`: no NCCL,
+    no wait for the host), so the compiled program is replayed from a CUDA graph like any other; without it they
+    travel by `all_to_all_single`, whose counts go through the host, and the program runs without graphs.
+    Every rank must call the compiled module the same number of times, as with any collective.
     prefer_kernels: every region with a kernel runs it, even a lone GEMM that would run on cuBLAS or a tuned
     kernel that measured slower than its region's reference (the library's template-backed ops use this).
     max_specializations: how many input signatures a compiled module keeps compiled (shape-family instances go
@@ -66,6 +71,7 @@ class Options:
     strict: bool = False
     check: bool | int = False
     expert_parallel: Any = None
+    expert_parallel_tokens: int | None = None
     prefer_kernels: bool = False
     max_specializations: int = 16
     shape_families: bool = True
@@ -82,5 +88,11 @@ class Options:
             raise ValueError(f"check must be a bool or a number of calls >= 0, got {self.check!r}")
         if not isinstance(self.max_specializations, int) or self.max_specializations < 1:
             raise ValueError(f"max_specializations must be a positive int, got {self.max_specializations!r}")
+        tokens = self.expert_parallel_tokens
+        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1):
+            raise ValueError(f"expert_parallel_tokens must be a positive int, got {tokens!r}")
+        if tokens is not None and self.expert_parallel is None:
+            raise ValueError("expert_parallel_tokens sizes the expert-parallel exchange: give expert_parallel (a "
+                             "process group) too")
         if self.backend == "triton" and not torch.cuda.is_available():
             raise ValueError("backend='triton' needs a CUDA GPU; use 'interpret' (Triton on CPU) or 'reference'")

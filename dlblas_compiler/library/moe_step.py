@@ -2,7 +2,8 @@
 
 On the kernel backends: topk_gating + fused_moe on this device; with an `expert_parallel` process group, the
 EPMoE layer over it (torch experts on the reference backend), built on the first call from that call's weights
-and rebuilt when they change. Without a group it never communicates, even where torch.distributed is
+and rebuilt when they change; with `expert_parallel_tokens` too, its exchange goes through the GPUs' memory
+(`peer_tokens`). Without a group it never communicates, even where torch.distributed is
 initialized (EPMoE would take the default group).
 """
 
@@ -23,10 +24,13 @@ class MoEStep:
     renormalize: bool
     group: Any = None  # a torch.distributed process group: EPMoE over it
     backend: str = "triton"  # EPMoE's experts: "triton" kernels or "reference" torch ops
+    peer_tokens: int | None = None  # EPMoE's exchange through the GPUs' memory, room for this many tokens a rank
     _layer: list = field(default_factory=list)  # [(weights, EPMoE)]
 
     def __repr__(self) -> str:
         how = f"EPMoE over {self.group}" if self.group is not None else "topk_gating + fused_moe"
+        if self.group is not None and self.peer_tokens is not None:
+            how += f", peer exchange for up to {self.peer_tokens} tokens a rank"
         return f"MoEStep(dl.moe top-{self.top_k}, {how}: {self.ins} -> [{self.out}])"
 
     def __call__(self, env: list) -> None:
@@ -40,7 +44,8 @@ class MoEStep:
             env[self.out] = fused_moe(x, weights[1], weights[2], ids, w)
             return
         if not self._layer or any(a is not b for a, b in zip(self._layer[0][0], weights)):
-            layer = EPMoE(*weights, self.top_k, renormalize=self.renormalize, group=self.group, backend=self.backend)
+            layer = EPMoE(*weights, self.top_k, renormalize=self.renormalize, group=self.group, backend=self.backend,
+                          peer_tokens=self.peer_tokens)  # fmt: skip
             self._layer[:] = [(weights, layer)]
         env[self.out] = self._layer[0][1](x)
 
@@ -48,7 +53,8 @@ class MoEStep:
 def moe_step(op: MoEOp, ins: list[int], outs: list[int], options) -> MoEStep:
     top_k, renormalize = op.attrs
     backend = "reference" if options.backend == "reference" else "triton"
-    return MoEStep(ins, outs[0], top_k, renormalize, options.expert_parallel, backend)
+    return MoEStep(ins, outs[0], top_k, renormalize, options.expert_parallel, backend,
+                   options.expert_parallel_tokens if options.expert_parallel is not None else None)
 
 
 register_op_step(MoEOp, moe_step)

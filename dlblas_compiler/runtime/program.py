@@ -216,8 +216,9 @@ class Builder:
         opts = self.options
         tune_mode = opts.tune if opts.backend == "triton" else "none"
         cuda_graphs = opts.cuda_graphs and opts.backend == "triton" and not opts.check
-        if opts.expert_parallel is not None and any(op.name == "dl.moe" for op in block.ops):
-            cuda_graphs = False  # the all-to-all exchanges token counts through the host
+        if (opts.expert_parallel is not None and opts.expert_parallel_tokens is None
+                and any(op.name == "dl.moe" for op in block.ops)):  # fmt: skip
+            cuda_graphs = False  # the all-to-all exchanges token counts through the host (not the peer exchange)
         choices = [st.choice for st in steps if isinstance(st, RegionStep)]
         program = Program(inputs, outputs, steps, len(self.slots), weights, choices, cuda_graphs, tune_mode,
                           static_inputs=tuple(sorted({*(a for args in self.inplace.values() for a in args),

@@ -167,3 +167,50 @@ def _ep_worker(rank: int, ws: int, init_file: str) -> None:
 
 def test_expert_parallel_compile_over_gloo(tmp_path):
     mp.spawn(_ep_worker, args=(2, str(tmp_path / "init")), nprocs=2)
+
+
+def test_expert_parallel_tokens_needs_a_group_and_a_positive_int():
+    block = _mixtral_block()
+    with pytest.raises(ValueError, match="give expert_parallel"):
+        dc.compile(block, backend="reference", expert_parallel_tokens=64)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="expert_parallel_tokens must be a positive int"):
+            dc.compile(block, backend="reference", expert_parallel=object(), expert_parallel_tokens=bad)
+
+
+def _ep_peer_worker(rank: int, ws: int, init_file: str) -> None:
+    """A compiled Mixtral block over NCCL with `expert_parallel_tokens`: the peer exchange inside the compiled
+    program, run directly, then captured and replayed from its CUDA graph, with new tokens on every call."""
+    import faulthandler
+    from datetime import timedelta
+
+    faulthandler.dump_traceback_later(150, exit=True)  # (a rank stuck in an exchange: its stack, then a failure)
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=ws,
+                            timeout=timedelta(seconds=60), device_id=device)
+    try:
+        block = _mixtral_block().to(device, torch.bfloat16)
+        cm = dc.compile(block, backend="triton", expert_parallel=dist.group.WORLD, expert_parallel_tokens=24)
+        g = torch.Generator().manual_seed(40 + rank)
+        for call in range(4):  # direct, direct (capture from the second call of a signature), replays
+            x = torch.randn(3, 8, 32, generator=g).to(device, torch.bfloat16)
+            with torch.no_grad():
+                out = cm(x)
+            w = [t.float() for t in (block.gate.weight, block.experts.gate_up_proj, block.experts.down_proj)]
+            ref = moe_reference(x.view(-1, 32).float(), *w, 2)
+            err = rel_error(out.view(-1, 32).float(), ref)
+            assert err < 2e-2, f"rank {rank}, call {call}: rel err {err:.2e}"
+        program = cm._spec().executor
+        assert program.graph is not None or program.graphs_pay is False, "the program was never captured"
+        assert "peer exchange" in repr(next(s for s in program.steps if type(s).__name__ == "MoEStep"))
+        torch.cuda.synchronize()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_expert_parallel_compile_with_the_peer_exchange_on_gpus(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
+    mp.spawn(_ep_peer_worker, args=(2, str(tmp_path / "init")), nprocs=2)
