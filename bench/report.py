@@ -1036,6 +1036,21 @@ def rotary_pieces_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"M=2048, tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
 
 
+def rotary_pairs_section(name: str) -> str:
+    """bench/rotary_pairs.py: the QKV+RoPE kernel as generated (halves) against its edit rotating adjacent pairs
+    with W's rows gathered in pair order (pointer loads only), per config."""
+    doc = _load(name)
+    out = ["| tile | stages | persistent | TMA | halves µs | pairs (rows gathered) µs | pairs / halves | pairs rel. diff |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        c, pairs = r["config"], r.get("pairs_us")
+        out.append(f"| {c['BLOCK_M']}×{c['BLOCK_N']} | {c['num_stages']} | {c['PERSISTENT']} | {c['TMA']} | "
+                   f"{r['halves_us']:.1f} | {_num(pairs, '.1f')} | {_ratio(pairs, r['halves_us'])} | "
+                   f"{_num(r.get('pairs_rel_diff'), '.1e')} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M={doc.get('M')}")]) + "\n"
+
+
 def rotary_split_section(old: str, new: str) -> str:
     """bench/gemms.py --sweep --with-op dl.rotary on two trees in one run: the QKV+RoPE region's fastest swept
     config before and after a change of the rotary epilogue."""
@@ -1168,6 +1183,7 @@ SECTIONS = {
     "gemms-s15-c": functools.partial(gemms_section, "2026-11-27-h100-s15-gemms-c.json"),
     "gemms-s19-default": functools.partial(default_tile_section, "2026-11-27-h100-s19-gemms-default-old.json",
                                            "2026-11-27-h100-s19-gemms-default-new.json"),
+    "gemms-s19-rotary-pairs": functools.partial(rotary_pairs_section, "2026-11-27-h100-s19-rotary-pairs.json"),
     "gemms-s19-rotary-pieces": functools.partial(rotary_pieces_section,
                                                  "2026-11-27-h100-s19-gemms-rotary-b-ablate-pairs.json"),
     "gemms-s19-rotary-split": functools.partial(rotary_split_section, "2026-11-27-h100-s19-gemms-rotary-a-old.json",
