@@ -51,6 +51,7 @@ class Leaf:
     arg: int  # index of the region input
     chain: list[Operation]
     value: SSAValue  # the SSA value the compute op reads (end of the chain)
+    per_row: bool = False  # read by ops on a reduction's per-row values: aligned with the rows, one value each
 
 
 @dataclass
@@ -104,12 +105,26 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
     if not it or it[-1] > MAX_N or it[-1] < 1:
         return f"the row length {it[-1] if it else 0} is outside 1..{MAX_N}"
     plan = RowPlan(it, compute)
+    # values of shape it[:-1] made by a reduction without keepdim, and everything computed from them: one value
+    # per row, whose other operands broadcast against the rows (right-aligned to it[:-1]), not against `it`
+    per_row: set[SSAValue] = set()
     for o in ops:
         if isinstance(o, VIEW_OPS):
             src = o.operands[0]
             if src in produced and not isinstance(produced[src], VIEW_OPS):
                 return f"{o.name} of a computed value (only region inputs may be read through views)"
     for o in compute:
+        rowwise = isinstance(o, ReduceOp) and len(shape_of(o.result)) == len(it) - 1
+        if any(v in per_row for v in o.operands):
+            if not isinstance(o, POINTWISE) or any(len(shape_of(r)) != len(it) - 1 for r in o.results):
+                return (f"{o.name} broadcasts a reduction's per-row values (reduced without keepdim) along other "
+                        "dims of the row space")  # fmt: skip
+            computed = [v for v in o.operands if v in produced and not isinstance(produced[v], VIEW_OPS)]
+            if any(v not in per_row and not isinstance(v.owner, ConstantOp) for v in computed):
+                return f"{o.name} mixes a reduction's per-row values with values of the row space"
+            rowwise = True
+        if rowwise:
+            per_row.update(o.results)
         for r in o.results:
             s = shape_of(r)
             if isinstance(o, ConstantOp):
@@ -135,14 +150,21 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
                 return f"operand of {o.name} comes from outside the region without being an input"
             base, chain = found
             vs = shape_of(v)
-            lead_ok = all(a in (1, b) for a, b in zip(vs[-2::-1], it[-2::-1])) if len(vs) > 1 else True
-            last_ok = not vs or vs[-1] in (1, it[-1]) or (isinstance(o, RotaryOp) and v in (o.cos, o.sin))
-            if len(vs) > len(it) or not lead_ok or not last_ok:
+            on_rows = o.results[0] in per_row and not isinstance(o, ReduceOp)
+            if on_rows:  # broadcast against the op's own shape, the rows
+                ok = len(vs) < len(it) and all(a in (1, b) for a, b in zip(vs[::-1], it[-2::-1]))
+            else:
+                lead_ok = all(a in (1, b) for a, b in zip(vs[-2::-1], it[-2::-1])) if len(vs) > 1 else True
+                last_ok = not vs or vs[-1] in (1, it[-1]) or (isinstance(o, RotaryOp) and v in (o.cos, o.sin))
+                ok = len(vs) <= len(it) and lead_ok and last_ok
+            if not ok:
                 return f"{o.name} operand {vs} does not broadcast to the row space {it}"
+            if v in plan.leaves and plan.leaves[v].per_row != on_rows:
+                return f"an input of {o.name} is read both per row (after a reduction) and per element"
             lay = view_chain(Layout.contiguous(shape_of(base)), chain)
             if lay is None:
                 return "a fused reshape would need a copy"
-            plan.leaves[v] = Leaf(inputs.index(base), chain, v)
+            plan.leaves[v] = Leaf(inputs.index(base), chain, v, on_rows)
     ext = [r for o in ops for r in o.results if any(u.operation not in inside for u in r.uses)]
     for r in ext:
         if isinstance(r.owner, VIEW_OPS):
@@ -223,6 +245,7 @@ class RowEmitter:
             base = " + ".join([f"off{j}", "rows * 0"] + [f"i{d} * s{j}_{d}" for d in range(nrow)])
             w(f"b{j} = {base}")
             last = shape_of(v)[-1] if len(shape_of(v)) == len(p.iter_shape) else (shape_of(v)[-1:] or (1,))[0]
+            last = 1 if leaf.per_row else last
             if last == 1:
                 w(f"x{j} = tl.load(in{leaf.arg} + b{j}[:, None], mask=rmask[:, None], other=0.0).to(tl.float32)")
             else:
@@ -317,6 +340,8 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
         base = Layout.contiguous(shape_of(inputs[leaf.arg]))
         lay = view_chain(base, leaf.chain)
         vs = shape_of(leaf.value)
+        if leaf.per_row:  # aligned with the rows: a trailing column dim of one
+            lay, vs = Layout((*lay.shape, 1), (*lay.strides, 0), lay.offset), (*vs, 1)
         lay = lay.broadcast_to((*it[:-1], vs[-1] if vs else 1))
         leaf_args += [lay.offset, *lay.strides]
     out_shapes = [shape_of(r) for r in plan.outputs]

@@ -816,3 +816,34 @@ def test_gemm_default_tile_fills_the_registers_where_a_wave_of_tiles_remains():
     assert tile(2048, 40 * 96, rot=96) == (128, 128)  # heads of 96 do not fit 256 columns
     assert tile(2048, 4096, sms=1000) == (128, 128)
     assert tile(128, 4096) == (64, 128)
+
+
+class _PerRowPlus(nn.Module):
+    """A reduction without keepdim, then an input broadcast against the reduced shape (not the row space)."""
+
+    def forward(self, x, b):
+        return x.softmax(-1).amax(-1) + b
+
+
+class _FullPlusPerRow(nn.Module):
+    """A reduction's per-row values broadcast along the row space's other dims (right-aligned to x's shape)."""
+
+    def forward(self, x):
+        return x + x.amax(-1)
+
+
+@pytest.mark.parametrize("model, shapes", [
+    (_PerRowPlus, [(2, 2, 1), (2, 1)]),  # fuzz seed 1902: b's rows were read along the wrong dim
+    (_PerRowPlus, [(3, 2, 5), (3, 1)]),
+    (_PerRowPlus, [(3, 4, 5), (4,)]),
+    (_FullPlusPerRow, [(2, 2, 2)]),
+])  # fmt: skip
+def test_row_kernel_broadcasts_against_a_reductions_shape(model, shapes):
+    """Values after a reduction without keepdim have one value per row: an operand combined with them broadcasts
+    against the reduced shape (the rows), and such values are not broadcast along the row space's columns in a
+    row kernel; float32 on the interpreter against float64 eager."""
+    g = torch.Generator().manual_seed(3)
+    args = [torch.randn(s, generator=g) for s in shapes]
+    ref = model()(*[a.double() for a in args])
+    out = dc.compile(model(), backend="interpret", strict=True)(*args)
+    assert rel_error(out, ref) <= 1e-6
