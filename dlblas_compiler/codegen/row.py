@@ -60,6 +60,9 @@ class RowPlan:
     ops: list[Operation]  # compute ops in order
     leaves: dict[SSAValue, Leaf] = field(default_factory=dict)
     outputs: list[SSAValue] = field(default_factory=list)
+    # values of shape rows (iter_shape[:-1]) with one value per row: a reduction's result without keepdim and
+    # what is computed from it (other values of that rank broadcast against iter_shape, right-aligned)
+    per_row: set[SSAValue] = field(default_factory=set)
 
     @property
     def rows(self) -> tuple[int, ...]:
@@ -78,9 +81,10 @@ def _rowwise(shape: tuple[int, ...], it: tuple[int, ...]) -> bool:
     return shape == (*it[:-1], 1) or shape == it[:-1]
 
 
-def _stores_full(shape: tuple[int, ...], it: tuple[int, ...]) -> bool:
-    """An output with a value per column (else one value per row)."""
-    return bool(shape) and shape[-1] == it[-1] and not (shape == it[:-1] and shape != it)
+def _stores_full(shape: tuple[int, ...], it: tuple[int, ...], per_row: bool) -> bool:
+    """An output with a value per column (else one value per row: a reduction's per-row values, or a value
+    broadcast along the columns)."""
+    return not per_row and bool(shape) and shape[-1] == it[-1]
 
 
 def _broadcast(shape: tuple[int, ...], it: tuple[int, ...]) -> bool:
@@ -107,7 +111,7 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
     plan = RowPlan(it, compute)
     # values of shape it[:-1] made by a reduction without keepdim, and everything computed from them: one value
     # per row, whose other operands broadcast against the rows (right-aligned to it[:-1]), not against `it`
-    per_row: set[SSAValue] = set()
+    per_row = plan.per_row
     for o in ops:
         if isinstance(o, VIEW_OPS):
             src = o.operands[0]
@@ -259,7 +263,7 @@ class RowEmitter:
             base = " + ".join([f"i{d} * o{k}_{d}" for d in range(nrow)]) or "rows * 0"
             val = self.names[r]
             dt = TL_DTYPE[dtype_of(r)]
-            if _stores_full(shape_of(r), p.iter_shape):
+            if _stores_full(shape_of(r), p.iter_shape, r in p.per_row):
                 w(f"tl.store(out{k} + ({base})[:, None] + cols[None, :] * o{k}_{nrow}, tl.broadcast_to({val}, [BLOCK_M, BLOCK_N]).to({dt}), mask=mask)")
             else:
                 w(f"tl.store(out{k} + ({base})[:, None], tl.broadcast_to({val}, [BLOCK_M, 1]).to({dt}), mask=rmask[:, None])")
@@ -347,8 +351,8 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     out_shapes = [shape_of(r) for r in plan.outputs]
     out_dtypes = [dtype_of(r) for r in plan.outputs]
     out_args: list[int] = []
-    for shp in out_shapes:
-        if not _stores_full(shp, it) and len(shp) == len(it) - 1:  # a reduction without keepdim
+    for r, shp in zip(plan.outputs, out_shapes, strict=True):
+        if r in plan.per_row:  # a reduction without keepdim: aligned with the rows
             out_args += [*Layout.contiguous(shp).strides, 0]
         else:  # broadcast strides: replicated rows write the same (identical) values
             out_args += list(Layout.contiguous(shp).broadcast_to((*it[:-1], shp[-1] if shp else 1)).strides)

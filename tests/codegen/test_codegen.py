@@ -847,3 +847,34 @@ def test_row_kernel_broadcasts_against_a_reductions_shape(model, shapes):
     ref = model()(*[a.double() for a in args])
     out = dc.compile(model(), backend="interpret", strict=True)(*args)
     assert rel_error(out, ref) <= 1e-6
+
+
+class _InPlaceRowsRank(nn.Module):
+    """An input of the rows' rank (not a reduction) updated in place inside a larger row region."""
+
+    def forward(self, x, b, s):
+        b.add_(s)
+        return x + b
+
+
+class _ColumnsOfRowsRank(nn.Module):
+    """An output of the rows' rank that is not a reduction: right-aligned, so it varies along the columns."""
+
+    def forward(self, x, c):
+        return x * 2, c * 3 + 1
+
+
+def test_row_kernel_stores_values_of_the_rows_rank_by_their_own_alignment():
+    """Only a reduction's per-row values are stored aligned with the rows; another output of the same rank is
+    broadcast against the row space (fuzz seed 1906: the in-place updated b [1, 2, 1] got b[0] in both places)."""
+    g = torch.Generator().manual_seed(4)
+    x, b, s = torch.randn(1, 2, 2, 16, generator=g), torch.randn(1, 2, 1, generator=g), torch.randn((), generator=g)
+    b_eager, b_ours = b.clone(), b.clone()
+    ref = _InPlaceRowsRank()(x.double(), b_eager.double(), s.double())
+    out = dc.compile(_InPlaceRowsRank(), backend="interpret", strict=True)(x, b_ours, s)
+    b_eager += s
+    assert rel_error(out, ref) <= 1e-6 and rel_error(b_ours, b_eager.double()) <= 1e-6
+    x, c = torch.randn(2, 2, 2, generator=g), torch.randn(2, 2, generator=g)
+    outs = dc.compile(_ColumnsOfRowsRank(), backend="interpret", strict=True)(x, c)
+    for o, r in zip(outs, _ColumnsOfRowsRank()(x.double(), c.double()), strict=True):
+        assert rel_error(o, r) <= 1e-6
