@@ -53,8 +53,7 @@ class MoEStep:
 def moe_step(op: MoEOp, ins: list[int], outs: list[int], options) -> MoEStep:
     top_k, renormalize = op.attrs
     backend = "reference" if options.backend == "reference" else "triton"
-    return MoEStep(ins, outs[0], top_k, renormalize, options.expert_parallel, backend,
-                   options.expert_parallel_tokens if options.expert_parallel is not None else None)
+    return MoEStep(ins, outs[0], top_k, renormalize, options.expert_parallel, backend, options.expert_parallel_tokens)
 
 
 register_op_step(MoEOp, moe_step)

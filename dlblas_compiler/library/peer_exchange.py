@@ -231,9 +231,8 @@ class PeerExchange:
 
     def compute(self, experts: Callable) -> _Computed:
         """Step 3's first half: this rank's experts over the received rows, each row's results summed with its
-        weights; and where each partial sum goes."""
+        weights; and where each partial sum goes, in the order the return stores them (`_senders_in_turn`)."""
         b, k = self.buffers, self.top_k
-        starts = self._token_starts()[:, b.rank].contiguous()  # where each source's rows start here
         total = self.buffers.own["counts"][:, b.rank].sum()
         recv, meta = b.own["recv"], b.own["meta"]
         row = torch.arange(recv.shape[0], device=recv.device)
@@ -241,23 +240,20 @@ class PeerExchange:
         ids = torch.where(valid[:, None], meta[:, :k], -1)  # rows past the received ones hold earlier calls' data
         weights = meta[:, k : 2 * k].contiguous().view(torch.float64).to(torch.promote_types(recv.dtype, torch.float32))
         out = experts(recv, ids, weights)
-        source = torch.searchsorted(starts, row, right=True) - 1
-        back_pos = torch.where(valid, b.rank * self.max_tokens + meta[:, 2 * k].long(), -1)
-        return _Computed(out, row, source, back_pos)
+        order = self._senders_in_turn(recv.shape[0])
+        taken = order.clamp_min(0)
+        back_pos = torch.where(order >= 0, b.rank * self.max_tokens + meta[taken, 2 * k].long(), -1)
+        return _Computed(out, taken, row % b.world_size, back_pos)
 
     def send_back(self, done: _Computed, use_triton: bool) -> None:
-        """Step 3's second half: each partial sum into its sender's `back` (row rank * max_tokens + token), the
-        rows taken in turn from each sender (the j-th row of sender 0, of sender 1, ..., then the (j+1)-th), so
-        that programs running side by side store over every link rather than over one sender's at a time (the
-        received rows lie sender by sender)."""
-        order = self._senders_in_turn(done.row.numel())
-        pos = torch.where(order >= 0, done.back_pos[order.clamp_min(0)], -1)
-        self.buffers.put_rows("back", done.out, done.row[order.clamp_min(0)], done.source[order.clamp_min(0)], pos,
-                              use_triton)
+        """Step 3's second half: each partial sum into its sender's `back` (row rank * max_tokens + token)."""
+        self.buffers.put_rows("back", done.out, done.row, done.source, done.back_pos, use_triton)
 
     def _senders_in_turn(self, rows: int) -> torch.Tensor:
-        """[rows]: the received row each put program stores (-1: none), going round the senders: program i takes
-        sender i % ws's row i // ws."""
+        """[rows]: the received row put program i stores (-1: none), going round the senders: sender i % ws's
+        row i // ws (the j-th row of sender 0, of sender 1, ..., then the (j+1)-th), so that programs running
+        side by side store over every link rather than over one sender's at a time (the received rows lie sender
+        by sender)."""
         b = self.buffers
         ws = b.world_size
         counts = b.own["counts"][:, b.rank].long()
@@ -268,8 +264,8 @@ class PeerExchange:
 
 @dataclass
 class _Computed:
-    """`PeerExchange.compute`'s result: the partial sums [rows, H] and, per row, its sender and row there (-1:
-    a row past the received ones)."""
+    """`PeerExchange.compute`'s result: the partial sums [rows, H] and, per put program of the return, the
+    received row it stores, that row's sender and its row in the sender's `back` (-1: nothing to store)."""
 
     out: torch.Tensor
     row: torch.Tensor
