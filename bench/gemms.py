@@ -14,7 +14,8 @@ or the reference (cuBLAS and torch ops) where that measured faster).
 
 `--ablate`: the norm→QKV→RoPE region of Llama-3-8B built up one piece at a time (bare GEMM; + norm prologue;
 + head split and [B, H, S, D] stores; + rotary; all), each compiled alone, same timing: where the time goes.
-`--sweep`: also time a fixed list of configs on each region (the best is recorded).
+`--sweep`: also time a fixed list of configs on each region (the best is recorded); `--sweep-tiles 256x128,...`
+only those tiles of it.
 `--with-op dl.rotary`: only the regions with that op.
 `--ln`: also the user pattern LayerNorm→Linear(bias)→GELU (Phi-2's MLP dims) lowered to one generated GEMM kernel.
 Writes OUT/gemms.json (appended per layer, so a run cut short keeps what it measured).
@@ -47,6 +48,9 @@ SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, GROUP_M=8, num_warp
               PERSISTENT=pers)
          for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4)]
          for pers in (0, 1) for p in (0, 1)]  # fmt: skip
+
+
+TILES: set[str] = set()  # (--sweep-tiles)
 
 
 def graph_time_us(fn) -> float:
@@ -102,7 +106,8 @@ def time_regions(cm, args, kwargs, sweep: bool, with_op: str = "") -> list[dict]
             if sweep:
                 best, row["sweep"] = (kernel, c.config), []
                 want = [o.float() for o in step.launch(tensors, c.config)]
-                valid = [cfg for cfg in SWEEP if step.kernel.space.is_valid(cfg)]
+                valid = [cfg for cfg in SWEEP if step.kernel.space.is_valid(cfg)
+                         and (not TILES or f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}" in TILES)]
                 compile_configs(step.kernel, step.compiled, tensors, valid)  # (in parallel, before timing)
                 for cfg in valid:
                     try:
@@ -221,7 +226,9 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--ln", action="store_true", help="also the user pattern LayerNorm→Linear(bias)→GELU")
     ap.add_argument("--with-op", default="", help="time only the regions with this op (e.g. dl.rotary)")
+    ap.add_argument("--sweep-tiles", default="", help="sweep only these tiles (e.g. 256x128,128x256)")
     a = ap.parse_args()
+    TILES.update(t for t in a.sweep_tiles.split(",") if t)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "gemms.json")
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

@@ -1036,11 +1036,11 @@ def rotary_pieces_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"M=2048, tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
 
 
-def rotary_pairs_section(name: str) -> str:
+def rotary_pairs_section(name: str, pairs: str = "pairs (rows gathered)") -> str:
     """bench/rotary_pairs.py: the QKV+RoPE kernel as generated (halves) against its edit rotating adjacent pairs
-    with W's rows gathered in pair order (pointer loads only), per config."""
+    with W's rows in pair order (gathered by pointer; `--tma-only`: through a 4-D TMA descriptor), per config."""
     doc = _load(name)
-    out = ["| tile | stages | persistent | TMA | halves µs | pairs (rows gathered) µs | pairs / halves | pairs rel. diff |",
+    out = [f"| tile | stages | persistent | TMA | halves µs | {pairs} µs | pairs / halves | pairs rel. diff |",
            "|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         c, pairs = r["config"], r.get("pairs_us")
@@ -1061,6 +1061,59 @@ def rotary_split_section(old: str, new: str) -> str:
                    f"{q['sweep_best_us'] / r['sweep_best_us']:.2f} |")
     env = {"gpu": b.get("gpu"), "torch": b.get("torch")}
     return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, "after (x split alone)")]) + "\n"
+
+
+def interleaved_glu_section(*names: str) -> str:
+    """bench/interleaved_glu.py: the gate/up GEMM with its GLU as standalone TMA kernels alike but for the K loop
+    (two accumulators; one over an interleaved copy of the weight; one over the weight as it is through a 3-D
+    descriptor), each kind's fastest config, beside the plain product of the same width and cuBLAS."""
+    out = ["| run | layer | M | I | K | cuBLAS µs | plain µs | dual µs | interleaved µs | strided µs | "
+           "interleaved / dual | strided / dual |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    entries = []
+    for run, name in zip("abcdefgh", names):
+        doc = _load(name)
+        for r in doc["rows"]:
+            b = r["best"]
+            out.append(f"| {run} | {r['layer']} | {r['M']} | {r['I']} | {r['K']} | {r['cublas_us']:.1f} | "
+                       f"{_num(b.get('plain'), '.1f')} | {_num(b.get('dual'), '.1f')} | {_num(b.get('interleaved'), '.1f')} | "
+                       f"{_num(b.get('strided'), '.1f')} | {_ratio(b.get('interleaved'), b.get('dual'))} | "
+                       f"{_ratio(b.get('strided'), b.get('dual'))} |")  # fmt: skip
+        entries.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch")}, f"run {run}, triton {doc.get('triton')}"))
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
+def dual_sweep_section(old: str, new: str) -> str:
+    """bench/gemms.py --tune none --sweep --with-op dl.glu on two trees in one run: each gate/up region's default
+    config and the fixed sweep's configs it accepts, before and after a change of the dual GEMM's K loop."""
+    a, b = _load(old), _load(new)
+    out = ["| layer | M × N × K | default before µs | default after µs | after / before | fastest swept before µs | "
+           "fastest swept after µs | after / before | swept configs faster after | cuBLAS µs | cuBLAS / fastest after |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r, q in zip(a["layers"], b["layers"]):
+        faster = sum(y[1] < x[1] for x, y in zip(r["sweep"], q["sweep"]))
+        out.append(f"| {r['layer']} | {r['M']} × {r['N']} × {r['K']} | {r['kernel_us']:.1f} | {q['kernel_us']:.1f} | "
+                   f"{q['kernel_us'] / r['kernel_us']:.3f} | {r['sweep_best_us']:.1f} | {q['sweep_best_us']:.1f} | "
+                   f"{q['sweep_best_us'] / r['sweep_best_us']:.3f} | {faster} of {len(q['sweep'])} | {q['cublas_us']:.1f} | "
+                   f"{q['cublas_us'] / q['sweep_best_us']:.2f}x |")  # fmt: skip
+    env = {"gpu": b.get("gpu"), "torch": b.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, f"after, tune={b.get('tune')}, triton {b.get('triton')}")]) + "\n"
+
+
+def tile_sweep_section(name: str) -> str:
+    """bench/gemms.py --tune none --sweep --sweep-tiles ...: each region's default config and the fastest swept
+    config of each tile shape, against cuBLAS on the same GEMM shape."""
+    doc = _load(name)
+    tiles = sorted({f"{c['BLOCK_M']}×{c['BLOCK_N']}" for r in doc["layers"] for c, _, _ in r.get("sweep", [])},
+                   key=lambda t: tuple(-int(x) for x in t.split("×")))  # fmt: skip
+    out = ["| layer | region | M × N × K | default µs | " + " | ".join(f"fastest {t} µs" for t in tiles) + " | cuBLAS µs |",
+           "|---|---|---|---|" + "---|" * len(tiles) + "---|"]
+    for r in doc["layers"]:
+        best = {t: min((us for c, us, _ in r.get("sweep", []) if f"{c['BLOCK_M']}×{c['BLOCK_N']}" == t and
+                        isinstance(us, float)), default=None) for t in tiles}  # fmt: skip
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['M']} × {r['N']} × {r['K']} | "
+                   f"{r['kernel_us']:.1f} | " + " | ".join(_num(best[t], ".1f") for t in tiles) + f" | {r['cublas_us']:.1f} |")
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -1184,6 +1237,15 @@ SECTIONS = {
     "gemms-s19-default": functools.partial(default_tile_section, "2026-11-27-h100-s19-gemms-default-old.json",
                                            "2026-11-27-h100-s19-gemms-default-new.json"),
     "gemms-s19-rotary-pairs": functools.partial(rotary_pairs_section, "2026-11-27-h100-s19-rotary-pairs.json"),
+    "interleaved-glu-s20": functools.partial(interleaved_glu_section, "2026-11-28-h100-s20-interleaved-glu.json",
+                                             "2026-11-28-h100-s20-interleaved-glu-b.json"),
+    "gemms-s20-dual": functools.partial(dual_sweep_section, "2026-11-28-h100-s20-gemms-dual-old.json",
+                                        "2026-11-28-h100-s20-gemms-dual-new.json"),
+    "gemms-s20-rotary-pairs-tma": functools.partial(rotary_pairs_section, "2026-11-28-h100-s20-rotary-pairs-tma.json",
+                                                    "pairs (4-D TMA descriptor)"),
+    "gemms-s20-bm256": functools.partial(tile_sweep_section, "2026-11-28-h100-s20-gemms-bm256.json"),
+    "block-layer-llama3_8b-h100-s20": lambda: block_markdown(load_runs(
+        ["2026-11-28-h100-s20-layer-llama3_8b.json"], "layer_llama3_8b"), heading=False),
     "gemms-s19-rotary-pieces": functools.partial(rotary_pieces_section,
                                                  "2026-11-27-h100-s19-gemms-rotary-b-ablate-pairs.json"),
     "gemms-s19-rotary-split": functools.partial(rotary_split_section, "2026-11-27-h100-s19-gemms-rotary-a-old.json",
