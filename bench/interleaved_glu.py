@@ -16,6 +16,7 @@ Each config of each kernel is checked against torch (silu(x @ Wg^T) * (x @ Wu^T)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -57,14 +58,14 @@ def plain_kernel(x_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: t
 
 
 @triton.jit
-def dual_kernel(x_ptr, w_ptr, y_ptr, M, I, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def dual_kernel(x_ptr, w_ptr, y_ptr, M, N_OUT, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr):
-    """w: [gate; up] ([2I, K]); y: [M, I]."""
-    pid_m, pid_n = _tile_ids(M, I, BLOCK_M, BLOCK_N, GROUP_M)
+    """w: [gate; up] ([2I, K]); y: [M, N_OUT]."""
+    pid_m, pid_n = _tile_ids(M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
     a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-    g_desc = tl.make_tensor_descriptor(w_ptr, shape=[I, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
-    u_desc = tl.make_tensor_descriptor(w_ptr + I * K, shape=[I, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
-    y_desc = tl.make_tensor_descriptor(y_ptr, shape=[M, I], strides=[I, 1], block_shape=[BLOCK_M, BLOCK_N])
+    g_desc = tl.make_tensor_descriptor(w_ptr, shape=[N_OUT, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    u_desc = tl.make_tensor_descriptor(w_ptr + N_OUT * K, shape=[N_OUT, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    y_desc = tl.make_tensor_descriptor(y_ptr, shape=[M, N_OUT], strides=[N_OUT, 1], block_shape=[BLOCK_M, BLOCK_N])
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -77,13 +78,13 @@ def dual_kernel(x_ptr, w_ptr, y_ptr, M, I, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 
 @triton.jit
-def interleaved_kernel(x_ptr, w_ptr, y_ptr, M, I, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def interleaved_kernel(x_ptr, w_ptr, y_ptr, M, N_OUT, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """w: gate and up rows interleaved ([2I, K]); each tile computes 2 * BLOCK_N product columns = BLOCK_N outputs."""
-    pid_m, pid_n = _tile_ids(M, I, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_ids(M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
     a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * I, K], strides=[K, 1], block_shape=[2 * BLOCK_N, BLOCK_K])
-    y_desc = tl.make_tensor_descriptor(y_ptr, shape=[M, I], strides=[I, 1], block_shape=[BLOCK_M, BLOCK_N])
+    b_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N_OUT, K], strides=[K, 1], block_shape=[2 * BLOCK_N, BLOCK_K])
+    y_desc = tl.make_tensor_descriptor(y_ptr, shape=[M, N_OUT], strides=[N_OUT, 1], block_shape=[BLOCK_M, BLOCK_N])
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         acc = tl.dot(a_desc.load([pid_m * BLOCK_M, k0]), b_desc.load([pid_n * 2 * BLOCK_N, k0]).T, acc)
@@ -94,16 +95,16 @@ def interleaved_kernel(x_ptr, w_ptr, y_ptr, M, I, K, BLOCK_M: tl.constexpr, BLOC
 
 
 @triton.jit
-def strided_kernel(x_ptr, w_ptr, y_ptr, M, I, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def strided_kernel(x_ptr, w_ptr, y_ptr, M, N_OUT, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """w: [gate; up] as they are ([2I, K]), read through a 3-D descriptor [I, 2, K] (strides K, I * K, 1) whose
+    """w: [gate; up] as they are ([2I, K]), read through a 3-D descriptor [N_OUT, 2, K] (strides K, N_OUT * K, 1) whose
     [BLOCK_N, 2, BLOCK_K] boxes hold gate row j and up row j in turn: the interleaved tile without an interleaved
     copy of the weight."""
-    pid_m, pid_n = _tile_ids(M, I, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_ids(M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
     a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(w_ptr, shape=[I, 2, K], strides=[K, I * K, 1],
+    b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N_OUT, 2, K], strides=[K, N_OUT * K, 1],
                                        block_shape=[BLOCK_N, 2, BLOCK_K])
-    y_desc = tl.make_tensor_descriptor(y_ptr, shape=[M, I], strides=[I, 1], block_shape=[BLOCK_M, BLOCK_N])
+    y_desc = tl.make_tensor_descriptor(y_ptr, shape=[M, N_OUT], strides=[N_OUT, 1], block_shape=[BLOCK_M, BLOCK_N])
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         b = tl.reshape(b_desc.load([pid_n * BLOCK_N, 0, k0]), [2 * BLOCK_N, BLOCK_K])
@@ -138,19 +139,19 @@ def main() -> None:
             y = torch.empty(m, inter, device="cuda", dtype=torch.bfloat16)
             y2 = torch.empty(m, 2 * inter, device="cuda", dtype=torch.bfloat16)
             row = {"layer": name, "M": m, "I": inter, "K": hidden,
-                   "cublas_us": graph_time_us(lambda: torch.mm(x, w.T, out=y2))}  # fmt: skip
+                   "cublas_us": graph_time_us(functools.partial(torch.mm, x, w.T, out=y2))}  # fmt: skip
             for bm, bn, bk, warps, stages in CONFIGS:
                 cfg = f"{bm}x{bn}x{bk}/w{warps}/s{stages}"
                 kw = dict(BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+                tiles = (triton.cdiv(m, bm) * triton.cdiv(inter, bn),)
                 runs = {
-                    "plain": lambda: plain_kernel[(triton.cdiv(m, bm) * triton.cdiv(2 * inter, 2 * bn),)](
-                        x, w, y2, m, 2 * inter, hidden, BLOCK_M=bm, BLOCK_N=2 * bn, **kw),
-                    "dual": lambda: dual_kernel[(triton.cdiv(m, bm) * triton.cdiv(inter, bn),)](
-                        x, w, y, m, inter, hidden, BLOCK_M=bm, BLOCK_N=bn, **kw),
-                    "interleaved": lambda: interleaved_kernel[(triton.cdiv(m, bm) * triton.cdiv(inter, bn),)](
-                        x, wi, y, m, inter, hidden, BLOCK_M=bm, BLOCK_N=bn, **kw),
-                    "strided": lambda: strided_kernel[(triton.cdiv(m, bm) * triton.cdiv(inter, bn),)](
-                        x, w, y, m, inter, hidden, BLOCK_M=bm, BLOCK_N=bn, **kw),
+                    "plain": functools.partial(plain_kernel[tiles], x, w, y2, m, 2 * inter, hidden, BLOCK_M=bm,
+                                               BLOCK_N=2 * bn, **kw),
+                    "dual": functools.partial(dual_kernel[tiles], x, w, y, m, inter, hidden, BLOCK_M=bm, BLOCK_N=bn, **kw),
+                    "interleaved": functools.partial(interleaved_kernel[tiles], x, wi, y, m, inter, hidden, BLOCK_M=bm,
+                                                     BLOCK_N=bn, **kw),
+                    "strided": functools.partial(strided_kernel[tiles], x, w, y, m, inter, hidden, BLOCK_M=bm,
+                                                 BLOCK_N=bn, **kw),
                 }  # fmt: skip
                 for kind, fn in runs.items():
                     try:

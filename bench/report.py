@@ -1148,6 +1148,8 @@ SECTIONS = {
     **{f"ep-moe-s18-{x}": functools.partial(ep_moe_section, f"2026-11-27-h100x4-s18-ep-moe-{x}.json")
        for x in ("a-overlap",)},
     "moe-gemm-s17": functools.partial(moe_gemm_section, "2026-11-27-h100-s17-moe-gemm.json"),
+    "moe-gemm-s20-two-acc": functools.partial(moe_gemm_section, "2026-11-28-h100-s20-moe-gemm-two-acc.json"),
+    "moe-gemm-s20-one-acc": functools.partial(moe_gemm_section, "2026-11-28-h100-s20-moe-gemm-one-acc.json"),
     "moe-gemm-s17-tokens": functools.partial(moe_gemm_section, "2026-11-27-h100-s17-moe-gemm-tokens.json", False),
     **{f"generation-{x}": functools.partial(generation_section, f"2026-11-26-h100-s6-generate-{x}.json")
        for x in "cdefg"},
@@ -1244,6 +1246,10 @@ SECTIONS = {
     "gemms-s20-rotary-pairs-tma": functools.partial(rotary_pairs_section, "2026-11-28-h100-s20-rotary-pairs-tma.json",
                                                     "pairs (4-D TMA descriptor)"),
     "gemms-s20-bm256": functools.partial(tile_sweep_section, "2026-11-28-h100-s20-gemms-bm256.json"),
+    "gemms-s20-dual-small": functools.partial(default_tile_section, "2026-11-28-h100-s20-gemms-dual-small-old.json",
+                                              "2026-11-28-h100-s20-gemms-dual-small-new.json"),
+    "block-layer-nemo-h100-s20": lambda: block_markdown(load_runs(
+        ["2026-11-28-h100-s20-layer-qwen-nemo.json"], "layer_mistral_nemo_12b"), heading=False),
     "block-layer-llama3_8b-h100-s20": lambda: block_markdown(load_runs(
         ["2026-11-28-h100-s20-layer-llama3_8b.json"], "layer_llama3_8b"), heading=False),
     "gemms-s19-rotary-pieces": functools.partial(rotary_pieces_section,

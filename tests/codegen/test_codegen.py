@@ -225,6 +225,50 @@ def test_gemm_norm_prologue_dual_glu(backend, dtype, act):
     assert "dl.rms_norm" in final and "dl.glu" in final and final.count("dl.linear") == 1
 
 
+class UpFirstGLU(nn.Module):
+    """The up projection computed (and so concatenated) before the gate, both with a bias: the dual GEMM's first
+    stream is the up projection."""
+
+    def __init__(self, h, i):
+        super().__init__()
+        self.up = nn.Linear(h, i)
+        self.gate = nn.Linear(h, i)
+
+    def forward(self, x):
+        u = self.up(x)
+        return F.gelu(self.gate(x), approximate="tanh") * u
+
+
+def test_dual_gemm_one_accumulator_over_both_streams():
+    """The dual GEMM's tiled K loop reads both streams' weight rows in turn into one [2 * BLOCK_N, BLOCK_K] tile
+    and one accumulator (TMA: a 3-D descriptor over the weight as it is), split after the loop: right whichever
+    stream comes first in the weight, with a bias, for tiles by pointer and by TMA, split-K, persistent programs and
+    ragged column tiles (N = 40 is no multiple of BLOCK_N), against the float64 reference."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    model = randomize_(UpFirstGLU(64, 40)).eval()
+    x = _x(37, 64)
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        cm(x)
+        prog = cm._spec().executor
+        step = next(s for s in prog.steps if isinstance(s, RegionStep) and s.choice.pattern == "gemm")
+        tensors = step.inputs(prog._env([x]))
+        ref = model.double()(x.double())
+        src = step.kernel.source
+        assert "acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)" in src
+        assert "acc0, acc1 = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))" in src
+        checked = 0
+        for bm, bn, sk, tma, pers in [(16, 16, 1, 0, 0), (16, 32, 2, 0, 0), (32, 16, 1, 1, 0), (16, 32, 1, 1, 1),
+                                      (16, 16, 4, 1, 0), (32, 32, 1, 0, 1)]:  # fmt: skip
+            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 16 if sk > 1 else 32, "SPLIT_K": sk, "GROUP_M": 1,
+                   "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": 0, "PERSISTENT": pers}  # fmt: skip
+            (out,) = step.launch(tensors, cfg)
+            assert rel_error(out, ref) <= tolerance(torch.float32), cfg
+            checked += 1
+        assert checked == 6
+
+
 @pytest.mark.parametrize("k", [128, 160])  # 160: the last K step is partial for BLOCK_K * SPLIT_K = 64 / 128
 def test_gemm_configs_split_k_and_ragged_tiles(k):
     """Several tile configs of one norm+dual-GEMM region (rows and columns past the end wrap in the loads,
