@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 import torch
 from torch.utils import _pytree as pytree
@@ -90,11 +91,13 @@ def make_fn(mode: str, mod, args, kwargs, tune: str):
 
 
 def bench_one(
-    block: str, m: int, modes: list[str], tune: str, dtype, rounds: int, ceilings: dict | None = None
+    block: str, m: int, modes: list[str], tune: str, dtype, rounds: int, ceilings: dict | None = None,
+    save: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """Compile and check every mode, then time them all in `rounds` rounds (the order rotating each round),
     so that drift of the GPU's state over the run lands on every mode alike; each figure is the median over
-    rounds, and the rounds' values are kept."""
+    rounds, and the rounds' values are kept. `save(rows)` runs before the compiled modes and their CUDA graphs
+    are released (a process that dies in that teardown has written its rows)."""
     gpu = torch.cuda.get_device_name()
     mod, args, kwargs, nbytes, flops = BLOCKS[block](m, dtype, "cuda")
     floor = floor_us(gpu, nbytes, flops, ceilings)
@@ -150,6 +153,8 @@ def bench_one(
             if row.get(f"{key}_rounds"):
                 row[key] = statistics.median(row[f"{key}_rounds"])
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if k != "kernels"}), flush=True)
+    if save is not None:
+        save(rows)
     del timed, mod, args, kwargs
     torch._dynamo.reset()
     gc.collect()
@@ -203,11 +208,13 @@ def main(argv=None) -> int:
     print(json.dumps(meta), flush=True)
     run = {"meta": meta, "rows": []}
     results["runs"].append(run)
-    for block, m in pairs:
-        dtype = getattr(torch, a.dtype)
-        run["rows"] += bench_one(block, m, a.modes.split(","), a.tune, dtype, a.rounds, meta.get("ceilings"))
+    def save(rows: list[dict]) -> None:
+        run["rows"] += rows
         with open(path, "w") as f:
             json.dump(results, f, indent=1)
+
+    for block, m in pairs:
+        bench_one(block, m, a.modes.split(","), a.tune, getattr(torch, a.dtype), a.rounds, meta.get("ceilings"), save)
     return 0
 
 
