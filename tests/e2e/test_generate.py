@@ -1,5 +1,6 @@
 """LLM generation through `torch.compile(model.forward, backend="dlblas")`: greedy tokens equal eager's for five
-decoder families with HF's static and dynamic KV caches, with and without a left-padded batch; the static cache
+decoder families with HF's static and dynamic KV caches, with and without a left-padded batch (and three more
+families with a padded batch); the static cache
 is updated in place (no copy of the cache per token); many sequence lengths do not grow memory."""
 
 import warnings
@@ -26,9 +27,18 @@ FAMILIES = {
 }
 
 
+# decoders with other parts: per-head q/k norms (Qwen3), sliding-window layers and logit soft-capping (Gemma-2),
+# partial rotary and a parallel residual (GPT-NeoX, which takes no k/v head count)
+MORE_FAMILIES = {
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM, {"head_dim": 16, "sliding_window": 4}),
+    "gpt_neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, {"num_key_value_heads": None}),
+}
+
+
 def causal_lm(name: str):
-    config_cls, model_cls, extra = FAMILIES[name]
-    cfg = config_cls(**BASE, **extra)
+    config_cls, model_cls, extra = {**FAMILIES, **MORE_FAMILIES}[name]
+    cfg = config_cls(**{**BASE, **extra})
     cfg._attn_implementation = "sdpa"
     return randomize_(model_cls(cfg), 0).eval()
 
@@ -68,6 +78,15 @@ def test_greedy_tokens_equal_eager(name, cache, padded, fresh_dynamo):
         program = decode._spec().executor
         assert len(cache_writes(program)) == 2 * BASE["num_hidden_layers"]
         assert not [s for s in program.steps if isinstance(s, InPlaceIndexCopy)]
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+@pytest.mark.parametrize("name", sorted(MORE_FAMILIES))
+def test_greedy_tokens_equal_eager_in_more_families(name, cache, fresh_dynamo):
+    """The same on decoders no issue names, with a left-padded batch of 2 (the harder case)."""
+    ids, mask = _batch(True)
+    out, ref = _generate(causal_lm(name), ids, mask, cache, 4, {"backend": "interpret"})
+    assert torch.equal(out, ref), (out.tolist(), ref.tolist())
 
 
 def _static_decode():
