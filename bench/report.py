@@ -1116,6 +1116,22 @@ def tile_sweep_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
 
 
+def decode_gemms_section(name: str, ceilings: str) -> str:
+    """bench/gemms.py --tokens 1: each GEMM region at one row (decode) against cuBLAS on the same shape, as
+    bandwidth on the weight (its bytes read once) against the copy bandwidth measured in the same run."""
+    doc, ceil = _load(name), _load(ceilings)
+    copy = ceil["copy_bytes_per_s"]
+    out = ["| layer | region | N × K | weight MB | kernel µs | kernel TB/s | of copy BW | cuBLAS µs | cuBLAS TB/s | "
+           "cuBLAS / kernel |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in doc["layers"]:
+        mb = r["N"] * r["K"] * 2 / 1e6  # bf16 (N: the weight's rows, both halves of gate/up)
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['N']} × {r['K']} | {mb:.1f} | "
+                   f"{r['kernel_us']:.1f} | {mb / r['kernel_us']:.2f} | {mb / r['kernel_us'] * 1e12 / copy:.0%} | "
+                   f"{r['cublas_us']:.1f} | {mb / r['cublas_us']:.2f} | {r['ratio']:.2f}x |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "ceilings": ceil}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M=1, tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
@@ -1246,6 +1262,8 @@ SECTIONS = {
     "gemms-s20-rotary-pairs-tma": functools.partial(rotary_pairs_section, "2026-11-28-h100-s20-rotary-pairs-tma.json",
                                                     "pairs (4-D TMA descriptor)"),
     "gemms-s20-bm256": functools.partial(tile_sweep_section, "2026-11-28-h100-s20-gemms-bm256.json"),
+    "gemms-s20-m1": functools.partial(decode_gemms_section, "2026-11-28-h100-s20-gemms-m1.json",
+                                      "2026-11-28-h100-s20-ceilings-m1.json"),
     "gemms-s20-dual-small": functools.partial(default_tile_section, "2026-11-28-h100-s20-gemms-dual-small-old.json",
                                               "2026-11-28-h100-s20-gemms-dual-small-new.json"),
     "block-layer-nemo-h100-s20": lambda: block_markdown(load_runs(
