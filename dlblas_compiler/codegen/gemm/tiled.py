@@ -3,9 +3,9 @@ loaded by pointer or, with TMA (sm90+), through tensor descriptors (bounds handl
 [BLOCK_N, BLOCK_K] K-major), one accumulator per stream. The dual GEMM (two streams: gate and up) takes both
 streams' weight rows in turn into one [2 * BLOCK_N, BLOCK_K] tile (row 2j gate row j, row 2j + 1 up row j) and one
 accumulator, split after the loop into the streams' (adjacent columns: the split moves no data): one product per
-K step as wide as both, where two products of half the width read the A tile twice from shared memory (H100, M =
-2048, five layers' gate/up: 6-9% faster, bench/NOTES.md 77). The weight stays as it is: a 3-D descriptor [GRID_N,
-2, K] with the streams' distance as the middle stride makes the interleaved boxes."""
+K step as wide as both, where two products of half the width read the A tile twice from shared memory (H100,
+five layers' gate/up: 1-8% faster at M = 2048, 2-3% at 128, bench/NOTES.md 77). The weight stays as it is: a 3-D
+descriptor [GRID_N, 2, K] with the streams' distance as the middle stride makes the interleaved boxes."""
 
 from __future__ import annotations
 
