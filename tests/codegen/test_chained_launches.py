@@ -27,6 +27,7 @@ def test_every_generated_kernel_waits_for_its_predecessor_under_pdl_only():
         out, ref = cm(*args), model(*args)
     assert rel_error(out, ref) < tolerance(torch.float32)
     steps = _kernels(cm)
+    assert all(s.choice.impl == "kernel" for s in steps)
     kinds = {s.kernel.name.rsplit("_", 1)[0] for s in steps}
     assert {"gemm", "attention"} <= kinds, kinds
     for s in steps:
@@ -93,3 +94,45 @@ def test_chained_launches_give_the_same_results_direct_and_in_cuda_graphs():
     for a, b in zip(outs[False], outs[True]):
         assert torch.equal(a, b)  # same kernels, same configs: PDL changes when programs start, not what they compute
     assert rel_error(outs[True][-1], ref) < tolerance(torch.bfloat16)
+
+
+class _WithPDL:
+    """A jitted function launched with PDL=True (on the interpreter, with the grid-dependency instructions as
+    no-ops: the chained branches' arithmetic, not their timing)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.fn[grid](*args, PDL=True, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+
+def test_the_chained_branches_compute_what_the_plain_ones_do(monkeypatch):
+    """Every kernel run with PDL=True gives the same values as with PDL=False, one-row GEMMs (1 token: BLOCK_M = 1)
+    and tiles (9 tokens): the interpreter runs the chained branches, with the grid-dependency instructions as no-ops."""
+    import triton.language.extra.cuda as cuda_extra
+
+    monkeypatch.setattr(cuda_extra, "gdc_wait", lambda *a, **k: None)
+    monkeypatch.setattr(cuda_extra, "gdc_launch_dependents", lambda *a, **k: None)
+    cfg = BlockConfig(hidden=256, heads=4, kv_heads=2, intermediate=384)  # (K of several BLOCK_K steps)
+    model = randomize_(LlamaBlock(cfg)).eval()
+    cm = dc.compile(model, backend="interpret")
+    for tokens in (1, 9):
+        args = llama_block_inputs(cfg, 1, tokens, dtype=torch.float32, seed=tokens)
+        with torch.no_grad():
+            plain = cm(*args)
+            steps = _kernels(cm)
+            if tokens == 1:
+                assert {s.choice.config["BLOCK_M"] for s in steps if s.kernel.name.startswith("gemm")} == {1}
+            for s in steps:
+                s.compiled = _WithPDL(s.compiled)
+            try:
+                chained = cm(*args)
+            finally:
+                for s in steps:
+                    s.compiled = s.compiled.fn
+        assert all(s.choice.impl == "kernel" for s in steps)
+        assert torch.equal(plain, chained)
