@@ -30,7 +30,7 @@ NAMES = {
     "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma2",
     "phi3": "Phi-3", "phi": "Phi", "gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "opt": "OPT", "falcon": "Falcon",
     "falcon-gqa": "Falcon (new decoder, GQA)", "stablelm": "StableLM", "bert": "BERT", "t5_encoder": "T5 encoder",
-    "mixtral": "Mixtral",
+    "mixtral": "Mixtral", "deepseek_v2": "DeepSeek-V2", "deepseek_v3": "DeepSeek-V3",
 }  # fmt: skip
 
 

@@ -54,12 +54,13 @@ class ParamOp(IRDLOperation):
 
 
 class InputFreeIsPure(MemoryEffect):
-    """A torch_call the importer marked `input_free` (torch ops on constants: aranges, comparisons) has no
-    effect but its result, so dead code elimination drops it once nothing reads it; any other may write."""
+    """A torch_call the importer marked `input_free` (torch ops on constants: aranges, comparisons) or `pure` (an
+    allocation: new_empty, zeros_like...) has no effect but its result, so dead code elimination drops it once
+    nothing reads it; any other may write."""
 
     @classmethod
     def get_effects(cls, op: Operation):
-        return set() if "input_free" in op.attributes else None
+        return set() if "input_free" in op.attributes or "pure" in op.attributes else None
 
 
 @irdl_op_definition

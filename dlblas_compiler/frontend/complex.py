@@ -9,7 +9,7 @@ The dialect holds real tensors only, so the importer carries each complex value 
 (`Complex`) through the few ops such code uses: `view_as_complex` (the even and odd entries of the last dim,
 read as strided slices), complex buffers (their parts become two parameters), `torch.complex(re, im)` and
 `torch.polar(abs, angle)` (re, im = abs*cos(angle), abs*sin(angle)), shape ops applied to both parts,
-products with complex or real tensors, and `view_as_real` (the parts interleaved again). The rotary above thus
+products with complex or real tensors and real scalars, and `view_as_real` (the parts interleaved again). The rotary above thus
 imports as `stack(xe*c - xo*s, xo*c + xe*s, -1).flatten(-2)`, the interleaved rotary that `recognize` raises to
 `dl.rotary`. Any other op on a complex value is refused with a clear error.
 """
@@ -74,6 +74,8 @@ def convert(importer: Any, n: Any, args: tuple, kwargs: dict, value: Any) -> Com
             im = emit(AddOp(emit(MulOp(a.re, b.im)), emit(MulOp(a.im, b.re))))
             return Complex(re, im)
         c, r = (a, b) if isinstance(a, Complex) else (b, a)
+        if isinstance(r, (int, float)) and not isinstance(r, bool):  # a real scalar (a rotary table's scaling)
+            r = e.const(r, c.re)
         if isinstance(r, SSAValue):
             return Complex(emit(MulOp(c.re, r)), emit(MulOp(c.im, r)))
     if target in SHAPE_OPS:

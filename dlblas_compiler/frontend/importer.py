@@ -39,7 +39,7 @@ from . import complex as complex_parts
 from .capture import Captured, quiet_fake_tensor_log, source_line
 from .converters import CONVERTERS, Unsupported, converter_key
 from .masks import causal_offset, is_random
-from .mutation import mutated_arg, out_of_place
+from .mutation import mutated_arg, out_of_place, put, replay, view_steps
 
 
 @dataclass
@@ -186,6 +186,9 @@ class Importer:
         self._input_free: dict[torch.fx.Node, bool] = {}
         self._real: dict[torch.fx.Node, Any] = {}
         self.written_bases: set[torch.fx.Node] = set()  # tensors some node writes in place
+        # a view eager shares storage with (of its first argument), as the view steps the IR takes of that
+        # argument's value: a write through it is put back into the whole tensor (`mutation.put`)
+        self.views: dict[torch.fx.Node, tuple[torch.fx.Node, tuple]] = {}
         self.complex_inputs: list[int] = []  # function arguments that are complex inputs' real views
         self._by_storage: dict[int, list[torch.fx.Node]] | None = None  # storage -> nodes whose value is in it
         self.value_decisions: list[str] = []
@@ -453,6 +456,7 @@ class Importer:
         out, reason = self._try_converter(n, key, args, kwargs, value)
         if out is not None:
             self.env[n] = out
+            self._note_view(n, value)
             return
         self.notes.append(f"torch_call {n.name}: {reason}")
         self.env[n] = self._torch_call(n, value)
@@ -479,23 +483,68 @@ class Importer:
             self.emitter.node = None
 
     # -- in-place ops -------------------------------------------------------------------------------
+    def _note_view(self, n: torch.fx.Node, value: Any) -> None:
+        """Record `n` as a view of its first argument where eager's value shares that argument's storage and
+        the IR took it by view steps (see `mutation`)."""
+        src = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else None
+        if src is None or not isinstance(value, torch.Tensor) or not isinstance(self.env.get(src), SSAValue):
+            return
+        if (st := _storage(value)) is None or st != _storage(self.values.get(src)):
+            return
+        steps = view_steps(self.env[n], self.env[src])
+        if steps:
+            self.views[n] = (src, steps)
+
+    def _root(self, node: torch.fx.Node) -> torch.fx.Node:
+        """The tensor a (chain of) tracked view(s) looks into, by its first name."""
+        node = self.alias_base.get(node, node)
+        while node in self.views:
+            node = self.alias_base.get(self.views[node][0], self.views[node][0])
+        return node
+
     def _convert_inplace(self, n: torch.fx.Node, value: Any, written: torch.fx.Node) -> None:
         """Functionalize `n`, which writes the tensor of `written`: compute the new value out of place and
-        make every name of that tensor (the node and earlier in-place results on it) see it."""
-        base = self.alias_base.get(written, written)
+        make every name of that tensor (the node and earlier in-place results on it) see it. A write through a
+        tracked view puts the view's new value back into the whole tensor; every tracked view of that tensor is
+        then taken again from its new value."""
+        target = self.alias_base.get(written, written)
+        new = None
+        if target in self.views:
+            new = self._written_value(n, written)
+            node = target
+            while node in self.views:  # (a view of a view: put back step by step)
+                src, steps = self.views[node]
+                new = put(self.emitter, steps, self.env[src], new)
+                node = self.alias_base.get(src, src)
+            base = node
+        else:
+            base = target
         self._refuse_aliased_write(n, base)
         self.written_bases.add(base)
-        new = self._written_value(n, written)
+        if new is None:
+            new = self._written_value(n, written)
         for node in [base, *(k for k, b in self.alias_base.items() if b is base)]:
             self.env[node] = new
-        self.alias_base[n] = base
-        self.env[n] = new if isinstance(value, torch.Tensor) else value
+        again = [m for m in self.views if self._root(m) is base]
+        for m in again:  # (in creation order: a view's source is taken again before it)
+            src, steps = self.views[m]
+            self.env[m] = replay(self.emitter, steps, self.env[src])
+        for k, b in self.alias_base.items():  # other names of those views
+            if b in again:
+                self.env[k] = self.env[b]
+        if target in self.views:  # n (x.copy_(y) returns x) names the written view
+            self.views[n] = self.views[target]
+            self.env[n] = self.env[target] if isinstance(value, torch.Tensor) else value
+        else:
+            self.alias_base[n] = base
+            self.env[n] = new if isinstance(value, torch.Tensor) else value
         if base.op in ("placeholder", "get_attr"):
             self.written[base] = new
 
     def _refuse_aliased_write(self, n: torch.fx.Node, base: torch.fx.Node) -> None:
         """An in-place write that another live tensor sees through a view (or that writes a graph input or
-        module state through a view) cannot be functionalized by rebinding one name: refuse it clearly."""
+        module state through a view) cannot be functionalized by rebinding one name: refuse it clearly. The
+        tracked views of `base` (`_note_view`) are taken again from its new value instead."""
         storage = _storage(self.values.get(base))
         if storage is None:
             return
@@ -506,6 +555,8 @@ class Importer:
                     self._by_storage.setdefault(st, []).append(m)
         for m in self._by_storage.get(storage, ()):
             if m is base or m is n or self.alias_base.get(m) is base or self.order[m] > self.order[n]:
+                continue
+            if self._root(m) is base:  # a tracked view of it
                 continue
             if m.op in ("placeholder", "get_attr") or any(self.order[u] > self.order[n] for u in m.users):
                 where = source_line(n)
@@ -631,6 +682,8 @@ class Importer:
         op = TorchCallOp(_qualname(n, self.gm), name, flat_in, [tensor_type(leaves[i].shape, leaves[i].dtype) for i in tensor_pos])
         if clone is None and self.input_free(n):
             op.attributes["input_free"] = UnitAttr()  # dead code elimination may drop it once unused
+        elif clone is None and op.callee.data in ALLOCATIONS:
+            op.attributes["pure"] = UnitAttr()  # (reads its inputs' sizes and dtypes only): likewise
         ins = [self.values.get(m) for m in n.all_input_nodes]
         if _fresh(leaves, ins) and not _stride_dependent(n):
             op.attributes["fresh"] = UnitAttr()
@@ -777,6 +830,12 @@ def _describe(n: torch.fx.Node) -> str:
     if n.op == "call_module":
         return f"module {n.target}"
     return f"function {_qualname_fn(n.target)}"
+
+
+# torch calls that make a new tensor from their inputs' sizes, dtypes and devices alone (no effect but the result;
+# `t = x.new_empty(...)` filled through views of it is left unread once the writes are put back)
+ALLOCATIONS = {f"torch.Tensor.{m}" for m in ("new_empty", "new_zeros", "new_ones", "new_full")} | {
+    f"torch.{f}" for f in ("empty_like", "zeros_like", "ones_like", "full_like")}  # fmt: skip
 
 
 def _qualname_fn(fn: Any) -> str:

@@ -1,4 +1,5 @@
-"""In-place ops in FX graphs: which node a call writes, and the out-of-place call computing the same value.
+"""In-place ops in FX graphs: which node a call writes, the out-of-place call computing the same value, and
+writes through views.
 
 The importer functionalizes them: the written tensor's new value becomes a fresh SSA value that later
 readers see, and a write to a graph input or a module buffer/parameter is copied back after the call.
@@ -11,6 +12,10 @@ from typing import Any
 
 import torch
 import torch.fx
+from xdsl.ir import SSAValue
+
+from ..dialects import CatOp, PermuteOp, ReshapeOp, SliceOp
+from ..dialects.types import shape_of
 
 # `a op= b` as traced by dynamo, and the operator computing the same value out of place
 INPLACE_OPERATORS = {
@@ -69,3 +74,92 @@ def out_of_place(n: torch.fx.Node) -> tuple[Any, tuple, dict] | None:
             return None
         return n.target, n.args, kwargs
     return None
+
+
+# -- writes through views -----------------------------------------------------------------------------------
+# A node whose tensor is a view of its first argument's (eager shares the storage) imports as a chain of
+# dl.slice (step 1), dl.reshape and dl.permute ops from that argument's value: getitem with ints, slices,
+# Ellipsis and None, narrow, select, view, reshape, flatten, unsqueeze, squeeze, permute, transpose. A write
+# through it (`x[..., :d].copy_(y)`, `h[:, :2].mul_(3)`) is then functionalized on the whole tensor: the view's new
+# value is put back through the chain (`put`: a slice's neighbours concatenated around it, a reshape or a
+# permutation undone), and every view of that tensor is taken again from its new value (`replay`).
+ViewStep = tuple  # ("slice", dim, start, end) | ("reshape", shape) | ("permute", perm)
+
+
+def view_steps(out: SSAValue, src: SSAValue) -> tuple[ViewStep, ...] | None:
+    """The steps from `src` to `out` if `out` is a chain of view ops on `src`, else None (a strided slice,
+    another op: a write through such a view is not functionalized)."""
+    steps: list[ViewStep] = []
+    x = out
+    while x is not src:
+        op = x.owner
+        if isinstance(op, SliceOp) and op.bounds()[3] == 1:
+            steps.append(("slice", *op.bounds()[:3]))
+        elif isinstance(op, ReshapeOp):
+            steps.append(("reshape", tuple(shape_of(op.result))))
+        elif isinstance(op, PermuteOp):
+            steps.append(("permute", op.permutation))
+        else:
+            return None
+        x = op.operands[0]
+    return tuple(reversed(steps))
+
+
+def replay(e, steps: tuple[ViewStep, ...], x: SSAValue) -> SSAValue:
+    """The view the steps take of `x`."""
+    for step in steps:
+        x = _view_op(e, step, x)
+    return x
+
+
+def put(e, steps: tuple[ViewStep, ...], x: SSAValue, new: SSAValue) -> SSAValue:
+    """`x` with its view (the steps taken of it) replaced by `new`, built out of place."""
+    if not steps:
+        return new
+    first, rest = steps[0], steps[1:]
+    inner = _view_op(e, first, x)
+    new = put(e, rest, inner, new)
+    kind = first[0]
+    if kind == "reshape":
+        return e.emit(ReshapeOp(new, list(shape_of(x)))).results[0]
+    if kind == "permute":
+        inverse = [0] * len(first[1])
+        for i, p in enumerate(first[1]):
+            inverse[p] = i
+        return e.emit(PermuteOp(new, inverse)).results[0]
+    _, dim, start, end = first
+    n = shape_of(x)[dim]
+    parts = ([_part(e, x, dim, 0, start)] if start > 0 else []) + [new] + ([_part(e, x, dim, end, n)] if end < n else [])
+    return parts[0] if len(parts) == 1 else e.emit(CatOp(parts, dim)).results[0]
+
+
+def _view_op(e, step: ViewStep, x: SSAValue) -> SSAValue:
+    kind = step[0]
+    if kind == "slice":
+        _, dim, start, end = step
+        if start == 0 and end == shape_of(x)[dim]:
+            return x
+        return e.emit(SliceOp(x, dim, start, end)).results[0]
+    if kind == "reshape":
+        return x if tuple(shape_of(x)) == step[1] else e.emit(ReshapeOp(x, list(step[1]))).results[0]
+    return e.emit(PermuteOp(x, list(step[1]))).results[0]
+
+
+def _part(e, x: SSAValue, dim: int, start: int, end: int) -> SSAValue:
+    """x[start:end] along dim; where x is a concatenation along dim and the range covers whole pieces, those
+    pieces (so that filling a tensor piece by piece, `t = new_empty(...); t[..., :a].copy_(p); t[..., a:].copy_(q)`,
+    imports as cat(p, q))."""
+    op = x.owner
+    if isinstance(op, CatOp) and op.axis == dim:
+        pieces, at = [], 0
+        for p in op.inputs:
+            size = shape_of(p)[dim]
+            if start <= at and at + size <= end:
+                pieces.append(p)
+            elif at < end and start < at + size:  # (a piece cut by the range)
+                pieces = []
+                break
+            at += size
+        if pieces and sum(shape_of(p)[dim] for p in pieces) == end - start:
+            return pieces[0] if len(pieces) == 1 else e.emit(CatOp(pieces, dim)).results[0]
+    return e.emit(SliceOp(x, dim, start, end)).results[0]

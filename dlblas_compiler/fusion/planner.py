@@ -192,7 +192,7 @@ class SplitAddRMSNorm(RewritePattern):
             return
         set_name(add.result, op.sum)
         set_name(norm.result, op.normed)
-        rewriter.replace_op(op, [add, norm], [norm.result, add.result])
+        rewriter.replace(op, [add, norm], [norm.result, add.result])
         self.notes.append(f"split add_rms_norm %{add.result.name_hint}: the add joins the GEMM epilogue, the norm the next prologue")
 
 

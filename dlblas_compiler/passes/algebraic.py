@@ -239,7 +239,7 @@ def _rows_regrouped(op: ReshapeOp, rewriter: PatternRewriter) -> bool:
     new.append(LinearOp(x, lin.weight, lin.bias))
     set_name(new[-1].results[0], op.result)
     rewriter.replace(op, new)
-    rewriter.erase_op(lin)
+    rewriter.erase(lin)
     return True
 
 

@@ -112,6 +112,6 @@ def install(rewriter: PatternRewriter, new: Operation, old: SSAValue, before: Se
         return False
     set_name(new.results[0], old)
     if before:
-        rewriter.insert_op(list(before), InsertPoint.before(old.owner))
+        rewriter.insert(list(before), InsertPoint.before(old.owner))
     rewriter.replace(old.owner, new)
     return True

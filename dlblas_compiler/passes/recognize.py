@@ -362,7 +362,7 @@ class RecognizeLinearBias(RewritePattern):
             if lin is None or lin.bias is not None or not y.has_one_use() or not is_constant(b):
                 continue
             if install(rewriter, LinearOp(lin.input, lin.weight, b), op.result):
-                rewriter.erase_op(lin)
+                rewriter.erase(lin)
                 return
 
 

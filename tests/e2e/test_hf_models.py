@@ -63,6 +63,11 @@ MORE_REGIONS = {
     "bert": Counter({"row": 5, "gemm": 4 * 2 + 1, "attention": 2}),
     "t5_encoder": Counter({"row": 2, "gemm": 4 * 2, "attention": 2}),
     "mixtral": Counter({"row": 6, "gemm": 2 * 2 + 1, "attention": 2}),
+    # multi-head latent attention: q and kv through low-rank projections with their own RMSNorms, k and v expanded
+    # from the latent per head (the key states filled piece by piece through views: a concatenation), the rotary on
+    # a slice of each head; layer 1's MoE routes by torch ops (group-limited top-k in V3) over GEMM regions
+    "deepseek_v2": Counter({"row": 11, "gemm": 12, "attention": 2}),
+    "deepseek_v3": Counter({"row": 17, "gemm": 14, "attention": 2}),
 }
 ENCODERS = ("bert", "t5_encoder")  # outputs last_hidden_state; the others are causal LMs (logits)
 
@@ -120,6 +125,13 @@ def _more_config(name: str) -> tuple:
     if name == "t5_encoder":  # relative position bias added to unscaled scores, RMSNorm without mean, ReLU MLP
         shape = dict(d_model=64, d_ff=160, d_kv=16, num_heads=4, num_layers=2, vocab_size=128)
         return t.T5Config(**shape), t.T5EncoderModel
+    if name.startswith("deepseek"):  # V2: its rotary table in complex numbers, scaled; V3: a q projection of low rank
+        mla = dict(num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                   n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                   v_head_dim=16)  # fmt: skip
+        if name == "deepseek_v2":
+            return t.DeepseekV2Config(**BASE, **mla, q_lora_rank=None), t.DeepseekV2ForCausalLM
+        return t.DeepseekV3Config(**BASE, **mla, q_lora_rank=24, n_group=1, topk_group=1), t.DeepseekV3ForCausalLM
     # mixtral: sparse MoE MLP captured as dl.moe (topk_gating + fused_moe)
     return t.MixtralConfig(**BASE, **kv, num_local_experts=4, num_experts_per_tok=2), t.MixtralForCausalLM
 
