@@ -43,6 +43,7 @@ from ..dialects import (
     GeluOp,
     MulOp,
     NegOp,
+    PermuteOp,
     PowOp,
     ReciprocalOp,
     ReduceMeanOp,
@@ -301,14 +302,22 @@ def _full_width(c1: SSAValue, c2: SSAValue, step: int) -> tuple[SSAValue, list[O
     return flat.results[0], [r1, r2, pairs, flat]
 
 
-def _install_rotary(rewriter: PatternRewriter, t: RotaryTerms, step: int, old: SSAValue) -> bool:
+def _install_rotary(rewriter: PatternRewriter, t: RotaryTerms, step: int, old: SSAValue, halves_out: bool = False) -> bool:
+    """`halves_out`: pairs rotated (step 2) but their results laid out as halves (first entries, then second ones):
+    the interleaved rotary, its result's pairs then taken apart (viewed [..., d/2, 2], transposed, flattened: a view
+    the GEMM epilogue stores through)."""
     cos, sin = _full_width(t.c1, t.c2, step), _full_width(t.s1, t.s2, step)
     if cos is None or sin is None:
         for op in reversed([*(cos[1] if cos else []), *(sin[1] if sin else [])]):
             op.erase()
         return False
-    layout = "half" if step == 1 else "interleaved"
-    return install(rewriter, RotaryOp(t.x, cos[0], sin[0], layout), old, [*cos[1], *sin[1]])
+    rotary = RotaryOp(t.x, cos[0], sin[0], "half" if step == 1 else "interleaved")
+    if not halves_out:
+        return install(rewriter, rotary, old, [*cos[1], *sin[1]])
+    *lead, d = shape(t.x)
+    pairs = ReshapeOp(rotary.result, (*lead, d // 2, 2))
+    turned = PermuteOp(pairs.results[0], [*range(len(lead)), len(lead) + 1, len(lead)])
+    return install(rewriter, ReshapeOp(turned.result, (*lead, d)), old, [*cos[1], *sin[1], rotary, pairs, turned])
 
 
 class RotaryOfHalves(RewritePattern):
@@ -321,6 +330,19 @@ class RotaryOfHalves(RewritePattern):
         terms = _rotary_terms(op.inputs[0], op.inputs[1], 1)
         if terms is not None:
             _install_rotary(rewriter, terms, 1, op.result)
+
+
+class RotaryOfPairsIntoHalves(RewritePattern):
+    """cat(xe*c1 - xo*s1, xo*c2 + xe*s2, -1) over x's even/odd entries (DeepSeek-V3's interleaved rotary, written
+    into halves order) -> the interleaved rotary of x, its result's pairs taken apart by a view."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: CatOp, rewriter: PatternRewriter):
+        if len(op.inputs) != 2 or op.axis != last_dim(op.result):
+            return
+        terms = _rotary_terms(op.inputs[0], op.inputs[1], 2)
+        if terms is not None and shape(op.result) == shape(terms.x):
+            _install_rotary(rewriter, terms, 2, op.result, halves_out=True)
 
 
 class RotaryOfPairs(RewritePattern):
@@ -347,6 +369,7 @@ SPELLINGS: list[type[RewritePattern]] = [
     GeluOfFormula,
     MeanOfSum,
     RotaryOfHalves,
+    RotaryOfPairsIntoHalves,
     RotaryOfPairs,
 ]
 

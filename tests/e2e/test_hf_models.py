@@ -67,7 +67,7 @@ MORE_REGIONS = {
     # from the latent per head (the key states filled piece by piece through views: a concatenation), the rotary on
     # a slice of each head; layer 1's MoE routes by torch ops (group-limited top-k in V3) over GEMM regions
     "deepseek_v2": Counter({"row": 11, "gemm": 12, "attention": 2}),
-    "deepseek_v3": Counter({"row": 17, "gemm": 14, "attention": 2}),
+    "deepseek_v3": Counter({"row": 11, "gemm": 14, "attention": 2}),
 }
 ENCODERS = ("bert", "t5_encoder")  # outputs last_hidden_state; the others are causal LMs (logits)
 

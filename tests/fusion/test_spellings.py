@@ -65,12 +65,20 @@ def _stacked_pairs(q, c, s, full_width: bool):
     return torch.stack((qe * ce - qo * se, qo * co + qe * so), -1).flatten(-2)
 
 
+def _pairs_into_halves(q, c, s):
+    """DeepSeek-V3's interleaved rotary: even/odd pairs rotated, the results written as halves (HF's cos and sin)."""
+    c, s = c[..., : c.shape[-1] // 2], s[..., : s.shape[-1] // 2]
+    qe, qo = q[..., 0::2], q[..., 1::2]
+    return torch.cat([qe * c - qo * s, qo * c + qe * s], -1)
+
+
 ROTARIES = {  # q [B, H, S, HD]; cos, sin [S, HD] as HF builds them (cat(freqs, freqs)), or one value per pair
     "rotate_half": lambda q, c, s: q * c + torch.cat((-_half(q)[1], _half(q)[0]), -1) * s,
     "cat_of_halves": lambda q, c, s: _cat_of_halves(q, c, s, True),
     "cat_of_halves_half_width": lambda q, c, s: _cat_of_halves(q, c, s, False),
     "stacked_pairs": lambda q, c, s: _stacked_pairs(q, c, s, True),
     "stacked_pairs_half_width": lambda q, c, s: _stacked_pairs(q, c, s, False),
+    "pairs_into_halves": _pairs_into_halves,
 }
 
 
