@@ -166,6 +166,12 @@ HF_LAYERS = {
                                num_key_value_heads=32, rms_norm_eps=1e-5, rope_theta=10000.0)),
     "qwen3_8b": ("qwen3", dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
                                num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0)),
+    # DeepSeek-V3's first (dense) layer: multi-head latent attention (q through a rank-1536 projection, keys and
+    # values expanded from a rank-512 latent, 64 rotary dims per head rotated as pairs), a dense SwiGLU MLP
+    "deepseek_v3_dense": ("deepseek_v3", dict(hidden_size=7168, intermediate_size=18432, num_attention_heads=128,
+                                              num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+                                              qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                                              first_k_dense_replace=3, rms_norm_eps=1e-6, rope_theta=10000.0)),
 }  # fmt: skip
 
 
@@ -191,13 +197,15 @@ def make_hf_layer(name: str, m: int, dtype, device):
     layer, rotary = model.model.layers[0], model.model.rotary_emb
     layer = randomize_(layer.to_empty(device=device)).to(dtype=dtype).eval()
     rotary = type(rotary)(cfg, device=device)
-    d = hf_layer_dims(name)
-    h, i, hq, hk, dh = d["H"], d["I"], d["HQ"], d["HK"], d["D"]
+    h, hq = fields["hidden_size"], fields["num_attention_heads"]
+    dh = fields.get("head_dim", h // hq)
+    dqk = fields.get("qk_nope_head_dim", 0) + fields.get("qk_rope_head_dim", 0) or dh  # (latent attention's dims)
+    dv = fields.get("v_head_dim", dh)
     x = _randn(1, m, h, dtype=dtype, device=device, seed=1)
     cos, sin = rotary(x, torch.arange(m, device=device)[None])
-    n_qkv = (hq + 2 * hk) * dh
-    weights = h * n_qkv + hq * dh * h + 3 * h * i + 2 * h
-    flops = 2 * m * (h * n_qkv + hq * dh * h + 3 * h * i) + 4 * hq * m * m * dh / 2
+    weights = sum(p.numel() for p in layer.parameters())
+    matrices = sum(p.numel() for p in layer.parameters() if p.dim() == 2)
+    flops = 2 * m * matrices + 2 * hq * m * m * (dqk + dv) / 2  # (the GEMMs; causal attention's two products)
     e = dtype.itemsize
     return layer, (x,), {"position_embeddings": (cos, sin), "attention_mask": None}, (weights + 2 * m * h) * e, flops
 
