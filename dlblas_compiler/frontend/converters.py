@@ -366,7 +366,10 @@ def _repeat_interleave(e, x, repeats, dim=None, *, output_size=None):
 @converts("split", torch.split, "chunk", torch.chunk, "unbind", torch.unbind, "tensor_split")
 def _split(e, x, *args, dim=0, **kwargs):
     x = _tensor(x)
-    if args and len(args) > 1:
+    if e.node is not None and e.node.target in ("unbind", torch.unbind):  # unbind(dim): no sizes before the dim
+        if args:
+            dim = args[0]
+    elif args and len(args) > 1:  # split(sizes, dim), chunk(n, dim), tensor_split(sections, dim)
         dim = args[1]
     d = normalize_dim(kwargs.get("dim", dim), len(shape_of(x)))
     outs, start = [], 0

@@ -487,6 +487,8 @@ class Importer:
         """Record `n` as a view of its first argument where eager's value shares that argument's storage and
         the IR took it by view steps (see `mutation`)."""
         src = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else None
+        if src is not None and isinstance(self.env.get(src), (list, tuple)) and src.args:  # a piece of split, chunk,
+            src = src.args[0] if isinstance(src.args[0], torch.fx.Node) else None  # unbind: a view of their input
         if src is None or not isinstance(value, torch.Tensor) or not isinstance(self.env.get(src), SSAValue):
             return
         if (st := _storage(value)) is None or st != _storage(self.values.get(src)):
@@ -526,12 +528,14 @@ class Importer:
         for node in [base, *(k for k, b in self.alias_base.items() if b is base)]:
             self.env[node] = new
         again = [m for m in self.views if self._root(m) is base]
-        for m in again:  # (in creation order: a view's source is taken again before it)
+        names: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # other names of those views
+        for k, b in self.alias_base.items():
+            names.setdefault(b, []).append(k)
+        for m in again:  # (in creation order: a view's source, and its other names, are taken again before it)
             src, steps = self.views[m]
             self.env[m] = replay(self.emitter, steps, self.env[src])
-        for k, b in self.alias_base.items():  # other names of those views
-            if b in again:
-                self.env[k] = self.env[b]
+            for k in names.get(m, ()):
+                self.env[k] = self.env[m]
         if target in self.views:  # n (x.copy_(y) returns x) names the written view
             self.views[n] = self.views[target]
             self.env[n] = self.env[target] if isinstance(value, torch.Tensor) else value

@@ -341,3 +341,28 @@ def test_einsum_in_sublist_form_stays_a_torch_call():
     with torch.no_grad():
         assert (cm(x) - model(x)).abs().max() < 1e-4
     assert 'dl.torch_call "torch.functional.einsum"' in cm.ir()
+
+
+class Pieces(nn.Module):
+    """unbind, chunk, split and tensor_split with their dims given by position and by keyword, on a square tensor
+    (where taking the pieces along the wrong dim still has the right shapes)."""
+
+    def forward(self, x):
+        a, b, c, d = x.unbind(1)
+        e = torch.unbind(x, 1)[2]
+        f = torch.unbind(x, dim=1)[3]
+        g = x.chunk(2, 1)[1]
+        h = torch.split(x, 1, 1)[0]
+        i = x.tensor_split(2, 1)[0]
+        return a * 2 + d, b - c + e * f, g * 3, h + 1, i * 2
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_pieces_along_the_dim_asked_for(backend):
+    """Found by the random writes through views (tests/frontend/test_view_writes.py): `x.unbind(1)` took rows, not
+    columns (the dim read from the position split's takes it at), a silent wrong answer on square tensors."""
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out, ref = dc.compile(Pieces(), backend=backend)(x), Pieces()(x)
+    for o, r in zip(out, ref, strict=True):
+        assert o.shape == r.shape and torch.allclose(o, r, atol=1e-6), (o, r)
