@@ -1272,6 +1272,8 @@ SECTIONS = {
         ["2026-11-28-h100-s20-layer-llama3_8b.json"], "layer_llama3_8b"), heading=False),
     "block-layer-deepseek_v3-h100-s21": lambda: block_markdown(load_runs(
         ["2026-11-28-h100-s21-layer-deepseek_v3_dense.json"], "layer_deepseek_v3_dense"), heading=False),
+    "block-layer-deepseek_v3-small-h100-s21": lambda: block_markdown(load_runs(
+        ["2026-11-28-h100-s21-layer-deepseek_v3_dense-m1-128.json"], "layer_deepseek_v3_dense"), heading=False),
     "gemms-s19-rotary-pieces": functools.partial(rotary_pieces_section,
                                                  "2026-11-27-h100-s19-gemms-rotary-b-ablate-pairs.json"),
     "gemms-s19-rotary-split": functools.partial(rotary_split_section, "2026-11-27-h100-s19-gemms-rotary-a-old.json",
