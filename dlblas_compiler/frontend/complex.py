@@ -9,9 +9,10 @@ The dialect holds real tensors only, so the importer carries each complex value 
 (`Complex`) through the few ops such code uses: `view_as_complex` (the even and odd entries of the last dim,
 read as strided slices), complex buffers (their parts become two parameters), `torch.complex(re, im)` and
 `torch.polar(abs, angle)` (re, im = abs*cos(angle), abs*sin(angle)), shape ops applied to both parts,
-products with complex or real tensors and real scalars, and `view_as_real` (the parts interleaved again). The rotary above thus
-imports as `stack(xe*c - xo*s, xo*c + xe*s, -1).flatten(-2)`, the interleaved rotary that `recognize` raises to
-`dl.rotary`. Any other op on a complex value is refused with a clear error.
+products with complex or real tensors and real scalars (DeepSeek-V2 scales its table), and `view_as_real` (the
+parts interleaved again). The rotary above thus imports as `stack(xe*c - xo*s, xo*c + xe*s, -1).flatten(-2)`,
+the interleaved rotary that `recognize` raises to `dl.rotary`. Any other op on a complex value is refused with a
+clear error.
 """
 
 from __future__ import annotations

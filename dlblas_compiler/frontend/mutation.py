@@ -129,7 +129,9 @@ def put(e, steps: tuple[ViewStep, ...], x: SSAValue, new: SSAValue) -> SSAValue:
         return e.emit(PermuteOp(new, inverse)).results[0]
     _, dim, start, end = first
     n = shape_of(x)[dim]
-    parts = ([_part(e, x, dim, 0, start)] if start > 0 else []) + [new] + ([_part(e, x, dim, end, n)] if end < n else [])
+    before = [_part(e, x, dim, 0, start)] if start > 0 else []
+    after = [_part(e, x, dim, end, n)] if end < n else []
+    parts = [*before, new, *after]
     return parts[0] if len(parts) == 1 else e.emit(CatOp(parts, dim)).results[0]
 
 

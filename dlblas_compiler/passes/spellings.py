@@ -302,7 +302,9 @@ def _full_width(c1: SSAValue, c2: SSAValue, step: int) -> tuple[SSAValue, list[O
     return flat.results[0], [r1, r2, pairs, flat]
 
 
-def _install_rotary(rewriter: PatternRewriter, t: RotaryTerms, step: int, old: SSAValue, halves_out: bool = False) -> bool:
+def _install_rotary(
+    rewriter: PatternRewriter, t: RotaryTerms, step: int, old: SSAValue, halves_out: bool = False
+) -> bool:
     """`halves_out`: pairs rotated (step 2) but their results laid out as halves (first entries, then second ones):
     the interleaved rotary, its result's pairs then taken apart (viewed [..., d/2, 2], transposed, flattened: a view
     the GEMM epilogue stores through)."""
