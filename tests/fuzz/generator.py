@@ -596,9 +596,10 @@ class _Draft:
         root = self.twins.get(x, x)
         names = {root, *(v for v, r in self.twins.items() if r == root)}
         viewed = set(self.views) | set(self.views.values())
-        if x in self.readonly or (len(names) > 1 and names & viewed):
-            return False
-        return self.views.get(x, x) not in self.strided
+        base = self.views.get(x, x)
+        if x in self.readonly or base in self.readonly or (len(names) > 1 and names & viewed):
+            return False  # (nor through a view of an expand()-ed input: eager refuses that as well)
+        return base not in self.strided
 
     def pick(self, pred=lambda s: True, ok=lambda v: True) -> int | None:
         """A float value whose shape satisfies pred (and whose id, ok), recent ones more often."""
