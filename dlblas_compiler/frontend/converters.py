@@ -363,15 +363,22 @@ def _repeat_interleave(e, x, repeats, dim=None, *, output_size=None):
     return _emit(e, ReshapeOp(wide, _out_shape(e)))
 
 
-@converts("split", torch.split, "chunk", torch.chunk, "unbind", torch.unbind, "tensor_split")
+@converts("split", torch.split, "chunk", torch.chunk, "tensor_split")
 def _split(e, x, *args, dim=0, **kwargs):
-    x = _tensor(x)
-    if e.node is not None and e.node.target in ("unbind", torch.unbind):  # unbind(dim): no sizes before the dim
-        if args:
-            dim = args[0]
-    elif args and len(args) > 1:  # split(sizes, dim), chunk(n, dim), tensor_split(sections, dim)
+    if args and len(args) > 1:  # split(sizes, dim), chunk(n, dim), tensor_split(sections, dim)
         dim = args[1]
-    d = normalize_dim(kwargs.get("dim", dim), len(shape_of(x)))
+    return _pieces(e, _tensor(x), kwargs.get("dim", dim))
+
+
+@converts("unbind", torch.unbind)
+def _unbind(e, x, dim=0):
+    return _pieces(e, _tensor(x), dim)
+
+
+def _pieces(e, x: SSAValue, dim: int) -> tuple:
+    """The pieces eager returned (e.value), taken from x along dim in order: slices, reshaped where the piece
+    drops the dim (unbind)."""
+    d = normalize_dim(dim, len(shape_of(x)))
     outs, start = [], 0
     for v in e.value:
         n = v.shape[d] if v.dim() == len(shape_of(x)) else 1

@@ -117,8 +117,8 @@ def put(e, steps: tuple[ViewStep, ...], x: SSAValue, new: SSAValue) -> SSAValue:
     if not steps:
         return new
     first, rest = steps[0], steps[1:]
-    inner = _view_op(e, first, x)
-    new = put(e, rest, inner, new)
+    if rest:  # (the view's source at this step: only its further steps need it)
+        new = put(e, rest, _view_op(e, first, x), new)
     kind = first[0]
     if kind == "reshape":
         return e.emit(ReshapeOp(new, list(shape_of(x)))).results[0]
