@@ -35,6 +35,7 @@ from ..dialects import (
     LinearOp,
     ParamOp,
     RMSNormOp,
+    SDPAOp,
     TorchCallOp,
     YieldOp,
 )
@@ -210,8 +211,8 @@ def explain_unfused(plan: Plan) -> None:
             why = op.UNFUSED
         elif isinstance(op, VIEW_OPS):
             why = "a view between regions: torch returns it without a copy"
-        else:
-            res = ask("row", [op])
+        else:  # the template that would take it alone says why it did not
+            res = ask("attention" if isinstance(op, SDPAOp) else "row", [op])
             why = str(res) if isinstance(res, WhyNot) else "no pattern claimed it"
         plan.notes.append(f"not fused: {name}: {why}")
 

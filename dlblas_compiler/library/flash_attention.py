@@ -39,7 +39,7 @@ from .registry import Optional, Scalar, Sig, Tensor, register_op, same_dtype, wh
 from .rotary import RotaryModule, apply_rotary_pos_emb_reference
 from .templated import ATTENTION_SPACE, run
 
-HEAD_DIMS = (16, 32, 64, 128, 256)  # what the attention template and the fused kernel take (powers of two)
+HEAD_DIMS = (16, 32, 64, 128, 256)  # what the fused rotary kernel takes (the template also takes other multiples of 16)
 
 
 # --------------------------------------------------------------------------------------------- torch references

@@ -131,6 +131,7 @@ def _more_config(name: str) -> tuple:
                    v_head_dim=16)  # fmt: skip
         if name == "deepseek_v2":
             return t.DeepseekV2Config(**BASE, **mla, q_lora_rank=None), t.DeepseekV2ForCausalLM
+        mla["v_head_dim"] = 32  # value heads wider than q/k's 16, as V3's are narrower (128 against 192)
         return t.DeepseekV3Config(**BASE, **mla, q_lora_rank=24, n_group=1, topk_group=1), t.DeepseekV3ForCausalLM
     # mixtral: sparse MoE MLP captured as dl.moe (topk_gating + fused_moe)
     return t.MixtralConfig(**BASE, **kv, num_local_experts=4, num_experts_per_tok=2), t.MixtralForCausalLM

@@ -659,11 +659,13 @@ def _gen_attention(d: _Draft, explicit: bool) -> None:
     hk = d.dim(rng.choice([1, 2]))
     groups = 1 if explicit else rng.choice([1, 1, 2])
     hq = hk if groups == 1 else f"{hk}*{d.dim(groups)}"
-    hd = d.dim(rng.choice([16, 16, 32, 8, 12]))  # powers of two >= 16 run the template; others stay unfused
+    # multiples of 16 run the template (48 in pieces of 32 + 16); others stay unfused; v's head dim may differ
+    hd = d.dim(rng.choice([16, 16, 32, 48, 8, 12]))
+    hdv = hd if rng.random() < 0.7 else d.dim(rng.choice([16, 32, 48, 8]))
     causal = rng.random() < 0.4
     length = s if causal or src is not None or rng.random() < 0.5 else d.dim(_ragged(rng, 1, 24))
 
-    def heads(h: str, n: str) -> int:
+    def heads(h: str, n: str, hd: str) -> int:
         if src is not None and rng.random() < 0.8:  # project, split heads, transpose
             y = d.op([b, s, f"{h}*{hd}"], op="linear", args=[src], w=[f"{h}*{hd}", e], bias=rng.random() < 0.3,
                      module=rng.random() < 0.5, act="none", residual=None, scale=1.0)  # fmt: skip
@@ -671,8 +673,8 @@ def _gen_attention(d: _Draft, explicit: bool) -> None:
             return d.op([b, h, s, hd], op="transpose", args=[y], dims=[1, 2])
         return d.inp([b, h, n, hd])
 
-    q, k, v = heads(hq, s), heads(hk, length), heads(hk, length)
-    out_shape = [b, hq, s, hd]
+    q, k, v = heads(hq, s, hd), heads(hk, length, hd), heads(hk, length, hdv)
+    out_shape = [b, hq, s, hdv]
     args = [q, k, v]
     if not causal and rng.random() < 0.8:  # a padding mask, mostly with fully masked rows
         kind = "mask_add" if explicit else rng.choice(["mask_bool", "mask_add"])
@@ -683,11 +685,11 @@ def _gen_attention(d: _Draft, explicit: bool) -> None:
     else:
         o = d.op(out_shape, op="sdpa", args=args, causal=causal, scale=rng.choice([None, 0.3]), gqa=groups > 1)
     if rng.random() < 0.7:  # merge the heads back
-        o = d.op([b, s, hq, hd], op="transpose", args=[o], dims=[1, 2])
+        o = d.op([b, s, hq, hdv], op="transpose", args=[o], dims=[1, 2])
         if rng.random() < 0.5:
-            d.op([b, s, f"{hq}*{hd}"], op="reshape", args=[o], shape=[b, s, f"{hq}*{hd}"])
+            d.op([b, s, f"{hq}*{hdv}"], op="reshape", args=[o], shape=[b, s, f"{hq}*{hdv}"])
         else:
-            d.op([b, s, f"{hq}*{hd}"], op="view", args=[o], shape=[b, s, f"{hq}*{hd}"], flat=False)
+            d.op([b, s, f"{hq}*{hdv}"], op="view", args=[o], shape=[b, s, f"{hq}*{hdv}"], flat=False)
 
 
 def _view_target(d: _Draft, s: list) -> tuple[list, bool]:

@@ -18,7 +18,8 @@ from .prefill import source
 def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     op = plan.sdpa
     args = list(fused.block.args)
-    b, hq, s, d = shape_of(op.query)
+    b, hq, s, _ = shape_of(op.query)
+    d, dv = plan.dims
     hk, l_ = shape_of(op.key)[1], shape_of(op.key)[2]
     groups = hq // hk
     has_mask = op.mask is not None
@@ -26,9 +27,11 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     wide = wide_indices([*args, *fused.yielded.values])
     nan_rows = op.nan_rows and has_mask
     if plan.decode:
-        src = decode_source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), nan_rows, dtype_of(op.query), wide)
+        src = decode_source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), nan_rows, dtype_of(op.query),
+                            (d, dv), wide)  # fmt: skip
     else:
-        src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), wide, nan_rows, dtype_of(op.query))
+        src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), (d, dv), wide, nan_rows,
+                     dtype_of(op.query))  # fmt: skip
     strides, idx = [], {}
     for key in ("q", "k", "v", "mask"):
         if key not in plan.chains:
@@ -65,7 +68,7 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
         splits, bn = config["SPLITS"], config["BLOCK_N"]
         chunk = cdiv(cdiv(l_, splits), bn) * bn
         if splits > 1:
-            ws = torch.empty(b * hk * splits * rows * (d + 2), dtype=torch.float32, device=q.device)
+            ws = torch.empty(b * hk * splits * rows * (dv + 2), dtype=torch.float32, device=q.device)
             cnt = counters.get(q.device)
             if cnt is None or cnt.numel() < b * hk:  # zeroed once; the last program of each (b, hk) resets it
                 cnt = counters[q.device] = torch.zeros(b * hk, dtype=torch.int32, device=q.device)
@@ -73,7 +76,7 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
             ws = cnt = out
         kernel[(b * hk, splits)](
             q, ptr(tensors, "k"), ptr(tensors, "v"), m, out, ws, cnt, *strides, *olay.strides, hk, s, l_, groups, chunk,
-            qk_scale, D=d, BLOCK_R=rows, BLOCK_N=bn, SPLITS=splits, num_warps=config["num_warps"],
+            qk_scale, D=d, DV=dv, BLOCK_R=rows, BLOCK_N=bn, SPLITS=splits, num_warps=config["num_warps"],
             num_stages=config["num_stages"],
         )  # fmt: skip
         return [out]
@@ -85,13 +88,13 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
         grid = (cdiv(s, config["BLOCK_M"]), b * hq)
         kernel[grid](
             q, ptr(tensors, "k"), ptr(tensors, "v"), m, out, *strides, *olay.strides, hq, s, l_, groups, qk_scale,
-            D=d, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+            D=d, DV=dv, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
             num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return [out]
 
     causal_frac = 0.5 if op.causal else 1.0
-    flops = 4.0 * b * hq * s * l_ * d * causal_frac
-    nbytes = (b * hq * s * d * 2 + 2 * b * hk * l_ * d) * elem
+    flops = 2.0 * b * hq * s * l_ * (d + dv) * causal_frac
+    nbytes = (b * hq * s * (d + dv) + b * hk * l_ * (d + dv)) * elem
     run = launch_decode if plan.decode else launch
-    return Kernel(name, src, run, fused, {"S": s, "L": l_, "D": d, "H": hq}, flops, nbytes)
+    return Kernel(name, src, run, fused, {"S": s, "L": l_, "D": d, "DV": dv, "H": hq}, flops, nbytes)

@@ -10,6 +10,7 @@ from xdsl.ir import Operation, SSAValue
 from ...dialects import PermuteOp, ReshapeOp, SDPAOp
 from ...dialects.types import shape_of
 from ..views import VIEW_OPS, Layout, view_chain, view_source
+from .dims import MAX_HEAD_DIM, head_parts
 
 DECODE_ROWS = 16  # query rows up to which the split-KV decode kernel runs
 
@@ -23,6 +24,11 @@ class AttentionPlan:
     @property
     def decode(self) -> bool:
         return shape_of(self.sdpa.query)[2] <= DECODE_ROWS
+
+    @property
+    def dims(self) -> tuple[int, int]:
+        """The head dims of q/k and of v (and the output)."""
+        return shape_of(self.sdpa.query)[-1], shape_of(self.sdpa.value)[-1]
 
     @property
     def output(self) -> SSAValue:
@@ -60,9 +66,9 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> AttentionPlan | str
     q, k, v = (shape_of(x) for x in (op.query, op.key, op.value))
     if len(q) != 4:
         return f"attention needs [B, H, S, D] operands, got {q}"
-    d = q[-1]
-    if d not in (16, 32, 64, 128, 256) or v[-1] != d:
-        return f"head dim {d} (value dim {v[-1]}): the template takes 16..256, powers of two, equal dims"
+    if head_parts(q[-1]) is None or head_parts(v[-1]) is None:
+        return (f"head dims {q[-1]} (q, k) and {v[-1]} (v): the template takes multiples of 16 up to "
+                f"{MAX_HEAD_DIM}")
     if min(q[2], k[2]) < 1:
         return "empty sequence"
     chains = {}

@@ -11,20 +11,23 @@ from ...dialects.types import dtype_of, shape_of
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import PDL_ARG, TL_DTYPE, Writer, chained_start
+from .dims import dim_ranges, scores
 from .plan import AttentionPlan
 
 PARAMS = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]}
 
 
 def source(
-    name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, wide: bool = False,
-    nan_rows: bool = False, in_dtype: torch.dtype = torch.float16,
+    name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, dims: tuple[int, int],
+    wide: bool = False, nan_rows: bool = False, in_dtype: torch.dtype = torch.float16,
 ) -> str:
     """The kernel text. Scores are kept in log2 units (q pre-scaled by scale * log2(e), exp2), except with an
     additive float mask: mask values as large as the dtype's minimum would overflow once multiplied by log2(e),
     so scores stay in natural units and exp2 takes (s - max) * log2(e). A row whose keys are all masked out
-    gives 0 (SDPA's), or NaN with `nan_rows` (an explicit softmax's)."""
+    gives 0 (SDPA's), or NaN with `nan_rows` (an explicit softmax's). `dims`: the head dims of q/k and of v,
+    each read in power-of-two pieces (dims.py)."""
     float_mask = has_mask and not mask_bool
+    dot = device.dot_args(in_dtype)
     w = Writer()
     w("@triton.jit")
     w(f"def {name}(")
@@ -33,7 +36,7 @@ def source(
     w("sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,")
     w("sm_b, sm_h, sm_s, sm_l, so_b, so_h, so_s, so_d,")
     w("H, S, L, GROUPS, qk_scale,")
-    w("D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, " + PDL_ARG)
+    w("D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, " + PDL_ARG)
     w.dedent()
     w("):")
     w.indent()
@@ -46,16 +49,18 @@ def source(
     w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
     if wide:  # batch * stride and row * stride pass 2^31
         w("b, h, hk, rm = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64), rm.to(tl.int64)")
-    w("rd = tl.arange(0, D)")
+    qk = dim_ranges(w, "rd", dims[0], "D")
+    vp = qk if dims[1] == dims[0] else dim_ranges(w, "rv", dims[1], "DV")
+    rv = "rd" if dims[1] == dims[0] else "rv"
     w("mmask = rm < S")
-    w("q = tl.load(q_ptr + b * sq_b + h * sq_h + rm[:, None] * sq_s + rd[None, :] * sq_d, mask=mmask[:, None], other=0.0)")
-    if float_mask:
-        w("q = (q.to(tl.float32) * qk_scale).to(q.dtype)  # scores in natural units (the mask is added as it is)")
-    else:
-        w("q = (q.to(tl.float32) * qk_scale).to(q.dtype)  # scores come out in log2 units")
+    units = "natural units (the mask is added as it is)" if float_mask else "log2 units"
+    for sfx, _ in qk:
+        w(f"q{sfx} = tl.load(q_ptr + b * sq_b + h * sq_h + rm[:, None] * sq_s + rd{sfx}[None, :] * sq_d, mask=mmask[:, None], other=0.0)")
+        w(f"q{sfx} = (q{sfx}.to(tl.float32) * qk_scale).to(q{sfx}.dtype)  # scores come out in {units}")
     w("m_i = tl.full((BLOCK_M,), float('-inf'), tl.float32)")
     w("l_i = tl.zeros((BLOCK_M,), tl.float32)")
-    w("acc = tl.zeros((BLOCK_M, D), tl.float32)")
+    for sfx, width in vp:
+        w(f"acc{sfx} = tl.zeros((BLOCK_M, {'DV' if len(vp) == 1 else width}), tl.float32)")
     w("k_base = k_ptr + b * sk_b + hk * sk_h")
     w("v_base = v_ptr + b * sv_b + hk * sv_h")
     # blocks entirely below the diagonal (or before L's ragged tail) need no mask
@@ -81,11 +86,10 @@ def source(
             w("keep = keep & (mv != 0)" if mask_bool else "keep = keep & (mv.to(tl.float32) != float('-inf'))")
             w("if tl.max(keep.to(tl.int32)) > 0:")
             w.indent()
-        if masked:
-            w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d, mask=nmask[:, None], other=0.0)")
-        else:
-            w("k = tl.load(k_base + rn[:, None] * sk_s + rd[None, :] * sk_d)")
-        w(f"s = tl.dot(q, tl.trans(k){device.dot_args(in_dtype)})")
+        for sfx, _ in qk:
+            load = f"k{sfx} = tl.load(k_base + rn[:, None] * sk_s + rd{sfx}[None, :] * sk_d"
+            w(load + (", mask=nmask[:, None], other=0.0)" if masked else ")"))
+        scores(w, "q", "k", qk, dot)
         if masked:
             if has_mask and not mask_bool:
                 w("s = s + mv.to(tl.float32)")
@@ -102,20 +106,21 @@ def source(
             w("p = tl.exp2(s - m_safe[:, None])")
             w("alpha = tl.exp2(m_i - m_safe)")
         w("l_i = l_i * alpha + tl.sum(p, axis=1)")
-        if masked:
-            w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d, mask=nmask[:, None], other=0.0)")
-        else:
-            w("v = tl.load(v_base + rn[:, None] * sv_s + rd[None, :] * sv_d)")
-        w(f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{device.dot_args(in_dtype)})")
+        for sfx, _ in vp:
+            load = f"v{sfx} = tl.load(v_base + rn[:, None] * sv_s + {rv}{sfx}[None, :] * sv_d"
+            w(load + (", mask=nmask[:, None], other=0.0)" if masked else ")"))
+            w(f"acc{sfx} = acc{sfx} * alpha[:, None] + tl.dot(p.to(v{sfx}.dtype), v{sfx}{dot})")
         w("m_i = m_new")
         if masked and has_mask:
             w.dedent()
         w.dedent()
     if nan_rows:
-        w("out = acc / tl.where(mmask, l_i, 1.0)[:, None]  # a fully masked row: 0 / 0 = NaN, as softmax gives")
+        w("l_i = tl.where(mmask, l_i, 1.0)  # a fully masked row: 0 / 0 = NaN, as softmax gives")
     else:
-        w("out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a fully masked row: 0, as SDPA gives")
-    w(f"tl.store(o_ptr + b * so_b + h * so_h + rm[:, None] * so_s + rd[None, :] * so_d, out.to({TL_DTYPE[out_dtype]}), mask=mmask[:, None])")
+        w("l_i = tl.where(l_i > 0.0, l_i, 1.0)  # a fully masked row: 0, as SDPA gives")
+    for sfx, _ in vp:
+        w(f"out{sfx} = acc{sfx} / l_i[:, None]")
+        w(f"tl.store(o_ptr + b * so_b + h * so_h + rm[:, None] * so_s + {rv}{sfx}[None, :] * so_d, out{sfx}.to({TL_DTYPE[out_dtype]}), mask=mmask[:, None])")
     w.dedent()
     return w.text()
 
@@ -123,16 +128,16 @@ def source(
 def prefill_space(plan: AttentionPlan) -> SearchSpace:
     """Query and key blocks within the lengths, shared memory for the q, k and v tiles, and registers."""
     op = plan.sdpa
-    _, _, s, d = shape_of(op.query)
-    l_ = shape_of(op.key)[2]
+    s, l_ = shape_of(op.query)[2], shape_of(op.key)[2]
+    d, dv = plan.dims
     elem, smem = dtype_of(op.query).itemsize, device.smem_limit()
     return SearchSpace(
         PARAMS,
         {
             "no block much larger than S": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(s)),
             "no block much larger than L": lambda c: c["BLOCK_N"] <= max(16, triton.next_power_of_2(l_)),
-            "shared memory": lambda c: (c["BLOCK_M"] + 2 * c["BLOCK_N"]) * d * elem * c["num_stages"] <= smem,
-            "registers": lambda c: c["BLOCK_M"] * (d + c["BLOCK_N"]) <= 96 * 32 * c["num_warps"],
+            "shared memory": lambda c: (c["BLOCK_M"] * d + c["BLOCK_N"] * (d + dv)) * elem * c["num_stages"] <= smem,
+            "registers": lambda c: c["BLOCK_M"] * (max(d, dv) + c["BLOCK_N"]) <= 96 * 32 * c["num_warps"],
         },
         default={"BLOCK_M": 16 if s <= 16 else 64 if s <= 64 else 128, "BLOCK_N": 64 if l_ >= 64 else 16 if l_ <= 16 else 32,
                  "num_warps": 4 if d <= 64 or s <= 16 else 8, "num_stages": 2},  # fmt: skip

@@ -1,0 +1,42 @@
+"""Head dims as power-of-two pieces: tl.arange and tl.dot take power-of-two widths, so a head of 192 dims
+(DeepSeek's queries and keys) or 96 (Phi-3's) is read as pieces of 128 + 64 or 64 + 32 columns, its scores
+summed over the pieces' products and its output accumulated piece by piece. A power-of-two head is one piece
+and its kernel reads as before: `rd = tl.arange(0, D)`, one q, one k, one accumulator."""
+
+from __future__ import annotations
+
+from ..source import Writer
+
+MAX_HEAD_DIM = 256  # q/k and v head dims the template takes: multiples of 16 up to this
+
+
+def head_parts(d: int) -> list[tuple[int, int]] | None:
+    """A head dim as (first column, width) pieces of power-of-two widths, widest first: 128 -> [(0, 128)],
+    192 -> [(0, 128), (128, 64)], 96 -> [(0, 64), (64, 32)]. None unless d is a multiple of 16 up to
+    MAX_HEAD_DIM."""
+    if d % 16 or not 16 <= d <= MAX_HEAD_DIM:
+        return None
+    parts, lo = [], 0
+    for width in (256, 128, 64, 32, 16):
+        if d - lo >= width:
+            parts.append((lo, width))
+            lo += width
+    return parts
+
+
+def dim_ranges(w: Writer, name: str, d: int, const: str) -> list[tuple[str, int]]:
+    """Emit the column ranges of a head of d dims and return (suffix, width) per piece: `rd = tl.arange(0, D)`
+    for one piece (suffix ""), else `rd0 = tl.arange(0, 128)`, `rd1 = 128 + tl.arange(0, 64)`, ..."""
+    parts = head_parts(d)
+    if len(parts) == 1:
+        w(f"{name} = tl.arange(0, {const})")
+        return [("", d)]
+    for i, (lo, width) in enumerate(parts):
+        w(f"{name}{i} = " + (f"{lo} + " if lo else "") + f"tl.arange(0, {width})  # head dims {lo}..{lo + width - 1}")
+    return [(str(i), width) for i, (_, width) in enumerate(parts)]
+
+
+def scores(w: Writer, q: str, k: str, pieces: list[tuple[str, int]], dot: str) -> None:
+    """s = q k^T summed over the head's pieces (the later products accumulate into the first's)."""
+    for i, (sfx, _) in enumerate(pieces):
+        w(f"s = tl.dot({q}{sfx}, tl.trans({k}{sfx}){', s' if i else ''}{dot})")
