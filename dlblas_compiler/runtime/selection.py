@@ -6,6 +6,8 @@ On the GPU each batch of candidate configs is compiled in parallel before it is 
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from ..codegen.kernel import compile_configs
@@ -13,6 +15,10 @@ from ..tuning import CacheEntry, CacheKey, TuneJob, benchmark, default_cache, tu
 from .steps import RegionStep, first_line
 
 TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucketed to powers of two in cache keys
+# the kernel and the reference are timed in turn, SELECT_ROUNDS times each, and each side's median compared: a
+# drift of the card's clocks between two back-to-back measurements then falls on both sides (one measurement a
+# side kept cuBLAS for regions whose kernel the search had timed faster: BENCHMARKS.md, twenty-first session)
+SELECT_ROUNDS = 3
 
 
 def tune_region(step: RegionStep, tensors: list, mode: str, progress: bool = True) -> None:
@@ -51,7 +57,8 @@ def _search(step: RegionStep, tensors: list, mode: str, progress: bool) -> None:
 
 
 def select(step: RegionStep, tensors: list) -> None:
-    """Kernel (with its tuned config) or reference, whichever measures faster on these inputs (remembered)."""
+    """Kernel (with its tuned config) or reference, whichever measures faster on these inputs (timed in turn,
+    SELECT_ROUNDS times each; the choice remembered)."""
     k, c = step.kernel, step.choice
     kind, source = k.tuning_key
     device = tensors[0].device
@@ -60,11 +67,13 @@ def select(step: RegionStep, tensors: list) -> None:
     cache = default_cache()
     hit = cache.get(key)
     if hit is None:
-        times = {
-            "kernel": benchmark(lambda own=step.private(tensors, every=True): step.launch(own, c.config),
-                                device=device),
-            "reference": benchmark(lambda: step.run_reference(tensors), device=device),
-        }
+        own = step.private(tensors, every=True)
+        sides = {"kernel": lambda: step.launch(own, c.config), "reference": lambda: step.run_reference(tensors)}
+        samples: dict[str, list[float]] = {name: [] for name in sides}
+        for i in range(SELECT_ROUNDS):
+            for name, fn in sides.items():
+                samples[name].append(benchmark(fn, warmup_ms=25.0 if i == 0 else 5.0, rep_ms=40.0, device=device))
+        times = {name: statistics.median(ts) for name, ts in samples.items()}
         impl = min(times, key=times.get)
         hit = CacheEntry({"impl": impl}, times[impl], times["kernel"], 2)
         cache.put(key, hit)

@@ -163,8 +163,8 @@ def decode_space(plan: AttentionPlan) -> SearchSpace:
         splits *= 2
     block_n = 64 if l_ // splits >= 64 else max(16, min(32, triton.next_power_of_2(l_)))
     stages = 3
-    def smem_ok(block_n: int, stages: int) -> bool:
-        return (rows * d + block_n * (d + dv)) * elem * stages <= smem
+    def smem_ok(block_n: int, stages: int) -> bool:  # the q tile once, k and v tiles per stage
+        return (rows * d + stages * block_n * (d + dv)) * elem <= smem
 
     while stages > 1 and not smem_ok(block_n, stages):
         stages -= 1
