@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+import types
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,16 @@ def pow2(lo: int, hi: int) -> list[int]:
         out.append(p)
         p <<= 1
     return out
+
+
+def _code_key(rule: Any) -> Any:
+    """What a constraint computes, stable across processes: its bytecode, constants (nested code objects, such
+    as a generator expression's, taken apart the same way) and names; the qualified name of a non-function."""
+    code = rule if isinstance(rule, types.CodeType) else getattr(rule, "__code__", None)
+    if code is None:
+        return getattr(rule, "__qualname__", type(rule).__qualname__)
+    return (code.co_code, tuple(_code_key(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts),
+            code.co_names)
 
 
 class SearchSpace:
@@ -164,8 +175,11 @@ class SearchSpace:
         return SearchSpace(params, self.constraints, self._default, self._seeds)
 
     def fingerprint(self) -> str:
-        """A short hash of the parameters, their choices and the constraint names (part of the cache key)."""
-        text = repr((sorted(self.params.items()), sorted(self.constraints)))
+        """A short hash of the parameters, their choices, and the constraints' names and code (part of the cache
+        key: a constraint rewritten under its old name is a new space, and configs tuned in the old one are not
+        taken from the cache for it)."""
+        rules = sorted((name, _code_key(rule)) for name, rule in self.constraints.items())
+        text = repr((sorted(self.params.items()), rules))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def __repr__(self) -> str:

@@ -2,6 +2,8 @@
 
 import dataclasses
 import math
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -563,3 +565,18 @@ def test_sampling_a_space_does_not_list_it(monkeypatch):
     tiny = SearchSpace({"a": [1, 2, 3]}, {"only 2": lambda c: c["a"] == 2})
     assert tiny.sample(rng, exclude={(2,)}, tries=10) is None  # (draws fail, the list has nothing left)
     assert tiny.sample(rng, tries=1) == {"a": 2}
+
+
+def test_fingerprint_follows_the_constraints_code():
+    """A constraint rewritten under its old name is another space (tuned configs of the old one must not come
+    back from the cache); the same code gives the same fingerprint in another process."""
+    params = {"BLOCK": [16, 32, 64], "num_warps": [4, 8]}
+    old = SearchSpace(params, {"registers": lambda c: c["BLOCK"] * 96 <= 32 * 32 * c["num_warps"]})
+    new = SearchSpace(params, {"registers": lambda c: c["BLOCK"] * 128 <= 32 * 32 * c["num_warps"]})
+    same = SearchSpace(params, {"registers": lambda c: c["BLOCK"] * 96 <= 32 * 32 * c["num_warps"]})
+    assert old.fingerprint() != new.fingerprint() and old.fingerprint() == same.fingerprint()
+    code = ("from dlblas_compiler.tuning.space import SearchSpace; print(SearchSpace({'B': [1, 2]}, {'r': lambda c: "
+            "all(v < 2 for v in c.values())}).fingerprint())")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(2)}  # fmt: skip
+    assert len(runs) == 1
