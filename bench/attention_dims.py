@@ -104,13 +104,50 @@ def run_case(case: str) -> dict:
     return row
 
 
+SWEEP = {"BLOCK_M": [64, 128], "BLOCK_N": [64, 128], "num_warps": [4, 8], "num_stages": [2, 3]}
+
+
+def sweep_case(case: str) -> dict:
+    """A prefill case's kernel at every config of SWEEP, inside its search space or not (`in_space`): time and
+    error against SDPA in float32, or why the config failed (out of shared memory, registers)."""
+    import itertools
+
+    model, s = case.split(":")
+    module, args, flops = inputs(model, int(s))
+    with torch.no_grad():
+        truth = module(*(t.float() if t.is_floating_point() else t for t in args))
+        cm = dc.compile(module, backend=BACKEND, tune="none", prefer_kernels=True, cuda_graphs=False)
+        cm(*args)
+        (step,) = [x for x in cm._spec().executor.steps if isinstance(x, RegionStep)]
+        rows = []
+        for values in itertools.product(*SWEEP.values()):
+            config = dict(zip(SWEEP, values, strict=True))
+            row = {"config": config, "in_space": step.kernel.space.is_valid(config)}
+            try:
+                (out,) = step.launch(list(args), config)
+                row["err"] = rel_error(out.float(), truth)
+                row["us"] = bench(lambda c=config: step.launch(list(args), c))
+            except Exception as e:  # noqa: BLE001 - recorded: what the card refused
+                row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            rows.append(row)
+            print(case, row, flush=True)
+    return {"case": case, "flops": flops, "default": step.kernel.space.default(), "configs": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--tag", default="new")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--sweep", action="store_true", help="prefill cases: every config of SWEEP (sweep_case)")
     a = ap.parse_args()
     rows = []
+    if a.sweep:
+        doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "date": time.strftime("%Y-%m-%d"), "tag": a.tag, "sweeps": [sweep_case(c) for c in a.cases.split(",")]}
+        with open(os.path.join(a.out, f"attention_sweep_{a.tag}.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+        return
     for case in a.cases.split(","):
         try:
             rows.append(run_case(case))

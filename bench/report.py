@@ -1082,6 +1082,56 @@ def interleaved_glu_section(*names: str) -> str:
     return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
 
 
+def attention_dims_section(*runs: tuple[str, str]) -> str:
+    """bench/attention_dims.py: our attention kernel (quick-tuned, launched alone) against torch's SDPA as the
+    compiled region's reference runs it (torch's pick) and each SDPA backend forced, per (run label, file)."""
+    out = ["| run | tree | model | queries | keys | heads q/kv | head dims q·k / v | ours µs | ours config | SDPA µs "
+           "| cuDNN µs | flash µs | efficient µs | ours time / SDPA time | ours rel. err |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    entries = []
+    for label, name in runs:
+        doc = _load(name)
+        for r in doc["rows"]:
+            if "error" in r:
+                out.append(f"| {label} | {doc['tag']} | {r['case']} | | | | | failed: {r['error'][:60]} | | | | | | | |")
+                continue
+            cfg = r.get("config")
+            cfg = (f"{cfg['BLOCK_M']}×{cfg['BLOCK_N']}, {cfg['num_warps']}w, {cfg['num_stages']}s" if cfg and "BLOCK_M" in cfg
+                   else f"{cfg['SPLITS']} splits × {cfg['BLOCK_N']}, {cfg['num_warps']}w, {cfg['num_stages']}s" if cfg
+                   else "not taken (SDPA)")  # fmt: skip
+
+            def sdpa(key: str, r=r) -> str:
+                return _num(r.get(f"{key}_us"), ".1f") if f"{key}_us" in r else "refused"
+
+            out.append(f"| {label} | {doc['tag']} | {r['model']} | {r['S']} | {r['L']} | {r['HQ']}/{r['HK']} | "
+                       f"{r['D']} / {r['DV']} | {_num(r.get('ours_us'), '.1f')} | {cfg} | {r['sdpa_us']:.1f} | "
+                       f"{sdpa('cudnn')} | {sdpa('flash')} | {sdpa('efficient')} | {_ratio(r.get('ours_us'), r['sdpa_us'])} | "
+                       f"{_num(r.get('ours_err'), '.1e')} |")  # fmt: skip
+        entries.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"),
+                               "date": doc.get("date")}, f"run {label}, {doc['tag']}"))  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
+def attention_sweep_section(name: str) -> str:
+    """bench/attention_dims.py --sweep: the prefill kernel at 16 configs, inside its search space then or not."""
+    doc = _load(name)
+    sweeps = doc["sweeps"]
+    out = ["| config | " + " | ".join(f"{s['case'].split(':')[0]} µs" for s in sweeps) + " |",
+           "|---|" + "---|" * len(sweeps)]  # fmt: skip
+    for i, row in enumerate(sweeps[0]["configs"]):
+        c = row["config"]
+        cells = []
+        for s in sweeps:
+            x = s["configs"][i]
+            mark = "" if x["in_space"] else " *"
+            cells.append(f"{x['us']:.1f}{mark}" if "us" in x else "out of shared memory" + mark)
+        out.append(f"| {c['BLOCK_M']}×{c['BLOCK_N']}, {c['num_warps']} warps, {c['num_stages']} stages | "
+                   + " | ".join(cells) + " |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"), "date": doc.get("date")}
+    return ("\n".join(out) + "\n\n* outside the search space of the tree measured (cfc7cf8)\n\n"
+            + source_line([(name, env, "S = L = 2048, causal, bf16")]) + "\n")
+
+
 def dual_sweep_section(old: str, new: str) -> str:
     """bench/gemms.py --tune none --sweep --with-op dl.glu on two trees in one run: each gate/up region's default
     config and the fixed sweep's configs it accepts, before and after a change of the dual GEMM's K loop."""
@@ -1272,6 +1322,18 @@ SECTIONS = {
         ["2026-11-28-h100-s20-layer-llama3_8b.json"], "layer_llama3_8b"), heading=False),
     "block-layer-deepseek_v3-h100-s21": lambda: block_markdown(load_runs(
         ["2026-11-28-h100-s21-layer-deepseek_v3_dense.json"], "layer_deepseek_v3_dense"), heading=False),
+    "attention-dims-s22": functools.partial(
+        attention_dims_section, ("a", "2026-11-28-h100-s22-attention-dims-a-new.json"),
+        ("a", "2026-11-28-h100-s22-attention-dims-a-old.json")),
+    "attention-dims-s22-space": functools.partial(
+        attention_dims_section, ("d", "2026-11-28-h100-s22-attention-dims-d-space-new.json"),
+        ("d", "2026-11-28-h100-s22-attention-dims-d-space-old.json"),
+        ("f", "2026-11-28-h100-s22-attention-dims-f-final.json")),
+    "attention-sweep-s22": functools.partial(attention_sweep_section, "2026-11-28-h100-s22-attention-sweep.json"),
+    "block-layer-deepseek_v3-h100-s22": lambda: block_markdown(load_runs(
+        ["2026-11-28-h100-s22-layer-deepseek_v3_dense-new.json"], "layer_deepseek_v3_dense"), heading=False),
+    "block-layer-deepseek_v3-old-h100-s22": lambda: block_markdown(load_runs(
+        ["2026-11-28-h100-s22-layer-deepseek_v3_dense-old.json"], "layer_deepseek_v3_dense"), heading=False),
     "block-layer-deepseek_v3-small-h100-s21": lambda: block_markdown(load_runs(
         ["2026-11-28-h100-s21-layer-deepseek_v3_dense-m1-128.json"], "layer_deepseek_v3_dense"), heading=False),
     "gemms-s19-rotary-pieces": functools.partial(rotary_pieces_section,
