@@ -15,9 +15,10 @@ from ..tuning import CacheEntry, CacheKey, TuneJob, benchmark, default_cache, tu
 from .steps import RegionStep, first_line
 
 TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucketed to powers of two in cache keys
-# the kernel and the reference are timed in turn, SELECT_ROUNDS times each, and each side's median compared: a
-# drift of the card's clocks between two back-to-back measurements then falls on both sides (one measurement a
-# side kept cuBLAS for regions whose kernel the search had timed faster: BENCHMARKS.md, twenty-first session)
+# the kernel and the reference are timed in turn, SELECT_ROUNDS times each, in the order k r | r k | k r ..., and
+# each side's median compared: a drift of the card's clocks over the measurements then falls on both sides alike
+# (one measurement a side kept cuBLAS for regions whose kernel the search had timed faster: BENCHMARKS.md,
+# twenty-first and twenty-second sessions)
 SELECT_ROUNDS = 3
 
 
@@ -71,8 +72,9 @@ def select(step: RegionStep, tensors: list) -> None:
         sides = {"kernel": lambda: step.launch(own, c.config), "reference": lambda: step.run_reference(tensors)}
         samples: dict[str, list[float]] = {name: [] for name in sides}
         for i in range(SELECT_ROUNDS):
-            for name, fn in sides.items():
-                samples[name].append(benchmark(fn, warmup_ms=25.0 if i == 0 else 5.0, rep_ms=40.0, device=device))
+            for name in ("kernel", "reference") if i % 2 == 0 else ("reference", "kernel"):
+                samples[name].append(benchmark(sides[name], warmup_ms=25.0 if i == 0 else 5.0, rep_ms=40.0,
+                                               device=device))  # fmt: skip
         times = {name: statistics.median(ts) for name, ts in samples.items()}
         impl = min(times, key=times.get)
         hit = CacheEntry({"impl": impl}, times[impl], times["kernel"], 2)

@@ -343,7 +343,9 @@ def test_library_ops_keep_their_kernels_where_the_reference_measures_faster(monk
 
     monkeypatch.setattr(selection, "tune", lambda job, *a, **k: TuneOutcome(job.space.default(), 1e-3, 1e-3, 1, False))
     monkeypatch.setattr(selection, "default_cache", lambda c=TuneCache(tmp_path / "tune.sqlite"): c)
-    turns = itertools.cycle([1e-3, 1e-4])  # the kernel and the reference are timed in turn: the kernel first
+    # the kernel and the reference are timed in turn (k r | r k | k r): each side gets both values, the kernel 1e-3
+    # twice, the reference 1e-4 twice
+    turns = itertools.cycle([1e-3, 1e-4])
     monkeypatch.setattr(selection, "benchmark", lambda fn, **k: next(turns))
     a, b = rnd(9, 32), rnd(24, 32).t()
     matmul_tiled(a, b)
