@@ -4,7 +4,7 @@ from .cache import CacheEntry, CacheKey, DeviceFingerprint, TuneCache, bucket, d
 from .policies import POLICIES, Progress, Trial, TuneResult, bayes, grid, random
 from .profiler import TuningCheckError, as_outputs, benchmark, make_objective
 from .space import Config, SearchSpace, pow2
-from .tuner import TUNE_MODES, TuneJob, TuneMode, TuneOutcome, TuningError, default_cache, tune
+from .tuner import TUNE_MODES, CandidateFault, TuneJob, TuneMode, TuneOutcome, TuningError, default_cache, tune
 
 __all__ = [
     "Config",
@@ -33,6 +33,7 @@ __all__ = [
     "TuneJob",
     "TuneOutcome",
     "TuningError",
+    "CandidateFault",
     "default_cache",
     "tune",
 ]

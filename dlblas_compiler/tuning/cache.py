@@ -157,6 +157,9 @@ class TuneCache:
         row = (key.digest(), key.kernel, json.dumps(dataclasses.asdict(key)), json.dumps(dataclasses.asdict(entry)))
         self._write("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)", (*row, entry.timestamp))
 
+    def delete(self, key: CacheKey) -> None:
+        self._write("DELETE FROM entries WHERE digest = ?", (key.digest(),))
+
     def clear(self) -> None:
         self._write("DELETE FROM entries", ())
 

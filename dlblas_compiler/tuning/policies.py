@@ -32,6 +32,11 @@ class Progress(Protocol):
     def update(self, done: int, best: float | None) -> None: ...
 
 
+class SearchStop(Exception):
+    """An objective error that ends the search instead of failing one candidate (a fault that leaves the device
+    unable to run anything more)."""
+
+
 @dataclass(frozen=True)
 class Trial:
     """One evaluated config: its time in seconds, or the error that made it fail."""
@@ -101,6 +106,8 @@ class _Search:
             seconds = float(self.objective(dict(config)))
             error = None if math.isfinite(seconds) else f"non-finite time {seconds}"
             trial = Trial(dict(config), seconds if error is None else None, error)
+        except SearchStop:
+            raise
         except Exception as e:  # a failing candidate is a result, not a crash
             trial = Trial(dict(config), None, f"{type(e).__name__}: {e}")
         self.memo[key] = trial

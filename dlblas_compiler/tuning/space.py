@@ -174,6 +174,12 @@ class SearchSpace:
             params[name] = tuple(c for c in params[name] if c in wanted)
         return SearchSpace(params, self.constraints, self._default, self._seeds)
 
+    def without(self, configs: Sequence[Config]) -> SearchSpace:
+        """This space less the given configs (the default moves to a valid neighbour if it is among them)."""
+        banned = {self.key(c) for c in configs if set(c) == set(self.params)}
+        rules = {**self.constraints, "not a config that faulted": lambda c: self.key(c) not in banned}
+        return SearchSpace(self.params, rules, self._default, self._seeds)
+
     def fingerprint(self) -> str:
         """A short hash of the parameters, their choices, and the constraints' names and code (part of the cache
         key: a constraint rewritten under its old name is a new space, and configs tuned in the old one are not

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import os
+import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,7 +17,7 @@ import torch
 
 from ..errors import DLError
 from .cache import CacheEntry, CacheKey, TuneCache, default_path
-from .policies import POLICIES, Progress, TuneResult
+from .policies import POLICIES, Progress, SearchStop, TuneResult
 from .profiler import make_objective
 from .space import Config, SearchSpace
 
@@ -23,6 +26,84 @@ log = logging.getLogger("dlblas_compiler.tuning")
 
 class TuningError(DLError):
     """No candidate config of a kernel built, ran and matched the reference."""
+
+
+class CandidateFault(TuningError, SearchStop):
+    """A candidate config faulted in a way that leaves the device unable to run anything more in this process (an
+    illegal memory access: CUDA's errors of that kind are sticky). The config is recorded in the tuning cache and
+    no later search of the same kernel, shape bucket and device tries it again."""
+
+
+# CUDA errors after which the context is lost (every later call fails): a candidate raising one ends the search
+STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address", "illegal instruction",
+                 "device-side assert", "hardware stack error")  # fmt: skip
+
+
+def _side_key(key: CacheKey, what: str) -> CacheKey:
+    return dataclasses.replace(key, kernel=f"{key.kernel}:{what}")
+
+
+def _alive(entry: CacheEntry) -> bool:
+    """Whether the process that left an in-flight marker may still be running (another host's: assume so)."""
+    host, pid = entry.config.get("host"), entry.config.get("pid")
+    if host != socket.gethostname() or not isinstance(pid, int):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _FaultLog:
+    """The configs of one tuning key that faulted, kept in the tuning cache beside its result: under
+    "<kernel>:faults" the list of them; under "<kernel>:trying" the candidate being timed now (with the host and
+    process). A process that dies while timing a candidate (a fault that kills it, not one it can catch) leaves
+    its marker behind, and the next search of the key counts that candidate as faulted."""
+
+    def __init__(self, cache: TuneCache, key: CacheKey) -> None:
+        self.cache, self.faults_key, self.trying_key = cache, _side_key(key, "faults"), _side_key(key, "trying")
+
+    def known(self) -> list[Config]:
+        """The configs that faulted before (a marker left by a process that is gone counts as one)."""
+        entry = self.cache.get(self.faults_key)
+        faults = list(entry.config.get("configs", [])) if entry is not None else []
+        trying = self.cache.get(self.trying_key)
+        if trying is not None and trying.config.get("config") is not None and not _alive(trying):
+            faults.append(trying.config["config"])  # its process died while timing it
+            self._write(faults)
+            self.cache.delete(self.trying_key)
+        return faults
+
+    def _write(self, faults: list[Config]) -> None:
+        unique = [dict(c) for i, c in enumerate(faults) if c not in faults[:i]]
+        self.cache.put(self.faults_key, CacheEntry({"configs": unique}, 0.0, None, len(unique)))
+
+    def guard(self, objective: Callable[[Config], float], name: str, shape: Mapping[str, Any]):
+        """`objective` with each candidate marked in flight while it runs; a sticky error records the config and
+        raises CandidateFault."""
+
+        def guarded(config: Config) -> float:
+            self.cache.put(self.trying_key, CacheEntry(
+                {"config": dict(config), "host": socket.gethostname(), "pid": os.getpid()}, 0.0, None, 0))  # fmt: skip
+            try:
+                return objective(config)
+            except Exception as e:
+                text = str(e).lower()
+                if any(s in text for s in STICKY_ERRORS):
+                    self._write([*self.known(), dict(config)])
+                    raise CandidateFault(
+                        f"{name} {dict(shape)}: candidate config {dict(config)} faulted ({type(e).__name__}: "
+                        f"{str(e).strip().splitlines()[0][:200]}); the GPU cannot run anything more in this process, "
+                        f"so restart it: the config is recorded in the tuning cache ({self.cache.path}) and will "
+                        "not be tried again") from e  # fmt: skip
+                raise
+            finally:
+                self.cache.delete(self.trying_key)
+
+        return guarded
 
 
 @dataclass(frozen=True)
@@ -181,6 +262,12 @@ def tune(
                  "-" if hit.time is None else _format_seconds(hit.time))  # fmt: skip
         return TuneOutcome(hit.config, hit.time, hit.default_time, hit.trials, True)
 
+    faults = _FaultLog(cache, key)
+    known = faults.known()
+    if known:
+        log.warning("%s %s: %d config(s) faulted in an earlier search and are not tried: %s", name, dict(job.shape),
+                    len(known), known)  # fmt: skip
+        space = space.without(known)
     search = POLICIES[policy]
     budget = settings.budget(space.count(settings.sizes_that_matter())) if budget is None else budget
     patience = settings.patience if patience is None else patience
@@ -189,6 +276,7 @@ def tune(
     rep_ms = settings.rep_ms if rep_ms is None else rep_ms
     refs = job.reference() if callable(job.reference) else job.reference
     objective = make_objective(job.build, refs, job.arg_sets, device=job.device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    objective = faults.guard(objective, name, job.shape)
     with _progress(name, space.count(budget), progress) as bar:
         result = search(space, objective, budget, patience, seed, bar, prepare=job.prepare)
     if result.best_config is None or result.best_time is None:
@@ -202,6 +290,8 @@ def tune(
     else:
         try:
             default_time = objective(default)
+        except CandidateFault:
+            raise
         except Exception:  # the default failing is reported as "no default time", not an error
             default_time = None
     cache.put(key, CacheEntry(result.best_config, result.best_time, default_time, result.evaluations))
