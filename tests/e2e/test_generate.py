@@ -34,11 +34,12 @@ MORE_FAMILIES = {
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
     "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM, {"head_dim": 16, "sliding_window": 4}),
     "gpt_neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, {"num_key_value_heads": None}),
-    # multi-head latent attention: the cache holds each head's keys, filled piece by piece through views
+    # multi-head latent attention: the cache holds each head's keys, filled piece by piece through views; value
+    # heads wider than the query's and keys' (V3's are narrower: 128 against 192)
     "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM, {
         "num_key_value_heads": 4, "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
         "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24,
-        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1}),
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 32, "n_group": 1, "topk_group": 1}),
 }
 
 
