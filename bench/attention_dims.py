@@ -155,8 +155,9 @@ def main() -> None:
             rows.append({"case": case, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
         r = rows[-1]
         print(case, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "case"}, flush=True)
-    doc = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "triton": triton.__version__,
-           "date": time.strftime("%Y-%m-%d"), "tag": a.tag, "rows": rows}  # fmt: skip
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
+    doc = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "date": time.strftime("%Y-%m-%d"),
+           "tag": a.tag, "rows": rows}  # fmt: skip
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"attention_dims_{a.tag}.json"), "w") as f:
         json.dump(doc, f, indent=1)

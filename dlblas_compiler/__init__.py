@@ -2,7 +2,7 @@
 
 from .api import CompiledModule, compile
 from .dynamo import compilations, reports
-from .errors import CompileError, DLError, FrontendError, UnsupportedError
+from .errors import CompileError, DeviceFault, DLError, FrontendError, UnsupportedError
 from .fusion import P, register_fusion_pattern, register_template, unregister_fusion_pattern, unregister_template
 from .library import get_op, list_ops, register_op
 from .logs import configure_from_env, set_logs
@@ -33,6 +33,7 @@ __all__ = [
     "FrontendError",
     "CompileError",
     "UnsupportedError",
+    "DeviceFault",
 ]
 __version__ = "0.1.0"
 

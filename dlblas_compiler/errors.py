@@ -15,3 +15,19 @@ class CompileError(DLError):
 
 class UnsupportedError(DLError):
     """An op or argument the compiler does not handle (raised with strict=True instead of falling back)."""
+
+
+class DeviceFault(DLError):
+    """A kernel faulted the GPU (an illegal memory access, a launch failure): CUDA's errors of this kind are sticky,
+    so nothing more, a region's reference included, can run in this process. Raised instead of falling back."""
+
+
+# the texts of CUDA's sticky errors, as torch and Triton report them
+STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address", "illegal instruction",
+                 "device-side assert", "hardware stack error")  # fmt: skip
+
+
+def is_device_fault(e: BaseException) -> bool:
+    """Whether `e` is one of CUDA's sticky errors (the process's CUDA context is lost)."""
+    text = str(e).lower()
+    return any(s in text for s in STICKY_ERRORS)

@@ -11,7 +11,8 @@ import statistics
 import torch
 
 from ..codegen.kernel import compile_configs
-from ..tuning import CacheEntry, CacheKey, CandidateFault, TuneJob, benchmark, default_cache, tune
+from ..errors import DeviceFault, is_device_fault
+from ..tuning import CacheEntry, CacheKey, TuneJob, benchmark, default_cache, tune
 from .steps import RegionStep, first_line
 
 TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucketed to powers of two in cache keys
@@ -24,15 +25,18 @@ SELECT_ROUNDS = 3
 
 def tune_region(step: RegionStep, tensors: list, mode: str, progress: bool = True) -> None:
     """Search the kernel's config, then keep the kernel only if it beats the region's reference. Any failure
-    of the search falls back to the reference (strict: raises), except a candidate that faulted the device
-    (`CandidateFault`: nothing can run after it in this process, so it is raised with the config it recorded)."""
+    of the search falls back to the reference (strict: raises), except a fault of the GPU (`DeviceFault`; a
+    candidate's is a `CandidateFault`, its config recorded): nothing can run after it in this process."""
     try:
         _search(step, tensors, mode, progress)
         if not step.prefer_kernel:
             select(step, tensors)
-    except CandidateFault:  # the device can run nothing more here, the reference included: say so and stop
+    except DeviceFault:  # the device can run nothing more here, the reference included: say so and stop
         raise
     except Exception as e:  # noqa: BLE001
+        if is_device_fault(e):
+            raise DeviceFault(f"region {step.choice.region}: timing its kernel against its reference faulted the GPU "
+                              f"({type(e).__name__}: {first_line(e)}); restart the process") from e  # fmt: skip
         step.fall_back(f"region {step.choice.region}: tuning failed ({type(e).__name__}: {first_line(e)})", e)
 
 

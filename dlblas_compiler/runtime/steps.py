@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..codegen.interpreter import interpreted
-from ..errors import CompileError
+from ..errors import CompileError, DeviceFault, is_device_fault
 from ..fusion.templates import CallLowering
 from ..numerics import rel_error, tolerance
 
@@ -187,6 +187,10 @@ class RegionStep:
                 res = as_tuple(self.call(*tensors)) if impl == "callable" else self.launch(written, self.choice.config)
             except Exception as e:  # noqa: BLE001 - a failing kernel (or user callable) falls back
                 what = "the pattern's callable" if impl == "callable" else f"kernel launch with config {self.choice.config}"
+                if is_device_fault(e):  # its reference could not run either: say what faulted instead
+                    raise DeviceFault(f"region {self.choice.region}: {what} faulted the GPU ({type(e).__name__}: "
+                                      f"{first_line(e)}); nothing more can run on it in this process: restart it "
+                                      "(and report the region and config)") from e  # fmt: skip
                 self.fall_back(f"region {self.choice.region}: {what} failed ({type(e).__name__}: {first_line(e)})", e)
                 res = self.run_reference(tensors)
             else:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import DLError
+from ..errors import DeviceFault, DLError, is_device_fault
 from .cache import CacheEntry, CacheKey, TuneCache, default_path
 from .policies import POLICIES, Progress, SearchStop, TuneResult
 from .profiler import make_objective
@@ -28,15 +28,9 @@ class TuningError(DLError):
     """No candidate config of a kernel built, ran and matched the reference."""
 
 
-class CandidateFault(TuningError, SearchStop):
-    """A candidate config faulted in a way that leaves the device unable to run anything more in this process (an
-    illegal memory access: CUDA's errors of that kind are sticky). The config is recorded in the tuning cache and
-    no later search of the same kernel, shape bucket and device tries it again."""
-
-
-# CUDA errors after which the context is lost (every later call fails): a candidate raising one ends the search
-STICKY_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address", "illegal instruction",
-                 "device-side assert", "hardware stack error")  # fmt: skip
+class CandidateFault(TuningError, DeviceFault, SearchStop):
+    """A candidate config faulted the GPU (`DeviceFault`: nothing more can run in this process). The config is
+    recorded in the tuning cache and no later search of the same kernel, shape bucket and device tries it again."""
 
 
 def _side_key(key: CacheKey, what: str) -> CacheKey:
@@ -91,8 +85,7 @@ class _FaultLog:
             try:
                 return objective(config)
             except Exception as e:
-                text = str(e).lower()
-                if any(s in text for s in STICKY_ERRORS):
+                if is_device_fault(e):
                     self._write([*self.known(), dict(config)])
                     raise CandidateFault(
                         f"{name} {dict(shape)}: candidate config {dict(config)} faulted ({type(e).__name__}: "

@@ -101,3 +101,30 @@ def test_a_fault_of_the_default_timed_after_the_search_is_raised(tmp_path):
     tune(_job(built, _illegal_access), "full", cache=TuneCache(tmp_path / "tune.sqlite"), progress=False,
          warmup_ms=1, rep_ms=2)  # fmt: skip
     assert BAD not in built
+
+
+def test_a_kernel_that_faults_while_the_program_runs_is_named_not_fallen_back_from(monkeypatch):
+    """A region's kernel faulting the GPU while the program runs raises DeviceFault naming the region and config
+    (its reference could not run in the faulted process); an ordinary failure still falls back to the reference."""
+    import torch.nn as nn
+
+    import dlblas_compiler as dc
+    from dlblas_compiler.runtime.steps import RegionStep
+
+    model = nn.Sequential(nn.Linear(32, 48), nn.ReLU()).eval()
+    x = torch.randn(8, 32)
+    for message, faults in (("Triton Error [CUDA]: an illegal memory access was encountered", True),
+                            ("out of resource: shared memory", False)):  # fmt: skip
+
+        def launch(self, tensors, config, message=message):
+            raise RuntimeError(message)
+
+        monkeypatch.setattr(RegionStep, "launch", launch)
+        cm = dc.compile(model, backend="interpret")
+        with torch.no_grad():
+            if faults:
+                with pytest.raises(dc.DeviceFault, match=r"region gemm_0: kernel launch with config .* faulted"):
+                    cm(x)
+            else:
+                with pytest.warns(UserWarning, match="using its reference"):
+                    assert torch.allclose(cm(x), model(x))
