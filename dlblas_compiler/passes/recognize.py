@@ -4,6 +4,7 @@ Patterns (each robust to the spellings real model code uses):
   rms_norm      x * rsqrt(mean(x^2) + eps) * w, with or without the fp32 upcast / downcast, x.pow(2) or
                 x*x, rsqrt / 1/sqrt / x/sqrt, the weight before or after the cast, Gemma's (1 + w)
   add_rms_norm  a residual add feeding an rms_norm (both outputs stay live)
+  layer_norm    (x - mean(x)) / sqrt(var + eps) * w + b, var the mean square of the centred x (its RMSNorm)
   rotary        x*cos + rotate(x)*sin: half-split (rotate_half) and interleaved (GPT-J) layouts, and
                 partial rotary cat(rotary(x[..., :rd]), x[..., rd:])
   glu           act(gate) * up with act = silu / gelu / gelu-tanh (SwiGLU, GeGLU)
@@ -45,6 +46,7 @@ from xdsl.rewriter import InsertPoint
 
 from ..dialects import (
     AddOp,
+    LayerNormOp,
     AddRMSNormOp,
     BroadcastOp,
     CatOp,
@@ -222,6 +224,32 @@ class RecognizeAddRMSNorm(RewritePattern):
         rewriter.replace_all_uses_with(add.result, new.sum)
         rewriter.replace(op, [], [new.normed])
         rewriter.erase(add)
+
+
+class RecognizeLayerNorm(RewritePattern):
+    """rms_norm(x - mean(x, -1, keepdim), w) + b -> layer_norm(x, w, b, eps): LayerNorm spelled out (centre, then
+    divide by the root of the mean square plus eps, an RMSNorm of the centred x), so that it runs as the one op,
+    its mean corrected as the LayerNorm template's is (a constant row's deviations exactly 0)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: RMSNormOp, rewriter: PatternRewriter):
+        eps, offset, _ = op.attrs
+        sub = producer(op.input, SubOp)
+        if op.weight is None or offset != 0.0 or sub is None or not op.input.has_one_use():
+            return
+        mean = producer(sub.rhs, ReduceMeanOp)
+        x = sub.lhs
+        if mean is None or mean.input != x or mean.axes != (last_dim(x),) or not mean.keep or not sub.rhs.has_one_use():
+            return
+        add = only_user(op.result, AddOp)
+        if add is None:
+            return
+        bias = add.rhs if add.lhs == op.result else add.lhs
+        if shape(bias) != shape(x)[-1:]:
+            return
+        if install(rewriter, LayerNormOp(x, op.weight, bias, eps), add.result):
+            for dead in (op, sub, mean):
+                rewriter.erase(dead)
 
 
 def _dominates(v: SSAValue, op) -> bool:
@@ -538,6 +566,7 @@ class RecognizeAttention(RewritePattern):
 
 RECOGNIZERS: list[type[RewritePattern]] = [
     RecognizeRMSNorm,
+    RecognizeLayerNorm,
     RecognizeRotary,
     RecognizePartialRotary,
     RecognizeGlu,

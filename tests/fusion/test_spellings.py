@@ -32,6 +32,16 @@ RMS_NORMS = {
     "sum_over_D": lambda x, w: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) / D + EPS) * w,
     "square_method": lambda x, w: x * (x.square().mean(-1, keepdim=True) + EPS).rsqrt() * w,
 }
+def _centred(x):
+    return x - x.mean(-1, keepdim=True)
+
+
+LAYER_NORMS = {  # (x, w, b): LayerNorm spelled out as model code writes it
+    "sqrt_of_var": lambda x, w, b: _centred(x) / torch.sqrt((_centred(x) ** 2).mean(-1, keepdim=True) + EPS) * w + b,
+    "rsqrt_bias_first": lambda x, w, b: b + w * (_centred(x) * torch.rsqrt(_centred(x).pow(2).mean(-1, keepdim=True)
+                                                                          + EPS)),  # fmt: skip
+    "F.layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, EPS),
+}
 SILUS = {
     "x*sigmoid(x)": lambda x: x * torch.sigmoid(x),
     "sigmoid(x)*x": lambda x: torch.sigmoid(x) * x,
@@ -139,6 +149,46 @@ def test_rms_norm_spellings_are_one_op_in_the_gemm_prologue(spelling):
     ops, regions = _compile(NormLinear(RMS_NORMS[spelling]), torch.randn(2, 5, D))
     assert ops == {"dl.rms_norm": 1}
     assert regions == {"gemm": 1}
+
+
+class LayerNormLinear(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.norm, self.w, self.b, self.proj = norm, nn.Parameter(torch.ones(D)), nn.Parameter(torch.zeros(D)), nn.Linear(D, D)
+
+    def forward(self, x):
+        return self.proj(self.norm(x, self.w, self.b))
+
+
+@pytest.mark.parametrize("spelling", list(LAYER_NORMS))
+def test_layer_norm_spellings_are_one_op(spelling):
+    """The centred x's RMSNorm plus a bias is LayerNorm: one dl.layer_norm, whatever the spelling."""
+    cm = _compiled(LayerNormLinear(LAYER_NORMS[spelling]), torch.randn(2, 5, D))
+    ops = Counter(re.findall(r"= (dl\.(?:rms_norm|layer_norm|reduce_mean))", cm.ir("after:recognize")))
+    assert ops == {"dl.layer_norm": 1}
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_a_spelled_layer_norm_of_a_constant_row_is_exact(backend):
+    """Rows made constant by copying a 0-d tensor into them (a broadcast, stride 0, in the compiled program):
+    the spelled LayerNorm's mean over the broadcast was an ulp off, which rsqrt(eps) made 2e-5 (fuzz seed 2202);
+    raised to dl.layer_norm, the output is the bias, as eager's is."""
+
+    class Fill(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = nn.Parameter(torch.randn(25)), nn.Parameter(torch.randn(25))
+
+        def forward(self, x, c):
+            x.copy_(c)
+            return LAYER_NORMS["sqrt_of_var"](x, self.w, self.b)
+
+    model = Fill().eval()
+    x, c = torch.randn(2, 2, 25), torch.tensor(0.5249)
+    cm = dc.compile(model, backend=backend)
+    with torch.no_grad():
+        out = cm(x.clone(), c)
+    torch.testing.assert_close(out, model.b.detach().expand(2, 2, 25), rtol=0, atol=1e-6)
 
 
 def test_norm_plus_eps_is_not_an_rms_norm():
