@@ -46,7 +46,6 @@ from xdsl.rewriter import InsertPoint
 
 from ..dialects import (
     AddOp,
-    LayerNormOp,
     AddRMSNormOp,
     BroadcastOp,
     CatOp,
@@ -55,6 +54,7 @@ from ..dialects import (
     ExpOp,
     GeluOp,
     GluOp,
+    LayerNormOp,
     LinearOp,
     MatmulOp,
     MulOp,

@@ -154,7 +154,8 @@ def test_rms_norm_spellings_are_one_op_in_the_gemm_prologue(spelling):
 class LayerNormLinear(nn.Module):
     def __init__(self, norm):
         super().__init__()
-        self.norm, self.w, self.b, self.proj = norm, nn.Parameter(torch.ones(D)), nn.Parameter(torch.zeros(D)), nn.Linear(D, D)
+        self.norm, self.proj = norm, nn.Linear(D, D)
+        self.w, self.b = nn.Parameter(torch.ones(D)), nn.Parameter(torch.zeros(D))
 
     def forward(self, x):
         return self.proj(self.norm(x, self.w, self.b))
