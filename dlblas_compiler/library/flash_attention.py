@@ -34,12 +34,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..codegen.attention.dims import MAX_HEAD_DIM, head_parts
 from .common import FLOAT_DTYPES, dot_precision, launch
 from .registry import Optional, Scalar, Sig, Tensor, register_op, same_dtype, where
 from .rotary import RotaryModule, apply_rotary_pos_emb_reference
 from .templated import ATTENTION_SPACE, run
 
-HEAD_DIMS = (16, 32, 64, 128, 256)  # what the fused rotary kernel takes (the template also takes other multiples of 16)
+HEAD_DIMS = (16, 32, 64, 128, 256)  # what the fused rotary kernel takes (the template: codegen/attention/dims.py)
 
 
 # --------------------------------------------------------------------------------------------- torch references
@@ -255,7 +256,12 @@ def _gqa_ok(sizes: dict[str, Any], args: Any) -> bool:
     return sizes["Hq"] % sizes["Hk"] == 0
 
 
+def _template_head_dim_ok(sizes: dict[str, Any], args: Any) -> bool:
+    return head_parts(sizes["D"]) is not None
+
+
 _HEAD_DIM = where(_head_dim_ok, f"D in {HEAD_DIMS}")
+_TEMPLATE_HEAD_DIM = where(_template_head_dim_ok, f"D a multiple of 16 up to {MAX_HEAD_DIM}")
 _GQA = where(_gqa_ok, "Hq % Hk == 0")
 _CAUSAL, _SCALE = Scalar(bool, default=False, name="causal"), Optional(Scalar(float, name="sm_scale"))
 
@@ -267,7 +273,7 @@ def _fa_sig(dtypes: tuple[str, ...], head_dims: bool = True) -> Sig:
         Tensor("B", "Hk", "L", "D", name="v"),
         _CAUSAL,
         _SCALE,
-        constraints=[same_dtype(0, 1, 2), *([_HEAD_DIM] if head_dims else []), _GQA],
+        constraints=[same_dtype(0, 1, 2), *([_TEMPLATE_HEAD_DIM] if head_dims else []), _GQA],
         token=("S", "L"),
     )
 
