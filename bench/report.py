@@ -1082,6 +1082,11 @@ def interleaved_glu_section(*names: str) -> str:
     return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
 
 
+def layer_section(name: str, block: str) -> str:
+    """One results file's table for one block (bench/run.py), without the block's heading."""
+    return block_markdown(load_runs([name], block), heading=False)
+
+
 def attention_dims_section(*runs: tuple[str, str]) -> str:
     """bench/attention_dims.py: our attention kernel (quick-tuned, launched alone) against torch's SDPA as the
     compiled region's reference runs it (torch's pick) and each SDPA backend forced, per (run label, file)."""
@@ -1316,12 +1321,9 @@ SECTIONS = {
                                       "2026-11-28-h100-s20-ceilings-m1.json"),
     "gemms-s20-dual-small": functools.partial(default_tile_section, "2026-11-28-h100-s20-gemms-dual-small-old.json",
                                               "2026-11-28-h100-s20-gemms-dual-small-new.json"),
-    "block-layer-nemo-h100-s20": lambda: block_markdown(load_runs(
-        ["2026-11-28-h100-s20-layer-qwen-nemo.json"], "layer_mistral_nemo_12b"), heading=False),
-    "block-layer-llama3_8b-h100-s20": lambda: block_markdown(load_runs(
-        ["2026-11-28-h100-s20-layer-llama3_8b.json"], "layer_llama3_8b"), heading=False),
-    "block-layer-deepseek_v3-h100-s21": lambda: block_markdown(load_runs(
-        ["2026-11-28-h100-s21-layer-deepseek_v3_dense.json"], "layer_deepseek_v3_dense"), heading=False),
+    "block-layer-nemo-h100-s20": functools.partial(layer_section, "2026-11-28-h100-s20-layer-qwen-nemo.json", "layer_mistral_nemo_12b"),
+    "block-layer-llama3_8b-h100-s20": functools.partial(layer_section, "2026-11-28-h100-s20-layer-llama3_8b.json", "layer_llama3_8b"),
+    "block-layer-deepseek_v3-h100-s21": functools.partial(layer_section, "2026-11-28-h100-s21-layer-deepseek_v3_dense.json", "layer_deepseek_v3_dense"),
     "attention-dims-s22": functools.partial(
         attention_dims_section, ("a", "2026-11-28-h100-s22-attention-dims-a-new.json"),
         ("a", "2026-11-28-h100-s22-attention-dims-a-old.json")),
@@ -1330,25 +1332,18 @@ SECTIONS = {
         ("d", "2026-11-28-h100-s22-attention-dims-d-space-old.json"),
         ("f", "2026-11-28-h100-s22-attention-dims-f-final.json")),
     "attention-sweep-s22": functools.partial(attention_sweep_section, "2026-11-28-h100-s22-attention-sweep.json"),
-    "block-layer-deepseek_v3-h100-s22": lambda: block_markdown(load_runs(
-        ["2026-11-28-h100-s22-layer-deepseek_v3_dense-new.json"], "layer_deepseek_v3_dense"), heading=False),
-    "block-layer-deepseek_v3-old-h100-s22": lambda: block_markdown(load_runs(
-        ["2026-11-28-h100-s22-layer-deepseek_v3_dense-old.json"], "layer_deepseek_v3_dense"), heading=False),
-    "block-layer-deepseek_v3-small-h100-s21": lambda: block_markdown(load_runs(
-        ["2026-11-28-h100-s21-layer-deepseek_v3_dense-m1-128.json"], "layer_deepseek_v3_dense"), heading=False),
+    "block-layer-deepseek_v3-h100-s22": functools.partial(layer_section, "2026-11-28-h100-s22-layer-deepseek_v3_dense-new.json", "layer_deepseek_v3_dense"),
+    "block-layer-deepseek_v3-old-h100-s22": functools.partial(layer_section, "2026-11-28-h100-s22-layer-deepseek_v3_dense-old.json", "layer_deepseek_v3_dense"),
+    "block-layer-deepseek_v3-small-h100-s21": functools.partial(layer_section, "2026-11-28-h100-s21-layer-deepseek_v3_dense-m1-128.json", "layer_deepseek_v3_dense"),
     "gemms-s19-rotary-pieces": functools.partial(rotary_pieces_section,
                                                  "2026-11-27-h100-s19-gemms-rotary-b-ablate-pairs.json"),
     "gemms-s19-rotary-split": functools.partial(rotary_split_section, "2026-11-27-h100-s19-gemms-rotary-a-old.json",
                                                 "2026-11-27-h100-s19-gemms-rotary-a-split-x-only.json"),
-    "block-layer-llama3_8b-h100-s8-b": lambda: block_markdown(load_runs(
-        ["2026-11-26-h100-s8-layer-llama3_8b-b.json"], "layer_llama3_8b"), heading=False),
+    "block-layer-llama3_8b-h100-s8-b": functools.partial(layer_section, "2026-11-26-h100-s8-layer-llama3_8b-b.json", "layer_llama3_8b"),
     "gemms-s9-qwen3": functools.partial(gemms_section, "2026-11-26-h100-s9-gemms-qwen3.json"),
-    "block-layer-qwen3_8b-h100-s9": lambda: block_markdown(load_runs(
-        ["2026-11-26-h100-s9-layer-qwen3_8b.json"], "layer_qwen3_8b"), heading=False),
-    "block-layer-qwen3_8b-m1-h100-s9": lambda: block_markdown(load_runs(
-        ["2026-11-26-h100-s9-layer-qwen3_8b-m1-a-norm-apart.json"], "layer_qwen3_8b"), heading=False),
-    "block-layer-llama3_8b-h100-s8": lambda: block_markdown(load_runs(
-        ["2026-11-26-h100-s8-layer-llama3_8b.json"], "layer_llama3_8b"), heading=False),
+    "block-layer-qwen3_8b-h100-s9": functools.partial(layer_section, "2026-11-26-h100-s9-layer-qwen3_8b.json", "layer_qwen3_8b"),
+    "block-layer-qwen3_8b-m1-h100-s9": functools.partial(layer_section, "2026-11-26-h100-s9-layer-qwen3_8b-m1-a-norm-apart.json", "layer_qwen3_8b"),
+    "block-layer-llama3_8b-h100-s8": functools.partial(layer_section, "2026-11-26-h100-s8-layer-llama3_8b.json", "layer_llama3_8b"),
 }  # fmt: skip
 
 MARK = re.compile(r"^<!-- report:(?P<name>[\w-]+) (?P<end>begin|end) -->$")
