@@ -1,5 +1,6 @@
-"""The generic row template: elementwise chains, broadcasts, row reductions and the row composites
-(rms_norm, add_rms_norm, layer_norm, softmax, rotary, glu) over an iteration space [*rows, N].
+"""The generic row template: elementwise chains, broadcasts, row reductions, the row composites
+(rms_norm, add_rms_norm, layer_norm, softmax, rotary, glu) and concatenation along the last dim over an
+iteration space [*rows, N].
 
 One program handles BLOCK_M rows with the whole last dim N in registers (BLOCK_N = next power of two,
 masked), accumulating in fp32. Region inputs may be read through view chains (reshape, permute,
@@ -17,6 +18,7 @@ from xdsl.ir import Operation, SSAValue
 from ..dialects import (
     AddRMSNormOp,
     BinaryOp,
+    CatOp,
     ConstantOp,
     ConvertOp,
     FusedOp,
@@ -37,7 +39,7 @@ from ..tuning.space import SearchSpace, pow2
 from .exprs import Names, emit_pointwise, round_to
 from .kernel import Kernel
 from .source import PDL_ARG, TL_DTYPE, Writer, cdiv, chained_start, row_indices, wide_indices
-from .views import VIEW_OPS, Layout, view_chain, view_source
+from .views import VIEW_OPS, Layout, column_offsets, row_view_chain, view_source
 
 MAX_N = 32768
 POINTWISE = (UnaryOp, BinaryOp, ConvertOp, ConstantOp, GluOp)
@@ -52,6 +54,7 @@ class Leaf:
     chain: list[Operation]
     value: SSAValue  # the SSA value the compute op reads (end of the chain)
     per_row: bool = False  # read by ops on a reduction's per-row values: aligned with the rows, one value each
+    factors: tuple[tuple[int, int], ...] = ()  # a last dim merged from dims no stride expresses (`row_view_chain`)
 
 
 @dataclass
@@ -63,6 +66,8 @@ class RowPlan:
     # values of shape rows (iter_shape[:-1]) with one value per row: a reduction's result without keepdim and
     # what is computed from it (other values of that rank broadcast against iter_shape, right-aligned)
     per_row: set[SSAValue] = field(default_factory=set)
+    # a dl.cat along the last dim -> its parts in order, each read from memory at its own column range
+    parts: dict[Operation, list[Leaf]] = field(default_factory=dict)
 
     @property
     def rows(self) -> tuple[int, ...]:
@@ -102,7 +107,7 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
     if not compute:
         return "a region of views only: nothing to compute"
     for o in compute:
-        if not isinstance(o, POINTWISE + ROW_OPS + (ReduceOp,)):
+        if not isinstance(o, POINTWISE + ROW_OPS + (ReduceOp, CatOp)):
             return f"{o.name} is not a row op"
     candidates = [r for o in compute for r in o.results if not isinstance(o, ConstantOp)]
     it = max((shape_of(r) for r in candidates), key=lambda s: (numel(s), len(s)))
@@ -144,6 +149,11 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
         if isinstance(o, RotaryOp):
             if o.input in produced and not isinstance(produced[o.input], VIEW_OPS):
                 return "dl.rotary of a computed value (it must read its input from memory)"
+        if isinstance(o, CatOp):
+            why = _cat_parts(plan, o, produced, inputs)
+            if why:
+                return why
+            continue
         for v in o.operands:
             if v in produced and not isinstance(produced[v], VIEW_OPS):
                 continue
@@ -165,16 +175,39 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
                 return f"{o.name} operand {vs} does not broadcast to the row space {it}"
             if v in plan.leaves and plan.leaves[v].per_row != on_rows:
                 return f"an input of {o.name} is read both per row (after a reduction) and per element"
-            lay = view_chain(Layout.contiguous(shape_of(base)), chain)
-            if lay is None:
+            found = row_view_chain(Layout.contiguous(shape_of(base)), chain)
+            if found is None or (found[1] and (on_rows or isinstance(o, RotaryOp))):
                 return "a fused reshape would need a copy"
-            plan.leaves[v] = Leaf(inputs.index(base), chain, v, on_rows)
+            plan.leaves[v] = Leaf(inputs.index(base), chain, v, on_rows, found[1])
     ext = [r for o in ops for r in o.results if any(u.operation not in inside for u in r.uses)]
     for r in ext:
         if isinstance(r.owner, VIEW_OPS):
             return "a view is a region output"
     plan.outputs = ext
     return plan
+
+
+def _cat_parts(plan: RowPlan, o: CatOp, produced: dict, inputs: list[SSAValue]) -> str | None:
+    """Record a dl.cat's parts as leaves read at their own column ranges, or say why the row template cannot:
+    it concatenates along the last dim of the row space, parts read from memory (region inputs through views)."""
+    it = plan.iter_shape
+    if o.axis != len(it) - 1 or shape_of(o.result) != it:
+        return f"dl.cat along dim {o.axis}, not the last dim of the row space"  # (no sizes: a family's notes agree)
+    if dtype_of(o.result) not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"dl.cat of {dtype_of(o.result)} (the row template moves values through float32)"
+    parts = []
+    for v in o.inputs:
+        found = view_source(v, set(produced.values()), inputs) if not (v in produced and not isinstance(
+            produced[v], VIEW_OPS)) else None  # fmt: skip
+        if found is None:
+            return "dl.cat of a computed value (its parts must be read from memory)"
+        base, chain = found
+        found = row_view_chain(Layout.contiguous(shape_of(base)), chain)
+        if found is None:
+            return "a fused reshape would need a copy"
+        parts.append(Leaf(inputs.index(base), chain, v, factors=found[1]))
+    plan.parts[o] = parts
+    return None
 
 
 # -- emission --------------------------------------------------------------------------------------
@@ -224,8 +257,11 @@ class RowEmitter:
         ins = [f"in{i}" for i in range(len(self.inputs))]
         outs = [f"out{i}" for i in range(len(p.outputs))]
         leaf_args = []
-        for j, _ in enumerate(p.leaves):
-            leaf_args += [f"off{j}"] + [f"s{j}_{d}" for d in range(nrow + 1)]
+        for j, leaf in enumerate(p.leaves.values()):
+            leaf_args += [f"off{j}"] + [f"s{j}_{d}" for d in range(nrow + 1)] + self.factor_args(f"f{j}", leaf)
+        for q, part in enumerate(part for parts in p.parts.values() for part in parts):  # (columns [pa, pb) of a cat)
+            leaf_args += [f"poff{q}"] + [f"p{q}_{d}" for d in range(nrow + 1)] + [f"pa{q}", f"pb{q}"]
+            leaf_args += self.factor_args(f"pf{q}", part)
         out_args = [f"o{k}_{d}" for k in range(len(outs)) for d in range(nrow + 1)]
         row_sizes = [f"R{d}" for d in range(nrow)]
         args = ins + outs + ["n_rows"] + row_sizes + leaf_args + out_args
@@ -254,9 +290,13 @@ class RowEmitter:
                 w(f"x{j} = tl.load(in{leaf.arg} + b{j}[:, None], mask=rmask[:, None], other=0.0).to(tl.float32)")
             else:
                 m = "mask" if last == n else f"rmask[:, None] & (cols < {last})[None, :]"
-                w(f"x{j} = tl.load(in{leaf.arg} + b{j}[:, None] + cols[None, :] * s{j}_{nrow}, mask={m}, other=0.0).to(tl.float32)")
+                at = self.columns("cols", f"s{j}_{nrow}", f"f{j}", leaf)
+                w(f"x{j} = tl.load(in{leaf.arg} + b{j}[:, None] + {at}, mask={m}, other=0.0).to(tl.float32)")
             self.names[v] = f"x{j}"
         leaf_index = {v: j for j, v in enumerate(p.leaves)}
+        self.first_part, q = {}, 0  # a cat -> the number of its first part among all parts' arguments
+        for op, parts in p.parts.items():
+            self.first_part[op], q = q, q + len(parts)
         for op in p.ops:
             self._op(w, op, n, nrow, leaf_index)
         for k, r in enumerate(p.outputs):
@@ -269,6 +309,17 @@ class RowEmitter:
                 w(f"tl.store(out{k} + ({base})[:, None], tl.broadcast_to({val}, [BLOCK_M, 1]).to({dt}), mask=rmask[:, None])")
         w.dedent()
         return w.text()
+
+    @staticmethod
+    def factor_args(prefix: str, leaf: Leaf) -> list[str]:
+        return [f"{prefix}_{k}" for k in range(len(leaf.factors))]
+
+    def columns(self, cols: str, stride: str, prefix: str, leaf: Leaf) -> str:
+        """The offsets of columns `cols` in a leaf's row, as a [1, BLOCK_N] row: a stride, or its merged last
+        dim's factors."""
+        if leaf.factors:
+            return f"{column_offsets(cols, leaf.factors, self.factor_args(prefix, leaf))}[None, :]"
+        return f"{cols}[None, :] * {stride}"
 
     def _op(self, w: Writer, op: Operation, n: int, nrow: int, leaf_index: dict) -> None:
         names = self.names
@@ -310,6 +361,17 @@ class RowEmitter:
             t = names.fresh("sm")
             w(f"{t} = {e} / tl.where(rmask[:, None], {s}, 1.0)")
             names[op.result] = t
+        elif isinstance(op, CatOp):  # each part loaded at its own columns, the others masked off
+            t = names.fresh("cat")
+            w(f"{t} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+            for q, part in enumerate(self.plan.parts[op], self.first_part[op]):
+                pm = names.fresh("pm")
+                w(f"{pm} = (cols >= pa{q}) & (cols < pb{q})")
+                base = " + ".join([f"poff{q}"] + [f"i{d} * p{q}_{d}" for d in range(nrow)])
+                at = self.columns(f"(cols - pa{q})", f"p{q}_{nrow}", f"pf{q}", part)
+                w(f"{t} = tl.where({pm}[None, :], tl.load(in{part.arg} + ({base})[:, None] + {at}, "
+                  f"mask=rmask[:, None] & {pm}[None, :], other=0.0).to(tl.float32), {t})")
+            names[op.result] = t
         elif isinstance(op, RotaryOp):
             j = leaf_index[op.input]
             rd = op.dim
@@ -342,12 +404,20 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     leaf_args: list[int] = []
     for leaf in plan.leaves.values():
         base = Layout.contiguous(shape_of(inputs[leaf.arg]))
-        lay = view_chain(base, leaf.chain)
+        lay = row_view_chain(base, leaf.chain)[0]
         vs = shape_of(leaf.value)
         if leaf.per_row:  # aligned with the rows: a trailing column dim of one
             lay, vs = Layout((*lay.shape, 1), (*lay.strides, 0), lay.offset), (*vs, 1)
         lay = lay.broadcast_to((*it[:-1], vs[-1] if vs else 1))
-        leaf_args += [lay.offset, *lay.strides]
+        leaf_args += [lay.offset, *lay.strides, *(st for _, st in leaf.factors)]
+    for parts in plan.parts.values():  # the widths are arguments: the source is the same whatever they are
+        start = 0
+        for part in parts:
+            width = shape_of(part.value)[-1]
+            lay = row_view_chain(Layout.contiguous(shape_of(inputs[part.arg])), part.chain)[0]
+            lay = lay.broadcast_to((*it[:-1], width))
+            leaf_args += [lay.offset, *lay.strides, start, start + width, *(st for _, st in part.factors)]
+            start += width
     out_shapes = [shape_of(r) for r in plan.outputs]
     out_dtypes = [dtype_of(r) for r in plan.outputs]
     out_args: list[int] = []

@@ -7,6 +7,7 @@ is a view here is exactly what is a view in PyTorch; a reshape that would need a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,38 @@ def view_chain(layout: Layout, ops: Sequence[Operation]) -> Layout | None:
         if layout is None:
             return None
     return layout
+
+
+def row_view_chain(layout: Layout, ops: Sequence[Operation]) -> tuple[Layout, tuple[tuple[int, int], ...]] | None:
+    """For a template that indexes the last dim itself (the row template): the chain's layout, where a final
+    reshape may merge trailing dims that no stride expresses (pairs taken apart: [.., 8, 2] permuted to [.., 2, 8]
+    and merged). Returns (layout, factors): `factors` is () for a plain view, else the merged last dim's (size,
+    stride) factors, outer to inner (column j reads sum_k ((j // inner_k) % size_k) * stride_k), and the layout's
+    last stride is meaningless. None when the chain needs a copy otherwise."""
+    plain = view_chain(layout, ops)
+    if plain is not None:
+        return plain, ()
+    if not ops or not isinstance(ops[-1], ReshapeOp):
+        return None
+    before = view_chain(layout, ops[:-1])
+    if before is None:
+        return None
+    new = tuple(ops[-1].result.type.get_shape())
+    for k in range(2, len(before.shape) + 1):
+        if new == (*before.shape[:-k], math.prod(before.shape[-k:])):
+            factors = tuple((s, st) for s, st in zip(before.shape[-k:], before.strides[-k:]) if s != 1)
+            return Layout(new, (*before.strides[:-k], 1), before.offset), factors
+    return None
+
+
+def column_offsets(cols: str, factors: tuple[tuple[int, int], ...], stride_args: Sequence[str]) -> str:
+    """The expression of `row_view_chain`'s merged last dim: the offset of column `cols` (stride k an argument)."""
+    terms, inner = [], 1
+    for (size, _), arg in reversed(list(zip(factors, stride_args, strict=True))):
+        idx = f"{cols}" if inner == 1 else f"({cols} // {inner})"
+        terms.append(f"({idx} % {size}) * {arg}")
+        inner *= size
+    return "(" + " + ".join(reversed(terms)) + ")"
 
 
 @dataclass(frozen=True)

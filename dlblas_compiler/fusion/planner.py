@@ -157,6 +157,37 @@ class Plan:
         return True
 
 
+def _copy_view_into_regions(plan: Plan, view: Operation) -> bool:
+    """Give each region but one that reads `view` its own copy of it, where the region's template takes it; the
+    last region's uses stay on `view` (sunk by the one-region rule). Whether any copy was taken."""
+    uses = list(view.results[0].uses)
+    rids = sorted({plan.claimed[u.operation] for u in uses})
+    taken = False
+    for rid in rids[:-1]:
+        region = plan.regions[rid]
+        mine = [(u.operation, u.index) for u in uses if plan.claimed[u.operation] == rid]
+        copy = view.clone()
+        plan.block.insert_op_before(copy, view)
+        plan.order[copy] = plan.order[view]
+        _redirect(mine, copy.results[0])
+        trial = plan.sorted([*region.ops, copy])
+        if not isinstance(ask(region.pattern.template, trial), WhyNot) and plan.convex(trial):
+            region.ops = trial
+            plan.claimed[copy] = rid
+            taken = True
+        else:
+            _redirect(mine, view.results[0])
+            del plan.order[copy]
+            copy.detach()
+            copy.erase()
+    return taken
+
+
+def _redirect(uses: list[tuple[Operation, int]], value: SSAValue) -> None:
+    for user, index in uses:
+        user.operands = tuple(value if i == index else v for i, v in enumerate(user.operands))
+
+
 def _is_effect(op: Operation) -> bool:
     """Ops that keep their order among themselves: torch calls (opaque: they may write or draw random numbers) and
     the return."""
@@ -219,7 +250,9 @@ def explain_unfused(plan: Plan) -> None:
 
 def sink_views(plan: Plan) -> None:
     """Move a view (reshape, permute, slice, broadcast) whose users all sit in one region into that
-    region, when its template can read the operand through the view's strides."""
+    region, when its template can read the operand through the view's strides. A view read by several regions
+    is copied into each that can take it (a view costs nothing where it is an index map; left between regions,
+    a kernel reading it would copy it into a dense tensor first)."""
     changed = True
     while changed:
         changed = False
@@ -227,6 +260,9 @@ def sink_views(plan: Plan) -> None:
             if not isinstance(op, VIEW_OPS) or not plan.free(op):
                 continue
             rids = {plan.claimed.get(u.operation) for u in op.results[0].uses}
+            if len(rids) > 1 and None not in rids:
+                changed |= _copy_view_into_regions(plan, op)
+                continue
             if len(rids) != 1 or None in rids:
                 continue
             rid = rids.pop()

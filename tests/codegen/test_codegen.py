@@ -126,6 +126,49 @@ def test_row_rotary_layouts(backend, dtype, rd, inter):
     assert "dl.rotary" in cm.ir("after:recognize")
 
 
+class Cats(nn.Module):
+    """Concatenations along the last dim as layers build them: a head's columns from two producers, one of them
+    shared by every head (MLA's rotary key, a broadcast of stride 0), a part used twice, widths of no power of
+    two, a cat whose result is computed on (x 2), one along another dim (not a row op: torch runs it), and a part
+    read through a reshape of a permutation (even/odd pairs taken apart, as DeepSeek-V3's rotary leaves q)."""
+
+    def forward(self, kv, rot, a, b):
+        heads = kv.shape[2]
+        k = kv.transpose(1, 2)[..., :24]  # [B, H, S, 24] of [B, S, H, 40]: strided
+        key = torch.cat((k, rot.expand(-1, heads, -1, -1)), dim=-1)  # rot [B, 1, S, 8]
+        three = torch.cat((a, b, a), dim=-1) * 2.0
+        other = torch.cat((a, a), dim=1)
+        pairs = b.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)  # pairs taken apart: no strides express it
+        return key, three, other, torch.cat((a, pairs), dim=-1), pairs * 3.0
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+def test_row_cat_along_the_last_dim(backend, dtype):
+    args = [_x(2, 7, 3, 40), _x(2, 1, 7, 8, seed=1), _x(2, 5, 12, seed=2), _x(2, 5, 36, seed=3)]
+    cm = _run(Cats(), args, backend, dtype)
+    regions = cm.report().regions
+    cats = [r for r in regions if "dl.cat" in r.ops]
+    assert len(cats) == 3 and all(r.pattern == "row" for r in cats), regions
+    assert ["dl.cat", "dl.mul"] in [[o for o in r.ops if o in ("dl.cat", "dl.mul")] for r in cats]
+    assert cm.report().unfused == {"dl.cat": 1}  # the cat along dim 1; the pairs' views are read as index maps
+    # moving values: bit-equal to torch of the same inputs (x 2 and x 3 are exact but for an overflow)
+    dev = _device(backend)
+    xs = [a.to(device=dev, dtype=dtype) for a in args]
+    with torch.no_grad():
+        got, want = cm(*xs), Cats()(*xs)
+    for i in (0, 1, 3, 4):
+        assert torch.equal(got[i], want[i]), i
+
+
+def test_row_cat_reason_for_a_cat_it_does_not_take():
+    """A cat along another dim is left to torch, and the report says why."""
+    cm = dc.compile(Cats(), backend="interpret")
+    with torch.no_grad():
+        cm(_x(2, 7, 3, 40), _x(2, 1, 7, 8, seed=1), _x(2, 5, 12, seed=2), _x(2, 5, 36, seed=3))
+    notes = [n for n in cm.report().notes if n.startswith("not fused: dl.cat")]
+    assert len(notes) == 1 and "not the last dim of the row space" in notes[0], notes
+
+
 # -- gemm template ----------------------------------------------------------------------------------
 
 

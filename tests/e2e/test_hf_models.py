@@ -24,9 +24,9 @@ BASE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hi
             max_position_embeddings=256)  # fmt: skip
 
 # per layer: norm+QKV+rotary, attention, o-proj+residual, norm+gate/up+SiLU, down+residual; then final norm+lm_head.
-# The rotary embedding's cos and sin are one row kernel each. Phi: LayerNorm is a row kernel, the MLP's GELU
+# The rotary embedding's cos and sin are one row kernel (with the cat(freqs, freqs) before them). Phi: LayerNorm is a row kernel, the MLP's GELU
 # rides in the QKV GEMM's epilogue slot (attention and MLP read the same normed input), one residual GEMM adds both.
-LLAMA_LIKE = Counter({"row": 2, "gemm": 4 * 2 + 1, "attention": 2})
+LLAMA_LIKE = Counter({"row": 1, "gemm": 4 * 2 + 1, "attention": 2})
 # GPT-2: LayerNorms are row kernels (the first with the position embedding's add); per layer c_attn (+ bias and the
 # head split), attention, c_proj + residual, c_fc + GELU, c_proj + residual: the Conv1D addmm's are linears.
 # Falcon: cos/sin and LayerNorm(s) are row kernels; q/k/v share one GEMM (with the MLP's up-projection and GELU
@@ -39,35 +39,37 @@ REGIONS = {
     "llama": LLAMA_LIKE,
     "qwen2": LLAMA_LIKE,
     "mistral": LLAMA_LIKE,
-    "phi": Counter({"row": 2 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
+    "phi": Counter({"row": 1 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
     "gpt2": Counter({"row": 2 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
-    "falcon": Counter({"row": 2 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
-    "falcon-gqa": Counter({"row": 2 + 2 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
+    "falcon": Counter({"row": 1 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
+    "falcon-gqa": Counter({"row": 1 + 2 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
 }
 MODELS = list(REGIONS)
 
 # More architectures, compiled once (dc.compile, interpret backend: the generated kernels). Rows beyond the rotary
-# embedding's cos and sin (2): Gemma's embedding scale (Qwen3's per-head q/k RMSNorms and the rotary after them ride
+# embedding's cos and sin (1): Gemma's embedding scale (Qwen3's per-head q/k RMSNorms and the rotary after them ride
 # in the QKV GEMM's epilogue, as Llama's rotary does); Gemma2's post-attention and
 # post-MLP norms and its soft-capped logits; GPT-NeoX's and StableLM's LayerNorms; OPT's and BERT's
 # LayerNorms (and the embedding sums); Mixtral's router softmax and top-k run inside dl.moe (library kernels), its
 # attention as Llama's. docs/architectures.md (scripts/architectures.py) lists each model's regions and what stays out.
 MORE_REGIONS = {
     "qwen3": LLAMA_LIKE,
-    "gemma": Counter({"row": 3, "gemm": 4 * 2 + 1, "attention": 2}),
-    "gemma2": Counter({"row": 7, "gemm": 4 * 2 + 1, "attention": 2}),
+    "gemma": Counter({"row": 2, "gemm": 4 * 2 + 1, "attention": 2}),
+    "gemma2": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
     "phi3": LLAMA_LIKE,
-    "gpt_neox": Counter({"row": 7, "gemm": 4 * 2 + 1, "attention": 2}),  # (q/k slices and rotary in the QKV GEMM)
+    "gpt_neox": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),  # (q/k slices and rotary in the QKV GEMM)
     "opt": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
-    "stablelm": Counter({"row": 7, "gemm": 4 * 2 + 1, "attention": 2}),
+    "stablelm": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
     "bert": Counter({"row": 5, "gemm": 4 * 2 + 1, "attention": 2}),
     "t5_encoder": Counter({"row": 2, "gemm": 4 * 2, "attention": 2}),
-    "mixtral": Counter({"row": 6, "gemm": 2 * 2 + 1, "attention": 2}),
+    "mixtral": Counter({"row": 5, "gemm": 2 * 2 + 1, "attention": 2}),
     # multi-head latent attention: q and kv through low-rank projections with their own RMSNorms, k and v expanded
     # from the latent per head (the key states filled piece by piece through views: a concatenation), the rotary on
-    # a slice of each head; layer 1's MoE routes by torch ops (group-limited top-k in V3) over GEMM regions
-    "deepseek_v2": Counter({"row": 11, "gemm": 12, "attention": 2}),
-    "deepseek_v3": Counter({"row": 11, "gemm": 14, "attention": 2}),
+    # a slice of each head; the query's and key's concatenations (of the unrotated and the rotated dims) are row
+    # kernels, one each per layer, as are the two that widen cos and sin for the rotary; layer 1's MoE routes by
+    # torch ops (group-limited top-k in V3) over GEMM regions
+    "deepseek_v2": Counter({"row": 17, "gemm": 12, "attention": 2}),
+    "deepseek_v3": Counter({"row": 16, "gemm": 14, "attention": 2}),
 }
 ENCODERS = ("bert", "t5_encoder")  # outputs last_hidden_state; the others are causal LMs (logits)
 

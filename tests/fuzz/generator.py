@@ -401,6 +401,8 @@ class FuzzModule(nn.Module):
             return p.clone() if op["fn"] == "clone" else p * 1.0
         if kind == "slice":
             return x[_slice_index(op["dim"], op["start"], size(op["len"], self.dims), op["step"])]
+        if kind == "cat":
+            return torch.cat([vals[j] for j in a], dim=op["dim"])
         if kind == "view":  # the .contiguous().view(...) idiom (a plain .view fails on a non-contiguous x)
             x = x.contiguous()
             return x.view(-1) if op["flat"] else x.view(shape(op["shape"], self.dims))
@@ -501,7 +503,7 @@ def valid(spec: dict) -> bool:
             vals = m.values(args + [None] * (MAX_INPUTS - len(args)))
         n_in = len(args)
         for i, op in enumerate(spec["ops"]):
-            if op["op"] == "slice" and vals[n_in + i].shape[op["dim"]] != size(op["len"], spec["dims"]):
+            if op["op"] in ("slice", "cat") and vals[n_in + i].shape[op["dim"]] != size(op["len"], spec["dims"]):
                 return False
         return len(spec["inputs"]) <= MAX_INPUTS and all(v.numel() > 0 for v in vals)
     except Exception:  # noqa: BLE001 - any failure means the shapes do not fit
@@ -720,8 +722,8 @@ def _gen_op(d: _Draft) -> None:
     kind = rng.choices(
         ["unary", "binary", "scalar", "reduce", "rmsnorm", "layernorm", "linear", "reshape", "transpose", "rotary",
          "softmax", "sdpa", "attention", "inplace", "glu", "add_rmsnorm", "identity", "dup", "param", "slice",
-         "view", "gather", "cross_entropy", "twice"],
-        weights=[14, 12, 6, 6, 6, 4, 14, 4, 4, 5, 5, 6, 5, 5, 3, 3, 4, 2, 2, 3, 3, 2, 2, 2],
+         "view", "gather", "cross_entropy", "twice", "cat"],
+        weights=[14, 12, 6, 6, 6, 4, 14, 4, 4, 5, 5, 6, 5, 5, 3, 3, 4, 2, 2, 3, 3, 2, 2, 2, 3],
     )[0]  # fmt: skip
     if kind in ("sdpa", "attention"):
         _gen_attention(d, kind == "attention")
@@ -841,6 +843,17 @@ def _gen_op(d: _Draft) -> None:
     elif kind == "view":
         t, flat = _view_target(d, s)
         d.op(t, op="view", args=[x], shape=t, flat=flat)
+    elif kind == "cat":  # mostly along the last dim (a row op); parts of any layout, the same value maybe twice
+        dim = len(s) - 1 if rng.random() < 0.75 else rng.randrange(len(s))
+        fits = lambda t: len(t) == len(s) and all(a == b for i, (a, b) in enumerate(zip(t, s)) if i != dim)  # noqa: E731
+        parts = [x]
+        for _ in range(rng.choice([1, 1, 2])):
+            y = d.pick(fits)
+            parts.append(x if y is None or rng.random() < 0.2 else y)
+        rng.shuffle(parts)
+        t = list(s)
+        t[dim] = d.dim(sum(d.size(d.shapes[p][dim]) for p in parts))
+        d.op(t, op="cat", args=parts, dim=dim, len=t[dim])
     elif kind == "gather" and len(s) >= 2:  # indices sliced, made contiguous and viewed: x.gather(-1, idx)
         k = d.dim(_ragged(rng, 1, 8))
         idx = _index_chain(d, product(s[:-1]), k, s[-1])
