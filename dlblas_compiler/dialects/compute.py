@@ -562,10 +562,14 @@ class SDPAOp(IRDLOperation):
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale, enable_gqa=self.gqa
         )
-        if self.nan_rows and mask is not None:
+        if mask is not None and (self.nan_rows or mask.dtype == torch.bool):
+            # a row with every key masked: NaN for the explicit softmax form; 0 for a boolean mask, as torch
+            # documents, where torch 2.11's cuDNN kernel on an H200 gave other values (fuzz finding d27da18bbe2d)
+            # and the CPU and our attention kernels give 0: set here, the result does not depend on which
+            # implementation ran. (An additive mask of -inf's row stays as torch gives it: NaN, eager's value.)
             masked = ~mask if mask.dtype == torch.bool else mask == float("-inf")
             empty = masked.expand(*out.shape[:-1], k.shape[-2]).all(-1, keepdim=True)
-            out = out.masked_fill(empty, float("nan"))
+            out = out.masked_fill(empty, float("nan") if self.nan_rows else 0.0)
         return out
 
 

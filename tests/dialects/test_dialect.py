@@ -55,3 +55,29 @@ def test_rotary_reference_half_and_interleaved():
     cos_i, sin_i = ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1)
     inter = torch.stack([ev * ang.cos() - od * ang.sin(), od * ang.cos() + ev * ang.sin()], -1).flatten(-2)
     torch.testing.assert_close(rotary_reference(x, cos_i, sin_i, "interleaved", 8), torch.cat([inter, x[..., 8:]], -1))
+
+
+@pytest.mark.parametrize("masked_rows", ["zero", "nan"])
+def test_sdpa_reference_sets_rows_whose_keys_are_all_masked(monkeypatch, masked_rows):
+    """A query row whose every key is masked gives 0 (torch's documented result; NaN for the explicit softmax form)
+    whatever the SDPA kernel torch picks returns there: torch 2.11's cuDNN kernel returned other values on an H200
+    (fuzz finding d27da18bbe2d), where the CPU and our attention kernels give 0."""
+    from xdsl.dialects.builtin import TensorType, f32, i1
+    from xdsl.ir import Block
+
+    import dlblas_compiler.dialects.compute as compute
+
+    b, h, s, l, d = 1, 2, 3, 4, 8
+    block = Block(arg_types=[TensorType(f32, [b, h, s, d]), TensorType(f32, [b, h, l, d]), TensorType(f32, [b, h, l, d]),
+                             TensorType(i1, [b, 1, s, l])])  # fmt: skip
+    op = compute.SDPAOp(*block.args[:3], mask=block.args[3], masked_rows=masked_rows)
+    q, k, v = torch.randn(b, h, s, d), torch.randn(b, h, l, d), torch.randn(b, h, l, d)
+    mask = torch.ones(b, 1, s, l, dtype=torch.bool)
+    mask[..., 1, :] = False  # row 1 sees no key
+    real = compute.F.scaled_dot_product_attention
+    off = lambda *a, **kw: real(*a, **kw) + 1.0  # noqa: E731 - a kernel that is off everywhere
+    monkeypatch.setattr(compute.F, "scaled_dot_product_attention", off)
+    out = op.reference(q, k, v, mask)
+    want = torch.full_like(out[..., 1, :], float("nan") if masked_rows == "nan" else 0.0)
+    torch.testing.assert_close(out[..., 1, :], want, equal_nan=True)
+    torch.testing.assert_close(out[..., 0, :], real(q, k, v, attn_mask=mask)[..., 0, :] + 1.0)
