@@ -30,9 +30,13 @@ GLU_EXPR = {  # dl.glu's activations, as the dialect's own ops compute them
 
 
 def round_to(expr: str, v: SSAValue) -> str:
-    """Round an fp32 expression to v's dtype (no-op for fp32)."""
+    """Round an fp32 expression to v's dtype (no-op for fp32). The whole expression: `a + b` is rounded as
+    `(a + b)`, not as `a + b.to(..)` (fuzz seed 2304: an add+RMSNorm's sum left unrounded, its residual rounded
+    twice, so `-x + x` was not 0 and the norm of a one-wide row read its rounding error as ±1)."""
     dt = dtype_of(v)
-    return expr if TL_DTYPE[dt] == "tl.float32" else f"{expr}.to({TL_DTYPE[dt]}).to(tl.float32)"
+    if TL_DTYPE[dt] == "tl.float32":
+        return expr
+    return f"{expr if expr.isidentifier() else f'({expr})'}.to({TL_DTYPE[dt]}).to(tl.float32)"
 
 
 class Names:
