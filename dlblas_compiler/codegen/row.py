@@ -53,8 +53,9 @@ class Leaf:
     arg: int  # index of the region input
     chain: list[Operation]
     value: SSAValue  # the SSA value the compute op reads (end of the chain)
-    per_row: bool = False  # read by ops on a reduction's per-row values: aligned with the rows, one value each
+    layout: Layout  # where the chain's elements live in the (contiguous) region input
     factors: tuple[tuple[int, int], ...] = ()  # a last dim merged from dims no stride expresses (`row_view_chain`)
+    per_row: bool = False  # read by ops on a reduction's per-row values: aligned with the rows, one value each
 
 
 @dataclass
@@ -175,10 +176,11 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
                 return f"{o.name} operand {vs} does not broadcast to the row space {it}"
             if v in plan.leaves and plan.leaves[v].per_row != on_rows:
                 return f"an input of {o.name} is read both per row (after a reduction) and per element"
-            found = row_view_chain(Layout.contiguous(shape_of(base)), chain)
-            if found is None or (found[1] and (on_rows or isinstance(o, RotaryOp))):
+            leaf = _leaf(base, chain, v, inputs)
+            if leaf is None or (leaf.factors and (on_rows or isinstance(o, RotaryOp))):
                 return "a fused reshape would need a copy"
-            plan.leaves[v] = Leaf(inputs.index(base), chain, v, on_rows, found[1])
+            leaf.per_row = on_rows
+            plan.leaves[v] = leaf
     ext = [r for o in ops for r in o.results if any(u.operation not in inside for u in r.uses)]
     for r in ext:
         if isinstance(r.owner, VIEW_OPS):
@@ -197,17 +199,21 @@ def _cat_parts(plan: RowPlan, o: CatOp, produced: dict, inputs: list[SSAValue]) 
         return f"dl.cat of {dtype_of(o.result)} (the row template moves values through float32)"
     parts = []
     for v in o.inputs:
-        found = view_source(v, set(produced.values()), inputs) if not (v in produced and not isinstance(
-            produced[v], VIEW_OPS)) else None  # fmt: skip
+        found = view_source(v, set(produced.values()), inputs)
         if found is None:
             return "dl.cat of a computed value (its parts must be read from memory)"
-        base, chain = found
-        found = row_view_chain(Layout.contiguous(shape_of(base)), chain)
-        if found is None:
+        leaf = _leaf(*found, v, inputs)
+        if leaf is None:
             return "a fused reshape would need a copy"
-        parts.append(Leaf(inputs.index(base), chain, v, factors=found[1]))
+        parts.append(leaf)
     plan.parts[o] = parts
     return None
+
+
+def _leaf(base: SSAValue, chain: list[Operation], v: SSAValue, inputs: list[SSAValue]) -> Leaf | None:
+    """Region input `base` read through `chain` as `v`, or None where the chain needs a copy."""
+    found = row_view_chain(Layout.contiguous(shape_of(base)), chain)
+    return None if found is None else Leaf(inputs.index(base), chain, v, *found)
 
 
 # -- emission --------------------------------------------------------------------------------------
@@ -403,9 +409,7 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     block_n = triton.next_power_of_2(n)
     leaf_args: list[int] = []
     for leaf in plan.leaves.values():
-        base = Layout.contiguous(shape_of(inputs[leaf.arg]))
-        lay = row_view_chain(base, leaf.chain)[0]
-        vs = shape_of(leaf.value)
+        lay, vs = leaf.layout, shape_of(leaf.value)
         if leaf.per_row:  # aligned with the rows: a trailing column dim of one
             lay, vs = Layout((*lay.shape, 1), (*lay.strides, 0), lay.offset), (*vs, 1)
         lay = lay.broadcast_to((*it[:-1], vs[-1] if vs else 1))
@@ -414,8 +418,7 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
         start = 0
         for part in parts:
             width = shape_of(part.value)[-1]
-            lay = row_view_chain(Layout.contiguous(shape_of(inputs[part.arg])), part.chain)[0]
-            lay = lay.broadcast_to((*it[:-1], width))
+            lay = part.layout.broadcast_to((*it[:-1], width))
             leaf_args += [lay.offset, *lay.strides, start, start + width, *(st for _, st in part.factors)]
             start += width
     out_shapes = [shape_of(r) for r in plan.outputs]
