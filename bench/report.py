@@ -807,6 +807,25 @@ def cold_tuning_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
 
 
+def cold_tuning_ab_section(runs: list[tuple[str, str]]) -> str:
+    """bench/cold_tuning.py A/B: per (file, label) a layer's cold quick tuning per token count, how many compiles ran
+    at once while any ran, and the tuner's own times of what it chose (regions kept on their reference counted at
+    the kernel's time: the quality of the search, not the layer)."""
+    out = ["| run | block | M | call s (cold) | trials | compiles | their seconds, summed | seconds with a compile "
+           "running | compiles at once | chosen kernels' times, summed µs |", "|" + "---|" * 10]  # fmt: skip
+    env = {}
+    for name, label in runs:
+        doc = _load(name)
+        env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")}
+        for r in doc["rows"]:
+            t = r.get("timeline", {})
+            chosen = f"{sum(us for _, us in r['chosen'].values()):.0f}" if "chosen" in r else "–"
+            out.append(f"| {label} | {r['block']} | {r['M']} | {r['wall_s']:.1f} | {r['trials']} | {r['pool_compiles']} | "
+                       f"{r['pool_compile_s_summed']:.1f} | {t.get('compiles busy s', 0):.1f} | "
+                       f"{t.get('compiles running at once (mean while busy)', 0):.1f} | {chosen} |")  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
+
+
 def generation_trace_table(doc: dict) -> str:
     """The GPU's view of each mode (bench/generate.py --trace): a prefill (generate of one token) and 8 decode
     steps (generate(9) minus generate(1)) under torch.profiler: wall time (profiler overhead included), GPU busy
@@ -1264,6 +1283,11 @@ SECTIONS = {
     "generation-s14-e": functools.partial(generation_section, "2026-11-27-h100-s14-generate-e.json"),
     "generation-s19-a": functools.partial(generation_section, "2026-11-27-h100-s19-generate-a.json"),
     "generation-s19-cold-tuning": functools.partial(cold_tuning_section, "2026-11-27-h100-s19-cold-tuning.json"),
+    "cold-tuning-s24-a": functools.partial(cold_tuning_ab_section, [("2026-11-28-h200-s24-cold-tuning-a.json", "a: 75efddd")]),
+    **{f"cold-tuning-s24-{x}": functools.partial(cold_tuning_ab_section, [
+        (f"2026-11-28-h200-s24-cold-tuning-{x}-{tree}-layer_{b}.json", f"{x}: {label}")
+        for b in ("llama3_8b", "qwen25_7b") for tree, label in (("new", "side by side"), ("old", "75efddd"))])
+       for x in "bc"},
     "generation-s19-a-phases": functools.partial(first_call_phases_section, "2026-11-27-h100-s19-generate-a.json"),
     "generation-s14-p2048": functools.partial(generation_section, "2026-11-27-h100-s14-generate-p2048.json"),
     "generation-trace-s14-e": functools.partial(generation_trace_section, "2026-11-27-h100-s14-generate-e.json"),
