@@ -6,7 +6,7 @@ knows the shapes, allocates outputs, applies the view chains that were fused as 
 computes the grid). The kernel source is the same for every token count (row counts are runtime
 arguments), so a new batch size reuses the compiled kernel; and regions whose kernels differ only in their
 names (the same pattern in every layer) share one compiled function (`Kernel.compiled`). `compile_configs`
-builds the candidates of a tuning batch in parallel threads (Triton's compiler releases the GIL).
+builds the candidates of a tuning batch in parallel: in worker processes (`compile_pool`), then in threads.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..tuning.space import SearchSpace
+from .compile_pool import prebuild
 from .launcher import Chained, Launcher, launcher
 from .source import HEADER
 
@@ -44,20 +45,22 @@ def compile_source(source: str, name: str, interpret: bool) -> Callable:
     if fn is not None:
         return fn
     filename = f"<dlblas:{name}:{source_hash(source)}>"
+    text = HEADER + source
     # register the text so tracebacks (and Triton, which reads the function's source) can see it
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     # (a module name: Triton's code generator reads it from each @triton.jit function a kernel calls)
     namespace: dict[str, Any] = {"triton": triton, "tl": tl, "__name__": f"dlblas_compiler.generated.{name}"}
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     try:
-        exec(compile(HEADER + source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
+        exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - our own generated code
     finally:
         if old is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = old
     fn = namespace[name]
+    fn.dlblas_source = (text, name, filename)  # (what a compile worker builds it from: `compile_pool`)
     _COMPILED[key] = fn
     return fn
 
@@ -132,15 +135,21 @@ _POOL: ThreadPoolExecutor | None = None
 
 
 def compile_configs(kernel: Kernel, fn: Callable, tensors: list, configs: list[dict]) -> None:
-    """Compile `fn` (the kernel's jitted function) for each config on these inputs, in parallel threads, so
-    that launching any of them afterwards finds it built. A config that fails to compile is left for its launch
-    to report."""
+    """Compile `fn` (the kernel's jitted function) for each config on these inputs, in parallel, so that
+    launching any of them afterwards finds it built: first in worker processes into Triton's disk cache
+    (`compile_pool.prebuild`), then here in threads (each finding its binary in that cache). A config that fails
+    to compile is left for its launch to report."""
     global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1)), thread_name_prefix="dlblas-compile")
-    with triton.AsyncCompileMode(_POOL, ignore_errors=True):
+
+    def warm_up() -> None:
         for config in configs:
             try:
                 kernel.launch(_Warmup(fn), tensors, config)
             except Exception:  # noqa: BLE001, S112 - the launch of this config reports it
                 continue
+
+    prebuild(warm_up)
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1)), thread_name_prefix="dlblas-compile")
+    with triton.AsyncCompileMode(_POOL, ignore_errors=True):
+        warm_up()

@@ -1,0 +1,188 @@
+"""Compiling a tuning batch's candidates in worker processes, into Triton's disk cache.
+
+A search proposes up to 8 configs of a kernel at a time and waits for all of them to compile before timing any.
+In threads (Triton's `AsyncCompileMode`) 3-4 compiles ran at once on a 16-core host (bench/NOTES.md item 89):
+the part of each compile that walks the kernel's Python AST holds the interpreter lock. Worker processes share
+no lock: `prebuild` asks Triton what each config's launch would compile (its specialization data, through
+Triton's `knobs.runtime.jit_cache_hook`, compiling nothing), hands each to a worker (`compile_worker.py`, which imports
+Triton alone) and waits; each worker writes its binary into Triton's disk cache, where the launching process's
+own compile of the same launch then finds it. Nothing depends on the workers for correctness: a launch whose
+binary is not in the cache (a worker that failed or died, a key that differs) compiles in this process as before.
+
+`DLBLAS_COMPILE_WORKERS` sets how many workers (default: one per CPU core, at most 16; 0: none). They start on a
+GPU process's first tuning batch and end with it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from queue import SimpleQueue
+from typing import Any
+
+from triton import knobs
+from triton.runtime import driver
+
+from ..logs import get_logger
+
+__all__ = ["WORKERS_ENV", "prebuild", "shutdown"]
+
+WORKERS_ENV = "DLBLAS_COMPILE_WORKERS"
+_WORKER = Path(__file__).with_name("compile_worker.py")
+_log = get_logger("tuning")
+
+
+def _count() -> int:
+    value = os.environ.get(WORKERS_ENV)
+    return max(0, int(value)) if value else min(16, os.cpu_count() or 1)
+
+
+class _Pool:
+    """Worker processes, each answering one job at a time over its pipes."""
+
+    MAX_DEATHS = 8  # workers that may end before the pool gives up (`broken`)
+
+    def __init__(self, n: int) -> None:
+        self._procs = [self._start() for _ in range(n)]
+        self._idle: SimpleQueue[subprocess.Popen] = SimpleQueue()
+        for p in self._procs:
+            self._idle.put(p)
+        self._threads = ThreadPoolExecutor(n, thread_name_prefix="dlblas-compile-worker")
+        self._lock = threading.Lock()
+        self.deaths = 0
+
+    @staticmethod
+    def _start() -> subprocess.Popen:
+        # (-P: the script's folder, this package's codegen/, is not put on the worker's import path)
+        return subprocess.Popen([sys.executable, "-P", str(_WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+
+    @property
+    def broken(self) -> bool:
+        return self.deaths >= self.MAX_DEATHS
+
+    def _run(self, job: tuple) -> str | None:
+        proc = self._idle.get()
+        try:
+            pickle.dump(job, proc.stdin)
+            proc.stdin.flush()
+            answer = pickle.load(proc.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError) as e:  # the worker died (or garbled): a new one
+            proc.kill()
+            with self._lock:
+                self.deaths += 1
+                self._procs.remove(proc)
+                try:
+                    proc = self._start()
+                    self._procs.append(proc)
+                except OSError:
+                    self.deaths = self.MAX_DEATHS
+            self._idle.put(proc)  # (a dead one when none could start: the next job finds it dead at once)
+            return f"the compile worker ended ({type(e).__name__})"
+        self._idle.put(proc)
+        return answer
+
+    def run(self, jobs: list[tuple]) -> list[str | None]:
+        return list(self._threads.map(self._run, jobs))
+
+    def close(self) -> None:
+        for p in self._procs:
+            try:
+                p.stdin.close()  # (a worker ends when its stdin closes)
+            except OSError:
+                pass
+        for p in self._procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self._threads.shutdown(wait=False)
+
+
+_pool: _Pool | None = None
+_pool_lock = threading.Lock()
+_collect_lock = threading.Lock()
+
+
+def _get_pool() -> _Pool | None:
+    global _pool
+    with _pool_lock:
+        if _pool is not None and _pool.broken:
+            _log.info("compile workers kept ending: compiling in this process")
+            _pool.close()
+            _pool = None
+            os.environ[WORKERS_ENV] = "0"
+        if _pool is None:
+            n = _count()
+            if n == 0:
+                return None
+            try:
+                _pool = _Pool(n)
+            except OSError as e:
+                _log.info("compile workers could not start (%s): compiling in this process", e)
+                os.environ[WORKERS_ENV] = "0"
+                return None
+            atexit.register(_pool.close)
+        return _pool
+
+
+def shutdown() -> None:
+    """End the workers now (they also end with the process)."""
+    global _pool
+    with _pool_lock:
+        if _pool is not None:
+            _pool.close()
+            _pool = None
+
+
+def _collect(warm: Callable[[], None]) -> list[tuple[Any, str]]:
+    """(jitted function, specialization data) of each compile `warm()` would do on this thread, compiling none:
+    Triton's JIT calls `knobs.runtime.jit_cache_hook` before a compile and skips it when the hook returns True.
+    The hook is set only while `warm()` runs; a compile on another thread meanwhile goes to the hook set before."""
+    found: list[tuple[Any, str]] = []
+    me = threading.current_thread()
+    with _collect_lock:
+        before = knobs.runtime.jit_cache_hook
+
+        def hook(*, fn: Any, compile: dict, **kwargs: Any) -> Any:
+            if threading.current_thread() is not me:
+                return before(fn=fn, compile=compile, **kwargs) if before is not None else None
+            found.append((fn.jit_function, compile["specialization_data"]))
+            return True
+
+        knobs.runtime.jit_cache_hook = hook
+        try:
+            warm()
+        finally:
+            knobs.runtime.jit_cache_hook = before
+    return found
+
+
+def prebuild(warm: Callable[[], None]) -> int:
+    """Compile in the workers what `warm()` (warm-up launches: `fn.run(..., warmup=True)`) would compile here, and
+    wait for them: the warm-ups that follow find their binaries in Triton's disk cache. Returns how many compiles
+    the workers completed (0 without workers, or for launches this process has already compiled)."""
+    pool = _get_pool()
+    if pool is None:
+        return 0
+    found = _collect(warm)
+    target = driver.active.get_current_target()
+    jobs = []
+    for fn, data in found:
+        text, name, filename = getattr(fn, "dlblas_source", (None, None, None))
+        if text is not None:  # (one of our generated kernels; another function compiles here)
+            jobs.append((text, name, filename, data, (target.backend, target.arch, target.warp_size), knobs.cache.dir))
+    if not jobs:
+        return 0
+    answers = pool.run(jobs)
+    failed = [a for a in answers if a is not None]
+    if failed:
+        _log.debug("%d of %d worker compiles failed (first: %s); they compile here", len(failed), len(jobs), failed[0])
+    return len(jobs) - len(failed)

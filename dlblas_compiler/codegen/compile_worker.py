@@ -1,0 +1,80 @@
+"""A compile worker: a process that builds Triton kernels into Triton's disk cache (`compile_pool` starts them).
+
+Run as a script (`python -P compile_worker.py`), it imports Triton and nothing of this package (no torch: it
+starts in a fraction of a second). It reads jobs from stdin and answers each on stdout, both pickled:
+a job is (kernel file text, function name, file name, Triton's specialization data of one launch, target, cache
+folder) and
+its answer None or the error's first line. It compiles the function for that specialization exactly as the
+launching process would (`JITFunction.preload`'s reading of the data, then `triton.compile`), so the launching
+process, compiling the same launch afterwards, finds the binary in the cache under the same key. It needs no GPU.
+The process ends when stdin closes.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import pickle
+import sys
+from typing import Any
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+
+
+def _function(text: str, name: str, filename: str, cache: dict[str, Any]) -> Any:
+    """The jitted function of a kernel file, built as `kernel.compile_source` builds it (the same text, file name
+    and module name: the text and the function's first line enter its cache key, the file name its line info)."""
+    fn = cache.get(text)
+    if fn is None:
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+        namespace: dict[str, Any] = {"triton": triton, "tl": tl, "__name__": f"dlblas_compiler.generated.{name}"}
+        exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - the launching process's generated kernel
+        fn = cache[text] = namespace[name]
+    return fn
+
+
+def _constant(v: Any) -> Any:
+    if tl.dtype.is_dtype(v):
+        return tl.dtype(v)
+    return tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
+
+
+def compile_job(job: tuple, cache: dict[str, Any]) -> None:
+    text, name, filename, data, target, cache_dir = job
+    if cache_dir:
+        triton.knobs.cache.dir = cache_dir
+    fn = _function(text, name, filename, cache)
+    spec = json.loads(data)
+    constexprs = {tuple(k): _constant(v) for k, v in zip(spec["constant_keys"], spec["constant_vals"], strict=True)}
+    attrs = dict(zip(map(tuple, spec["attrs_keys"]), spec["attrs_vals"], strict=True))
+    signature = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["signature"].items()}
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
+    target = GPUTarget(*target)
+    options = make_backend(target).parse_options(options)
+    triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def main() -> None:
+    cache: dict[str, Any] = {}
+    inp, out = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # (anything else written to stdout, by Triton or its C++ side, goes to stderr: not the answers)
+    while True:
+        try:
+            job = pickle.load(inp)
+        except EOFError:
+            return
+        try:
+            compile_job(job, cache)
+            answer = None
+        except Exception as e:  # noqa: BLE001 - the launching process compiles it again and reports it
+            answer = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        pickle.dump(answer, out)
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Compile workers (`codegen.compile_pool`): a tuning batch's candidates are built in worker processes into Triton's
+disk cache, and the launching process's own compile of each then finds its binary there (the same cache key).
+
+On a machine without a GPU the launching process is a GPU process in all but the driver: Triton's driver answers
+device 0 of an sm90 target, and every kernel is compiled for it (Triton needs no GPU to compile, only to launch).
+"""
+
+import os
+
+import pytest
+import torch
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+import dlblas_compiler as dc
+from dlblas_compiler.codegen import compile_pool
+from dlblas_compiler.codegen.kernel import _Warmup, compile_configs
+from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
+from dlblas_compiler.numerics import rel_error, tolerance
+from dlblas_compiler.runtime.program import RegionStep
+
+CFG = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)
+
+
+class _Sm90:
+    """Triton's driver as a process on an H100 sees it, without launching anything."""
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", 90, 32)
+
+
+def _regions(device: str):
+    """(step, inputs) of each kernel region of a Llama block (bf16), the program stepped along between regions."""
+    model = randomize_(LlamaBlock(CFG)).to(device, torch.bfloat16).eval()
+    inputs = llama_block_inputs(CFG, 1, 40, torch.bfloat16, device)
+    cm = dc.compile(model, backend="triton" if device == "cuda" else "interpret", cuda_graphs=False)
+    with torch.no_grad():
+        cm(*inputs)
+        program = cm._spec().executor
+        env = program._env(list(inputs))
+        for step in program.steps:
+            if isinstance(step, RegionStep) and step.kernel is not None:
+                yield step, step.inputs(env)
+            step(env)
+
+
+@pytest.fixture
+def workers(tmp_path, monkeypatch):
+    """Two compile workers and a fresh Triton cache folder (its path)."""
+    compile_pool.shutdown()
+    monkeypatch.setenv(compile_pool.WORKERS_ENV, "2")
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path))
+    yield tmp_path
+    compile_pool.shutdown()
+
+
+def _configs(step) -> list[dict]:
+    """Three configs of the region's kernel other than its default (which its first call may have compiled)."""
+    space = step.kernel.space
+    return [c for c in space.configs() if c != space.default()][:3]
+
+
+def _check_workers_build_what_launches_find(step, tensors, fn, cache) -> None:
+    configs = _configs(step)
+    kernel = step.kernel
+
+    def warm() -> None:
+        for c in configs:
+            kernel.launch(_Warmup(fn), tensors, c)
+
+    built = compile_pool.prebuild(warm)
+    assert built == len(configs), kernel.name
+    assert len(os.listdir(cache)) >= len(configs)
+    before = set(os.listdir(cache))
+    compile_configs(kernel, fn, tensors, configs)  # (the workers again: each finds its binary; then this process)
+    assert set(os.listdir(cache)) == before, f"{kernel.name}: a launch compiled what no worker had built"
+    assert len(fn.device_caches[0][0]) >= len(configs)  # (this process's JIT holds each, loaded from the cache)
+
+
+def test_workers_build_each_kernel_under_the_key_its_launch_finds(workers):
+    """For every generated kernel of a Llama block (GEMMs with RMSNorm, rotary and SiLU epilogues, attention, add
+    and norm), three configs compiled by the workers for sm90: the launching process's compile of the same
+    warm-up launches adds nothing to Triton's cache, and its JIT then holds all three."""
+    regions = list(_regions("cpu"))  # (computed on the interpreter first; then every kernel for the sm90 JIT)
+    before = driver._active
+    driver.set_active(_Sm90())
+    try:
+        kinds = set()
+        for step, tensors in regions:
+            _check_workers_build_what_launches_find(step, tensors, step.kernel.compiled(False), workers)
+            kinds.add(step.kernel.tuning_key[0])
+    finally:
+        driver.set_active(before)
+    assert {"gemm", "attention"} <= kinds, kinds
+
+
+def test_no_workers_when_switched_off(tmp_path, monkeypatch):
+    compile_pool.shutdown()
+    monkeypatch.setenv(compile_pool.WORKERS_ENV, "0")
+    ran = []
+    assert compile_pool.prebuild(lambda: ran.append(1)) == 0
+    assert ran == []  # (nothing collected: the warm-ups run once, in this process)
+
+
+@pytest.mark.gpu
+def test_workers_then_launches_on_the_gpu(workers):
+    """The same on the GPU, and every config's launch afterwards computes the region's values."""
+    for step, tensors in _regions("cuda"):
+        fn = step.compiled
+        _check_workers_build_what_launches_find(step, tensors, fn, workers)
+        refs = step.reference([t.double() if t.is_floating_point() else t for t in tensors])
+        for c in _configs(step):
+            outs = step.launch(step.private(tensors, every=True), c)
+            for o, r in zip(outs, refs, strict=True):
+                assert rel_error(o, r) <= tolerance(torch.bfloat16), (step.kernel.name, c)
