@@ -143,17 +143,19 @@ def shutdown() -> None:
 
 
 def _collect(warm: Callable[[], None]) -> list[tuple[Any, str]]:
-    """(jitted function, specialization data) of each compile `warm()` would do on this thread, compiling none:
-    Triton's JIT calls `knobs.runtime.jit_cache_hook` before a compile and skips it when the hook returns True.
-    The hook is set only while `warm()` runs; a compile on another thread meanwhile goes to the hook set before."""
+    """(jitted function, specialization data) of each warm-up compile `warm()` would do on this thread, compiling
+    none: Triton's JIT calls `knobs.runtime.jit_cache_hook` before a compile and skips it when the hook returns
+    True. A launch that is not a warm-up (a row pass a GEMM's launch runs before its kernel) compiles and runs as
+    always: skipped, it would not run, and its launcher would keep no binary. The hook is set only while `warm()`
+    runs; a compile on another thread meanwhile goes to the hook set before."""
     found: list[tuple[Any, str]] = []
     me = threading.current_thread()
     with _collect_lock:
         before = knobs.runtime.jit_cache_hook
 
-        def hook(*, fn: Any, compile: dict, **kwargs: Any) -> Any:
-            if threading.current_thread() is not me:
-                return before(fn=fn, compile=compile, **kwargs) if before is not None else None
+        def hook(*, fn: Any, compile: dict, is_manual_warmup: bool, **kwargs: Any) -> Any:
+            if threading.current_thread() is not me or not is_manual_warmup:
+                return before(fn=fn, compile=compile, is_manual_warmup=is_manual_warmup, **kwargs) if before else None
             found.append((fn.jit_function, compile["specialization_data"]))
             return True
 

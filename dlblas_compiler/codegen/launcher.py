@@ -84,6 +84,8 @@ class Launcher:
             binary = self.fn.run(*args, grid=grid, warmup=False, **kwargs)
             if hasattr(binary, "result"):
                 binary = binary.result()
+            if binary is None:  # (a compile hook skipped it: nothing ran, nothing to keep)
+                return
             params = self.fn.params[len(args):]  # the rest, in the function's order (defaults included)
             tail = [kwargs[p.name] if p.name in kwargs else p.default for p in params]
             if len(self._bins) >= 256:  # (arguments whose values keep changing: start over rather than grow)
