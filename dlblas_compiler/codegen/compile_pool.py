@@ -32,7 +32,7 @@ from triton.runtime import driver
 
 from ..logs import get_logger
 
-__all__ = ["WORKERS_ENV", "prebuild", "shutdown", "width"]
+__all__ = ["WORKERS_ENV", "prebuild", "shutdown"]
 
 WORKERS_ENV = "DLBLAS_COMPILE_WORKERS"
 _WORKER = Path(__file__).with_name("compile_worker.py")
@@ -42,12 +42,6 @@ _log = get_logger("tuning")
 def _count() -> int:
     value = os.environ.get(WORKERS_ENV)
     return max(0, int(value)) if value else min(16, os.cpu_count() or 1)
-
-
-def width() -> int:
-    """How many compiles run at once in the workers (0: no workers): a tuning batch as wide fills them in one
-    round."""
-    return _count()
 
 
 class _Pool:

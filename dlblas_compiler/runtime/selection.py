@@ -10,11 +10,9 @@ import statistics
 
 import torch
 
-from ..codegen.compile_pool import width
 from ..codegen.kernel import compile_configs
 from ..errors import DeviceFault, is_device_fault
 from ..tuning import CacheEntry, CacheKey, TuneJob, benchmark, default_cache, tune
-from ..tuning.policies import BATCH
 from .steps import RegionStep, first_line
 
 TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucketed to powers of two in cache keys
@@ -61,7 +59,7 @@ def _search(step: RegionStep, tensors: list, mode: str, progress: bool) -> None:
 
     job = TuneJob(kind, key, k.space, make, k.shape_key,
                   tuple(t.dtype for t in tensors), tensors[0].device, ref, token_dims=TOKEN_DIMS,
-                  prepare=prepare, batch=max(BATCH, width()) if on_gpu else BATCH)  # fmt: skip
+                  prepare=prepare)  # fmt: skip
     out = tune(job, mode, progress=progress)
     c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
 

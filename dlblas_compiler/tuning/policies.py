@@ -5,9 +5,8 @@ Every policy has the signature `policy(space, objective, budget, patience, seed,
 win. Only valid configs (see `SearchSpace.violations`) are ever passed to the objective, each at most once.
 `budget` caps the number of objective evaluations; `patience` stops the search once that many evaluations in a
 row have not improved the best time (bayes: its TPE phase, before the climb from the best). `prepare(configs)`,
-when given, is told the configs about to be evaluated, up to `batch` at a time (default `BATCH`), before the first
-of them is (the compiler compiles their kernels in parallel there, so the objective's first call of each finds its
-kernel built; it asks for batches as wide as its compiles can run at once).
+when given, is told the configs about to be evaluated, up to `BATCH` at a time, before the first of them is (the
+compiler compiles their kernels in parallel there, so the objective's first call of each finds its kernel built).
 """
 
 from __future__ import annotations
@@ -72,10 +71,8 @@ class _Search:
         patience: int | None,
         progress: Progress | None,
         prepare: Prepare | None = None,
-        batch: int = BATCH,
     ) -> None:
         self.space, self.objective, self.progress, self.prepare = space, objective, progress, prepare
-        self.batch = max(1, batch)
         self.limit = space.size() if budget is None else space.count(budget)
         self.patience = patience
         self.memo: dict[tuple[Any, ...], Trial] = {}
@@ -138,10 +135,9 @@ def grid(
     seed: int = 0,
     progress: Progress | None = None,
     prepare: Prepare | None = None,
-    batch: int = BATCH,
 ) -> TuneResult:
     """Every valid config in grid order (the first `budget` of them when capped)."""
-    search = _Search(space, objective, budget, patience, progress, prepare, batch)
+    search = _Search(space, objective, budget, patience, progress, prepare)
     _in_order(search, space.configs())
     return search.result()
 
@@ -149,7 +145,7 @@ def grid(
 def _in_order(search: _Search, configs) -> None:
     configs = iter(configs)
     while not search.done:
-        batch = list(itertools.islice(configs, min(search.batch, search.left)))
+        batch = list(itertools.islice(configs, min(BATCH, search.left)))
         if not batch:
             return
         search.prefetch(batch)
@@ -167,10 +163,9 @@ def random(
     seed: int = 0,
     progress: Progress | None = None,
     prepare: Prepare | None = None,
-    batch: int = BATCH,
 ) -> TuneResult:
     """Valid configs in a seeded random order, without replacement."""
-    search = _Search(space, objective, budget, patience, progress, prepare, batch)
+    search = _Search(space, objective, budget, patience, progress, prepare)
     configs = list(space.configs())
     _random.Random(seed).shuffle(configs)
     _in_order(search, configs)
@@ -206,12 +201,11 @@ def bayes(
     seed: int = 0,
     progress: Progress | None = None,
     prepare: Prepare | None = None,
-    batch: int = BATCH,
     max_misses: int = 16,
     refine: float = 0.25,
 ) -> TuneResult:
     """Bayesian optimisation with optuna's (constrained, multivariate) TPE sampler through ask/tell, starting
-    from the space's default and seeds (`SearchSpace.starts`), proposing up to `batch` configs at a time (the
+    from the space's default and seeds (`SearchSpace.starts`), proposing up to `BATCH` configs at a time (the
     "constant liar" keeps a batch's proposals apart) so that their kernels can be prepared together; then, when
     the budget is smaller than the space, its last `refine` share (at least 2 evaluations once the budget reaches
     8) climbs from the best config found (`_refine`). `patience` ends the TPE phase, not the climb.
@@ -221,7 +215,7 @@ def bayes(
     not count against the budget. After `max_misses` proposals in a row brought nothing new, a random unseen
     valid config is enqueued so the search always makes progress.
     """
-    search = _Search(space, objective, budget, patience, progress, prepare, batch)
+    search = _Search(space, objective, budget, patience, progress, prepare)
     if search.done:
         return search.result()
     full = search.limit  # (fewer than the budget: the space is smaller, and TPE gets to see all of it)
@@ -261,8 +255,8 @@ def _refine(search: _Search, space: SearchSpace) -> None:
         for i, c in enumerate(fresh):
             if search.done or search.best is not best:
                 break
-            if i % search.batch == 0:
-                search.prefetch(fresh[i : i + min(search.batch, search.left)])
+            if i % BATCH == 0:
+                search.prefetch(fresh[i : i + min(BATCH, search.left)])
             search.evaluate(c)
 
 
@@ -284,7 +278,7 @@ def _tpe(search: _Search, space: SearchSpace, seed: int, max_misses: int) -> Non
         while not search.done:
             batch: list[tuple[Any, Config]] = []  # (optuna trial, valid config) to evaluate
             keys: set = set()
-            while len(keys) < min(search.batch, search.left) and misses < max_misses:
+            while len(keys) < min(BATCH, search.left) and misses < max_misses:
                 trial = study.ask(dists)
                 config = {**fixed, **{n: varying[n][i] for n, i in trial.params.items()}}
                 config = {n: config[n] for n in space.params}

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import DeviceFault, DLError, is_device_fault
 from .cache import CacheEntry, CacheKey, TuneCache, default_path
-from .policies import BATCH, POLICIES, Progress, SearchStop, TuneResult
+from .policies import POLICIES, Progress, SearchStop, TuneResult
 from .profiler import make_objective
 from .space import Config, SearchSpace
 
@@ -199,8 +199,7 @@ class TuneJob:
     and returns its outputs; `reference` (the outputs for the first argument set, or a zero-arg callable producing
     them; None skips the check) is what each candidate must match to be eligible. `token_dims` names the
     token-count dims of `shape`, which the cache key buckets to powers of two. `prepare(configs)` (optional) is
-    called with the configs about to be tried, `batch` at a time (to compile their kernels in parallel: as many as
-    can compile at once)."""
+    called with the configs about to be tried, a batch at a time (to compile their kernels in parallel)."""
 
     name: str
     source_hash: str
@@ -213,7 +212,6 @@ class TuneJob:
     arg_sets: Sequence[tuple] | None = None
     token_dims: tuple[str, ...] = ()
     prepare: Callable[[list[Config]], None] | None = None
-    batch: int = BATCH
 
     def cache_key(self) -> CacheKey:
         return CacheKey.make(self.name, self.source_hash, self.shape, self.dtypes, self.device,
@@ -273,7 +271,7 @@ def tune(
     objective = make_objective(job.build, refs, job.arg_sets, device=job.device, warmup_ms=warmup_ms, rep_ms=rep_ms)
     objective = faults.guard(objective, name, job.shape)
     with _progress(name, space.count(budget), progress) as bar:
-        result = search(space, objective, budget, patience, seed, bar, prepare=job.prepare, batch=job.batch)
+        result = search(space, objective, budget, patience, seed, bar, prepare=job.prepare)
     if result.best_config is None or result.best_time is None:
         errors = sorted({t.error for t in result.failures if t.error})
         raise TuningError(f"{name}: all {result.evaluations} candidate configs failed: " + "; ".join(errors[:3]))

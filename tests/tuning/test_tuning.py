@@ -281,12 +281,12 @@ def test_progress_sees_every_evaluation(space):
     assert all(b1 >= b2 for (_, b1), (_, b2) in zip(seen, seen[1:], strict=False))
 
 
-@pytest.mark.parametrize("batch", [8, 16])
 @pytest.mark.parametrize("name", ["grid", "random", "bayes"])
-def test_prepare_sees_each_batch_before_its_evaluations(space, name, batch):
+def test_prepare_sees_each_batch_before_its_evaluations(space, name):
     """`prepare` (the compiler compiles a batch's kernels in parallel there) is told every evaluated config
-    before it is evaluated, at most `batch` at a time (the default BATCH; wider where more compiles run at
-    once), and only valid configs not evaluated yet."""
+    before it is evaluated, at most BATCH at a time, and only valid configs not evaluated yet."""
+    from dlblas_compiler.tuning.policies import BATCH
+
     prepared, batches = set(), []
 
     def prepare(configs):
@@ -299,12 +299,10 @@ def test_prepare_sees_each_batch_before_its_evaluations(space, name, batch):
         return synthetic_time(config)
 
     obj = Recorder(space, fn=timed)
-    kw = {} if batch == 8 else {"batch": batch}
-    r = POLICIES[name](space, obj, budget=30, patience=None, seed=2, progress=None, prepare=prepare, **kw)
+    r = POLICIES[name](space, obj, budget=30, patience=None, seed=2, progress=None, prepare=prepare)
     assert r.evaluations == 30 and not obj.invalid
-    assert 1 < len(batches) and all(1 <= len(b) <= batch for b in batches)
-    assert max(map(len, batches)) > 8 if batch > 8 else True
-    assert len(prepared) - r.evaluations < batch  # (at most the last batch's unused part is prepared for nothing)
+    assert 1 < len(batches) and all(1 <= len(b) <= BATCH for b in batches)
+    assert len(prepared) - r.evaluations < BATCH  # (at most the last batch's unused part is prepared for nothing)
 
 
 def test_a_failing_prepare_does_not_stop_the_search(space):
