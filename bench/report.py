@@ -826,6 +826,24 @@ def cold_tuning_ab_section(runs: list[tuple[str, str]]) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
 
 
+def cold_tuning_workers_section(runs: list[tuple[str, str]]) -> str:
+    """bench/cold_tuning.py A/B of where compiles run (compile workers or threads): per (file, label) a layer's cold
+    quick tuning per token count, the calling thread's wait for batches of compiles, its time timing candidates,
+    and the tuner's own times of what it chose (the quality of the search)."""
+    out = ["| run | block | M | call s (cold) | regions tuned | trials | waiting for batches to compile, s | "
+           "timing candidates, s | chosen kernels' times, summed µs |", "|" + "---|" * 9]  # fmt: skip
+    env = {}
+    for name, label in runs:
+        doc = _load(name)
+        env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")}
+        for r in doc["rows"]:
+            t = r["timeline"]
+            chosen = sum(us for _, us in r["chosen"].values())
+            out.append(f"| {label} | {r['block']} | {r['M']} | {r['wall_s']:.1f} | {r['regions_tuned']} | {r['trials']} | "
+                       f"{t['submitting compiles']:.1f} | {t['timing candidates']:.1f} | {chosen:.0f} |")  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
+
+
 def generation_trace_table(doc: dict) -> str:
     """The GPU's view of each mode (bench/generate.py --trace): a prefill (generate of one token) and 8 decode
     steps (generate(9) minus generate(1)) under torch.profiler: wall time (profiler overhead included), GPU busy
@@ -1288,6 +1306,15 @@ SECTIONS = {
         (f"2026-11-28-h200-s24-cold-tuning-{x}-{tree}-layer_{b}.json", f"{x}: {label}")
         for b in ("llama3_8b", "qwen25_7b") for tree, label in (("new", "side by side"), ("old", "75efddd"))])
        for x in "bc"},
+    "cold-tuning-s25-a": functools.partial(cold_tuning_workers_section, [
+        (f"2026-11-28-h200-s25-cold-tuning-a-{w}-layer_{b}.json", label)
+        for b, ws in (("llama3_8b", ("w16", "w0")), ("qwen25_7b", ("w16",)))
+        for w in ws for label in [{"w16": "a: 16 workers", "w0": "a: threads (none)"}[w]]]),
+    "cold-tuning-s25-b": functools.partial(cold_tuning_workers_section, [
+        ("2026-11-28-h200-s25-cold-tuning-b-b16-layer_llama3_8b.json", "b: workers, batches of 16"),
+        ("2026-11-28-h200-s25-cold-tuning-b-b8-layer_llama3_8b.json", "b: workers, batches of 8"),
+        ("2026-11-28-h200-s25-cold-tuning-b-b16-layer_qwen25_7b.json", "b: workers, batches of 16"),
+        ("2026-11-28-h200-s25-cold-tuning-b-w0-layer_qwen25_7b.json", "b: threads, batches of 8")]),
     "generation-s19-a-phases": functools.partial(first_call_phases_section, "2026-11-27-h100-s19-generate-a.json"),
     "generation-s14-p2048": functools.partial(generation_section, "2026-11-27-h100-s14-generate-p2048.json"),
     "generation-trace-s14-e": functools.partial(generation_trace_section, "2026-11-27-h100-s14-generate-e.json"),
