@@ -9,8 +9,9 @@ Triton alone) and waits; each worker writes its binary into Triton's disk cache,
 own compile of the same launch then finds it. Nothing depends on the workers for correctness: a launch whose
 binary is not in the cache (a worker that failed or died, a key that differs) compiles in this process as before.
 
-`DLBLAS_COMPILE_WORKERS` sets how many workers (default: one per CPU core, at most 16; 0: none). They start on a
-GPU process's first tuning batch and end with it.
+`DLBLAS_COMPILE_WORKERS` sets how many workers (default: one per CPU core the process may use, shared among the
+processes torchrun started on the host, at most 16; 0: none). They start on a GPU process's first tuning batch and
+end with it; a worker that dies or hangs is replaced, and after 8 such the process compiles alone.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import select
 import subprocess
 import sys
 import threading
@@ -40,14 +42,23 @@ _log = get_logger("tuning")
 
 
 def _count() -> int:
+    """`DLBLAS_COMPILE_WORKERS`, else the CPU cores this process may run on shared with the other processes of
+    its host that torchrun started (`LOCAL_WORLD_SIZE`), at most 16; none where Triton compiles every launch
+    anyway (`TRITON_ALWAYS_COMPILE`)."""
     value = os.environ.get(WORKERS_ENV)
-    return max(0, int(value)) if value else min(16, os.cpu_count() or 1)
+    if value:
+        return max(0, int(value))
+    if knobs.compilation.always_compile:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(16, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))))
 
 
 class _Pool:
     """Worker processes, each answering one job at a time over its pipes."""
 
     MAX_DEATHS = 8  # workers that may end before the pool gives up (`broken`)
+    TIMEOUT_S = 600  # a compile taking longer is given up (its launch compiles it in the process)
 
     def __init__(self, n: int) -> None:
         self._procs = [self._start() for _ in range(n)]
@@ -73,8 +84,10 @@ class _Pool:
         try:
             pickle.dump(job, proc.stdin)
             proc.stdin.flush()
+            if not select.select([proc.stdout], [], [], self.TIMEOUT_S)[0]:
+                raise TimeoutError(f"no answer in {self.TIMEOUT_S} s")
             answer = pickle.load(proc.stdout)
-        except (OSError, EOFError, pickle.UnpicklingError) as e:  # the worker died (or garbled): a new one
+        except (OSError, EOFError, pickle.UnpicklingError) as e:  # died, garbled or hung: a new worker
             proc.kill()
             with self._lock:
                 self.deaths += 1

@@ -120,3 +120,45 @@ def test_workers_then_launches_on_the_gpu(workers):
             outs = step.launch(step.private(tensors, every=True), c)
             for o, r in zip(outs, refs, strict=True):
                 assert rel_error(o, r) <= tolerance(torch.bfloat16), (step.kernel.name, c)
+
+
+_SMALL = """@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1, mask=i < n)
+"""
+
+
+def test_a_worker_that_dies_is_replaced(workers):
+    """A worker killed between batches: its next job is answered as failed (that launch compiles in the process)
+    and a new worker takes its place, so the batch after builds everything again."""
+    from dlblas_compiler.codegen.kernel import compile_source
+
+    fn = compile_source(_SMALL, "add_one", False)
+    x = torch.randn(1000)
+    before = driver._active
+    driver.set_active(_Sm90())
+    try:
+        def warm(blocks):
+            return lambda: [_Warmup(fn)[(1,)](x, x.numel(), BLOCK=b) for b in blocks]
+
+        assert compile_pool.prebuild(warm([64, 128])) == 2
+        for p in compile_pool._pool._procs:
+            p.kill()
+            p.wait()
+        assert compile_pool.prebuild(warm([256, 512])) == 0  # (both workers found dead, both replaced)
+        assert compile_pool.prebuild(warm([256, 512, 1024])) == 3
+        assert not compile_pool._pool.broken
+    finally:
+        driver.set_active(before)
+
+
+def test_worker_count_follows_the_cores_and_torchrun(monkeypatch):
+    monkeypatch.delenv(compile_pool.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert compile_pool._count() == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert compile_pool._count() == 4
+    monkeypatch.setenv(compile_pool.WORKERS_ENV, "3")
+    assert compile_pool._count() == 3
