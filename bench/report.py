@@ -844,6 +844,24 @@ def cold_tuning_workers_section(runs: list[tuple[str, str]]) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
 
 
+def cold_generate_ab_section(runs: list[tuple[str, str]]) -> str:
+    """bench/generate.py --modes ours with fresh caches, per (file, label): the first generate() call, its phases,
+    and the regions tuned and trials run in it (both graphs: prefill and decode). (No decode column: these runs
+    generate 8 tokens, too few for a decode rate.)"""
+    keys = ["compile", "tuning (inside direct runs)", "dynamo tracing"]
+    out = ["| run | first generate() s | " + " | ".join(f"{k} s" for k in keys) + " | regions tuned | trials | "
+           "prefill ms |", "|" + "---|" * (len(keys) + 5)]  # fmt: skip
+    env = {}
+    for name, label in runs:
+        doc = _load(name)
+        env = {"gpu": doc.get("gpu"), "versions": doc.get("versions"), "ceilings": doc.get("ceilings")}
+        for r in doc["rows"]:
+            ph, gs = r["first_call_phases_s"], r["graphs"]
+            out.append(f"| {label} | {r['first_call_s']:.1f} | " + " | ".join(_num(ph.get(k), ".1f") for k in keys)
+                       + f" | {sum(g['tuned'] for g in gs)} | {sum(g['trials'] for g in gs)} | {r['prefill_ms']:.1f} |")
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
+
+
 def generation_trace_table(doc: dict) -> str:
     """The GPU's view of each mode (bench/generate.py --trace): a prefill (generate of one token) and 8 decode
     steps (generate(9) minus generate(1)) under torch.profiler: wall time (profiler overhead included), GPU busy
@@ -1315,6 +1333,9 @@ SECTIONS = {
         ("2026-11-28-h200-s25-cold-tuning-b-b8-layer_llama3_8b.json", "b: workers, batches of 8"),
         ("2026-11-28-h200-s25-cold-tuning-b-b16-layer_qwen25_7b.json", "b: workers, batches of 16"),
         ("2026-11-28-h200-s25-cold-tuning-b-w0-layer_qwen25_7b.json", "b: threads, batches of 8")]),
+    "generate-cold-s25": functools.partial(cold_generate_ab_section, [
+        ("2026-11-28-h200-s25-generate-cold-w16.json", "16 compile workers"),
+        ("2026-11-28-h200-s25-generate-cold-w0.json", "threads (DLBLAS_COMPILE_WORKERS=0)")]),
     "generation-s19-a-phases": functools.partial(first_call_phases_section, "2026-11-27-h100-s19-generate-a.json"),
     "generation-s14-p2048": functools.partial(generation_section, "2026-11-27-h100-s14-generate-p2048.json"),
     "generation-trace-s14-e": functools.partial(generation_trace_section, "2026-11-27-h100-s14-generate-e.json"),
