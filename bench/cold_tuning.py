@@ -9,13 +9,16 @@ ones that batch did not cover. Writes OUT/cold_tuning-BLOCK.json: per token coun
 trials, and compile counts and seconds by thread (calling thread: which kernels, how long); and where the calling
 thread's time went (`timeline`): choosing configs (the search's own work), submitting a batch's compiles, a
 candidate's first run (waiting for its compile, the check against the reference), timing candidates, and timing the
-kernel against the region's reference; with how many compiles ran at once while any ran.
+kernel against the region's reference; with how many compiles ran at once while any ran; and what the compile
+workers did (`compile_workers`: batches, compiles, their seconds summed, each batch's slowest compile summed, the
+batches' wall time).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import sys
@@ -83,10 +86,12 @@ def main() -> None:
     from blocks import BLOCKS
 
     import dlblas_compiler as dc
+    from dlblas_compiler.codegen.compile_pool import STATS
     from dlblas_compiler.runtime.steps import RegionStep
 
     rows = []
     for m in map(int, args.tokens.split(",")):
+        workers_before = dataclasses.asdict(STATS)
         mod, a, kw, _, _ = BLOCKS[args.block](m, torch.bfloat16, "cuda")
         start, first_span = len(records), len(spans)
         t0 = time.perf_counter()
@@ -109,6 +114,8 @@ def main() -> None:
                "main_thread_compiles": len(main), "main_thread_compile_s": round(sum(r[3] - r[2] for r in main), 2),
                "pool_compiles": len(pool), "pool_compile_s_summed": round(sum(r[3] - r[2] for r in pool), 2),
                "timeline": _timeline(spans[first_span:], mine),
+               "compile_workers": {k: round(v - workers_before[k], 2)
+                                   for k, v in dataclasses.asdict(STATS).items()},  # fmt: skip
                "main_thread_by_kernel": {k: [n, round(s, 2)] for k, (n, s) in
                                          sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:15]}}  # fmt: skip
         print(json.dumps(row), flush=True)

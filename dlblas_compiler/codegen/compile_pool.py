@@ -23,8 +23,10 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
@@ -34,7 +36,7 @@ from triton.runtime import driver
 
 from ..logs import get_logger
 
-__all__ = ["WORKERS_ENV", "prebuild", "shutdown"]
+__all__ = ["STATS", "WORKERS_ENV", "Stats", "prebuild", "shutdown"]
 
 WORKERS_ENV = "DLBLAS_COMPILE_WORKERS"
 _WORKER = Path(__file__).with_name("compile_worker.py")
@@ -58,7 +60,7 @@ class _Pool:
     """Worker processes, each answering one job at a time over its pipes."""
 
     MAX_DEATHS = 8  # workers that may end before the pool gives up (`broken`)
-    TIMEOUT_S = 600  # a compile taking longer is given up (its launch compiles it in the process)
+    TIMEOUT_S = 180  # a compile taking longer is given up (its launch compiles it in the process)
 
     def __init__(self, n: int) -> None:
         self._procs = [self._start() for _ in range(n)]
@@ -79,15 +81,15 @@ class _Pool:
     def broken(self) -> bool:
         return self.deaths >= self.MAX_DEATHS
 
-    def _run(self, job: tuple) -> str | None:
+    def _run(self, job: tuple) -> tuple[str | None, float]:
         proc = self._idle.get()
         try:
             pickle.dump(job, proc.stdin)
             proc.stdin.flush()
             if not select.select([proc.stdout], [], [], self.TIMEOUT_S)[0]:
                 raise TimeoutError(f"no answer in {self.TIMEOUT_S} s")
-            answer = pickle.load(proc.stdout)
-        except (OSError, EOFError, pickle.UnpicklingError) as e:  # died, garbled or hung: a new worker
+            error, seconds = pickle.load(proc.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError) as e:  # died, garbled, hung
             proc.kill()
             with self._lock:
                 self.deaths += 1
@@ -98,11 +100,11 @@ class _Pool:
                 except OSError:
                     self.deaths = self.MAX_DEATHS
             self._idle.put(proc)  # (a dead one when none could start: the next job finds it dead at once)
-            return f"the compile worker ended ({type(e).__name__})"
+            return f"the compile worker ended ({type(e).__name__})", 0.0
         self._idle.put(proc)
-        return answer
+        return error, seconds
 
-    def run(self, jobs: list[tuple]) -> list[str | None]:
+    def run(self, jobs: list[tuple]) -> list[tuple[str | None, float]]:
         return list(self._threads.map(self._run, jobs))
 
     def close(self) -> None:
@@ -119,6 +121,28 @@ class _Pool:
         self._threads.shutdown(wait=False)
 
 
+@dataclass
+class Stats:
+    """What the workers did in this process: batches, compiles (failed ones among them), the compiles' seconds
+    summed, the slowest compile of each batch summed, and the batches' wall time (their compiles, the dispatch)."""
+
+    batches: int = 0
+    compiles: int = 0
+    failed: int = 0
+    compile_s: float = 0.0
+    slowest_s: float = 0.0
+    wall_s: float = 0.0
+
+    def add(self, jobs: int, failed: int, seconds: list[float], wall: float) -> None:
+        self.batches += 1
+        self.compiles += jobs
+        self.failed += failed
+        self.compile_s += sum(seconds)
+        self.slowest_s += max(seconds, default=0.0)
+        self.wall_s += wall
+
+
+STATS = Stats()
 _pool: _Pool | None = None
 _pool_lock = threading.Lock()
 _collect_lock = threading.Lock()
@@ -196,8 +220,10 @@ def prebuild(warm: Callable[[], None]) -> int:
             jobs.append((text, name, filename, data, (target.backend, target.arch, target.warp_size), knobs.cache.dir))
     if not jobs:
         return 0
+    start = time.perf_counter()
     answers = pool.run(jobs)
-    failed = [a for a in answers if a is not None]
+    failed = [error for error, _ in answers if error is not None]
+    STATS.add(len(jobs), len(failed), [s for _, s in answers], time.perf_counter() - start)
     if failed:
         _log.debug("%d of %d worker compiles failed (first: %s); they compile here", len(failed), len(jobs), failed[0])
     return len(jobs) - len(failed)

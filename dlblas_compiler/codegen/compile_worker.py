@@ -1,13 +1,12 @@
 """A compile worker: a process that builds Triton kernels into Triton's disk cache (`compile_pool` starts them).
 
 Run as a script (`python -P compile_worker.py`), it imports Triton and nothing of this package (no torch: it
-starts in a fraction of a second). It reads jobs from stdin and answers each on stdout, both pickled:
-a job is (kernel file text, function name, file name, Triton's specialization data of one launch, target, cache
-folder) and
-its answer None or the error's first line. It compiles the function for that specialization exactly as the
-launching process would (`JITFunction.preload`'s reading of the data, then `triton.compile`), so the launching
-process, compiling the same launch afterwards, finds the binary in the cache under the same key. It needs no GPU.
-The process ends when stdin closes.
+starts in a fraction of a second). It reads jobs from stdin and answers each on stdout, both pickled: a job is
+(kernel file text, function name, file name, Triton's specialization data of one launch, target, cache folder), its
+answer (None or the error's first line, the seconds it took). It compiles the function for that specialization
+exactly as the launching process would (`JITFunction.preload`'s reading of the data, then `triton.compile`), so the
+launching process, compiling the same launch afterwards, finds the binary in the cache under the same key. It needs
+no GPU. The process ends when stdin closes.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import linecache
 import os
 import pickle
 import sys
+import time
 from typing import Any
 
 import triton
@@ -67,12 +67,13 @@ def main() -> None:
             job = pickle.load(inp)
         except EOFError:
             return
+        start = time.perf_counter()
         try:
             compile_job(job, cache)
-            answer = None
+            error = None
         except Exception as e:  # noqa: BLE001 - the launching process compiles it again and reports it
-            answer = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-        pickle.dump(answer, out)
+            error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        pickle.dump((error, time.perf_counter() - start), out)
         out.flush()
 
 

@@ -5,6 +5,7 @@ On a machine without a GPU the launching process is a GPU process in all but the
 device 0 of an sm90 target, and every kernel is compiled for it (Triton needs no GPU to compile, only to launch).
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -75,8 +76,13 @@ def _check_workers_build_what_launches_find(step, tensors, fn, cache) -> None:
         for c in configs:
             kernel.launch(_Warmup(fn), tensors, c)
 
+    stats = dataclasses.replace(compile_pool.STATS)
     built = compile_pool.prebuild(warm)
     assert built == len(configs), kernel.name
+    now = compile_pool.STATS
+    assert (now.batches, now.compiles, now.failed) == (stats.batches + 1, stats.compiles + built, stats.failed)
+    assert 0 < now.slowest_s - stats.slowest_s <= now.compile_s - stats.compile_s
+    assert now.slowest_s - stats.slowest_s <= now.wall_s - stats.wall_s
     assert len(os.listdir(cache)) >= len(configs)
     before = set(os.listdir(cache))
     compile_configs(kernel, fn, tensors, configs)  # (the workers again: each finds its binary; then this process)
