@@ -563,14 +563,25 @@ class SDPAOp(IRDLOperation):
             q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale, enable_gqa=self.gqa
         )
         if mask is not None and (self.nan_rows or mask.dtype == torch.bool):
-            # a row with every key masked: NaN for the explicit softmax form; 0 for a boolean mask, as torch
-            # documents, where torch 2.11's cuDNN kernel on an H200 gave other values (fuzz finding d27da18bbe2d)
-            # and the CPU and our attention kernels give 0: set here, the result does not depend on which
-            # implementation ran. (An additive mask of -inf's row stays as torch gives it: NaN, eager's value.)
+            # a row with every key masked: NaN for the explicit softmax form; for a boolean mask what eager's math
+            # (torch's CPU kernel) gives, where torch 2.11's cuDNN kernel on an H200 gave other values (fuzz
+            # finding d27da18bbe2d): set here, the result does not depend on which implementation ran. (An
+            # additive mask of -inf's row stays as torch gives it: NaN, eager's value.)
             masked = ~mask if mask.dtype == torch.bool else mask == float("-inf")
             empty = masked.expand(*out.shape[:-1], k.shape[-2]).all(-1, keepdim=True)
-            out = out.masked_fill(empty, float("nan") if self.nan_rows else 0.0)
+            fill = float("nan") if self.nan_rows else self._masked_rows(q, k, v)
+            out = torch.where(empty, fill, out)
         return out
+
+    def _masked_rows(self, q, k, v):
+        """What eager's math gives a row whose keys a boolean mask all drops: softmax(s + mask) @ v with every
+        mask entry -inf is 0 @ v, unless a score is NaN or +inf (then NaN + -inf or inf - inf: the row is NaN),
+        and 0 @ v is NaN in a column of v holding NaN or inf (0 * inf). Broadcasts over the rows."""
+        if self.gqa and k.shape[-3] != q.shape[-3]:
+            k, v = (t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3) for t in (k, v))
+        s = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale
+        bad = (s.isnan() | (s == float("inf"))).any(-1, keepdim=True)
+        return torch.where(bad, float("nan"), (v * 0).sum(-2, keepdim=True))
 
 
 @irdl_op_definition

@@ -59,9 +59,10 @@ def test_rotary_reference_half_and_interleaved():
 
 @pytest.mark.parametrize("masked_rows", ["zero", "nan"])
 def test_sdpa_reference_sets_rows_whose_keys_are_all_masked(monkeypatch, masked_rows):
-    """A query row whose every key is masked gives 0 (torch's documented result; NaN for the explicit softmax form)
-    whatever the SDPA kernel torch picks returns there: torch 2.11's cuDNN kernel returned other values on an H200
-    (fuzz finding d27da18bbe2d), where the CPU and our attention kernels give 0."""
+    """A query row whose every key is masked gives eager's math result, 0 on finite inputs (torch's documented
+    result; NaN for the explicit softmax form), whatever the SDPA kernel torch picks returns there: torch 2.11's
+    cuDNN kernel returned other values on an H200 (fuzz finding d27da18bbe2d), where the CPU and our attention
+    kernels give 0."""
     from xdsl.dialects.builtin import TensorType, f32, i1
     from xdsl.ir import Block
 
@@ -81,3 +82,44 @@ def test_sdpa_reference_sets_rows_whose_keys_are_all_masked(monkeypatch, masked_
     want = torch.full_like(out[..., 1, :], float("nan") if masked_rows == "nan" else 0.0)
     torch.testing.assert_close(out[..., 1, :], want, equal_nan=True)
     torch.testing.assert_close(out[..., 0, :], real(q, k, v, attn_mask=mask)[..., 0, :] + 1.0)
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+@pytest.mark.parametrize("case", ["finite", "nan key", "inf key", "nan value", "inf value", "nan query row", "big"])
+def test_sdpa_reference_masked_rows_follow_eager_on_non_finite_inputs(monkeypatch, case, gqa):
+    """The value set on a row whose keys a boolean mask all drops is eager's (torch's CPU math, fuzz finding
+    e1fdd113d75e): 0 @ v, so NaN in a column of v holding NaN or inf, and NaN across the row when one of its
+    scores is NaN or +inf (NaN or +inf plus the mask's -inf), even where every key is masked."""
+    from xdsl.dialects.builtin import TensorType, f32, i1
+    from xdsl.ir import Block
+
+    import dlblas_compiler.dialects.compute as compute
+
+    b, hq, hk, s, l, d = 2, 4, 2 if gqa else 4, 3, 5, 8
+    block = Block(arg_types=[TensorType(f32, [b, hq, s, d]), TensorType(f32, [b, hk, l, d]), TensorType(f32, [b, hk, l, d]),
+                             TensorType(i1, [b, 1, s, l])])  # fmt: skip
+    op = compute.SDPAOp(*block.args[:3], mask=block.args[3], enable_gqa=gqa)
+    g = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(b, hq, s, d, generator=g), torch.randn(b, hk, l, d, generator=g), torch.randn(b, hk, l, d, generator=g)
+    mask = torch.rand(b, 1, s, l, generator=g) > 0.4
+    mask[0, :, 1, :] = False  # row 1 of batch 0 sees no key
+    mask[1, :, 2, :] = False
+    if case == "nan key":
+        k[0, 0, 3, 2] = float("nan")
+    elif case == "inf key":
+        k[0, 1, 0] = float("inf")
+    elif case == "nan value":
+        v[0, 0, 4, 5] = float("nan")
+    elif case == "inf value":
+        v[1, 1, 0, 0] = float("-inf")
+    elif case == "nan query row":
+        q[0, 1, 1, 0] = float("nan")
+    elif case == "big":
+        q[1], k[1] = q[1] * 1e20, k[1] * 1e20  # scores overflow to +-inf in float32
+    want = compute.F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    real = compute.F.scaled_dot_product_attention
+    monkeypatch.setattr(compute.F, "scaled_dot_product_attention", lambda *a, **kw: real(*a, **kw) + 1.0)
+    out = op.reference(q, k, v, mask)
+    empty = (~mask).all(-1, keepdim=True).expand_as(out)
+    torch.testing.assert_close(out[empty], want[empty], equal_nan=True)
+    torch.testing.assert_close(out[~empty], want[~empty] + 1.0, equal_nan=True)
