@@ -3,9 +3,10 @@
     python bench/cold_tuning.py --out OUT [--block layer_llama3_8b] [--tokens 128,1]
 
 A fresh Triton cache and tuning cache (temporary folders), one decoder layer compiled with tune="quick" and called
-once per token count. Every Triton compile is timed with the thread it ran on: the tuner compiles each batch of
-candidates in a pool of threads before timing them (`compile_configs`), so compiles on the calling thread are
-ones that batch did not cover. Writes OUT/cold_tuning-BLOCK.json: per token count the call's wall time, the tuner's
+once per token count. Every Triton compile in this process is timed with the thread it ran on: the tuner builds
+each batch of candidates before timing them (`compile_configs`: in the compile workers, whose binaries a pool of
+threads then loads; with DLBLAS_COMPILE_WORKERS=0, compiled in those threads), so compiles on the calling thread
+are ones that batch did not cover. Writes OUT/cold_tuning-BLOCK.json: per token count the call's wall time, the tuner's
 trials, and compile counts and seconds by thread (calling thread: which kernels, how long); and where the calling
 thread's time went (`timeline`): choosing configs (the search's own work), submitting a batch's compiles, a
 candidate's first run (waiting for its compile, the check against the reference), timing candidates, and timing the
