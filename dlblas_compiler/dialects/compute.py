@@ -576,12 +576,18 @@ class SDPAOp(IRDLOperation):
     def _masked_rows(self, q, k, v):
         """What eager's math gives a row whose keys a boolean mask all drops: softmax(s + mask) @ v with every
         mask entry -inf is 0 @ v, unless a score is NaN or +inf (then NaN + -inf or inf - inf: the row is NaN),
-        and 0 @ v is NaN in a column of v holding NaN or inf (0 * inf). Broadcasts over the rows."""
-        if self.gqa and k.shape[-3] != q.shape[-3]:
-            k, v = (t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3) for t in (k, v))
-        s = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale
-        bad = (s.isnan() | (s == float("inf"))).any(-1, keepdim=True)
-        return torch.where(bad, float("nan"), (v * 0).sum(-2, keepdim=True))
+        and 0 @ v is NaN in a column of v holding NaN or inf (0 * inf). A score is taken to be NaN or +inf where
+        the row's query or any key holds NaN or inf (exact for NaN; an inf gives +inf scores for keys of one sign
+        of product only, almost surely some; a score overflowing from finite operands is not seen): reductions
+        over q, k and v, no scores computed, so a reference chosen for its speed stays fast. Broadcasts over the
+        rows."""
+        groups = q.shape[-3] // k.shape[-3]
+        bad_k = (~torch.isfinite(k)).flatten(-2).any(-1)[..., None, None]  # [..., Hk, 1, 1]
+        zero_v = (v * 0).sum(-2, keepdim=True)  # [..., Hk, 1, Dv]: NaN where a column holds NaN or inf
+        if groups > 1:
+            bad_k, zero_v = (t.repeat_interleave(groups, dim=-3) for t in (bad_k, zero_v))
+        bad = (~torch.isfinite(q)).any(-1, keepdim=True) | bad_k  # [..., Hq, S, 1]
+        return torch.where(bad, float("nan"), zero_v)
 
 
 @irdl_op_definition
