@@ -807,41 +807,46 @@ def cold_tuning_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
 
 
-def cold_tuning_ab_section(runs: list[tuple[str, str]]) -> str:
-    """bench/cold_tuning.py A/B: per (file, label) a layer's cold quick tuning per token count, how many compiles ran
-    at once while any ran, and the tuner's own times of what it chose (regions kept on their reference counted at
-    the kernel's time: the quality of the search, not the layer)."""
-    out = ["| run | block | M | call s (cold) | trials | compiles | their seconds, summed | seconds with a compile "
-           "running | compiles at once | chosen kernels' times, summed µs |", "|" + "---|" * 10]  # fmt: skip
+def _cold_tuning_table(runs: list[tuple[str, str]], header: list[str], row) -> str:
+    """bench/cold_tuning.py runs side by side: per (file, label) one line per token count, `row(r)` its cells after
+    the run's label, block and token count."""
+    out = ["| " + " | ".join(["run", "block", "M", *header]) + " |", "|" + "---|" * (len(header) + 3)]
     env = {}
     for name, label in runs:
         doc = _load(name)
         env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")}
-        for r in doc["rows"]:
-            t = r.get("timeline", {})
-            chosen = f"{sum(us for _, us in r['chosen'].values()):.0f}" if "chosen" in r else "–"
-            out.append(f"| {label} | {r['block']} | {r['M']} | {r['wall_s']:.1f} | {r['trials']} | {r['pool_compiles']} | "
-                       f"{r['pool_compile_s_summed']:.1f} | {t.get('compiles busy s', 0):.1f} | "
-                       f"{t.get('compiles running at once (mean while busy)', 0):.1f} | {chosen} |")  # fmt: skip
+        out += [f"| {label} | {r['block']} | {r['M']} | " + " | ".join(row(r)) + " |" for r in doc["rows"]]
     return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
+
+
+def cold_tuning_ab_section(runs: list[tuple[str, str]]) -> str:
+    """bench/cold_tuning.py A/B: per (file, label) a layer's cold quick tuning per token count, how many compiles ran
+    at once while any ran, and the tuner's own times of what it chose (regions kept on their reference counted at
+    the kernel's time: the quality of the search, not the layer)."""
+
+    def row(r: dict) -> list[str]:
+        t = r.get("timeline", {})
+        return [f"{r['wall_s']:.1f}", str(r["trials"]), str(r["pool_compiles"]), f"{r['pool_compile_s_summed']:.1f}",
+                f"{t.get('compiles busy s', 0):.1f}", f"{t.get('compiles running at once (mean while busy)', 0):.1f}",
+                f"{sum(us for _, us in r['chosen'].values()):.0f}" if "chosen" in r else "–"]  # fmt: skip
+
+    return _cold_tuning_table(runs, ["call s (cold)", "trials", "compiles", "their seconds, summed",
+                                     "seconds with a compile running", "compiles at once",
+                                     "chosen kernels' times, summed µs"], row)  # fmt: skip
 
 
 def cold_tuning_workers_section(runs: list[tuple[str, str]]) -> str:
     """bench/cold_tuning.py A/B of where compiles run (compile workers or threads): per (file, label) a layer's cold
     quick tuning per token count, the calling thread's wait for batches of compiles, its time timing candidates,
     and the tuner's own times of what it chose (the quality of the search)."""
-    out = ["| run | block | M | call s (cold) | regions tuned | trials | waiting for batches to compile, s | "
-           "timing candidates, s | chosen kernels' times, summed µs |", "|" + "---|" * 9]  # fmt: skip
-    env = {}
-    for name, label in runs:
-        doc = _load(name)
-        env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")}
-        for r in doc["rows"]:
-            t = r["timeline"]
-            chosen = sum(us for _, us in r["chosen"].values())
-            out.append(f"| {label} | {r['block']} | {r['M']} | {r['wall_s']:.1f} | {r['regions_tuned']} | {r['trials']} | "
-                       f"{t['submitting compiles']:.1f} | {t['timing candidates']:.1f} | {chosen:.0f} |")  # fmt: skip
-    return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
+
+    def row(r: dict) -> list[str]:
+        t = r["timeline"]
+        return [f"{r['wall_s']:.1f}", str(r["regions_tuned"]), str(r["trials"]), f"{t['submitting compiles']:.1f}",
+                f"{t['timing candidates']:.1f}", f"{sum(us for _, us in r['chosen'].values()):.0f}"]  # fmt: skip
+
+    return _cold_tuning_table(runs, ["call s (cold)", "regions tuned", "trials", "waiting for batches to compile, s",
+                                     "timing candidates, s", "chosen kernels' times, summed µs"], row)  # fmt: skip
 
 
 def cold_generate_ab_section(runs: list[tuple[str, str]]) -> str:
