@@ -146,25 +146,25 @@ STATS = Stats()
 _pool: _Pool | None = None
 _pool_lock = threading.Lock()
 _collect_lock = threading.Lock()
+_given_up = False  # the workers kept ending or could not start: this process compiles alone
 
 
 def _get_pool() -> _Pool | None:
-    global _pool
+    global _pool, _given_up
     with _pool_lock:
         if _pool is not None and _pool.broken:
             _log.info("compile workers kept ending: compiling in this process")
             _pool.close()
-            _pool = None
-            os.environ[WORKERS_ENV] = "0"
+            _pool, _given_up = None, True
         if _pool is None:
-            n = _count()
+            n = 0 if _given_up else _count()
             if n == 0:
                 return None
             try:
                 _pool = _Pool(n)
             except OSError as e:
                 _log.info("compile workers could not start (%s): compiling in this process", e)
-                os.environ[WORKERS_ENV] = "0"
+                _given_up = True
                 return None
             atexit.register(_pool.close)
         return _pool
