@@ -7,8 +7,9 @@ Modes: eager; inductor (torch.compile default); max-autotune; reduce-overhead (H
 setup: `model.forward = torch.compile(model.forward, mode="reduce-overhead")`); hf-auto (plain generate(): with a
 static cache on a GPU it compiles the decode step itself, torch.compile mode "reduce-overhead", prefill eager; every
 other mode passes `disable_compile=True` so that "eager" is eager and a compiled forward is not compiled again);
-ours (`model.forward = dc.compile(model.forward, backend="triton", tune="quick")`); ours-warm (ours again
-in a new process, the tuning cache now filled); ours-chained (ours with `chained_launches=True`: the generated
+ours (`model.forward = dc.compile(model.forward, backend="triton", tune="quick")`, with `keep_traces=True`
+under --keep-traces); ours-warm (ours again in a new process, the tuning cache, and with --keep-traces dynamo's
+saved traces, now filled); ours-chained (ours with `chained_launches=True`: the generated
 kernels launched with programmatic dependent launch); fp32 (the float32 model's first-step logits, the reference of
 the relative errors). Per mode: the first generate() call's time (cold compile included), prefill ms (a generate
 of one token), decode ms/token ((time of N tokens - time of one) / (N - 1), medians of 3), peak GPU memory,
@@ -81,7 +82,9 @@ def run_mode(mode: str, args) -> dict:
         model.forward = torch.compile(model.forward, mode=None if mode == "inductor" else mode)
     elif mode.startswith("ours"):
         chained = mode == "ours-chained"
-        model.forward = dc.compile(model.forward, backend="triton", tune=args.tune, chained_launches=chained)
+        model.forward = dc.compile(model.forward, backend="triton", tune=args.tune, chained_launches=chained,
+                                   keep_traces=args.keep_traces)  # fmt: skip
+        row["keep_traces"] = args.keep_traces
 
     def generate(n: int, **kw):
         torch.cuda.synchronize()
@@ -199,6 +202,8 @@ class Phases:
             from dlblas_compiler.runtime import graphs, program
 
             self._wrap(api.CompiledModule, "_specialize", "compile")
+            self._wrap(api.TracedForward, "_trace", "dynamo tracing and saving (keep_traces)")
+            self._wrap(api.TracedForward, "_load", "loading saved traces (keep_traces)")
             self._wrap(program.Program, "run", "direct runs (tuning included)")
             self._wrap(program, "tune_region", "tuning (inside direct runs)", nested=True)
             self._wrap(graphs.CudaGraph, "capture", "graph capture")
@@ -267,6 +272,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="add a cProfile of generate(33) to each row")
     ap.add_argument("--profile-first", action="store_true", help="add a cProfile of the first generate() to each row")
     ap.add_argument("--trace", action="store_true", help="add torch.profiler summaries of a prefill and 8 decode steps")
+    ap.add_argument("--keep-traces", action="store_true", help="ours: dc.compile(..., keep_traces=True), so that a "
+                    "new process (ours-warm) loads dynamo's traces instead of tracing")  # fmt: skip
     ap.add_argument("--scratch", help="where the tokens and logits each mode saves go (default: OUT)")
     ap.add_argument("--modes", default="fp32,eager,ours,ours-warm")
     ap.add_argument("--timeout", default="540", help="seconds per mode (one number, or one per mode: 120,150,320)")
@@ -310,6 +317,7 @@ def main(argv=None) -> int:
         cmd += ["--profile"] if args.profile else []
         cmd += ["--profile-first"] if args.profile_first else []
         cmd += ["--trace"] if args.trace else []
+        cmd += ["--keep-traces"] if args.keep_traces else []
         t0 = time.time()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -80,5 +80,8 @@ def dlblas_backend(
     options: dict[str, Any] | None = None,
     **kwargs: Any,
 ):
-    backend = DynamoBackend(options_for(mode, options, **kwargs), COMPILATIONS)
+    opts = options_for(mode, options, **kwargs)
+    if opts.keep_traces:
+        raise ValueError("keep_traces is an option of dc.compile(model.forward): torch.compile traces each call itself")
+    backend = DynamoBackend(opts, COMPILATIONS)
     return backend(gm, example_inputs)

@@ -59,6 +59,11 @@ class Options:
     instantiated from the first IR (its sizes affine in the new ones, verified) instead of compiled: a prompt or
     cache length whose bucket was seen twice compiles no more (`passes.families`), where the graph holds its
     integer arithmetic on sizes and that is affine (`frontend.sizes_unseen`). False compiles every signature.
+    keep_traces: for `dc.compile(model.forward)` (a module's forward compiled through dynamo): keep dynamo's
+    traces on disk beside the tuning cache (`traces/` in `$DLBLAS_CACHE_DIR`, else `~/.cache/dlblas_compiler`), so
+    that a new process loads a call's trace instead of tracing the model again (`api.TracedForward`; torch's
+    experimental `aot_compile`, torch >= 2.10). Each trace is a whole graph: a forward with a graph break is
+    compiled as without this option, with a warning.
     """
 
     backend: str | None = None
@@ -75,6 +80,7 @@ class Options:
     prefer_kernels: bool = False
     max_specializations: int = 16
     shape_families: bool = True
+    keep_traces: bool = False
 
     def __post_init__(self):
         self.backend = self.backend or default_backend()

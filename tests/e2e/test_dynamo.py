@@ -244,7 +244,7 @@ def test_calls_are_described_in_full_where_sizes_do_not_follow_the_int_inputs():
     gm = torch.fx.symbolic_trace(nn.Linear(2, 2))  # (placeholders without dynamo's example values)
     assert not api._sizes_follow_ints(gm)
     cm = api.CompiledModule(gm, api.Options(backend="reference"))
-    cm.trust_dynamo_guards([torch.randn(3, 2)])
+    cm.trust_dynamo_guards(api.input_kinds([torch.randn(3, 2)]))
     assert cm._picks is None
     x = torch.randn(3, 2)
     with torch.no_grad():

@@ -1,0 +1,208 @@
+"""Dynamo's traces kept on disk, so that a new process loads a compiled forward instead of tracing it again.
+
+Tracing a 32-layer Hugging Face model's prefill and decode step costs dynamo ~14 s in every process (bench/NOTES.md
+items 92 and 93); torch's `aot_compile` saves what a trace made (the rewritten bytecode, its guards, the backend's
+artifact) and `torch.compiler.load_compiled_function` loads it in a fraction of that. This module holds what
+that needs from the capture side:
+
+- `TraceStore`: one folder per model (its class, config and parameter dtypes and devices, the compile options,
+  the versions of torch, transformers and this package), one file per traced call, named by the call's
+  `call_signature` (the shapes, dtypes and devices of its tensor arguments, its other values, the types of its
+  objects such as a KV cache): a call loads only the files whose signature it has, and dynamo's saved guards
+  then decide whether one serves it.
+- `guard_filter`: the guards a file cannot hold (an object's identity and what derives from it) are not built;
+  the store's folder key stands in for them (same class, same config, same options).
+- `dump_graph` / `load_graph`: a dynamo graph as bytes (torch's GraphPickler), keeping each node's source line
+  (error messages name it) and its example values (the sizes a graph's inputs follow).
+- `unwrapped_forward`: the function dynamo is given. A Hugging Face forward is wrapped by `can_return_tuple`,
+  a closure a file cannot refer to; the function inside is traced and `return_dict` applied around it, as the
+  wrapper does.
+
+torch marks `aot_compile` experimental; torch 2.10 and 2.11 need `torch._dynamo.config.enable_aot_compile`
+(`enable_aot_compile()`), on by default from 2.13.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GRAPH_META = ("stack_trace", "example_value")  # what a saved graph's nodes keep: source lines, example values
+
+
+def enable_aot_compile() -> None:
+    import torch._dynamo
+
+    if hasattr(torch._dynamo.config, "enable_aot_compile"):
+        torch._dynamo.config.enable_aot_compile = True
+
+
+def guard_filter(entries: list) -> list[bool]:
+    """A `guard_filter_fn` for torch.compile: keep the guards a saved file can hold (not an object's identity or a
+    guard derived from one), as `aot_compile` requires."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    bad = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [not (g.guard_type in bad or bad & set(g.derived_guard_types)) for g in entries]
+
+
+def dump_graph(gm: torch.fx.GraphModule) -> bytes:
+    """A dynamo graph (parameters arrive as inputs: it holds no state) as bytes."""
+    from torch.fx._graph_pickler import GraphPickler, Options
+
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for node in graph.nodes:
+        node.meta = {k: v for k, v in node.meta.items() if k in GRAPH_META}
+        value = node.meta.pop("example_value", None)
+        if node.op == "placeholder" and value is not None:  # (read off the inputs only: the rest is bulk)
+            node.meta["example_value"] = _plain(value)
+    return GraphPickler.dumps(torch.fx.GraphModule(torch.nn.Module(), graph), Options(ops_filter=None))
+
+
+def _plain(value):
+    """A fake tensor as a new one of its sizes, strides, dtype and device: not a view (the pickler cannot save the
+    base a view's fake tensor keeps, such as a cache's slice an attention mask is taken from)."""
+    mode = getattr(value, "fake_mode", None)
+    if not isinstance(value, torch.Tensor) or mode is None:
+        return value
+    with mode:
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+
+
+def load_graph(data: bytes) -> torch.fx.GraphModule:
+    from torch._subclasses import FakeTensorMode
+    from torch.fx._graph_pickler import GraphPickler
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    gm = GraphPickler.loads(data, FakeTensorMode(shape_env=ShapeEnv()))
+    gm.recompile()
+    return gm
+
+
+def unwrapped_forward(fn) -> tuple[Any, bool]:
+    """The plain function of a bound forward for dynamo to trace, and whether `return_dict` must be applied
+    around it (Hugging Face's `can_return_tuple` wrapper was taken off)."""
+    func = getattr(fn, "__func__", fn)
+    inner = getattr(func, "__wrapped__", None)
+    if inner is not None and _is_can_return_tuple(func):
+        return inner, True
+    return func, False
+
+
+def _is_can_return_tuple(func) -> bool:
+    try:
+        from transformers.utils.generic import can_return_tuple
+    except ImportError:
+        return False
+    return getattr(func, "__code__", None) is can_return_tuple(lambda self: None).__code__
+
+
+def apply_return_dict(owner, kwargs: dict, output):
+    """What `can_return_tuple` does to a forward's output: a tuple when `return_dict=False` is passed (or set in
+    the config)."""
+    return_dict = getattr(getattr(owner, "config", None), "return_dict", True)
+    passed = kwargs.pop("return_dict", return_dict)
+    if passed is not None:
+        return_dict = passed
+    if not return_dict and not isinstance(output, tuple):
+        output = output.to_tuple()
+    return output
+
+
+def call_signature(args: tuple, kwargs: dict) -> str:
+    """A short name for a call's arguments: each tensor's shape, dtype and device, each other plain value, and the
+    type of each object (a cache's contents are the guards' business). Calls with one name may still differ in
+    what the guards check; calls with different names never share a trace."""
+    parts = []
+    for name, v in [*enumerate(args), *sorted(kwargs.items())]:
+        if isinstance(v, torch.Tensor):
+            parts.append((name, "T", tuple(v.shape), str(v.dtype), v.device.type))
+        elif v is None or isinstance(v, (bool, int, float, str)):
+            parts.append((name, "V", v))
+        else:
+            parts.append((name, "O", type(v).__qualname__))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def model_key(owner: torch.nn.Module, func, options: dict) -> str:
+    """The store folder's name: what a saved trace was made for besides what its guards check."""
+    import dlblas_compiler
+
+    config = getattr(owner, "config", None)
+    config_text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    params = sorted({(str(p.dtype), p.device.type) for p in owner.parameters()})
+    versions = {"torch": torch.__version__, "dlblas_compiler": getattr(dlblas_compiler, "__version__", "")}
+    try:
+        import transformers
+
+        versions["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    text = json.dumps([type(owner).__module__, type(owner).__qualname__, func.__qualname__, config_text, params,
+                       sorted(options.items()), versions], default=str)  # fmt: skip
+    return f"{type(owner).__name__}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+class TraceStore:
+    """The saved traces of one model: `<root>/<model key>/<call signature>-<n>.bin`, at most `MAX_FILES` (a
+    dynamic cache's every length is a new signature)."""
+
+    MAX_FILES = 32
+
+    def __init__(self, root: Path, key: str):
+        self.folder = Path(root) / key
+
+    def paths(self, signature: str) -> list[Path]:
+        if not self.folder.is_dir():
+            return []
+        return sorted(self.folder.glob(f"{signature}-*.bin"))
+
+    def save(self, signature: str, compiled, f_globals: dict) -> Path:
+        """Write an `aot_compile`d function as the next file of its signature (atomically: readers never see a
+        part of it). A module dynamo's code loads through a global of its own (`___module_<name>_<id>`, where the
+        traced function's globals do not hold the module under its name) is saved as an import."""
+        if self.folder.is_dir() and len(list(self.folder.glob("*.bin"))) >= self.MAX_FILES:
+            raise OSError(f"{self.folder} holds {self.MAX_FILES} traces already")
+        env = compiled._artifacts.runtime_env
+        for ref in list(env.external_refs):
+            module = f_globals.get(ref)
+            if isinstance(module, types.ModuleType):
+                env.import_sources[ref] = module.__name__
+                env.external_refs.discard(ref)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        n = len(self.paths(signature))
+        path = self.folder / f"{signature}-{n}.bin"
+        while path.exists():
+            n += 1
+            path = self.folder / f"{signature}-{n}.bin"
+        part = path.with_name(f".{path.name}.{os.getpid()}")
+        try:
+            compiled.save_compiled_function(str(part))
+            os.replace(part, path)
+        finally:
+            part.unlink(missing_ok=True)
+        return path
+
+    @staticmethod
+    def load(path: Path, f_globals: dict):
+        with open(path, "rb") as f:
+            return torch.compiler.load_compiled_function(io.BytesIO(f.read()), f_globals=f_globals)
+
+
+def default_root() -> Path:
+    """Beside the tuning cache: `$DLBLAS_CACHE_DIR/traces`, else `$XDG_CACHE_HOME/dlblas_compiler/traces`, else
+    `~/.cache/dlblas_compiler/traces`."""
+    if os.environ.get("DLBLAS_CACHE_DIR"):
+        return Path(os.environ["DLBLAS_CACHE_DIR"]) / "traces"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "dlblas_compiler" / "traces"
+
+

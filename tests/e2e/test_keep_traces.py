@@ -1,0 +1,129 @@
+"""`dc.compile(model.forward, keep_traces=True)`: dynamo's traces saved by one process and loaded by the next,
+which then traces nothing; greedy tokens equal eager's in both, for a static and a dynamic cache and a padded
+batch; a file that cannot be loaded is traced again; a forward with a graph break is compiled without saving."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import dlblas_compiler as dc
+
+SCRIPT = textwrap.dedent('''
+    import json, sys, warnings
+    import torch
+    from torch._dynamo.utils import counters
+    import dlblas_compiler as dc
+    from tests.e2e.test_generate import causal_lm
+
+    name, cache, padded = sys.argv[1], sys.argv[2], sys.argv[3] == "padded"
+    model = causal_lm(name)
+    ids = torch.randint(1, 128, (2 if padded else 1, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :3] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+        model.forward = dc.compile(model.forward, backend="reference", keep_traces=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="dlblas_compiler")
+            out = model.generate(ids, **kw)
+        as_tuple = model(ids, attention_mask=mask, return_dict=False)
+    print(json.dumps({"equal": torch.equal(out, ref), "traced": counters["stats"]["unique_graphs"],
+                      "graphs": len(model.forward.compilations), "tuple": isinstance(as_tuple, tuple)}))
+''')
+
+
+def _run(tmp_path, *argv) -> dict:
+    import json
+
+    env = {**os.environ, "DLBLAS_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": os.getcwd()}
+    script = tmp_path / "generate.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), *argv], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _files(tmp_path) -> list:
+    return sorted((tmp_path / "cache" / "traces").glob("*/*.bin"))
+
+
+def test_a_second_process_loads_the_traces_and_traces_nothing(tmp_path):
+    """The static cache's prefill and decode step are traced and saved once; a new process loads both, dynamo
+    traces nothing, and the tokens equal eager's in both (a left-padded batch of 2)."""
+    first = _run(tmp_path, "llama", "static", "padded")
+    assert first["equal"] and first["tuple"]
+    assert first["traced"] >= 2
+    assert len(_files(tmp_path)) == 2  # prefill, decode step (the tuple call: over the process's two new traces)
+    second = _run(tmp_path, "llama", "static", "padded")
+    assert second["equal"] and second["tuple"]
+    assert second["traced"] == 1, second  # only the return_dict=False call, whose signature was never saved
+    assert len(_files(tmp_path)) == 3
+
+
+def test_a_file_that_does_not_load_is_traced_again(tmp_path):
+    first = _run(tmp_path, "qwen2", "static", "batch1")
+    assert first["equal"]
+    for path in _files(tmp_path):
+        path.write_bytes(b"not a trace")
+    second = _run(tmp_path, "qwen2", "static", "batch1")
+    assert second["equal"] and second["traced"] >= 2
+
+
+def test_a_process_saves_at_most_two_new_traces(tmp_path):
+    """Each decode step of a dynamic cache has a new length: after a process's two new traces (the first process:
+    prefill and the first step) its calls go through plain dynamo, which makes the length symbolic and saves
+    nothing; the next process loads those two and saves the next two lengths."""
+    first = _run(tmp_path, "mistral", "dynamic", "batch1")
+    assert first["equal"]
+    assert len(_files(tmp_path)) == 2
+    second = _run(tmp_path, "mistral", "dynamic", "batch1")
+    assert second["equal"]
+    assert len(_files(tmp_path)) == 4
+
+
+def test_a_graph_break_compiles_without_saving(tmp_path, monkeypatch, fresh_dynamo):
+    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path / "cache"))
+
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.a(x).relu()
+            torch._dynamo.graph_break()
+            return self.b(y)
+
+    model = Broken().eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        ref = model(x)
+        model.forward = dc.compile(model.forward, backend="reference", keep_traces=True)
+        with pytest.warns(UserWarning, match="could not be traced whole"):
+            out = model(x)
+        torch.testing.assert_close(out, ref)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.testing.assert_close(model(x + 1), model.forward.__wrapped__(x + 1))
+    assert not _files(tmp_path)
+    assert len(model.forward.compilations) == 2  # the two graphs plain dynamo made
+
+
+def test_keep_traces_needs_a_module_s_forward(fresh_dynamo):
+    """Only a forward compiled through dynamo has traces to keep: a function that is not a module's bound method,
+    a module compiled whole and torch.compile's backend say so."""
+    with pytest.raises(ValueError, match="bound method such as model.forward"):
+        dc.compile(lambda x: x + 1, keep_traces=True)
+    with pytest.raises(ValueError, match="bound method such as model.forward"):
+        dc.compile(torch.nn.Linear(2, 2), keep_traces=True)
+    with pytest.raises(Exception, match="keep_traces is an option of dc.compile"):  # (dynamo wraps the ValueError)
+        torch.compile(torch.nn.Linear(2, 2), backend="dlblas", options={"keep_traces": True})(torch.randn(1, 2))
