@@ -150,7 +150,10 @@ def run_mode(mode: str, args) -> dict:
         row["trace_prefill"] = traced(lambda: generate(1))
         row["trace_decode_8"] = traced(lambda: generate(9), lambda: generate(1))
     if mode.startswith("ours"):
-        comps = inner.compilations
+        comps = [c for c in inner.compilations if c.compile_count]  # (a graph dynamo made and never called: none)
+        row["graphs_never_called"] = len(inner.compilations) - len(comps)
+        if hasattr(inner, "counts"):  # (keep_traces: calls served by kept traces, files loaded, traces made)
+            row["keep_traces_counts"] = dict(inner.counts)
         row["graphs"] = [{"compiles": c.compile_count, "regions": c.report().impls(),
                           "compile_s": [round(s.compile_seconds, 2) for s in c._specs.values()],
                           "tuned": sum(1 for k in c._spec().executor.choices if k.trials and not k.from_cache),
@@ -287,7 +290,8 @@ def main(argv=None) -> int:
             row = run_mode(args.mode, args)
         except Exception as e:  # noqa: BLE001 - a failing mode is a result
             traceback.print_exc()
-            row = {"mode": args.mode, "batch": args.batch, "prompt": args.prompt, "error": f"{type(e).__name__}: {str(e)[:600]}"}
+            row = {"mode": args.mode, "batch": args.batch, "prompt": args.prompt, "error": f"{type(e).__name__}: {str(e)[:600]}",
+                   "traceback": traceback.format_exc().splitlines()[-24:]}  # fmt: skip
         print("ROW " + json.dumps(row), flush=True)
         return 0
     import torch

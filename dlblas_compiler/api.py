@@ -635,6 +635,9 @@ class TracedForward:
         self.signatures: set[str] = set()  # call signatures whose saved files were loaded
         self.traced = 0  # new traces in this process
         self.broken: str | None = None  # why aot_compile cannot serve this forward (then plain dynamo does)
+        # calls served by a kept trace ("kept"), files loaded ("loaded"), traces made and saved ("traced"), calls
+        # through plain dynamo ("dynamo")
+        self.counts: Counter[str] = Counter()
 
     def __reduce__(self):
         # (dynamo's saved guards pickle the module, and with it this forward installed on it: its traces and guard
@@ -650,11 +653,12 @@ class TracedForward:
         return out
 
     def _run(self, args: tuple, kwargs: dict):
-        owner = self.owner
+        owner, counts = self.owner, self.counts
         for i, f in enumerate(self.entries):
             if f.guard_check(owner, *args, **kwargs):
                 if i:
                     self.entries.insert(0, self.entries.pop(i))
+                counts["kept"] += 1
                 return f(owner, *args, **kwargs)
         signature = traces.call_signature(args, kwargs)
         if signature not in self.signatures:
@@ -662,13 +666,17 @@ class TracedForward:
             for path in self.store.paths(signature):
                 f = self._load(path)
                 if f is not None:
+                    counts["loaded"] += 1
                     self.entries.insert(0, f)
                     if f.guard_check(owner, *args, **kwargs):
+                        counts["kept"] += 1
                         return f(owner, *args, **kwargs)
         if self.broken is None and self.traced < self.NEW_TRACES:
             f = self._trace(signature, args, kwargs)
             if f is not None:
+                counts["traced"] += 1
                 return f(owner, *args, **kwargs)
+        counts["dynamo"] += 1
         return self.plain(owner, *args, **kwargs)
 
     def _load(self, path):

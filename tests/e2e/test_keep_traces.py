@@ -44,7 +44,8 @@ SCRIPT = textwrap.dedent('''
 def _run(tmp_path, *argv) -> dict:
     import json
 
-    env = {**os.environ, "DLBLAS_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": os.getcwd()}
+    path = os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "DLBLAS_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": path}
     script = tmp_path / "generate.py"
     script.write_text(SCRIPT)
     proc = subprocess.run([sys.executable, str(script), *argv], env=env, capture_output=True, text=True, timeout=600)
