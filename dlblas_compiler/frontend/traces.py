@@ -24,6 +24,7 @@ torch marks `aot_compile` experimental; torch 2.10 and 2.11 need `torch._dynamo.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import io
 import json
@@ -89,12 +90,19 @@ def load_graph(data: bytes) -> torch.fx.GraphModule:
 
 def unwrapped_forward(fn) -> tuple[Any, bool]:
     """The plain function of a bound forward for dynamo to trace, and whether `return_dict` must be applied
-    around it (Hugging Face's `can_return_tuple` wrapper was taken off)."""
+    around it (Hugging Face's `can_return_tuple` wrapper was taken off). It is a copy whose globals are its
+    module's over the builtins: torch 2.11's `aot_compile` resolves the names the traced code loads in the
+    function's globals alone (a builtin such as `type` is "missing"), and the globals dynamo installs (a module it
+    loads by an id-based name) then stay out of the module."""
     func = getattr(fn, "__func__", fn)
     inner = getattr(func, "__wrapped__", None)
-    if inner is not None and _is_can_return_tuple(func):
-        return inner, True
-    return func, False
+    unwrap = inner is not None and _is_can_return_tuple(func)
+    func = inner if unwrap else func
+    copy = types.FunctionType(func.__code__, {**vars(builtins), **func.__globals__}, func.__name__, func.__defaults__,
+                              func.__closure__)  # fmt: skip
+    copy.__kwdefaults__, copy.__qualname__, copy.__module__ = func.__kwdefaults__, func.__qualname__, func.__module__
+    copy.__dict__.update(func.__dict__)
+    return copy, unwrap
 
 
 def _is_can_return_tuple(func) -> bool:
