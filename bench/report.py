@@ -867,6 +867,29 @@ def cold_generate_ab_section(runs: list[tuple[str, str]]) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
 
 
+def warm_start_section(name: str) -> str:
+    """bench/generate.py rows of a cold process and the warm processes after it (with and without keep_traces):
+    the first generate() call and where it went (dynamo's tracing, or loading the kept traces; our compile; the
+    direct runs; CUDA-graph capture and its keep-or-drop timing; the rest), and the tokens equal to eager's."""
+    keys = [("dynamo tracing and saving (keep_traces)", "tracing and saving"), ("dynamo tracing", "dynamo tracing"),
+            ("loading saved traces (keep_traces)", "loading kept traces"), ("compile", "our compile"),
+            ("direct runs (tuning included)", "direct runs (tuning in them)")]  # fmt: skip
+    out = ["| mode | keep_traces | first generate() s | " + " | ".join(f"{label} s" for _, label in keys)
+           + " | graph capture and timing s | other s | leading tokens = eager |", "|" + "---|" * (len(keys) + 6)]
+    doc = _load(name)
+    for r in doc["rows"]:
+        ph = r.get("first_call_phases_s")
+        if ph is None:
+            continue
+        graph = ph.get("graph capture", 0) + ph.get("graph keep-or-drop timing", 0)
+        out.append(f"| {r['mode']} | {'yes' if r.get('keep_traces') else 'no'} | {r['first_call_s']:.1f} | "
+                   + " | ".join(_num(ph.get(k) or None, ".2f") for k, _ in keys)
+                   + f" | {graph:.2f} | {ph.get('other (Triton outside tuning, HF)', 0):.2f} | "
+                   f"{r.get('tokens_equal_eager', '–')} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "versions": doc.get("versions"), "ceilings": doc.get("ceilings")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
+
+
 def generation_trace_table(doc: dict) -> str:
     """The GPU's view of each mode (bench/generate.py --trace): a prefill (generate of one token) and 8 decode
     steps (generate(9) minus generate(1)) under torch.profiler: wall time (profiler overhead included), GPU busy
@@ -1250,6 +1273,7 @@ def decode_gemms_section(name: str, ceilings: str) -> str:
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
+    "warm-start-s26": functools.partial(warm_start_section, "2026-11-28-h200-s26-generate-keep-traces.json"),
     **{f"block-{b}": functools.partial(block_section, b) for b in BLOCK_SOURCES},
     "impl-legend": legend_section,
     "goals": goals_section,

@@ -608,7 +608,8 @@ class TracedForward:
     """`dc.compile(model.forward, keep_traces=True)`: a module's forward compiled through dynamo, each of dynamo's
     traces kept on disk (`frontend.traces`), so that a call in a new process loads its trace (~0.7 s for a
     32-layer Llama's graph) instead of tracing again (~7 s). Each call runs the first kept trace whose guards
-    accept it (the last used first); a call none accepts loads the files saved under its signature, else traces
+    accept it (the last used first); a call none accepts loads the files saved under its signature one by one
+    until one accepts it, else traces
     (`aot_compile`, a whole graph: a graph break falls back to plain dynamo with a warning) and saves. After
     `NEW_TRACES` traces in one process the next calls go through plain dynamo, which makes sizes symbolic after
     their second value (a dynamic cache's growing length) and keeps nothing: saved traces serve the calls a
@@ -632,7 +633,7 @@ class TracedForward:
         options = {k: v for k, v in dataclasses.asdict(backend.options).items() if k not in ("dump_ir", "check")}
         self.store = traces.TraceStore(traces.default_root(), traces.model_key(owner, self.func, options))
         self.entries: list = []  # AOTCompiledFunctions loaded or traced here, the last used first
-        self.signatures: set[str] = set()  # call signatures whose saved files were loaded
+        self.unloaded: dict[str, list] = {}  # each call signature seen: its saved files not loaded yet
         self.traced = 0  # new traces in this process
         self.broken: str | None = None  # why aot_compile cannot serve this forward (then plain dynamo does)
         # calls served by a kept trace ("kept"), files loaded ("loaded"), traces made and saved ("traced"), calls
@@ -661,16 +662,19 @@ class TracedForward:
                 counts["kept"] += 1
                 return f(owner, *args, **kwargs)
         signature = traces.call_signature(args, kwargs)
-        if signature not in self.signatures:
-            self.signatures.add(signature)
-            for path in self.store.paths(signature):
-                f = self._load(path)
-                if f is not None:
-                    counts["loaded"] += 1
-                    self.entries.insert(0, f)
-                    if f.guard_check(owner, *args, **kwargs):
-                        counts["kept"] += 1
-                        return f(owner, *args, **kwargs)
+        if signature not in self.unloaded:
+            self.unloaded[signature] = self.store.paths(signature)
+        paths = self.unloaded[signature]
+        while paths:  # (one file at a time: a signature's files differ in what the guards check, a cache's size)
+            path = paths.pop(0)
+            f = self._load(path)
+            if f is not None:
+                counts["loaded"] += 1
+                self.entries.insert(0, f)
+                if f.guard_check(owner, *args, **kwargs):
+                    counts["kept"] += 1
+                    self.store.used(path)
+                    return f(owner, *args, **kwargs)
         if self.broken is None and self.traced < self.NEW_TRACES:
             f = self._trace(signature, args, kwargs)
             if f is not None:

@@ -169,9 +169,17 @@ class TraceStore:
         self.folder = Path(root) / key
 
     def paths(self, signature: str) -> list[Path]:
+        """The files of a call signature, the last used first (`used`)."""
         if not self.folder.is_dir():
             return []
-        return sorted(self.folder.glob(f"{signature}-*.bin"))
+        return sorted(self.folder.glob(f"{signature}-*.bin"), key=lambda p: -p.stat().st_mtime)
+
+    @staticmethod
+    def used(path: Path) -> None:
+        try:
+            os.utime(path)
+        except OSError:  # (a file removed meanwhile, a read-only cache: the order is a guess anyway)
+            pass
 
     def save(self, signature: str, compiled, f_globals: dict) -> Path:
         """Write an `aot_compile`d function as the next file of its signature (atomically: readers never see a

@@ -37,7 +37,8 @@ SCRIPT = textwrap.dedent('''
             out = model.generate(ids, **kw)
         as_tuple = model(ids, attention_mask=mask, return_dict=False)
     print(json.dumps({"equal": torch.equal(out, ref), "traced": counters["stats"]["unique_graphs"],
-                      "graphs": len(model.forward.compilations), "tuple": isinstance(as_tuple, tuple)}))
+                      "graphs": len(model.forward.compilations), "tuple": isinstance(as_tuple, tuple),
+                      "counts": dict(model.forward.counts)}))
 ''')
 
 
@@ -67,6 +68,7 @@ def test_a_second_process_loads_the_traces_and_traces_nothing(tmp_path):
     second = _run(tmp_path, "llama", "static", "padded")
     assert second["equal"] and second["tuple"]
     assert second["traced"] == 1, second  # only the return_dict=False call, whose signature was never saved
+    assert second["counts"]["loaded"] == 2 and second["counts"]["traced"] == 1, second
     assert len(_files(tmp_path)) == 3
 
 
