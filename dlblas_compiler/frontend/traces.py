@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import importlib.metadata
 import io
 import json
 import os
@@ -142,18 +143,15 @@ def call_signature(args: tuple, kwargs: dict) -> str:
 
 def model_key(owner: torch.nn.Module, func, options: dict) -> str:
     """The store folder's name: what a saved trace was made for besides what its guards check."""
-    import dlblas_compiler
-
     config = getattr(owner, "config", None)
     config_text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
     params = sorted({(str(p.dtype), p.device.type) for p in owner.parameters()})
-    versions = {"torch": torch.__version__, "dlblas_compiler": getattr(dlblas_compiler, "__version__", "")}
-    try:
-        import transformers
-
-        versions["transformers"] = transformers.__version__
-    except ImportError:
-        pass
+    versions = {"torch": torch.__version__}
+    for package in ("dlblas_compiler", "transformers"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
     text = json.dumps([type(owner).__module__, type(owner).__qualname__, func.__qualname__, config_text, params,
                        sorted(options.items()), versions], default=str)  # fmt: skip
     return f"{type(owner).__name__}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
