@@ -609,13 +609,13 @@ class TracedForward:
     traces kept on disk (`frontend.traces`), so that a call in a new process loads its trace (~0.7 s for a
     32-layer Llama's graph) instead of tracing again (~7 s). Each call runs the first kept trace whose guards
     accept it (the last used first); a call none accepts loads the files saved under its signature one by one
-    until one accepts it, else traces
-    (`aot_compile`, a whole graph: a graph break falls back to plain dynamo with a warning) and saves. After
-    `NEW_TRACES` traces in one process the next calls go through plain dynamo, which makes sizes symbolic after
-    their second value (a dynamic cache's growing length) and keeps nothing: saved traces serve the calls a
-    program repeats in every process (a static cache's prefill and decode step)."""
+    until one accepts it, else traces (`aot_compile`, a whole graph: a graph break falls back to plain dynamo with
+    a warning) and saves. As in plain dynamo, a size that changes between two traces of a process is symbolic in
+    the next (automatic dynamic): a dynamic cache's growing length, or a static cache's third prompt length, is
+    traced once more and that trace serves every later length. After `NEW_TRACES` traces in one process (dynamo's
+    own recompile limit), later calls none accepts go through plain dynamo and are not saved."""
 
-    NEW_TRACES = 2
+    NEW_TRACES = 8
 
     def __init__(self, owner: torch.nn.Module, method, backend: DynamoBackend, name: str):
         try:  # (imported here: dynamo is not imported with this package)
