@@ -695,6 +695,7 @@ class TracedForward:
         finally:
             _LOADING.reset(token)
         log.info("%s: loaded the saved trace %s in %.2f s", self.name, path.name, time.perf_counter() - t0)
+        f.disable_guard_check()  # (as in `_trace`)
         return f
 
     def _trace(self, signature: str, args: tuple, kwargs: dict):
@@ -708,6 +709,7 @@ class TracedForward:
             warnings.warn(f"dlblas_compiler: keep_traces: {self.name}'s forward could not be traced whole for "
                           f"saving ({self.broken}); compiling it through dynamo without saving", stacklevel=4)  # fmt: skip
             return None
+        f.disable_guard_check()  # (`_run` checks the guards before each call: a call would check them again)
         self.traced += 1
         self.entries.insert(0, f)
         try:
