@@ -1274,6 +1274,10 @@ def decode_gemms_section(name: str, ceilings: str) -> str:
 
 SECTIONS = {
     "warm-start-s26": functools.partial(warm_start_section, "2026-11-28-h200-s26-generate-keep-traces.json"),
+    **{f"warm-start-s26-256-{x}": functools.partial(warm_start_section, f"2026-11-28-h200-s26-generate-256-{x}.json")
+       for x in "ab"},
+    **{f"generation-s26-256-{x}": functools.partial(generation_section, f"2026-11-28-h200-s26-generate-256-{x}.json")
+       for x in "ab"},
     **{f"block-{b}": functools.partial(block_section, b) for b in BLOCK_SOURCES},
     "impl-legend": legend_section,
     "goals": goals_section,
