@@ -132,3 +132,30 @@ def test_keep_traces_needs_a_module_s_forward(fresh_dynamo):
         dc.compile(torch.nn.Linear(2, 2), keep_traces=True)
     with pytest.raises(Exception, match="keep_traces is an option of dc.compile"):  # (dynamo wraps the ValueError)
         torch.compile(torch.nn.Linear(2, 2), backend="dlblas", options={"keep_traces": True})(torch.randn(1, 2))
+
+
+def test_each_call_checks_the_guards_once(tmp_path, monkeypatch, fresh_dynamo):
+    """A call served by a kept trace runs dynamo's guards once (the dispatch's check; the loaded function's own
+    check is off): twice cost a 32-layer decode step ~0.35 ms on an H200 (BENCHMARKS.md, twenty-sixth session)."""
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    from .test_generate import causal_lm
+
+    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path / "cache"))
+    model = causal_lm("llama")
+    ids = torch.randint(1, 128, (1, 7), generator=torch.Generator().manual_seed(0))
+    kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+        model.forward = dc.compile(model.forward, backend="reference", keep_traces=True)
+        assert torch.equal(model.generate(ids, **kw), ref)
+        checks = []
+        check = AOTCompiledFunction.guard_check
+        monkeypatch.setattr(AOTCompiledFunction, "guard_check", lambda self, *a, **k: checks.append(1) or check(self, *a, **k))
+        calls = model.forward.counts["kept"]
+        assert torch.equal(model.generate(ids, **kw), ref)
+    calls = model.forward.counts["kept"] - calls
+    assert calls == 4  # the prefill and three decode steps, each served by a kept trace
+    # each call: the last used trace first; the prefill after the decode steps (and the decode step after a
+    # prefill) fails one check before its own
+    assert len(checks) == calls + 2, (len(checks), calls)
