@@ -694,6 +694,11 @@ class TracedForward:
             return None
         finally:
             _LOADING.reset(token)
+        changed = traces.changed_sources(f)
+        if changed:
+            log.warning("%s: the saved trace %s was made from other source code of %s; tracing instead", self.name,
+                        path, ", ".join(changed))  # fmt: skip
+            return None
         log.info("%s: loaded the saved trace %s in %.2f s", self.name, path.name, time.perf_counter() - t0)
         f.disable_guard_check()  # (as in `_trace`)
         return f

@@ -25,8 +25,10 @@ torch marks `aot_compile` experimental; torch 2.10 and 2.11 need `torch._dynamo.
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import importlib.metadata
+import inspect
 import io
 import json
 import os
@@ -124,6 +126,22 @@ def apply_return_dict(owner, kwargs: dict, output):
     if not return_dict and not isinstance(output, tuple):
         output = output.to_tuple()
     return output
+
+
+@functools.cache
+def _module_source(name: str) -> str | None:
+    try:
+        return inspect.getsource(importlib.import_module(name))
+    except Exception:  # noqa: BLE001 - gone, or its source unreadable: counts as changed
+        return None
+
+
+def changed_sources(compiled) -> list[str]:
+    """The modules whose source now differs from the text a loaded trace was made from (torch records every
+    module whose code dynamo inlined, but checks only the versions when loading: an edited modeling file of the same
+    transformers version would otherwise run its old bytecode)."""
+    changed = {src.module for src in compiled.source_info().inlined_sources if _module_source(src.module) != src.content}
+    return sorted(changed)
 
 
 def call_signature(args: tuple, kwargs: dict) -> str:

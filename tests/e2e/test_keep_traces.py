@@ -159,3 +159,22 @@ def test_each_call_checks_the_guards_once(tmp_path, monkeypatch, fresh_dynamo):
     # each call: the last used trace first; the prefill after the decode steps (and the decode step after a
     # prefill) fails one check before its own
     assert len(checks) == calls + 2, (len(checks), calls)
+
+
+def test_a_trace_made_from_other_source_code_is_not_loaded():
+    """torch checks only the versions when loading a trace; the modules whose code it inlined are compared with
+    their source now, so that an edited modeling file traces again instead of running its old bytecode."""
+    import inspect
+    import json
+    import types
+
+    from torch._dynamo.package import InlinedSource
+
+    from dlblas_compiler.frontend import traces
+
+    def source(module: str, content: str) -> InlinedSource:
+        return InlinedSource(module=module, firstlineno=1, lastlineno=2, checksum="", content=content)
+
+    kept = [source("json", inspect.getsource(json)), source("os", "an older os.py"), source("no.such.module", "")]
+    compiled = types.SimpleNamespace(source_info=lambda: types.SimpleNamespace(inlined_sources=set(kept)))
+    assert traces.changed_sources(compiled) == ["no.such.module", "os"]
