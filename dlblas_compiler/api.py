@@ -45,7 +45,7 @@ from .runtime import Program, build_program
 from .runtime.families import Family, first_choices, masks_hold, moved_calls, no_gc, sizes_of, surroundings
 from .runtime.outputs import OutputGuard, output_guard
 from .runtime.program import rebuild_program
-from .tuning.cache import bucket
+from .tuning.cache import bucket, default_path
 
 log = get_logger("compile")
 _FLAT = (torch.Tensor, torch.nn.Parameter, int, float, bool, type(None))
@@ -630,8 +630,10 @@ class TracedForward:
                                  options={"guard_filter_fn": traces.guard_filter})  # fmt: skip
         plain = DynamoBackend(backend.options, backend.compilations, backend.name)
         self.plain = shape_errors(name, torch.compile(self.func, backend=plain))
-        options = {k: v for k, v in dataclasses.asdict(backend.options).items() if k not in ("dump_ir", "check")}
-        self.store = traces.TraceStore(traces.default_root(), traces.model_key(owner, self.func, options))
+        options = {f.name: getattr(backend.options, f.name) for f in dataclasses.fields(backend.options)
+                   if f.name not in ("dump_ir", "check")}  # fmt: skip
+        # (beside the tuning cache)
+        self.store = traces.TraceStore(default_path().parent / "traces", traces.model_key(owner, self.func, options))
         self.entries: list = []  # AOTCompiledFunctions loaded or traced here, the last used first
         self.unloaded: dict[str, list] = {}  # each call signature seen: its saved files not loaded yet
         self.traced = 0  # new traces in this process
@@ -646,12 +648,10 @@ class TracedForward:
         return (_no_forward, ())
 
     def __call__(self, *args, **kwargs):
-        kwargs = dict(kwargs)
-        wants = kwargs.pop("return_dict", None) if self.return_dict else None
-        out = self._run(args, kwargs)
-        if self.return_dict:
-            out = traces.apply_return_dict(self.owner, {} if wants is None else {"return_dict": wants}, out)
-        return out
+        if not self.return_dict:
+            return self._run(args, kwargs)
+        passed = kwargs.pop("return_dict", None)  # (applied around the traced forward, as its wrapper does)
+        return traces.apply_return_dict(self.owner, passed, self._run(args, kwargs))
 
     def _run(self, args: tuple, kwargs: dict):
         owner, counts = self.owner, self.counts

@@ -29,7 +29,6 @@ import functools
 import hashlib
 import importlib.metadata
 import inspect
-import io
 import json
 import os
 import types
@@ -116,13 +115,10 @@ def _is_can_return_tuple(func) -> bool:
     return getattr(func, "__code__", None) is can_return_tuple(lambda self: None).__code__
 
 
-def apply_return_dict(owner, kwargs: dict, output):
-    """What `can_return_tuple` does to a forward's output: a tuple when `return_dict=False` is passed (or set in
-    the config)."""
-    return_dict = getattr(getattr(owner, "config", None), "return_dict", True)
-    passed = kwargs.pop("return_dict", return_dict)
-    if passed is not None:
-        return_dict = passed
+def apply_return_dict(owner, passed: bool | None, output):
+    """What `can_return_tuple` does to a forward's output: a tuple when `return_dict=False` is passed (`passed`;
+    None: not passed) or set in the config."""
+    return_dict = getattr(getattr(owner, "config", None), "return_dict", True) if passed is None else passed
     if not return_dict and not isinstance(output, tuple):
         output = output.to_tuple()
     return output
@@ -226,15 +222,5 @@ class TraceStore:
     @staticmethod
     def load(path: Path, f_globals: dict):
         with open(path, "rb") as f:
-            return torch.compiler.load_compiled_function(io.BytesIO(f.read()), f_globals=f_globals)
-
-
-def default_root() -> Path:
-    """Beside the tuning cache: `$DLBLAS_CACHE_DIR/traces`, else `$XDG_CACHE_HOME/dlblas_compiler/traces`, else
-    `~/.cache/dlblas_compiler/traces`."""
-    if os.environ.get("DLBLAS_CACHE_DIR"):
-        return Path(os.environ["DLBLAS_CACHE_DIR"]) / "traces"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dlblas_compiler" / "traces"
-
+            return torch.compiler.load_compiled_function(f, f_globals=f_globals)
 
