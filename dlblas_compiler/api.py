@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import hashlib
+import importlib.metadata
 import logging
 import operator
 import os
@@ -31,8 +33,9 @@ from torch.utils import _pytree as pytree
 from .dialects import FusedOp, TorchCallOp
 from .errors import FrontendError, UnsupportedError
 from .frontend import Captured, Imported, capture, import_graph, shape_errors, sizes_unseen, traces
+from .fusion.patterns import patterns_by_priority
 from .fusion.planner import fusion_notes
-from .fusion.templates import KernelLowering
+from .fusion.templates import TEMPLATES, KernelLowering
 from .logs import get_logger
 from .lowering import dump_kernels, lower_module, lower_regions
 from .numerics import compare
@@ -226,6 +229,9 @@ class CompiledModule(torch.nn.Module):
         self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
         self._params = list(model.parameters())
         self._warned_grad = False
+        # where this graph's compiles are kept across processes (`keep_traces`): the store and the graph's digest
+        self.kept: tuple[traces.CompiledStore, str] | None = None
+        self.kept_loads = 0  # compiles loaded from there instead of made
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self._needs_grad(args, kwargs):
@@ -240,7 +246,7 @@ class CompiledModule(torch.nn.Module):
         with no_gc():
             spec = self._instance(skeleton, sizes, args, kwargs) if self.options.shape_families else None
             if spec is None:
-                spec = self._specialize(args, kwargs)
+                spec = self._specialize(args, kwargs, key)
                 spec.skeleton, spec.sizes = skeleton, sizes
                 self.compile_count += 1
                 if self.options.shape_families:
@@ -328,19 +334,26 @@ class CompiledModule(torch.nn.Module):
                           "torch.no_grad() or torch.inference_mode() to run the compiled code", stacklevel=3)  # fmt: skip
         return self.model(*args, **kwargs)
 
-    def _specialize(self, args: tuple, kwargs: dict) -> Specialization:
+    def _specialize(self, args: tuple, kwargs: dict, key: _Key | None = None) -> Specialization:
         t0 = time.perf_counter()
         signature = debug.signature_text(args, kwargs)
         folder = self._spec_folder(signature)
         _check_devices(self.model, args, kwargs)
         captured = capture(self.model, args, kwargs)
         flat = captured.flatten(args, kwargs)
-        imported = import_graph(captured, flat)
-        check = None
-        if self.options.check_each_pass:
-            check = self._checker(imported, captured, args, kwargs, flat)
+        kept_at = self._kept_path(key) if key is not None and folder is None else None
+        kept = self._load_kept(kept_at, captured, flat)
         ir_dir, kernel_dir = (os.path.join(folder, "ir"), os.path.join(folder, "kernels")) if folder else (None, None)
-        result = run_pipeline(imported.module, self.options.pipeline, ir_dir, check)
+        if kept is not None:
+            imported, result = kept
+        else:
+            imported = import_graph(captured, flat)
+            check = None
+            if self.options.check_each_pass:
+                check = self._checker(imported, captured, args, kwargs, flat)
+            result = run_pipeline(imported.module, self.options.pipeline, ir_dir, check)
+            if kept_at is not None:
+                self._save_kept(kept_at, (imported, result), captured, flat)
         self._log_fusion(result)
         lowered = {} if self.options.backend == "reference" else lower_module(result.module, kernel_dir)
         self._log_codegen(lowered)
@@ -352,6 +365,46 @@ class CompiledModule(torch.nn.Module):
         log.info("%s: compiled specialization %d (%s) in %.2f s%s", self.name, self.compile_count, signature,
                  spec.compile_seconds, f"; debug folder {folder}" if folder else "")  # fmt: skip
         return _finish(spec, args, kwargs, flat)
+
+    # -- compiles kept across processes (`keep_traces`) --------------------------------------------------------
+    def _kept_path(self, key: _Key) -> Any:
+        """Where this graph's compile for this key is kept, or None: nothing kept for this module, options that want
+        the passes run (`check_each_pass`), a user's fusion pattern (its code is not part of the key), or a key
+        that names something only this process knows."""
+        if self.kept is None or self.options.check_each_pass or any(not p.builtin for p in patterns_by_priority()):
+            return None
+        (spec, sig, aliases), training, precision = key.value
+        order: dict[int, int] = {}  # a parameter's identity, as the order it first appears in
+        sig = tuple(("P", order.setdefault(v[1], len(order)), *v[2:]) if v and v[0] == "P" else v for v in sig)
+        text = repr((spec, sig, aliases, training, precision))
+        if " at 0x" in text:
+            return None
+        store, digest = self.kept
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        templates = sorted((n, type(t).__module__, type(t).__qualname__) for n, t in TEMPLATES.items())
+        versions = [importlib.metadata.version(p) for p in ("triton", "xdsl") if _installed(p)]
+        return store.path(digest, text, device, templates, versions)
+
+    def _load_kept(self, path: Any, captured: Captured, flat: list) -> tuple[Imported, PipelineResult] | None:
+        if path is None or not path.exists():
+            return None
+        t0 = time.perf_counter()
+        try:
+            imported, result = traces.load_compiled(path.read_bytes(), captured.gm, flat)
+        except Exception as e:  # noqa: BLE001 - another version's file, a partial write: compile instead
+            log.warning("%s: the kept compile %s was not loaded (%s: %s); compiling", self.name, path.name,
+                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")  # fmt: skip
+            return None
+        log.info("%s: loaded the kept compile %s in %.2f s", self.name, path.name, time.perf_counter() - t0)
+        self.kept_loads += 1
+        traces.CompiledStore.used(path)
+        return imported, result
+
+    def _save_kept(self, path: Any, value: tuple, captured: Captured, flat: list) -> None:
+        try:
+            self.kept[0].save(path, traces.dump_compiled(value, captured.gm, flat))
+        except Exception as e:  # noqa: BLE001 - not kept: the next process compiles again
+            log.info("%s: the compile was not kept (%s: %s)", self.name, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
 
     # -- shape families: one compile serves every length of a bucket ---------------------------------------------
     def _join_family(self, spec: Specialization) -> None:
@@ -550,6 +603,7 @@ class DynamoBackend:
     compilations: list[CompiledModule] = field(default_factory=list)
     name: str | None = None  # the graphs' name (dc.compile of a bound method: its owner's class), else found
     saveable: bool = False
+    kept: traces.CompiledStore | None = None  # with `saveable`: where a saved graph's compiles are kept
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         cm = self.module(gm, self.name or traced_class() or type(gm).__name__, input_kinds(example_inputs))
@@ -566,6 +620,7 @@ class DynamoBackend:
     def module(self, gm: torch.fx.GraphModule, name: str, kinds: str) -> CompiledModule:
         cm = CompiledModule(gm, self.options, name)
         cm.kinds = kinds
+        cm.kept_in = self.kept
         cm.trust_dynamo_guards(kinds)
         self.compilations.append(cm)
         return cm
@@ -591,13 +646,31 @@ class SavedGraph:
     @classmethod
     def serialize_compile_artifacts(cls, fn: SavedGraph) -> bytes:
         cm = fn.compiled_module
-        return pickle.dumps({"graph": traces.dump_graph(cm.model), "name": cm.name, "kinds": cm.kinds})
+        graph = traces.dump_graph(cm.model)
+        cm.kept = _kept(cm.kept_in, graph)
+        return pickle.dumps({"graph": graph, "name": cm.name, "kinds": cm.kinds})
 
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> SavedGraph:
         saved = pickle.loads(data)
         backend = _LOADING.get()
-        return cls(backend.module(traces.load_graph(saved["graph"]), saved["name"], saved["kinds"]))
+        cm = backend.module(traces.load_graph(saved["graph"]), saved["name"], saved["kinds"])
+        cm.kept = _kept(backend.kept, saved["graph"])
+        return cls(cm)
+
+
+def _kept(store: traces.CompiledStore | None, graph: bytes) -> tuple[traces.CompiledStore, str] | None:
+    """A saved graph's compiles are kept under the digest of its bytes (what the file holds)."""
+    return None if store is None else (store, hashlib.sha256(graph).hexdigest())
+
+
+@functools.cache
+def _installed(package: str) -> bool:
+    try:
+        importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _no_forward() -> None:
@@ -634,6 +707,7 @@ class TracedForward:
                    if f.name not in ("dump_ir", "check")}  # fmt: skip
         # (beside the tuning cache)
         self.store = traces.TraceStore(default_path().parent / "traces", traces.model_key(owner, self.func, options))
+        backend.kept = traces.CompiledStore(self.store.folder / "compiled")  # (our compiles of the graphs, beside)
         self.entries: list = []  # AOTCompiledFunctions loaded or traced here, the last used first
         self.unloaded: dict[str, list] = {}  # each call signature seen: its saved files not loaded yet
         self.traced = 0  # new traces in this process

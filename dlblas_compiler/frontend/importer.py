@@ -649,38 +649,7 @@ class Importer:
         # costs ~10 µs a call, and a decode step without a CUDA graph makes ~70 of these calls)
         flat = not any(isinstance(v, (list, tuple, dict)) for v in (*args, *kwargs.values()))
 
-        def call(*tensors, _in_place=False, _t=target, _a=args, _k=kwargs, _pos=tensor_pos, _clone=clone is not None,
-                 _dense=dense, _flat=flat):  # fmt: skip
-            """Run the node on these tensors; a tensor it writes in place is copied first (value semantics),
-            unless `_in_place` (the runtime found that the write may go to the caller's tensor)."""
-            copies: dict[int, torch.Tensor] = {}
-            if _dense:
-                tensors = list(tensors)
-                for i in _dense:
-                    if not tensors[i].is_contiguous():
-                        tensors[i] = tensors[i].contiguous()
-
-            def fill(v):
-                if not isinstance(v, _Slot):
-                    return v
-                if v.written:
-                    return copies.setdefault(v.index, tensors[v.index] if _in_place else tensors[v.index].clone())
-                return tensors[v.index]
-
-            if _flat:
-                a, k = [fill(v) for v in _a], {key: fill(v) for key, v in _k.items()}
-            else:
-                a = pytree.tree_map(fill, _a, is_leaf=lambda v: isinstance(v, _Slot))
-                k = pytree.tree_map(fill, _k, is_leaf=lambda v: isinstance(v, _Slot))
-            out = _t(*a, **k)
-            if _clone:
-                return (next(iter(copies.values())),)
-            if isinstance(out, torch.Tensor):
-                out = (out,)
-            elif type(out) is not tuple or any(isinstance(v, (list, tuple, dict)) for v in out):
-                out = pytree.tree_leaves(out)
-            return tuple(out[i] for i in _pos)
-
+        call = TorchCall(target, args, kwargs, tuple(tensor_pos), clone is not None, dense, flat)
         name = _safe_name(n.name)
         self.calls[name] = call
         op = TorchCallOp(_qualname(n, self.gm), name, flat_in, [tensor_type(leaves[i].shape, leaves[i].dtype) for i in tensor_pos])
@@ -775,6 +744,61 @@ class _Method:
 
     def __call__(self, self_: Any, *args: Any, **kwargs: Any) -> Any:
         return getattr(self_, self.name)(*args, **kwargs)
+
+
+class TorchCall:
+    """An FX node run by PyTorch on the tensors of its `dl.torch_call` (`Importer._torch_call`): its arguments
+    with each tensor a `_Slot` into the call's tensors. A tensor it writes in place is copied first (value
+    semantics), unless `_in_place` (the runtime found that the write may go to the caller's tensor). A class,
+    not a closure, so that a compiled graph can be saved (`keep_traces`)."""
+
+    __slots__ = ("target", "args", "kwargs", "pos", "clone", "dense", "flat")
+
+    def __init__(self, target: Callable, args: Any, kwargs: dict, pos: tuple[int, ...], clone: bool,
+                 dense: tuple[int, ...], flat: bool) -> None:  # fmt: skip
+        self.target, self.args, self.kwargs, self.pos = target, args, kwargs, pos
+        self.clone, self.dense = clone, dense  # clone: returns the copy it wrote; dense: made contiguous first
+        self.flat = flat  # no containers among the arguments: filled without pytree (~10 µs a call less)
+
+    def fields(self) -> dict[str, Any]:
+        """What it was made with: `TorchCall(**fields)` makes it again (a shape family moves its integers)."""
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.fields()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def __call__(self, *tensors: torch.Tensor, _in_place: bool = False) -> tuple:
+        copies: dict[int, torch.Tensor] = {}
+        if self.dense:
+            tensors = list(tensors)
+            for i in self.dense:
+                if not tensors[i].is_contiguous():
+                    tensors[i] = tensors[i].contiguous()
+
+        def fill(v):
+            if not isinstance(v, _Slot):
+                return v
+            if v.written:
+                return copies.setdefault(v.index, tensors[v.index] if _in_place else tensors[v.index].clone())
+            return tensors[v.index]
+
+        if self.flat:
+            a, k = [fill(v) for v in self.args], {key: fill(v) for key, v in self.kwargs.items()}
+        else:
+            a = pytree.tree_map(fill, self.args, is_leaf=lambda v: isinstance(v, _Slot))
+            k = pytree.tree_map(fill, self.kwargs, is_leaf=lambda v: isinstance(v, _Slot))
+        out = self.target(*a, **k)
+        if self.clone:
+            return (next(iter(copies.values())),)
+        if isinstance(out, torch.Tensor):
+            out = (out,)
+        elif type(out) is not tuple or any(isinstance(v, (list, tuple, dict)) for v in out):
+            out = pytree.tree_leaves(out)
+        return tuple(out[i] for i in self.pos)
 
 
 @dataclass(frozen=True)

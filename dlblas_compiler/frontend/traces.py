@@ -32,6 +32,7 @@ import inspect
 import json
 import os
 import types
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +225,158 @@ class TraceStore:
         with open(path, "rb") as f:
             return torch.compiler.load_compiled_function(f, f_globals=f_globals)
 
+
+
+# -- our compile of a kept graph, kept too ---------------------------------------------------------------------------
+# A warm process that loads a trace still imports its graph into the IR and runs the passes (~1.5 s a 32-layer
+# graph): the results of that (the imported program and the pipeline's result) are saved beside the traces, keyed by
+# the graph's bytes, the call's inputs and this package's source, and loaded instead (bench/NOTES.md item 94).
+
+MAX_COMPILED = 64  # files kept in a model's `compiled` folder (the last used)
+MAX_BYTES = 64 << 20  # tensors saved by value (constants the import computed), in all
+
+
+@functools.cache
+def source_digest() -> str:
+    """A hash of this package's source: a saved compile is used only by the code that made it."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+class _Refs:
+    """The objects a saved compile refers to instead of holding: the call's input tensors, the graph module's
+    submodules and tensors. Any other tensor is saved by value: a small constant, never a part of an input."""
+
+    def __init__(self, gm: torch.nn.Module, inputs: list):
+        self.ids: dict[int, tuple] = {}
+        self.objects: dict[tuple, Any] = {}
+        for name, m in gm.named_modules(remove_duplicate=False):
+            self._add(("module", name), m)
+        for name, t in [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]:
+            self._add(("attr", name), t)
+        for i, v in enumerate(inputs):
+            if isinstance(v, torch.Tensor):
+                self._add(("input", i), v)
+        self.storages = {_storage_ptr(t) for t in self.objects.values() if isinstance(t, torch.Tensor)}
+        self.by_value = 0
+
+    def _add(self, ref: tuple, obj: Any) -> None:
+        self.ids.setdefault(id(obj), ref)
+        self.objects.setdefault(ref, obj)
+
+    def persistent_id(self, obj: Any) -> tuple | None:
+        ref = self.ids.get(id(obj))
+        if ref is not None:
+            return ref
+        if isinstance(obj, torch.fx.Node | torch.fx.Graph) or isinstance(obj, torch.nn.Module):
+            raise TypeError(f"a saved compile cannot hold {type(obj).__name__} {obj}")
+        if isinstance(obj, torch.Tensor):
+            if getattr(obj, "fake_mode", None) is not None or obj.device.type == "meta":
+                raise TypeError("a saved compile cannot hold a fake tensor")
+            if _storage_ptr(obj) in self.storages:  # (a view of an input: by value it would be a stale copy)
+                raise TypeError("a saved compile cannot hold a view of an input or a module tensor")
+            self.by_value += obj.untyped_storage().nbytes()
+            if self.by_value > MAX_BYTES:
+                raise TypeError(f"a saved compile would hold more than {MAX_BYTES >> 20} MiB of constants")
+        return None
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - a tensor without storage (fake, meta)
+        return -id(t)
+
+
+def _deep(fn):
+    """fn() on a thread with a deep stack: pickling an IR module recurses along its chains of ops."""
+    import sys
+    import threading
+
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+            out.append((False, e))
+
+    limit, size = sys.getrecursionlimit(), threading.stack_size()
+    sys.setrecursionlimit(max(limit, 200_000))
+    threading.stack_size(1 << 29)
+    try:
+        t = threading.Thread(target=run, name="dlblas-save")
+        t.start()
+    finally:
+        threading.stack_size(size)
+    t.join()
+    sys.setrecursionlimit(limit)
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
+
+
+def dump_compiled(value: Any, gm: torch.nn.Module, inputs: list) -> bytes:
+    """`value` (an import's result and the pipeline's, say) as bytes, its references to the call's input tensors
+    and to the graph module's submodules and tensors kept as references (`load_compiled` binds them again)."""
+    import io
+    import pickle
+
+    refs = _Refs(gm, inputs)
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> tuple | None:
+            return refs.persistent_id(obj)
+
+    def dump() -> bytes:
+        buf = io.BytesIO()
+        Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        return buf.getvalue()
+
+    return _deep(dump)
+
+
+def load_compiled(data: bytes, gm: torch.nn.Module, inputs: list) -> Any:
+    """What `dump_compiled` saved, bound to this graph module and these inputs (of the same signature)."""
+    import io
+    import pickle
+
+    refs = _Refs(gm, inputs)
+
+    class Unpickler(pickle.Unpickler):
+        def persistent_load(self, ref: tuple) -> Any:
+            return refs.objects[tuple(ref)]
+
+    with warnings.catch_warnings():  # (torch's pytree warns when its leaf spec is made, as unpickling does)
+        warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
+        return Unpickler(io.BytesIO(data)).load()
+
+
+class CompiledStore:
+    """Saved compiles of a model's graphs (`dump_compiled`): `<folder>/<key>.pkl`, at most `MAX_COMPILED`."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def path(self, *key: Any) -> Path:
+        text = json.dumps([source_digest(), *key], default=str)
+        return self.folder / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.pkl"
+
+    used = TraceStore.used
+
+    def save(self, path: Path, data: bytes) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        old = sorted(self.folder.glob("*.pkl"), key=lambda p: p.stat().st_mtime)
+        for p in old[: max(0, len(old) + 1 - MAX_COMPILED)]:
+            p.unlink(missing_ok=True)
+        part = path.with_name(f".{path.name}.{os.getpid()}")
+        try:
+            part.write_bytes(data)
+            os.replace(part, path)
+        finally:
+            part.unlink(missing_ok=True)

@@ -18,7 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..dialects import ConstantOp, ParamOp, TorchCallOp
-from ..frontend import Captured, Imported
+from ..frontend import Captured, Imported, TorchCall
 from ..frontend.masks import causal_offset
 from ..passes import PipelineResult
 from ..passes.families import NotAFamily, ShapeFamily
@@ -145,9 +145,9 @@ def _evaluate(v, imported: Imported, memo: dict) -> Any:
     return memo[v]
 
 
-def _baked(fn: Callable) -> tuple:
-    """What a torch call's function was made with (its default arguments)."""
-    return fn.__defaults__, fn.__kwdefaults__
+def _baked(fn: TorchCall) -> dict:
+    """What a torch call was made with (its node's target and arguments)."""
+    return fn.fields()
 
 
 def _equal(x: Any, y: Any) -> bool:
@@ -168,8 +168,7 @@ def moved_calls(family: Family, t) -> dict[str, Callable]:
             if v.denominator != 1:
                 raise NotAFamily(f"a constant of torch call {name} is {v}")
             leaves[i] = int(v)
-        _, kwdefaults = pytree.tree_unflatten(leaves, spec)
-        calls[name] = functools.partial(fn, **kwdefaults)
+        calls[name] = TorchCall(**pytree.tree_unflatten(leaves, spec))
     return calls
 
 

@@ -40,7 +40,8 @@ SCRIPT = textwrap.dedent('''
         as_tuple = model(ids, attention_mask=mask, return_dict=False)
     print(json.dumps({"equal": torch.equal(out, ref), "traced": counters["stats"]["unique_graphs"],
                       "graphs": len(model.forward.compilations), "tuple": isinstance(as_tuple, tuple),
-                      "counts": dict(model.forward.counts)}))
+                      "counts": dict(model.forward.counts),
+                      "kept_loads": sum(cm.kept_loads for cm in model.forward.compilations)}))
 ''')
 
 
@@ -60,16 +61,24 @@ def _files(tmp_path) -> list:
     return sorted((tmp_path / "cache" / "traces").glob("*/*.bin"))
 
 
+def _compiles(tmp_path) -> list:
+    return sorted((tmp_path / "cache" / "traces").glob("*/compiled/*.pkl"))
+
+
 def test_a_second_process_loads_the_traces_and_traces_nothing(tmp_path):
-    """The static cache's prefill and decode step are traced and saved once; a new process loads both, dynamo
-    traces nothing, and the tokens equal eager's in both (a left-padded batch of 2)."""
+    """The static cache's prefill and decode step are traced and saved once, and so is our compile of each graph; a
+    new process loads both, dynamo traces nothing, nothing is imported or run through the passes again, and the
+    tokens equal eager's in both (a left-padded batch of 2)."""
     first = _run(tmp_path, "llama", "static", "padded")
-    assert first["equal"] and first["tuple"]
+    assert first["equal"] and first["tuple"] and first["kept_loads"] == 0
     assert len(_files(tmp_path)) == 3  # prefill, decode step, the return_dict=False call
+    kept = _compiles(tmp_path)
+    assert len(kept) == 3
     second = _run(tmp_path, "llama", "static", "padded")
     assert second["equal"] and second["tuple"]
     assert second["traced"] == 0 and second["counts"]["loaded"] == 3 and "traced" not in second["counts"], second
-    assert len(_files(tmp_path)) == 3
+    assert second["kept_loads"] == 3
+    assert len(_files(tmp_path)) == 3 and _compiles(tmp_path) == kept
 
 
 def test_a_file_that_does_not_load_is_traced_again(tmp_path):
@@ -79,6 +88,18 @@ def test_a_file_that_does_not_load_is_traced_again(tmp_path):
         path.write_bytes(b"not a trace")
     second = _run(tmp_path, "qwen2", "static", "batch1")
     assert second["equal"] and second["traced"] >= 2
+    assert second["kept_loads"] >= 2  # (the graphs traced again are the same bytes: their kept compiles serve them)
+
+
+def test_a_kept_compile_that_does_not_load_is_compiled_again(tmp_path):
+    first = _run(tmp_path, "qwen2", "static", "batch1")
+    assert first["equal"] and _compiles(tmp_path)
+    for path in _compiles(tmp_path):
+        path.write_bytes(path.read_bytes()[:1000])
+    second = _run(tmp_path, "qwen2", "static", "batch1")
+    assert second["equal"] and second["traced"] == 0 and second["kept_loads"] == 0
+    third = _run(tmp_path, "qwen2", "static", "batch1")  # (the second process kept its compiles again)
+    assert third["equal"] and third["kept_loads"] == 3
 
 
 def test_a_growing_length_is_traced_once_with_symbolic_sizes(tmp_path):
@@ -178,3 +199,24 @@ def test_a_trace_made_from_other_source_code_is_not_loaded():
     kept = [source("json", inspect.getsource(json)), source("os", "an older os.py"), source("no.such.module", "")]
     compiled = types.SimpleNamespace(source_info=lambda: types.SimpleNamespace(inlined_sources=set(kept)))
     assert traces.changed_sources(compiled) == ["no.such.module", "os"]
+
+
+def test_a_kept_compile_refers_to_inputs_and_holds_only_small_constants():
+    """What `dump_compiled` writes: the call's input tensors and the graph module's own as references, bound to the
+    loading call's tensors (never a stale copy); a view of an input, a fake tensor or too many bytes of constants
+    are refused (the compile is then not kept)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dlblas_compiler.frontend import traces
+
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
+    x, const = torch.randn(2, 4), torch.arange(3)
+    data = traces.dump_compiled({"x": x, "w": gm.weight, "m": gm, "c": const}, gm, [x])
+    y = torch.randn(2, 4)
+    back = traces.load_compiled(data, gm, [y])
+    assert back["x"] is y and back["w"] is gm.weight and back["m"] is gm
+    assert torch.equal(back["c"], const) and back["c"] is not const
+    for bad, why in [(x[0], "view of an input"), (FakeTensorMode().from_tensor(x), "fake tensor"),
+                     (torch.zeros(traces.MAX_BYTES // 4 + 1), "MiB of constants")]:  # fmt: skip
+        with pytest.raises(TypeError, match=why):
+            traces.dump_compiled([bad], gm, [x])
