@@ -404,7 +404,8 @@ class CompiledModule(torch.nn.Module):
         try:
             self.kept[0].save(path, traces.dump_compiled(value, captured.gm, flat))
         except Exception as e:  # noqa: BLE001 - not kept: the next process compiles again
-            log.info("%s: the compile was not kept (%s: %s)", self.name, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            log.warning("%s: the compile was not kept (%s: %s)", self.name, type(e).__name__,
+                        str(e).splitlines()[0] if str(e) else "")  # fmt: skip
 
     # -- shape families: one compile serves every length of a bucket ---------------------------------------------
     def _join_family(self, spec: Specialization) -> None:
