@@ -37,6 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation, Region, SSAValue
+
+IRObjects = (Operation, Block, Region, SSAValue)  # what a saved compile holds only as whole modules
 
 GRAPH_META = ("stack_trace", "example_value")  # what a saved graph's nodes keep: source lines, example values
 
@@ -263,6 +267,14 @@ class _Refs:
                 self._add(("input", i), v)
         self.storages = {_storage_ptr(t) for t in self.objects.values() if isinstance(t, torch.Tensor)}
         self.by_value = 0
+        self.modules: list = []  # IR modules saved or loaded (`_ir_records`)
+
+    def load(self, ref: tuple) -> Any:
+        if ref[0] != "ir":
+            return self.objects[ref]
+        if len(ref) > 2:
+            self.modules.append(_ir_module(ref[2]))
+        return self.modules[ref[1]]
 
     def _add(self, ref: tuple, obj: Any) -> None:
         self.ids.setdefault(id(obj), ref)
@@ -272,6 +284,13 @@ class _Refs:
         ref = self.ids.get(id(obj))
         if ref is not None:
             return ref
+        if isinstance(obj, IRObjects):
+            if not isinstance(obj, ModuleOp) or obj.parent is not None:
+                raise TypeError(f"a saved compile can hold whole IR modules only, not {type(obj).__name__}")
+            n = len(self.modules)  # (a module met again is the same one when loaded)
+            self.modules.append(obj)
+            self.ids[id(obj)] = ("ir", n)
+            return ("ir", n, _ir_records(obj))
         if isinstance(obj, torch.fx.Node | torch.fx.Graph) or isinstance(obj, torch.nn.Module):
             raise TypeError(f"a saved compile cannot hold {type(obj).__name__} {obj}")
         if isinstance(obj, torch.Tensor):
@@ -292,33 +311,55 @@ def _storage_ptr(t: torch.Tensor) -> int:
         return -id(t)
 
 
-def _deep(fn):
-    """fn() on a thread with a deep stack: pickling an IR module recurses along its chains of ops."""
-    import sys
-    import threading
+def _ir_records(module: ModuleOp) -> tuple:
+    """An IR module as flat records (each op: its class, operand numbers, result types and names, properties,
+    attributes, regions): pickling the ops themselves recurses along their chains of ops and uses, deeper than
+    Python 3.12's fixed C stack allows for a 32-layer model."""
+    numbers: dict = {}
 
-    out: list = []
+    def block(b) -> tuple:
+        for a in b.args:
+            numbers[a] = len(numbers)
+        return [(a.type, a.name_hint) for a in b.args], [op(o) for o in b.ops]
 
-    def run() -> None:
-        try:
-            out.append((True, fn()))
-        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-            out.append((False, e))
+    def op(o) -> tuple:
+        if o.successors:
+            raise TypeError(f"a saved compile cannot hold {o.name}: it has successor blocks")
+        record = (type(o), [numbers[v] for v in o.operands], [(r.type, r.name_hint) for r in o.results],
+                  dict(o.properties), dict(o.attributes), getattr(o, "location", None),
+                  [[block(b) for b in r.blocks] for r in o.regions])  # fmt: skip
+        for r in o.results:
+            numbers[r] = len(numbers)
+        return record
 
-    limit, size = sys.getrecursionlimit(), threading.stack_size()
-    sys.setrecursionlimit(max(limit, 200_000))
-    threading.stack_size(1 << 29)
-    try:
-        t = threading.Thread(target=run, name="dlblas-save")
-        t.start()
-    finally:
-        threading.stack_size(size)
-    t.join()
-    sys.setrecursionlimit(limit)
-    ok, value = out[0]
-    if not ok:
-        raise value
-    return value
+    return op(module)
+
+
+def _ir_module(records: tuple) -> ModuleOp:
+    """The module `_ir_records` describes, its values numbered in the same order."""
+    values: list = []
+
+    def block(record: tuple) -> Block:
+        args, ops = record
+        b = Block(arg_types=[t for t, _ in args])
+        for a, (_, hint) in zip(b.args, args):
+            a.name_hint = hint
+            values.append(a)
+        b.add_ops([op(r) for r in ops])
+        return b
+
+    def op(record: tuple):
+        cls, operands, results, properties, attributes, location, regions = record
+        regions = [Region([block(b) for b in r]) for r in regions]
+        kw = {} if location is None else {"location": location}
+        o = cls.create(operands=[values[i] for i in operands], result_types=[t for t, _ in results],
+                       properties=properties, attributes=attributes, regions=regions, **kw)  # fmt: skip
+        for r, (_, hint) in zip(o.results, results):
+            r.name_hint = hint
+            values.append(r)
+        return o
+
+    return op(records)
 
 
 def dump_compiled(value: Any, gm: torch.nn.Module, inputs: list) -> bytes:
@@ -333,12 +374,9 @@ def dump_compiled(value: Any, gm: torch.nn.Module, inputs: list) -> bytes:
         def persistent_id(self, obj: Any) -> tuple | None:
             return refs.persistent_id(obj)
 
-    def dump() -> bytes:
-        buf = io.BytesIO()
-        Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-        return buf.getvalue()
-
-    return _deep(dump)
+    buf = io.BytesIO()
+    Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buf.getvalue()
 
 
 def load_compiled(data: bytes, gm: torch.nn.Module, inputs: list) -> Any:
@@ -350,7 +388,7 @@ def load_compiled(data: bytes, gm: torch.nn.Module, inputs: list) -> Any:
 
     class Unpickler(pickle.Unpickler):
         def persistent_load(self, ref: tuple) -> Any:
-            return refs.objects[tuple(ref)]
+            return refs.load(tuple(ref))
 
     with warnings.catch_warnings():  # (torch's pytree warns when its leaf spec is made, as unpickling does)
         warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
