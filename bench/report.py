@@ -874,7 +874,7 @@ def warm_start_section(name: str) -> str:
     keys = [("dynamo tracing and saving (keep_traces)", "tracing and saving"), ("dynamo tracing", "dynamo tracing"),
             ("loading saved traces (keep_traces)", "loading kept traces"), ("compile", "our compile"),
             ("direct runs (tuning included)", "direct runs (tuning in them)")]  # fmt: skip
-    out = ["| mode | keep_traces | first generate() s | " + " | ".join(f"{label} s" for _, label in keys)
+    out = ["| mode | kept (keep_traces) | first generate() s | " + " | ".join(f"{label} s" for _, label in keys)
            + " | graph capture and timing s | other s | leading tokens = eager |", "|" + "---|" * (len(keys) + 6)]
     doc = _load(name)
     for r in doc["rows"]:
@@ -882,7 +882,8 @@ def warm_start_section(name: str) -> str:
         if ph is None:
             continue
         graph = ph.get("graph capture", 0) + ph.get("graph keep-or-drop timing", 0)
-        out.append(f"| {r['mode']} | {'yes' if r.get('keep_traces') else 'no'} | {r['first_call_s']:.1f} | "
+        kept = r.get("kept") or ("yes" if r.get("keep_traces") else "no")  # (from session 27: what was kept)
+        out.append(f"| {r['mode']} | {kept} | {r['first_call_s']:.1f} | "
                    + " | ".join(_num(ph.get(k) or None, ".2f") for k, _ in keys)
                    + f" | {graph:.2f} | {ph.get('other (Triton outside tuning, HF)', 0):.2f} | "
                    f"{r.get('tokens_equal_eager', '–')} |")  # fmt: skip
@@ -1273,6 +1274,8 @@ def decode_gemms_section(name: str, ceilings: str) -> str:
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
+    "warm-start-s27": functools.partial(warm_start_section, "2026-11-28-h200-s27-generate.json"),
+    "generation-s27": functools.partial(generation_section, "2026-11-28-h200-s27-generate.json"),
     "warm-start-s26": functools.partial(warm_start_section, "2026-11-28-h200-s26-generate-keep-traces.json"),
     **{f"warm-start-s26-256-{x}": functools.partial(warm_start_section, f"2026-11-28-h200-s26-generate-256-{x}.json")
        for x in "ab"},

@@ -687,7 +687,10 @@ class TracedForward:
     a warning) and saves. As in plain dynamo, a size that changes between two traces of a process is symbolic in
     the next (automatic dynamic): a dynamic cache's growing length, or a static cache's third prompt length, is
     traced once more and that trace serves every later length. After `NEW_TRACES` traces in one process (dynamo's
-    own recompile limit), later calls none accepts go through plain dynamo and are not saved."""
+    own recompile limit), later calls none accepts go through plain dynamo and are not saved. Our compile of each
+    graph a call meets (the import and the passes) is kept too, in the store's `compiled` folder (`CompiledModule.
+    _kept_path`), so that a new process builds only the program from it (~0.2 s for each of a 32-layer model's
+    graphs on an H200, instead of ~2–3 s)."""
 
     NEW_TRACES = 8
 

@@ -62,7 +62,8 @@ class Options:
     keep_traces: for `dc.compile(model.forward)` (a module's forward compiled through dynamo): keep dynamo's
     traces on disk beside the tuning cache (`traces/` in `$DLBLAS_CACHE_DIR`, else `~/.cache/dlblas_compiler`), so
     that a new process loads a call's trace instead of tracing the model again (`api.TracedForward`; torch's
-    experimental `aot_compile`, torch >= 2.10). Each trace is a whole graph: a forward with a graph break is
+    experimental `aot_compile`, torch >= 2.10), and our compile of each traced graph (its IR after the passes) is
+    kept beside it and loaded instead of made again. Each trace is a whole graph: a forward with a graph break is
     compiled as without this option, with a warning.
     """
 

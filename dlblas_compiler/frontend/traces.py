@@ -14,6 +14,9 @@ that needs from the capture side:
   the store's folder key stands in for them (same class, same config, same options).
 - `dump_graph` / `load_graph`: a dynamo graph as bytes (torch's GraphPickler), keeping each node's source line
   (error messages name it) and its example values (the sizes a graph's inputs follow).
+- `dump_compiled` / `load_compiled` and `CompiledStore`: our compile of a saved graph (the imported IR and the
+  passes' result), kept beside the traces; references to the call's input tensors and to the graph module are
+  saved as references and bound again at load, IR modules as flat records (`_ir_records`).
 - `unwrapped_forward`: the function dynamo is given. A Hugging Face forward is wrapped by `can_return_tuple`,
   a closure a file cannot refer to; the function inside is traced and `return_dict` applied around it, as the
   wrapper does.
