@@ -273,6 +273,10 @@ class _Refs:
         self.modules: list = []  # IR modules saved or loaded (`_ir_records`)
 
     def load(self, ref: tuple) -> Any:
+        if ref[0] == "op":  # (the library that registers a custom op is imported by the model's code, as at save)
+            namespace, name = ref[1].split("::")
+            packet = getattr(getattr(torch.ops, namespace), name)
+            return packet if ref[2] is None else getattr(packet, ref[2] or "default")
         if ref[0] != "ir":
             return self.objects[ref]
         if len(ref) > 2:
@@ -287,6 +291,9 @@ class _Refs:
         ref = self.ids.get(id(obj))
         if ref is not None:
             return ref
+        if isinstance(obj, torch._ops.OpOverload | torch._ops.OpOverloadPacket):  # (a custom op pickles by no name)
+            overload = getattr(obj, "_overloadname", None)
+            return ("op", obj._qualified_op_name if overload is None else obj._schema.name, overload)
         if isinstance(obj, IRObjects):
             if not isinstance(obj, ModuleOp) or obj.parent is not None:
                 raise TypeError(f"a saved compile can hold whole IR modules only, not {type(obj).__name__}")

@@ -211,10 +211,11 @@ def test_a_kept_compile_refers_to_inputs_and_holds_only_small_constants():
 
     gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
     x, const = torch.randn(2, 4), torch.arange(3)
-    data = traces.dump_compiled({"x": x, "w": gm.weight, "m": gm, "c": const}, gm, [x])
+    ops = [torch.ops.aten.add, torch.ops.aten.add.Tensor, torch.ops.aten.relu.default]  # (saved by name)
+    data = traces.dump_compiled({"x": x, "w": gm.weight, "m": gm, "c": const, "ops": ops}, gm, [x])
     y = torch.randn(2, 4)
     back = traces.load_compiled(data, gm, [y])
-    assert back["x"] is y and back["w"] is gm.weight and back["m"] is gm
+    assert back["x"] is y and back["w"] is gm.weight and back["m"] is gm and back["ops"] == ops
     assert torch.equal(back["c"], const) and back["c"] is not const
     for bad, why in [(x[0], "view of an input"), (FakeTensorMode().from_tensor(x), "fake tensor"),
                      (torch.zeros(traces.MAX_BYTES // 4 + 1), "MiB of constants")]:  # fmt: skip
