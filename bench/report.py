@@ -1299,6 +1299,7 @@ SECTIONS = {
     "library-untuned": functools.partial(library_section, H200 + "library-untuned.json",
                                          {"matmul", "apply_rotary_pos_emb", "partial_rotary_emb"}),
     "ep-moe": ep_moe_section,
+    "ep-moe-s27": functools.partial(ep_moe_section, "2026-11-28-h200x4-s27-ep-moe.json"),
     **{f"ep-moe-s9-{x}": functools.partial(ep_moe_section, f"2026-11-26-h100x4-s9-ep-moe-{x}.json")
        for x in ("a", "c-before", "c-after", "d-after", "e-128-tokens", "f-128-tokens-padded",
                  "g-4096-tokens-padded")},
