@@ -1361,6 +1361,10 @@ SECTIONS = {
         (f"2026-11-28-h200-s24-cold-tuning-{x}-{tree}-layer_{b}.json", f"{x}: {label}")
         for b in ("llama3_8b", "qwen25_7b") for tree, label in (("new", "side by side"), ("old", "75efddd"))])
        for x in "bc"},
+    "cold-tuning-s27": functools.partial(cold_tuning_workers_section, [
+        ("2026-11-28-h200-s27-cold-tuning-off-layer_llama3_8b.json", "without compiling ahead"),
+        ("2026-11-28-h200-s27-cold-tuning-on-layer_llama3_8b.json", "first rounds compiled ahead"),
+        ("2026-11-28-h200-s27-cold-tuning-off-layer_qwen25_7b.json", "without compiling ahead")]),
     "cold-tuning-s25-a": functools.partial(cold_tuning_workers_section, [
         (f"2026-11-28-h200-s25-cold-tuning-a-{w}-layer_{b}.json", label)
         for b, ws in (("llama3_8b", ("w16", "w0")), ("qwen25_7b", ("w16",)))

@@ -36,7 +36,7 @@ from triton.runtime import driver
 
 from ..logs import get_logger
 
-__all__ = ["STATS", "WORKERS_ENV", "Stats", "prebuild", "shutdown"]
+__all__ = ["STATS", "WORKERS_ENV", "Stats", "build", "compiles", "prebuild", "shutdown"]
 
 WORKERS_ENV = "DLBLAS_COMPILE_WORKERS"
 _WORKER = Path(__file__).with_name("compile_worker.py")
@@ -208,9 +208,14 @@ def prebuild(warm: Callable[[], None]) -> int:
     """Compile in the workers what `warm()` (warm-up launches: `fn.run(..., warmup=True)`) would compile here, and
     wait for them: the warm-ups that follow find their binaries in Triton's disk cache. Returns how many compiles
     the workers completed (0 without workers, or for launches this process has already compiled)."""
-    pool = _get_pool()
-    if pool is None:
-        return 0
+    return build(compiles(warm))
+
+
+def compiles(warm: Callable[[], None]) -> list[tuple]:
+    """The worker jobs for what `warm()` would compile here (none without workers): `build` runs them; jobs of
+    several `warm`s can be run as one batch."""
+    if _get_pool() is None:
+        return []
     found = _collect(warm)
     target = driver.active.get_current_target()
     jobs = []
@@ -218,7 +223,13 @@ def prebuild(warm: Callable[[], None]) -> int:
         text, name, filename = getattr(fn, "dlblas_source", (None, None, None))
         if text is not None:  # (one of our generated kernels; another function compiles here)
             jobs.append((text, name, filename, data, (target.backend, target.arch, target.warp_size), knobs.cache.dir))
-    if not jobs:
+    return jobs
+
+
+def build(jobs: list[tuple]) -> int:
+    """Run `compiles`' jobs in the workers and wait for them; how many completed."""
+    pool = _get_pool()
+    if pool is None or not jobs:
         return 0
     start = time.perf_counter()
     answers = pool.run(jobs)

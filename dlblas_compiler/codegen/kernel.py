@@ -29,7 +29,7 @@ from .compile_pool import prebuild
 from .launcher import Chained, Launcher, launcher
 from .source import HEADER
 
-__all__ = ["Chained", "Kernel", "Launcher", "compile_configs", "compile_source", "source_hash"]
+__all__ = ["Chained", "Kernel", "Launcher", "compile_configs", "compile_source", "source_hash", "warm_ups"]
 
 _COMPILED: dict[tuple[str, bool], Callable] = {}
 
@@ -134,12 +134,9 @@ class _Warmup:
 _POOL: ThreadPoolExecutor | None = None
 
 
-def compile_configs(kernel: Kernel, fn: Callable, tensors: list, configs: list[dict]) -> None:
-    """Compile `fn` (the kernel's jitted function) for each config on these inputs, in parallel, so that
-    launching any of them afterwards finds it built: first in worker processes into Triton's disk cache
-    (`compile_pool.prebuild`), then here in threads (each finding its binary in that cache). A config that fails
-    to compile is left for its launch to report."""
-    global _POOL
+def warm_ups(kernel: Kernel, fn: Callable, tensors: list, configs: list[dict]) -> Callable[[], None]:
+    """A function making the warm-up launch of `fn` (the kernel's jitted function) for each config on these inputs:
+    each compiles, none runs (a config whose launch fails is skipped: its real launch reports it)."""
 
     def warm_up() -> None:
         for config in configs:
@@ -148,6 +145,17 @@ def compile_configs(kernel: Kernel, fn: Callable, tensors: list, configs: list[d
             except Exception:  # noqa: BLE001, S112 - the launch of this config reports it
                 continue
 
+    return warm_up
+
+
+def compile_configs(kernel: Kernel, fn: Callable, tensors: list, configs: list[dict]) -> None:
+    """Compile `fn` (the kernel's jitted function) for each config on these inputs, in parallel, so that
+    launching any of them afterwards finds it built: first in worker processes into Triton's disk cache
+    (`compile_pool.prebuild`), then here in threads (each finding its binary in that cache). A config that fails
+    to compile is left for its launch to report."""
+    global _POOL
+
+    warm_up = warm_ups(kernel, fn, tensors, configs)
     prebuild(warm_up)
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1)), thread_name_prefix="dlblas-compile")

@@ -31,7 +31,7 @@ from ..passes.algebraic import is_constant
 from .graphs import CudaGraph
 from .inplace import InPlaceIndexCopy, WriteInput, inplace_updates, input_writes, reaches_output, region_writes
 from .ops import OP_STEPS, op_step
-from .selection import tune_region
+from .selection import compile_first_rounds, tune_region
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
 from .weights import DerivedWeight, DerivedWeights, derived_weight
 
@@ -109,6 +109,8 @@ class Program:
         env = self._env(inputs)
         tuning = not self.tuned and self.tune_mode != "none"
         self.tuned = self.tuned or tuning
+        if tuning:
+            compile_first_rounds(self.steps, env, self.tune_mode)
         for step, free in zip(self.steps, self.frees or [()] * len(self.steps)):
             if tuning and isinstance(step, RegionStep) and step.kernel is not None and step.choice.impl == "kernel":
                 tune_region(step, step.inputs(env), self.tune_mode)

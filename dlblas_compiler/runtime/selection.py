@@ -6,14 +6,25 @@ On the GPU each batch of candidate configs is compiled in parallel before it is 
 
 from __future__ import annotations
 
+import logging
+import os
 import statistics
+import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ..codegen.kernel import compile_configs
+from ..codegen.compile_pool import build, compiles
+from ..codegen.kernel import compile_configs, warm_ups
+from ..dialects.types import shape_of, torch_dtype
 from ..errors import DeviceFault, is_device_fault
-from ..tuning import CacheEntry, CacheKey, TuneJob, benchmark, default_cache, tune
+from ..tuning import CacheEntry, CacheKey, TuneJob, benchmark, default_cache, first_candidates, tune
 from .steps import RegionStep, first_line
+
+log = logging.getLogger("dlblas_compiler.tuning")
+# `compile_first_rounds` on (DLBLAS_COMPILE_AHEAD=0: off, to measure what it buys)
+COMPILE_AHEAD = os.environ.get("DLBLAS_COMPILE_AHEAD", "1") != "0"
 
 TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucketed to powers of two in cache keys
 # the kernel and the reference are timed in turn, SELECT_ROUNDS times each, in the order k r | r k | k r ..., and
@@ -50,18 +61,68 @@ def _search(step: RegionStep, tensors: list, mode: str, progress: bool) -> None:
                 ref_out.extend(step.reference(tensors))
         return ref_out
 
-    kind, key = k.tuning_key
     on_gpu = not step.interpret and tensors[0].is_cuda
     prepare = (lambda configs: compile_configs(k, step.compiled, tensors, configs)) if on_gpu else None
     def make(cfg: dict):  # (each candidate writes its own copy of a tensor the kernel writes: see `private`)
         own = step.private(tensors, every=True)
         return lambda: step.launch(own, cfg)
 
-    job = TuneJob(kind, key, k.space, make, k.shape_key,
-                  tuple(t.dtype for t in tensors), tensors[0].device, ref, token_dims=TOKEN_DIMS,
-                  prepare=prepare)  # fmt: skip
-    out = tune(job, mode, progress=progress)
+    out = tune(_job(step, tensors, make, ref, prepare), mode, progress=progress)
     c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
+
+
+def _job(step: RegionStep, tensors: list, make: Callable, ref: Any = None, prepare: Callable | None = None) -> TuneJob:
+    kind, key = step.kernel.tuning_key
+    return TuneJob(kind, key, step.kernel.space, make, step.kernel.shape_key, tuple(t.dtype for t in tensors),
+                   tensors[0].device, ref, token_dims=TOKEN_DIMS, prepare=prepare)  # fmt: skip
+
+
+def compile_first_rounds(steps: list, env: list, mode: str, device: torch.device | None = None) -> None:
+    """Before a program's first call tunes its regions one after another on the GPU: the configs each region's
+    search will compile first (`first_candidates`: its default, seeds and first proposals), for every region at
+    once, compiled in the worker processes as one batch (`compile_pool.build`). Each search's first round then
+    finds its binaries in Triton's cache instead of waiting for its slowest compile (~1.7 s a region on a 16-core
+    host: bench/NOTES.md item 90). A region's inputs not known yet (the values earlier regions compute) stand in
+    as zeros of their IR types: the compiles depend on shapes, dtypes and alignment alone. Best effort: a region
+    that cannot be planned so compiles in its own search as before."""
+    if device is None:  # (a program on the GPU: its inputs are there)
+        device = next((v.device for v in env if isinstance(v, torch.Tensor) and v.is_cuda), None)
+    if not COMPILE_AHEAD or device is None:
+        return
+    t0 = time.perf_counter()
+    jobs: list = []
+    regions = 0
+    for step in steps:
+        if not isinstance(step, RegionStep) or step.kernel is None or step.choice.impl != "kernel" or step.interpret:
+            continue
+        inputs = getattr(step.kernel.region, "inputs", None)
+        try:
+            tensors = [_stand_in(env[i], v, device) for i, v in zip(step.ins, inputs or (), strict=True)]
+            if not tensors or not isinstance(tensors[0], torch.Tensor):
+                continue
+            configs = first_candidates(_job(step, tensors, _no_build), mode)
+            if configs:
+                jobs += compiles(warm_ups(step.kernel, step.compiled, step.private(tensors, every=True), configs))
+                regions += 1
+        except Exception as e:  # noqa: BLE001 - an optimisation: the region's own search compiles what it needs
+            log.debug("region %s: its first candidates not compiled ahead (%s: %s)", step.choice.region,
+                      type(e).__name__, first_line(e))  # fmt: skip
+    if jobs:
+        built = build(jobs)
+        log.info("compiled the first candidates of %d regions ahead: %d of %d compiles in %.1f s", regions, built,
+                 len(jobs), time.perf_counter() - t0)  # fmt: skip
+
+
+def _stand_in(value: Any, ir_value: Any, device: torch.device) -> Any:
+    """An input for a planning warm-up: the value when known (made contiguous, as `RegionStep.inputs` does), else
+    zeros of the IR value's shape and dtype."""
+    if value is not None:
+        return value if not isinstance(value, torch.Tensor) or value.is_contiguous() else value.contiguous()
+    return torch.zeros(shape_of(ir_value), dtype=torch_dtype(ir_value.type.element_type), device=device)
+
+
+def _no_build(config: dict) -> Callable:
+    raise RuntimeError("a planning job builds no candidate")
 
 
 def select(step: RegionStep, tensors: list) -> None:

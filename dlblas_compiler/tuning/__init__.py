@@ -4,7 +4,17 @@ from .cache import CacheEntry, CacheKey, DeviceFingerprint, TuneCache, bucket, d
 from .policies import POLICIES, Progress, Trial, TuneResult, bayes, grid, random
 from .profiler import TuningCheckError, as_outputs, benchmark, make_objective
 from .space import Config, SearchSpace, pow2
-from .tuner import TUNE_MODES, CandidateFault, TuneJob, TuneMode, TuneOutcome, TuningError, default_cache, tune
+from .tuner import (
+    TUNE_MODES,
+    CandidateFault,
+    TuneJob,
+    TuneMode,
+    TuneOutcome,
+    TuningError,
+    default_cache,
+    first_candidates,
+    tune,
+)
 
 __all__ = [
     "Config",
@@ -36,4 +46,5 @@ __all__ = [
     "CandidateFault",
     "default_cache",
     "tune",
+    "first_candidates",
 ]

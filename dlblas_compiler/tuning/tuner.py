@@ -218,6 +218,67 @@ class TuneJob:
                              self.space.fingerprint(), self.token_dims)  # fmt: skip
 
 
+def _plan(job: TuneJob, mode: str, policy: str | None, budget: int | None, patience: int | None,
+          cache: TuneCache | None, quiet: bool = False) -> TuneOutcome | tuple:
+    """What `tune` searches (the space less the configs that faulted before, the policy, budget and patience), or
+    its outcome when nothing is searched (tuning off, a cache hit)."""
+    name, space = job.name, job.space
+    if mode not in TUNE_MODES:
+        raise ValueError(f"unknown tune mode {mode!r}; expected one of {list(TUNE_MODES)}")
+    settings = TUNE_MODES[mode]
+    if settings is None:
+        return TuneOutcome(space.default(), None, None, 0, False)
+    policy = policy or settings.policy
+    if policy not in POLICIES:
+        raise ValueError(f"unknown tuning policy {policy!r}; expected one of {list(POLICIES)}")
+    cache = default_cache() if cache is None else cache
+    key = job.cache_key()
+    hit = cache.get(key)
+    if hit is not None and space.is_valid(hit.config):
+        if not quiet:
+            log.info("%s %s: %s, %s (from the cache)", name, dict(job.shape), hit.config,
+                     "-" if hit.time is None else _format_seconds(hit.time))  # fmt: skip
+        return TuneOutcome(hit.config, hit.time, hit.default_time, hit.trials, True)
+
+    faults = _FaultLog(cache, key)
+    known = faults.known()
+    if known:
+        if not quiet:
+            log.warning("%s %s: %d config(s) faulted in an earlier search and are not tried: %s", name,
+                        dict(job.shape), len(known), known)  # fmt: skip
+        space = space.without(known)
+    budget = settings.budget(space.count(settings.sizes_that_matter())) if budget is None else budget
+    patience = settings.patience if patience is None else patience
+    return space, POLICIES[policy], budget, patience, settings, cache, key, faults
+
+
+class _Planned(SearchStop):
+    """Ends a dry run of a search at its first evaluation (`first_candidates`)."""
+
+
+def first_candidates(job: TuneJob, mode: str = "quick", seed: int = 0, cache: TuneCache | None = None) -> list[Config]:
+    """The configs `tune(job, mode)` will prepare (compile) first, found by running its search up to its first
+    evaluation (the policy's own code: the same proposals, seeded alike); none when nothing will be searched."""
+    plan = _plan(job, mode, None, None, None, cache, quiet=True)
+    if isinstance(plan, TuneOutcome):
+        return []
+    space, search, budget, patience = plan[:4]
+    first: list[Config] = []
+
+    def objective(config: Config) -> float:
+        raise _Planned
+
+    def prepare(configs: list[Config]) -> None:
+        if not first:
+            first.extend(dict(c) for c in configs)
+
+    try:
+        search(space, objective, budget, patience, seed, None, prepare=prepare)
+    except _Planned:
+        pass
+    return first
+
+
 def tune(
     job: TuneJob,
     mode: str = "quick",
@@ -238,32 +299,11 @@ def tune(
     runs nothing. Otherwise the search runs, the default config is timed too (for the gain report) and the
     result is stored. Raises `TuningError` when every candidate failed.
     """
-    name, space = job.name, job.space
-    if mode not in TUNE_MODES:
-        raise ValueError(f"unknown tune mode {mode!r}; expected one of {list(TUNE_MODES)}")
-    settings = TUNE_MODES[mode]
-    if settings is None:
-        return TuneOutcome(space.default(), None, None, 0, False)
-    policy = policy or settings.policy
-    if policy not in POLICIES:
-        raise ValueError(f"unknown tuning policy {policy!r}; expected one of {list(POLICIES)}")
-    cache = default_cache() if cache is None else cache
-    key = job.cache_key()
-    hit = cache.get(key)
-    if hit is not None and space.is_valid(hit.config):
-        log.info("%s %s: %s, %s (from the cache)", name, dict(job.shape), hit.config,
-                 "-" if hit.time is None else _format_seconds(hit.time))  # fmt: skip
-        return TuneOutcome(hit.config, hit.time, hit.default_time, hit.trials, True)
-
-    faults = _FaultLog(cache, key)
-    known = faults.known()
-    if known:
-        log.warning("%s %s: %d config(s) faulted in an earlier search and are not tried: %s", name, dict(job.shape),
-                    len(known), known)  # fmt: skip
-        space = space.without(known)
-    search = POLICIES[policy]
-    budget = settings.budget(space.count(settings.sizes_that_matter())) if budget is None else budget
-    patience = settings.patience if patience is None else patience
+    name = job.name
+    plan = _plan(job, mode, policy, budget, patience, cache)
+    if isinstance(plan, TuneOutcome):
+        return plan
+    space, search, budget, patience, settings, cache, key, faults = plan
 
     warmup_ms = settings.warmup_ms if warmup_ms is None else warmup_ms
     rep_ms = settings.rep_ms if rep_ms is None else rep_ms

@@ -168,3 +168,42 @@ def test_worker_count_follows_the_cores_and_torchrun(monkeypatch):
     assert compile_pool._count() == 4
     monkeypatch.setenv(compile_pool.WORKERS_ENV, "3")
     assert compile_pool._count() == 3
+
+
+def test_a_program_compiles_every_region_s_first_candidates_ahead(workers, tmp_path, monkeypatch):
+    """Before a program's first call tunes its regions one after another, the configs each region's search will
+    compile first (`tuning.first_candidates`) are compiled for all regions in one batch of the workers
+    (`runtime.selection.compile_first_rounds`), the inputs earlier regions compute standing in as zeros: each
+    region's own first batch then adds nothing to Triton's cache (sm90, as above)."""
+    from dlblas_compiler.runtime.selection import _job, _no_build, compile_first_rounds
+    from dlblas_compiler.tuning import first_candidates
+
+    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path / "tuning"))  # (nothing tuned: every region searches)
+    regions = list(_regions("cpu"))
+    model = randomize_(LlamaBlock(CFG)).to(torch.bfloat16).eval()
+    inputs = llama_block_inputs(CFG, 1, 40, torch.bfloat16, "cpu")
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        cm(*inputs)
+    program = cm._spec().executor
+    env = program._env(list(inputs))
+    steps = [step for step in program.steps if isinstance(step, RegionStep) and step.kernel is not None]
+    before = driver._active
+    driver.set_active(_Sm90())
+    try:
+        for step in steps:
+            step.interpret, step.compiled = False, step.kernel.compiled(False)
+        stats = dataclasses.replace(compile_pool.STATS)
+        compile_first_rounds(program.steps, env, "quick", device=torch.device("cpu"))
+        assert compile_pool.STATS.batches == stats.batches + 1  # (one batch for every region)
+        built = compile_pool.STATS.compiles - stats.compiles
+        assert built >= 2 * len(steps) and compile_pool.STATS.failed == stats.failed
+        cached = set(os.listdir(workers))
+        for step, tensors in regions:
+            fn = step.kernel.compiled(False)
+            configs = first_candidates(_job(step, tensors, _no_build), "quick")
+            assert configs, step.kernel.name
+            compile_configs(step.kernel, fn, tensors, configs)
+            assert set(os.listdir(workers)) == cached, f"{step.kernel.name}: its first batch was not compiled ahead"
+    finally:
+        driver.set_active(before)

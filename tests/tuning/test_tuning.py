@@ -20,6 +20,7 @@ from dlblas_compiler.tuning import (
     TuningError,
     bayes,
     benchmark,
+    first_candidates,
     grid,
     make_objective,
     pow2,
@@ -580,3 +581,18 @@ def test_fingerprint_follows_the_constraints_code():
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
             for _ in range(2)}  # fmt: skip
     assert len(runs) == 1
+
+
+@pytest.mark.parametrize("mode", ["quick", "full"])
+def test_first_candidates_are_the_configs_tune_prepares_first(tmp_path, mode):
+    """What a program compiles ahead for every region at once (`runtime.selection.compile_first_rounds`): the
+    batch `tune` hands `prepare` first, found by a dry run of the same search; nothing once the cache answers."""
+    x = torch.randn(32, 32)
+    cache, batches = TuneCache(tmp_path / "tune.sqlite"), []
+    job = TuneJob("mm", "h", matmul_space(), _builder(x, []), {"M": 64}, (torch.float32,), "cpu", torch.relu(x),
+                  prepare=lambda configs: batches.append([dict(c) for c in configs]))  # fmt: skip
+    planned = first_candidates(job, mode, cache=cache)
+    assert len(planned) > 1 and not batches
+    tune(job, mode, cache=cache, progress=False, warmup_ms=1, rep_ms=1)
+    assert planned == batches[0]
+    assert first_candidates(job, mode, cache=cache) == []
