@@ -108,7 +108,11 @@ def compile_first_rounds(steps: list, env: list, mode: str, device: torch.device
             log.debug("region %s: its first candidates not compiled ahead (%s: %s)", step.choice.region,
                       type(e).__name__, first_line(e))  # fmt: skip
     if jobs:
-        built = build(jobs)
+        try:
+            built = build(jobs)
+        except Exception as e:  # noqa: BLE001 - (as above)
+            log.debug("the first candidates were not compiled ahead (%s: %s)", type(e).__name__, first_line(e))
+            return
         log.info("compiled the first candidates of %d regions ahead: %d of %d compiles in %.1f s", regions, built,
                  len(jobs), time.perf_counter() - t0)  # fmt: skip
 
