@@ -32,8 +32,10 @@ import functools
 import hashlib
 import importlib.metadata
 import inspect
+import io
 import json
 import os
+import pickle
 import types
 import warnings
 from pathlib import Path
@@ -42,6 +44,8 @@ from typing import Any
 import torch
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, Region, SSAValue
+
+from .importer import _storage
 
 IRObjects = (Operation, Block, Region, SSAValue)  # what a saved compile holds only as whole modules
 
@@ -219,19 +223,13 @@ class TraceStore:
         while path.exists():
             n += 1
             path = self.folder / f"{signature}-{n}.bin"
-        part = path.with_name(f".{path.name}.{os.getpid()}")
-        try:
-            compiled.save_compiled_function(str(part))
-            os.replace(part, path)
-        finally:
-            part.unlink(missing_ok=True)
+        _write_atomically(path, lambda part: compiled.save_compiled_function(str(part)))
         return path
 
     @staticmethod
     def load(path: Path, f_globals: dict):
         with open(path, "rb") as f:
             return torch.compiler.load_compiled_function(f, f_globals=f_globals)
-
 
 
 # -- our compile of a kept graph, kept too ---------------------------------------------------------------------------
@@ -274,7 +272,7 @@ class _Refs:
         for i, v in enumerate(inputs):
             if isinstance(v, torch.Tensor):
                 self._add(("input", i), v)
-        self.storages = {_storage_ptr(t) for t in self.objects.values() if isinstance(t, torch.Tensor)}
+        self.storages = {_storage(t) for t in self.objects.values()} - {None}
         self.by_value = 0
         self.modules: list = []  # IR modules saved or loaded (`_ir_records`)
 
@@ -318,19 +316,12 @@ class _Refs:
         if isinstance(obj, torch.Tensor):
             if getattr(obj, "fake_mode", None) is not None or obj.device.type == "meta":
                 raise TypeError("a saved compile cannot hold a fake tensor")
-            if _storage_ptr(obj) in self.storages:  # (a view of an input: by value it would be a stale copy)
+            if _storage(obj) in self.storages:  # (a view of an input: by value it would be a stale copy)
                 raise TypeError("a saved compile cannot hold a view of an input or a module tensor")
             self.by_value += obj.untyped_storage().nbytes()
             if self.by_value > MAX_BYTES:
                 raise TypeError(f"a saved compile would hold more than {MAX_BYTES >> 20} MiB of constants")
         return None
-
-
-def _storage_ptr(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:  # noqa: BLE001 - a tensor without storage (fake, meta)
-        return -id(t)
 
 
 def _ir_records(module: ModuleOp) -> tuple:
@@ -387,9 +378,6 @@ def _ir_module(records: tuple) -> ModuleOp:
 def dump_compiled(value: Any, gm: torch.nn.Module, inputs: list) -> bytes:
     """`value` (an import's result and the pipeline's, say) as bytes, its references to the call's input tensors
     and to the graph module's submodules and tensors kept as references (`load_compiled` binds them again)."""
-    import io
-    import pickle
-
     refs = _Refs(gm, inputs)
 
     class Pickler(pickle.Pickler):
@@ -403,9 +391,6 @@ def dump_compiled(value: Any, gm: torch.nn.Module, inputs: list) -> bytes:
 
 def load_compiled(data: bytes, gm: torch.nn.Module, inputs: list) -> Any:
     """What `dump_compiled` saved, bound to this graph module and these inputs (of the same signature)."""
-    import io
-    import pickle
-
     refs = _Refs(gm, inputs)
 
     class Unpickler(pickle.Unpickler):
@@ -434,9 +419,14 @@ class CompiledStore:
         old = sorted(self.folder.glob("*.pkl"), key=lambda p: p.stat().st_mtime)
         for p in old[: max(0, len(old) + 1 - MAX_COMPILED)]:
             p.unlink(missing_ok=True)
-        part = path.with_name(f".{path.name}.{os.getpid()}")
-        try:
-            part.write_bytes(data)
-            os.replace(part, path)
-        finally:
-            part.unlink(missing_ok=True)
+        _write_atomically(path, lambda part: part.write_bytes(data))
+
+
+def _write_atomically(path: Path, write) -> None:
+    """`write(part)` to a file beside `path`, then renamed to it: readers never see a part of it."""
+    part = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        write(part)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)

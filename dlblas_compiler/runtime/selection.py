@@ -67,14 +67,16 @@ def _search(step: RegionStep, tensors: list, mode: str, progress: bool) -> None:
         own = step.private(tensors, every=True)
         return lambda: step.launch(own, cfg)
 
-    out = tune(_job(step, tensors, make, ref, prepare), mode, progress=progress)
+    job = _job(step, tuple(t.dtype for t in tensors), tensors[0].device, make, ref, prepare)
+    out = tune(job, mode, progress=progress)
     c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
 
 
-def _job(step: RegionStep, tensors: list, make: Callable, ref: Any = None, prepare: Callable | None = None) -> TuneJob:
+def _job(step: RegionStep, dtypes: tuple, device: torch.device, make: Callable, ref: Any = None,
+         prepare: Callable | None = None) -> TuneJob:  # fmt: skip
     kind, key = step.kernel.tuning_key
-    return TuneJob(kind, key, step.kernel.space, make, step.kernel.shape_key, tuple(t.dtype for t in tensors),
-                   tensors[0].device, ref, token_dims=TOKEN_DIMS, prepare=prepare)  # fmt: skip
+    return TuneJob(kind, key, step.kernel.space, make, step.kernel.shape_key, dtypes, device, ref,
+                   token_dims=TOKEN_DIMS, prepare=prepare)  # fmt: skip
 
 
 def compile_first_rounds(steps: list, env: list, mode: str, device: torch.device | None = None) -> None:
@@ -95,13 +97,12 @@ def compile_first_rounds(steps: list, env: list, mode: str, device: torch.device
     for step in steps:
         if not isinstance(step, RegionStep) or step.kernel is None or step.choice.impl != "kernel" or step.interpret:
             continue
-        inputs = getattr(step.kernel.region, "inputs", None)
         try:
-            tensors = [_stand_in(env[i], v, device) for i, v in zip(step.ins, inputs or (), strict=True)]
-            if not tensors or not isinstance(tensors[0], torch.Tensor):
-                continue
-            configs = first_candidates(_job(step, tensors, _no_build), mode)
+            pairs = list(zip([env[i] for i in step.ins], step.kernel.region.inputs, strict=True))
+            dtypes = tuple(v.dtype if v is not None else torch_dtype(ir.type.element_type) for v, ir in pairs)
+            configs = first_candidates(_job(step, dtypes, device, _no_build), mode)  # (none where the cache answers)
             if configs:
+                tensors = [_stand_in(v, ir, device) for v, ir in pairs]
                 jobs += compiles(warm_ups(step.kernel, step.compiled, step.private(tensors, every=True), configs))
                 regions += 1
         except Exception as e:  # noqa: BLE001 - an optimisation: the region's own search compiles what it needs

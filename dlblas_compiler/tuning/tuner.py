@@ -218,10 +218,23 @@ class TuneJob:
                              self.space.fingerprint(), self.token_dims)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What `tune` searches: the space (less the configs that faulted before), the policy, budget and patience."""
+
+    space: SearchSpace
+    search: Callable[..., TuneResult]
+    budget: int | None
+    patience: int | None
+    settings: TuneMode
+    cache: TuneCache
+    key: CacheKey
+    faults: _FaultLog
+
+
 def _plan(job: TuneJob, mode: str, policy: str | None, budget: int | None, patience: int | None,
-          cache: TuneCache | None, quiet: bool = False) -> TuneOutcome | tuple:
-    """What `tune` searches (the space less the configs that faulted before, the policy, budget and patience), or
-    its outcome when nothing is searched (tuning off, a cache hit)."""
+          cache: TuneCache | None, quiet: bool = False) -> TuneOutcome | _Plan:
+    """What `tune` searches, or its outcome when nothing is searched (tuning off, a cache hit)."""
     name, space = job.name, job.space
     if mode not in TUNE_MODES:
         raise ValueError(f"unknown tune mode {mode!r}; expected one of {list(TUNE_MODES)}")
@@ -249,7 +262,7 @@ def _plan(job: TuneJob, mode: str, policy: str | None, budget: int | None, patie
         space = space.without(known)
     budget = settings.budget(space.count(settings.sizes_that_matter())) if budget is None else budget
     patience = settings.patience if patience is None else patience
-    return space, POLICIES[policy], budget, patience, settings, cache, key, faults
+    return _Plan(space, POLICIES[policy], budget, patience, settings, cache, key, faults)
 
 
 class _Planned(SearchStop):
@@ -262,7 +275,6 @@ def first_candidates(job: TuneJob, mode: str = "quick", seed: int = 0, cache: Tu
     plan = _plan(job, mode, None, None, None, cache, quiet=True)
     if isinstance(plan, TuneOutcome):
         return []
-    space, search, budget, patience = plan[:4]
     first: list[Config] = []
 
     def objective(config: Config) -> float:
@@ -273,7 +285,7 @@ def first_candidates(job: TuneJob, mode: str = "quick", seed: int = 0, cache: Tu
             first.extend(dict(c) for c in configs)
 
     try:
-        search(space, objective, budget, patience, seed, None, prepare=prepare)
+        plan.search(plan.space, objective, plan.budget, plan.patience, seed, None, prepare=prepare)
     except _Planned:
         pass
     return first
@@ -303,15 +315,15 @@ def tune(
     plan = _plan(job, mode, policy, budget, patience, cache)
     if isinstance(plan, TuneOutcome):
         return plan
-    space, search, budget, patience, settings, cache, key, faults = plan
+    space, settings, cache, budget = plan.space, plan.settings, plan.cache, plan.budget
 
     warmup_ms = settings.warmup_ms if warmup_ms is None else warmup_ms
     rep_ms = settings.rep_ms if rep_ms is None else rep_ms
     refs = job.reference() if callable(job.reference) else job.reference
     objective = make_objective(job.build, refs, job.arg_sets, device=job.device, warmup_ms=warmup_ms, rep_ms=rep_ms)
-    objective = faults.guard(objective, name, job.shape)
+    objective = plan.faults.guard(objective, name, job.shape)
     with _progress(name, space.count(budget), progress) as bar:
-        result = search(space, objective, budget, patience, seed, bar, prepare=job.prepare)
+        result = plan.search(space, objective, budget, plan.patience, seed, bar, prepare=job.prepare)
     if result.best_config is None or result.best_time is None:
         errors = sorted({t.error for t in result.failures if t.error})
         raise TuningError(f"{name}: all {result.evaluations} candidate configs failed: " + "; ".join(errors[:3]))
@@ -327,7 +339,7 @@ def tune(
             raise
         except Exception:  # the default failing is reported as "no default time", not an error
             default_time = None
-    cache.put(key, CacheEntry(result.best_config, result.best_time, default_time, result.evaluations))
+    cache.put(plan.key, CacheEntry(result.best_config, result.best_time, default_time, result.evaluations))
     log.info("%s %s: %s, %s (searched %d configs; default %s)", name, dict(job.shape), result.best_config,
              _format_seconds(result.best_time), result.evaluations,
              "-" if default_time is None else _format_seconds(default_time))  # fmt: skip

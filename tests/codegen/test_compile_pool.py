@@ -201,7 +201,7 @@ def test_a_program_compiles_every_region_s_first_candidates_ahead(workers, tmp_p
         cached = set(os.listdir(workers))
         for step, tensors in regions:
             fn = step.kernel.compiled(False)
-            configs = first_candidates(_job(step, tensors, _no_build), "quick")
+            configs = first_candidates(_job(step, tuple(t.dtype for t in tensors), tensors[0].device, _no_build), "quick")
             assert configs, step.kernel.name
             compile_configs(step.kernel, fn, tensors, configs)
             assert set(os.listdir(workers)) == cached, f"{step.kernel.name}: its first batch was not compiled ahead"
