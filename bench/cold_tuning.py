@@ -74,7 +74,8 @@ def main() -> None:
     profiler.benchmark = timed("timing candidates", profiler.benchmark)
     selection.benchmark = timed("kernel against reference", selection.benchmark)
     selection.compile_configs = timed("submitting compiles", selection.compile_configs)
-    selection._search = timed("search", selection._search)
+    selection._search = timed("search", selection._search)  # (in threads when regions tune together: spans overlap)
+    selection.Together.tune = timed("tuning together", selection.Together.tune)
     original_objective = profiler.make_objective
 
     def make_objective(*a, **k):

@@ -202,13 +202,15 @@ class Phases:
             self._dynamo = lambda: sum(compilation_time_metrics.get("_compile.compile_inner", []))
             self._dynamo_before = self._dynamo()
             from dlblas_compiler import api
-            from dlblas_compiler.runtime import graphs, program
+            from dlblas_compiler.runtime import graphs, program, selection
 
             self._wrap(api.CompiledModule, "_specialize", "compile")
             self._wrap(api.TracedForward, "_trace", "dynamo tracing and saving (keep_traces)")
             self._wrap(api.TracedForward, "_load", "loading saved traces (keep_traces)")
             self._wrap(program.Program, "run", "direct runs (tuning included)")
-            self._wrap(program, "tune_region", "tuning (inside direct runs)", nested=True)
+            # (a first call's tuning: the regions tuned where the program reaches them, the others after it, together)
+            self._wrap(selection.Together, "defer", "tuning (inside direct runs)", nested=True)
+            self._wrap(selection.Together, "tune", "tuning (inside direct runs)", nested=True)
             self._wrap(graphs.CudaGraph, "capture", "graph capture")
             self._wrap(graphs.CudaGraph, "pays", "graph keep-or-drop timing")
         return self

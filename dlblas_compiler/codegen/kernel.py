@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..tuning.space import SearchSpace
-from .compile_pool import prebuild
+from .compile_pool import build, compiles
 from .launcher import Chained, Launcher, launcher
 from .source import HEADER
 
@@ -148,15 +148,17 @@ def warm_ups(kernel: Kernel, fn: Callable, tensors: list, configs: list[dict]) -
     return warm_up
 
 
-def compile_configs(kernel: Kernel, fn: Callable, tensors: list, configs: list[dict]) -> None:
+def compile_configs(kernel: Kernel, fn: Callable, tensors: list, configs: list[dict],
+                    wait: Callable[[list], Any] = build) -> None:  # fmt: skip
     """Compile `fn` (the kernel's jitted function) for each config on these inputs, in parallel, so that
     launching any of them afterwards finds it built: first in worker processes into Triton's disk cache
-    (`compile_pool.prebuild`), then here in threads (each finding its binary in that cache). A config that fails
-    to compile is left for its launch to report."""
+    (`wait(jobs)`: `compile_pool.build`, or a `tuning.Lockstep`'s batch with other searches' jobs), then here in
+    threads (each finding its binary in that cache). A config that fails to compile is left for its launch to
+    report."""
     global _POOL
 
     warm_up = warm_ups(kernel, fn, tensors, configs)
-    prebuild(warm_up)
+    wait(compiles(warm_up))
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1)), thread_name_prefix="dlblas-compile")
     with triton.AsyncCompileMode(_POOL, ignore_errors=True):

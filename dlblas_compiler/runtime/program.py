@@ -31,7 +31,7 @@ from ..passes.algebraic import is_constant
 from .graphs import CudaGraph
 from .inplace import InPlaceIndexCopy, WriteInput, inplace_updates, input_writes, reaches_output, region_writes
 from .ops import OP_STEPS, op_step
-from .selection import compile_first_rounds, tune_region
+from .selection import Together
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
 from .weights import DerivedWeight, DerivedWeights, derived_weight
 
@@ -104,23 +104,31 @@ class Program:
         return env
 
     def run(self, inputs: list) -> tuple:
-        """Run every step directly (the first call with tuning on searches each kernel first), dropping each
-        intermediate value after the last step that reads it (its memory goes once no view of it is alive)."""
+        """Run every step directly, dropping each intermediate value after the last step that reads it (its memory
+        goes once no view of it is alive). The first call with tuning on runs the regions it must tune by their
+        references and then tunes them together (`selection.Together`)."""
         env = self._env(inputs)
         tuning = not self.tuned and self.tune_mode != "none"
         self.tuned = self.tuned or tuning
-        if tuning:
-            compile_first_rounds(self.steps, env, self.tune_mode)
+        together = Together(self.tune_mode, self._written(inputs)) if tuning else None
         for step, free in zip(self.steps, self.frees or [()] * len(self.steps)):
-            if tuning and isinstance(step, RegionStep) and step.kernel is not None and step.choice.impl == "kernel":
-                tune_region(step, step.inputs(env), self.tune_mode)
-            step(env)
+            if (together is not None and isinstance(step, RegionStep) and step.kernel is not None
+                    and step.choice.impl == "kernel" and together.defer(step, step.inputs(env))):  # fmt: skip
+                step.by_reference(env)  # (this call; its kernel is tuned with the others after it)
+            else:
+                step(env)
             for slot in free:
                 env[slot] = None
+        if together is not None:
+            together.tune()
         if not self.logged:
             self.logged = True
             _log_choices(self.choices)
         return tuple(env[s] for s in self.outputs)
+
+    def _written(self, inputs: list) -> set[int]:
+        """The storages of the inputs the program writes in place."""
+        return {inputs[i].untyped_storage().data_ptr() for i in self.static_inputs if isinstance(inputs[i], torch.Tensor)}
 
     def __call__(self, inputs: list) -> tuple:
         """Run, through a CUDA graph from the second consecutive call with the in-place written inputs (a KV

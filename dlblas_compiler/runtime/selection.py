@@ -2,7 +2,13 @@
 timed against the region's reference (cuBLAS for a lone GEMM, torch's SDPA for attention) on the same inputs
 and the faster kept, unless the region must keep its kernel (`prefer_kernels`). Both results live in the
 persistent tuning cache: the choice under the kernel's kind with ":impl" appended, keyed like its config.
-On the GPU each batch of candidate configs is compiled in parallel before it is timed."""
+On the GPU each batch of candidate configs is compiled in parallel before it is timed.
+
+A program's first call tunes its regions together (`Together`): it runs through with the references of the
+regions the cache cannot answer, keeping each one's inputs, then searches them all at once in step
+(`tuning.Lockstep`: their compiles batched in the workers, their timings one at a time), and a region whose search
+another one already makes (the same kernel in every layer) takes that one's choice. `DLBLAS_TUNE_TOGETHER=0`: one
+region after another, each tuned where the program reaches it (to measure what tuning together buys)."""
 
 from __future__ import annotations
 
@@ -11,20 +17,19 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
-from ..codegen.compile_pool import build, compiles
-from ..codegen.kernel import compile_configs, warm_ups
-from ..dialects.types import shape_of, torch_dtype
+from ..codegen.compile_pool import build
+from ..codegen.kernel import compile_configs
 from ..errors import DeviceFault, is_device_fault
-from ..tuning import CacheEntry, CacheKey, TuneJob, benchmark, default_cache, first_candidates, tune
-from .steps import RegionStep, first_line
+from ..tuning import CacheEntry, CacheKey, Lockstep, TuneJob, benchmark, default_cache, progress_bar, searches, tune
+from .steps import KernelChoice, RegionStep, first_line
 
 log = logging.getLogger("dlblas_compiler.tuning")
-# `compile_first_rounds` on (DLBLAS_COMPILE_AHEAD=0: off, to measure what it buys)
-COMPILE_AHEAD = os.environ.get("DLBLAS_COMPILE_AHEAD", "1") != "0"
+TOGETHER = os.environ.get("DLBLAS_TUNE_TOGETHER", "1") != "0"  # (0: one region after another, to measure)
 
 TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucketed to powers of two in cache keys
 # the kernel and the reference are timed in turn, SELECT_ROUNDS times each, in the order k r | r k | k r ..., and
@@ -34,12 +39,14 @@ TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucket
 SELECT_ROUNDS = 3
 
 
-def tune_region(step: RegionStep, tensors: list, mode: str, progress: bool = True) -> None:
+def tune_region(step: RegionStep, tensors: list, mode: str, progress: bool = True,
+                wait: Callable[[list], Any] = build) -> None:  # fmt: skip
     """Search the kernel's config, then keep the kernel only if it beats the region's reference. Any failure
     of the search falls back to the reference (strict: raises), except a fault of the GPU (`DeviceFault`; a
-    candidate's is a `CandidateFault`, its config recorded): nothing can run after it in this process."""
+    candidate's is a `CandidateFault`, its config recorded): nothing can run after it in this process.
+    `wait(jobs)` builds a batch's compile jobs in the workers (`Lockstep.wait`: with other searches' batches)."""
     try:
-        _search(step, tensors, mode, progress)
+        _search(step, tensors, mode, progress, wait)
         if not step.prefer_kernel:
             select(step, tensors)
     except DeviceFault:  # the device can run nothing more here, the reference included: say so and stop
@@ -51,7 +58,7 @@ def tune_region(step: RegionStep, tensors: list, mode: str, progress: bool = Tru
         step.fall_back(f"region {step.choice.region}: tuning failed ({type(e).__name__}: {first_line(e)})", e)
 
 
-def _search(step: RegionStep, tensors: list, mode: str, progress: bool) -> None:
+def _search(step: RegionStep, tensors: list, mode: str, progress: bool, wait: Callable[[list], Any]) -> None:
     k, c = step.kernel, step.choice
     ref_out: list = []
 
@@ -61,8 +68,8 @@ def _search(step: RegionStep, tensors: list, mode: str, progress: bool) -> None:
                 ref_out.extend(step.reference(tensors))
         return ref_out
 
-    on_gpu = not step.interpret and tensors[0].is_cuda
-    prepare = (lambda configs: compile_configs(k, step.compiled, tensors, configs)) if on_gpu else None
+    # (a compiled kernel's batches are compiled ahead of their timings; an interpreted one has nothing to compile)
+    prepare = None if step.interpret else (lambda configs: compile_configs(k, step.compiled, tensors, configs, wait))
     def make(cfg: dict):  # (each candidate writes its own copy of a tensor the kernel writes: see `private`)
         own = step.private(tensors, every=True)
         return lambda: step.launch(own, cfg)
@@ -79,55 +86,76 @@ def _job(step: RegionStep, dtypes: tuple, device: torch.device, make: Callable, 
                    token_dims=TOKEN_DIMS, prepare=prepare)  # fmt: skip
 
 
-def compile_first_rounds(steps: list, env: list, mode: str, device: torch.device | None = None) -> None:
-    """Before a program's first call tunes its regions one after another on the GPU: the configs each region's
-    search will compile first (`first_candidates`: its default, seeds and first proposals), for every region at
-    once, compiled in the worker processes as one batch (`compile_pool.build`). Each search's first round then
-    finds its binaries in Triton's cache instead of waiting for its slowest compile (~1.7 s a region on a 16-core
-    host: bench/NOTES.md item 90). A region's inputs not known yet (the values earlier regions compute) stand in
-    as zeros of their IR types: the compiles depend on shapes, dtypes and alignment alone. Best effort: a region
-    that cannot be planned so compiles in its own search as before."""
-    if device is None:  # (a program on the GPU: its inputs are there)
-        device = next((v.device for v in env if isinstance(v, torch.Tensor) and v.is_cuda), None)
-    if not COMPILE_AHEAD or device is None:
-        return
-    t0 = time.perf_counter()
-    jobs: list = []
-    regions = 0
-    for step in steps:
-        if not isinstance(step, RegionStep) or step.kernel is None or step.choice.impl != "kernel" or step.interpret:
-            continue
-        try:
-            pairs = list(zip([env[i] for i in step.ins], step.kernel.region.inputs, strict=True))
-            dtypes = tuple(v.dtype if v is not None else torch_dtype(ir.type.element_type) for v, ir in pairs)
-            configs = first_candidates(_job(step, dtypes, device, _no_build), mode)  # (none where the cache answers)
-            if configs:
-                tensors = [_stand_in(v, ir, device) for v, ir in pairs]
-                jobs += compiles(warm_ups(step.kernel, step.compiled, step.private(tensors, every=True), configs))
-                regions += 1
-        except Exception as e:  # noqa: BLE001 - an optimisation: the region's own search compiles what it needs
-            log.debug("region %s: its first candidates not compiled ahead (%s: %s)", step.choice.region,
-                      type(e).__name__, first_line(e))  # fmt: skip
-    if jobs:
-        try:
-            built = build(jobs)
-        except Exception as e:  # noqa: BLE001 - (as above)
-            log.debug("the first candidates were not compiled ahead (%s: %s)", type(e).__name__, first_line(e))
+class Together:
+    """The regions a program's first call tunes, searched together after the call (see the module's docstring).
+    `defer(step, tensors)` at each region to tune, in program order: False when it was tuned at once (the cache
+    answers its search, or tuning together is off), True when its search waits for `tune()`: the program then runs
+    the region's reference for this call. Inputs the program writes in place later (a KV cache, a counter: the
+    `written` storages) are kept as copies, so a search sees the values the region saw."""
+
+    def __init__(self, mode: str, written: set[int], progress: bool = True) -> None:
+        self.mode, self.written, self.progress = mode, written, progress
+        self.searches: dict[Any, tuple[RegionStep, list]] = {}  # search key -> the first region making it, inputs
+        self.followers: list[tuple[RegionStep, Any]] = []  # a region whose search another makes, that search's key
+
+    def defer(self, step: RegionStep, tensors: list) -> bool:
+        if not TOGETHER:
+            tune_region(step, tensors, self.mode, self.progress)
+            return False
+        job = _job(step, tuple(t.dtype for t in tensors), tensors[0].device, _no_build)
+        key = job.cache_key()
+        if key in self.searches:
+            self.followers.append((step, key))
+            return True
+        if not searches(job, self.mode):
+            tune_region(step, tensors, self.mode, self.progress)
+            return False
+        kept = [t.clone() if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self.written else t
+                for t in tensors]  # fmt: skip
+        self.searches[key] = (step, kept)
+        return True
+
+    def tune(self) -> None:
+        """Search every deferred region's kernel in step (`Lockstep`), then give each follower its leader's choice."""
+        if not self.searches:
             return
-        log.info("compiled the first candidates of %d regions ahead: %d of %d compiles in %.1f s", regions, built,
-                 len(jobs), time.perf_counter() - t0)  # fmt: skip
+        t0 = time.perf_counter()
+        lockstep = Lockstep(build)
+        regions = list(self.searches.values())
+        with progress_bar(f"{len(regions)} regions together", len(regions), self.progress) as bar:
+            done: list[RegionStep] = []
+            grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+            def task(step: RegionStep, tensors: list) -> Callable[[], None]:
+                device = tensors[0].device if tensors[0].is_cuda else None
+
+                def run() -> None:  # (on the caller's device and in its grad mode: both are per thread)
+                    with (torch.cuda.device(device) if device is not None else nullcontext(),
+                          torch.inference_mode(inference), torch.set_grad_enabled(grad)):  # fmt: skip
+                        tune_region(step, tensors, self.mode, progress=False, wait=lockstep.wait)
+                    done.append(step)
+                    if bar is not None:
+                        bar.update(len(done), None)
+
+                return run
+
+            lockstep.run([task(step, tensors) for step, tensors in regions])
+        for step, key in self.followers:
+            _follow(step.choice, self.searches[key][0].choice)
+        log.info("tuned %d regions together (%d more took their choices) in %.1f s; compile batches %s",
+                 len(regions), len(self.followers), time.perf_counter() - t0, lockstep.batches)  # fmt: skip
+        self.searches, self.followers = {}, []
 
 
-def _stand_in(value: Any, ir_value: Any, device: torch.device) -> Any:
-    """An input for a planning warm-up: the value when known (made contiguous, as `RegionStep.inputs` does), else
-    zeros of the IR value's shape and dtype."""
-    if value is not None:
-        return value if not isinstance(value, torch.Tensor) or value.is_contiguous() else value.contiguous()
-    return torch.zeros(shape_of(ir_value), dtype=torch_dtype(ir_value.type.element_type), device=device)
+def _follow(choice: KernelChoice, leader: KernelChoice) -> None:
+    """A region whose search another made takes its choice, as from the tuning cache."""
+    for name in ("impl", "config", "reason", "time", "default_time", "reference_time", "trials"):
+        setattr(choice, name, getattr(leader, name))
+    choice.from_cache = True
 
 
 def _no_build(config: dict) -> Callable:
-    raise RuntimeError("a planning job builds no candidate")
+    raise RuntimeError("a job made for its cache key builds no candidate")
 
 
 def select(step: RegionStep, tensors: list) -> None:

@@ -176,26 +176,31 @@ class RegionStep:
                 tensors[i] = tensors[i].clone()
         return tensors
 
+    def by_reference(self, env: list) -> None:
+        """Run the reference on the table (torch ops take any strides: no copies; SDPA's output, say, is transposed)."""
+        for s, val in zip(self.outs, self.run_reference([env[i] for i in self.ins])):
+            env[s] = val
+
     def __call__(self, env: list) -> None:
         impl = self.choice.impl
-        if impl == "reference":  # torch ops take any strides: no copies (SDPA's output, say, is transposed)
-            res = self.run_reference([env[i] for i in self.ins])
+        if impl == "reference":
+            self.by_reference(env)
+            return
+        tensors = self.inputs(env)
+        written = self.private(tensors, every=bool(self.checks))  # (checked: against the inputs as they were)
+        try:
+            res = as_tuple(self.call(*tensors)) if impl == "callable" else self.launch(written, self.choice.config)
+        except Exception as e:  # noqa: BLE001 - a failing kernel (or user callable) falls back
+            what = "the pattern's callable" if impl == "callable" else f"kernel launch with config {self.choice.config}"
+            if is_device_fault(e):  # its reference could not run either: say what faulted instead
+                raise DeviceFault(f"region {self.choice.region}: {what} faulted the GPU ({type(e).__name__}: "
+                                  f"{first_line(e)}); nothing more can run on it in this process: restart it "
+                                  "(and report the region and config)") from e  # fmt: skip
+            self.fall_back(f"region {self.choice.region}: {what} failed ({type(e).__name__}: {first_line(e)})", e)
+            res = self.run_reference(tensors)
         else:
-            tensors = self.inputs(env)
-            written = self.private(tensors, every=bool(self.checks))  # (checked: against the inputs as they were)
-            try:
-                res = as_tuple(self.call(*tensors)) if impl == "callable" else self.launch(written, self.choice.config)
-            except Exception as e:  # noqa: BLE001 - a failing kernel (or user callable) falls back
-                what = "the pattern's callable" if impl == "callable" else f"kernel launch with config {self.choice.config}"
-                if is_device_fault(e):  # its reference could not run either: say what faulted instead
-                    raise DeviceFault(f"region {self.choice.region}: {what} faulted the GPU ({type(e).__name__}: "
-                                      f"{first_line(e)}); nothing more can run on it in this process: restart it "
-                                      "(and report the region and config)") from e  # fmt: skip
-                self.fall_back(f"region {self.choice.region}: {what} failed ({type(e).__name__}: {first_line(e)})", e)
-                res = self.run_reference(tensors)
-            else:
-                if self.checks:
-                    self._check(tensors, res)
+            if self.checks:
+                self._check(tensors, res)
         for s, val in zip(self.outs, res):
             env[s] = val
 

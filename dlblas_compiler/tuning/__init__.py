@@ -12,9 +12,11 @@ from .tuner import (
     TuneOutcome,
     TuningError,
     default_cache,
-    first_candidates,
+    progress_bar,
+    searches,
     tune,
 )
+from .lockstep import Lockstep
 
 __all__ = [
     "Config",
@@ -46,5 +48,7 @@ __all__ = [
     "CandidateFault",
     "default_cache",
     "tune",
-    "first_candidates",
+    "searches",
+    "progress_bar",
+    "Lockstep",
 ]

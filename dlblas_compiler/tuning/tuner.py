@@ -170,7 +170,7 @@ def _format_seconds(s: float) -> str:
 
 
 @contextmanager
-def _progress(name: str, total: int, enabled: bool) -> Iterator[Progress | None]:
+def progress_bar(name: str, total: int, enabled: bool) -> Iterator[Progress | None]:
     """A rich progress bar (trials done / budget, best so far) on a terminal; nothing otherwise."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -265,30 +265,9 @@ def _plan(job: TuneJob, mode: str, policy: str | None, budget: int | None, patie
     return _Plan(space, POLICIES[policy], budget, patience, settings, cache, key, faults)
 
 
-class _Planned(SearchStop):
-    """Ends a dry run of a search at its first evaluation (`first_candidates`)."""
-
-
-def first_candidates(job: TuneJob, mode: str = "quick", seed: int = 0, cache: TuneCache | None = None) -> list[Config]:
-    """The configs `tune(job, mode)` will prepare (compile) first, found by running its search up to its first
-    evaluation (the policy's own code: the same proposals, seeded alike); none when nothing will be searched."""
-    plan = _plan(job, mode, None, None, None, cache, quiet=True)
-    if isinstance(plan, TuneOutcome):
-        return []
-    first: list[Config] = []
-
-    def objective(config: Config) -> float:
-        raise _Planned
-
-    def prepare(configs: list[Config]) -> None:
-        if not first:
-            first.extend(dict(c) for c in configs)
-
-    try:
-        plan.search(plan.space, objective, plan.budget, plan.patience, seed, None, prepare=prepare)
-    except _Planned:
-        pass
-    return first
+def searches(job: TuneJob, mode: str = "quick", cache: TuneCache | None = None) -> bool:
+    """Whether `tune(job, mode)` will search (tuning is on and the cache does not answer)."""
+    return isinstance(_plan(job, mode, None, None, None, cache, quiet=True), _Plan)
 
 
 def tune(
@@ -322,7 +301,7 @@ def tune(
     refs = job.reference() if callable(job.reference) else job.reference
     objective = make_objective(job.build, refs, job.arg_sets, device=job.device, warmup_ms=warmup_ms, rep_ms=rep_ms)
     objective = plan.faults.guard(objective, name, job.shape)
-    with _progress(name, space.count(budget), progress) as bar:
+    with progress_bar(name, space.count(budget), progress) as bar:
         result = plan.search(space, objective, budget, plan.patience, seed, bar, prepare=job.prepare)
     if result.best_config is None or result.best_time is None:
         errors = sorted({t.error for t in result.failures if t.error})

@@ -170,40 +170,75 @@ def test_worker_count_follows_the_cores_and_torchrun(monkeypatch):
     assert compile_pool._count() == 3
 
 
-def test_a_program_compiles_every_region_s_first_candidates_ahead(workers, tmp_path, monkeypatch):
-    """Before a program's first call tunes its regions one after another, the configs each region's search will
-    compile first (`tuning.first_candidates`) are compiled for all regions in one batch of the workers
-    (`runtime.selection.compile_first_rounds`), the inputs earlier regions compute standing in as zeros: each
-    region's own first batch then adds nothing to Triton's cache (sm90, as above)."""
-    from dlblas_compiler.runtime.selection import _job, _no_build, compile_first_rounds
-    from dlblas_compiler.tuning import first_candidates
+def _tune_with_fake_timings(monkeypatch, regions, together: bool) -> tuple[list, list]:
+    """Tune `regions` (compiled for sm90) with `Together` (or one after another) in a small quick mode, every
+    candidate "run" by the region's reference and "timed" by a hash of its config: the searches' outcomes do not
+    depend on timing noise. The chosen configs, and the compile batches of a lockstep (together)."""
+    import zlib
 
-    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path / "tuning"))  # (nothing tuned: every region searches)
-    regions = list(_regions("cpu"))
-    model = randomize_(LlamaBlock(CFG)).to(torch.bfloat16).eval()
-    inputs = llama_block_inputs(CFG, 1, 40, torch.bfloat16, "cpu")
-    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
-    with torch.no_grad():
-        cm(*inputs)
-    program = cm._spec().executor
-    env = program._env(list(inputs))
-    steps = [step for step in program.steps if isinstance(step, RegionStep) and step.kernel is not None]
+    from dlblas_compiler.runtime import selection
+    from dlblas_compiler.tuning import TUNE_MODES, TuneMode, policies, profiler
+
+    monkeypatch.setitem(TUNE_MODES, "small", TuneMode("bayes", fraction=0.0, cap=6, floor=6, patience=None))
+    monkeypatch.setattr(policies, "BATCH", 2)  # (three rounds of compiles a search)
+    monkeypatch.setattr(selection, "TOGETHER", together)
+    last: list = [None]
+
+    def fake_benchmark(fn, arg_sets=None, warmup_ms=0.0, rep_ms=0.0, device=None):
+        fn()
+        return 1e-6 * (1 + zlib.crc32(repr(sorted(last[0].items())).encode()) % 1000)
+
+    monkeypatch.setattr(profiler, "benchmark", fake_benchmark)
+    monkeypatch.setattr(selection, "benchmark", fake_benchmark)
+    batches: list = []
+    real = selection.Lockstep
+
+    class Recorded(real):
+        def __init__(self, build):
+            super().__init__(build)
+            batches.append(self.batches)
+
+    monkeypatch.setattr(selection, "Lockstep", Recorded)
+    plan = selection.Together("small", written=set(), progress=False)
+    for step, tensors in regions:
+        step.interpret, step.compiled = False, step.kernel.compiled(False)
+        step.choice.impl = "kernel"
+
+        def launch(tensors, config, step=step):
+            last[0] = config
+            return step.reference(tensors)
+
+        monkeypatch.setattr(step, "launch", launch)
+        assert plan.defer(step, tensors) == together
+    plan.tune()
+    return [dict(step.choice.config) for step, _ in regions], batches
+
+
+def test_a_program_s_regions_tune_together_and_choose_as_alone(workers, tmp_path, monkeypatch):
+    """`runtime.selection.Together` (a program's first call): the regions' searches run in step, every round's
+    compiles of all of them in one batch of the workers, and each search chooses what it chooses alone (the same
+    proposals: its policy sees only its own timings). A region whose search another makes takes that choice."""
+    from dlblas_compiler.runtime.steps import KernelChoice
+
+    regions = [(step, tensors) for step, tensors in _regions("cpu") if step.kernel.tuning_key[0] == "gemm"][:2]
+    assert len(regions) == 2
     before = driver._active
     driver.set_active(_Sm90())
     try:
-        for step in steps:
-            step.interpret, step.compiled = False, step.kernel.compiled(False)
+        monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path / "together"))
         stats = dataclasses.replace(compile_pool.STATS)
-        compile_first_rounds(program.steps, env, "quick", device=torch.device("cpu"))
-        assert compile_pool.STATS.batches == stats.batches + 1  # (one batch for every region)
-        built = compile_pool.STATS.compiles - stats.compiles
-        assert built >= 2 * len(steps) and compile_pool.STATS.failed == stats.failed
-        cached = set(os.listdir(workers))
-        for step, tensors in regions:
-            fn = step.kernel.compiled(False)
-            configs = first_candidates(_job(step, tuple(t.dtype for t in tensors), tensors[0].device, _no_build), "quick")
-            assert configs, step.kernel.name
-            compile_configs(step.kernel, fn, tensors, configs)
-            assert set(os.listdir(workers)) == cached, f"{step.kernel.name}: its first batch was not compiled ahead"
+        chosen, batches = _tune_with_fake_timings(monkeypatch, regions, together=True)
+        assert len(batches) == 1 and len(batches[0]) >= 3 and batches[0][0] >= 4  # (both searches' first rounds)
+        assert compile_pool.STATS.failed == stats.failed
+        assert compile_pool.STATS.batches - stats.batches == sum(1 for n in batches[0] if n)
+        monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path / "alone"))
+        alone, _ = _tune_with_fake_timings(monkeypatch, regions, together=False)
+        assert chosen == alone
+        # a follower: another region with the same kernel, deferred after its leader
+        monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path / "followers"))
+        step, tensors = regions[0]
+        twin = dataclasses.replace(step, choice=KernelChoice("twin", step.choice.pattern, impl="kernel"))
+        chosen, _ = _tune_with_fake_timings(monkeypatch, [regions[0], (twin, tensors)], together=True)
+        assert chosen[1] == chosen[0] and twin.choice.from_cache and twin.choice.impl == step.choice.impl
     finally:
         driver.set_active(before)

@@ -50,3 +50,70 @@ def test_a_drifting_clock_does_not_decide(monkeypatch, tmp_path, rounds, kept):
     step2 = FakeStep()
     selection.select(step2, [torch.zeros(1)])  # the choice is remembered: nothing timed again
     assert step2.calls == [] and step2.choice.impl == kept
+
+
+class TwoBlocks(torch.nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        from dlblas_compiler.models import LlamaBlock
+
+        self.blocks = torch.nn.ModuleList([LlamaBlock(cfg), LlamaBlock(cfg)])
+
+    def forward(self, x, cos, sin):
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return x
+
+
+def test_a_first_call_runs_references_then_tunes_its_regions_together(monkeypatch, tmp_path):
+    """A program's first call with tuning on (`Program.run` with `selection.Together`): the regions the cache
+    cannot answer run their references for that call; then each distinct search runs once (the second layer's
+    regions take the first layer's choices) and the next call runs the chosen kernels (on the interpreter here,
+    each candidate checked against the reference; timings faked by a hash of the config)."""
+    import zlib
+
+    import dlblas_compiler as dc
+    from dlblas_compiler.models import BlockConfig, llama_block_inputs, randomize_
+    from dlblas_compiler.runtime.steps import RegionStep
+    from dlblas_compiler.tuning import TUNE_MODES, TuneMode, profiler
+
+    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(TUNE_MODES, "small", TuneMode("bayes", fraction=0.0, cap=3, floor=3, patience=None))
+    launched: list = []
+
+    def fake_benchmark(fn, arg_sets=None, warmup_ms=0.0, rep_ms=0.0, device=None):
+        n = len(launched)
+        fn()
+        config = launched[-1] if len(launched) > n else {}
+        return 1e-6 * (1 + zlib.crc32(repr(sorted(config.items())).encode()) % 1000)
+
+    monkeypatch.setattr(profiler, "benchmark", fake_benchmark)
+    monkeypatch.setattr(selection, "benchmark", fake_benchmark)
+    cfg = BlockConfig(hidden=64, intermediate=128, heads=2, kv_heads=1, head_dim=32)
+    model = randomize_(TwoBlocks(cfg)).eval()
+    inputs = llama_block_inputs(cfg, 1, 16)
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        expected = model(*inputs)
+        cm(*inputs)
+        program = cm._spec().executor
+        regions = [s for s in program.steps if isinstance(s, RegionStep) and s.kernel is not None]
+        assert len(regions) >= 6 and all(s.choice.impl == "kernel" for s in regions)
+        program.tune_mode, program.tuned = "small", False
+        for step in regions:
+            real = step.launch
+            monkeypatch.setattr(step, "launch", lambda t, c, real=real: (launched.append(c), real(t, c))[1])
+        first = program.run(list(inputs))[0]
+        by_kernel: dict = {}
+        for step in regions:
+            by_kernel.setdefault((step.kernel.tuning_key, str(step.kernel.shape_key)), []).append(step.choice)
+        assert all(len(choices) == 2 for choices in by_kernel.values())  # (each layer's region of one kernel and shape)
+        for leader, follower in by_kernel.values():
+            assert leader.trials == 3 and not leader.from_cache and leader.config is not None
+            assert follower.from_cache and (follower.impl, follower.config) == (leader.impl, leader.config)
+        launched.clear()
+        second = program.run(list(inputs))[0]
+    kernels = sum(1 for s in regions if s.choice.impl == "kernel")
+    assert len(launched) == kernels  # (the chosen kernels, once each)
+    for out in (first, second):
+        assert torch.allclose(out, expected, rtol=1e-3, atol=1e-3)

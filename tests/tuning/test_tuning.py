@@ -20,7 +20,7 @@ from dlblas_compiler.tuning import (
     TuningError,
     bayes,
     benchmark,
-    first_candidates,
+    searches,
     grid,
     make_objective,
     pow2,
@@ -492,14 +492,16 @@ def test_compare_flags_concentrated_errors_but_not_low_precision_rounding():
     assert msg is not None and "elements off" in msg
 
 
-def test_tuning_runs_kernels_on_the_inputs_they_run_on(monkeypatch):
+def test_tuning_runs_kernels_on_the_inputs_they_run_on(monkeypatch, tmp_path):
     """Regression: a region input that arrives as a non-contiguous view (here from an op run by torch) must be
     tuned on the same contiguous copy the kernel is launched with, not on the strided view (which made every
     attention config of the 2-layer HF Llama fail its reference check on the GPU)."""
     import torch.nn as nn
 
     import dlblas_compiler as dc
-    from dlblas_compiler.runtime import program
+    from dlblas_compiler.runtime import selection
+
+    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path))
 
     class Model(nn.Module):
         def __init__(self):
@@ -516,7 +518,7 @@ def test_tuning_runs_kernels_on_the_inputs_they_run_on(monkeypatch):
         cm(x)
         prog = cm._spec().executor
         seen = []
-        monkeypatch.setattr(program, "tune_region", lambda step, tensors, mode: seen.extend(tensors))
+        monkeypatch.setattr(selection, "tune_region", lambda step, tensors, mode, *a, **k: seen.extend(tensors))
         prog.tuned, prog.tune_mode = False, "quick"
         out = prog.run([x])[0]
     assert seen and all(t.is_contiguous() for t in seen if isinstance(t, torch.Tensor))
@@ -583,16 +585,11 @@ def test_fingerprint_follows_the_constraints_code():
     assert len(runs) == 1
 
 
-@pytest.mark.parametrize("mode", ["quick", "full"])
-def test_first_candidates_are_the_configs_tune_prepares_first(tmp_path, mode):
-    """What a program compiles ahead for every region at once (`runtime.selection.compile_first_rounds`): the
-    batch `tune` hands `prepare` first, found by a dry run of the same search; nothing once the cache answers."""
+def test_searches_says_whether_tune_will_search(tmp_path):
+    """What a program's first call asks before it defers a region's search (`runtime.selection.Together`)."""
     x = torch.randn(32, 32)
-    cache, batches = TuneCache(tmp_path / "tune.sqlite"), []
-    job = TuneJob("mm", "h", matmul_space(), _builder(x, []), {"M": 64}, (torch.float32,), "cpu", torch.relu(x),
-                  prepare=lambda configs: batches.append([dict(c) for c in configs]))  # fmt: skip
-    planned = first_candidates(job, mode, cache=cache)
-    assert len(planned) > 1 and not batches
-    tune(job, mode, cache=cache, progress=False, warmup_ms=1, rep_ms=1)
-    assert planned == batches[0]
-    assert first_candidates(job, mode, cache=cache) == []
+    cache = TuneCache(tmp_path / "tune.sqlite")
+    job = TuneJob("mm", "h", matmul_space(), _builder(x, []), {"M": 64}, (torch.float32,), "cpu", torch.relu(x))
+    assert searches(job, "quick", cache=cache) and not searches(job, "none", cache=cache)
+    tune(job, "quick", cache=cache, progress=False, warmup_ms=1, rep_ms=1)
+    assert not searches(job, "quick", cache=cache)
