@@ -6,7 +6,8 @@ A fresh Triton cache and tuning cache (temporary folders), one decoder layer com
 once per token count. Every Triton compile in this process is timed with the thread it ran on: the tuner builds
 each batch of candidates before timing them (`compile_configs`: in the compile workers, whose binaries a pool of
 threads then loads; with DLBLAS_COMPILE_WORKERS=0, compiled in those threads), so compiles on the calling thread
-are ones that batch did not cover. Writes OUT/cold_tuning-BLOCK.json: per token count the call's wall time, the tuner's
+are ones that batch did not cover. Writes OUT/cold_tuning-BLOCK.json: per token count the call's wall time, the tuned layer's GPU time (its calls
+replayed from a CUDA graph: what the choices are worth), the tuner's
 trials, and compile counts and seconds by thread (calling thread: which kernels, how long); and where the calling
 thread's time went (`timeline`): choosing configs (the search's own work), submitting a batch's compiles, a
 candidate's first run (waiting for its compile, the check against the reference), timing candidates, and timing the
@@ -102,6 +103,7 @@ def main() -> None:
             cm(*a, **kw)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+        layer_us = _replayed_us(cm, a, kw)
         mine = records[start:]
         main = [r for r in mine if r[0] == "MainThread"]
         pool = [r for r in mine if r[0] != "MainThread"]
@@ -110,7 +112,7 @@ def main() -> None:
             per_kernel[name][0] += 1
             per_kernel[name][1] += c1 - c0
         steps = [s for s in cm._spec().executor.steps if isinstance(s, RegionStep) and s.kernel is not None]
-        row = {"block": args.block, "M": m, "wall_s": round(wall, 2),
+        row = {"block": args.block, "M": m, "wall_s": round(wall, 2), "layer_us_replayed": round(layer_us, 1),
                "chosen": {s.choice.region: [s.choice.impl, round((s.choice.time or 0) * 1e6, 1)] for s in steps},
                "trials": sum(s.choice.trials or 0 for s in steps), "regions_tuned": sum(1 for s in steps if s.choice.trials),
                "main_thread_compiles": len(main), "main_thread_compile_s": round(sum(r[3] - r[2] for r in main), 2),
@@ -126,6 +128,25 @@ def main() -> None:
     with open(os.path.join(args.out, f"cold_tuning-{args.block}.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "triton": triton.__version__, "rows": rows}, f, indent=1)  # fmt: skip
+
+
+def _replayed_us(cm, args, kwargs) -> float:
+    """The tuned layer's GPU time (its calls captured in a CUDA graph and replayed, L2 cleared, median µs): what
+    the chosen kernels are worth, measured alike for every way of tuning."""
+    import torch
+    from triton.testing import do_bench
+
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                cm(*args, **kwargs)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            cm(*args, **kwargs)
+        return do_bench(g.replay, warmup=25, rep=200, return_mode="median") * 1e3
 
 
 def _timeline(spans: list, compiles: list) -> dict:
