@@ -78,6 +78,7 @@ class Kernel:
     bytes: float = 0.0
     space: SearchSpace | None = None  # its configs: the template's `space(plan)`, set when the region is lowered
     _fns: dict = field(default_factory=dict, repr=False)  # interpret -> the jitted function (`compiled`)
+    _tuning_key: tuple[str, str] | None = field(default=None, init=False, repr=False)  # (not copied by `replace`)
 
     @property
     def region_ir(self) -> str:
@@ -91,8 +92,10 @@ class Kernel:
     def tuning_key(self) -> tuple[str, str]:
         """(kind, hash of the source with the kernel's own name blanked): what the tuning cache files this
         kernel under, so the same kernel of every layer (gemm_2, gemm_6, ...) is tuned once."""
-        kind = re.sub(r"_\d+$", "", self.name)
-        return kind, source_hash(re.sub(rf"\b{re.escape(self.name)}\b", kind, self.source))
+        if self._tuning_key is None:  # (asked at every tuning lookup: the name and source do not change)
+            kind = re.sub(r"_\d+$", "", self.name)
+            self._tuning_key = kind, source_hash(re.sub(rf"\b{re.escape(self.name)}\b", kind, self.source))
+        return self._tuning_key
 
     def file_text(self) -> str:
         """The kernel as a readable Python file, with the region's IR as a comment."""

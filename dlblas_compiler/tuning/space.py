@@ -65,6 +65,7 @@ class SearchSpace:
             raise ValueError(f"default {self._default} must set exactly the parameters {list(self.params)}")
         self._seeds = [dict(c) for c in seeds]
         self._valid: list[tuple[Any, ...]] | None = None
+        self._fingerprint: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -184,9 +185,11 @@ class SearchSpace:
         """A short hash of the parameters, their choices, and the constraints' names and code (part of the cache
         key: a constraint rewritten under its old name is a new space, and configs tuned in the old one are not
         taken from the cache for it)."""
-        rules = sorted((name, _code_key(rule)) for name, rule in self.constraints.items())
-        text = repr((sorted(self.params.items()), rules))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        if self._fingerprint is None:  # (asked at every tuning lookup; the space does not change)
+            rules = sorted((name, _code_key(rule)) for name, rule in self.constraints.items())
+            text = repr((sorted(self.params.items()), rules))
+            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._fingerprint
 
     def __repr__(self) -> str:
         params = ", ".join(f"{n}={list(c)}" for n, c in self.params.items())
