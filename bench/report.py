@@ -849,21 +849,51 @@ def cold_tuning_workers_section(runs: list[tuple[str, str]]) -> str:
                                      "timing candidates, s", "chosen kernels' times, summed µs"], row)  # fmt: skip
 
 
-def cold_generate_ab_section(runs: list[tuple[str, str]]) -> str:
+def cold_tuning_together_section(runs: list[tuple[str, str]]) -> str:
+    """bench/cold_tuning.py, regions tuned together (`runtime.selection.Together`) or one after another, or with
+    the first candidates compiled ahead (the tree before): per (file, label) a layer's cold quick tuning per token
+    count, the tuned layer's GPU time replayed from a CUDA graph where measured (what the choices are worth), the
+    trials, the compile workers' batches and the seconds spent in them."""
+
+    def row(r: dict) -> list[str]:
+        w = r["compile_workers"]
+        replayed = r.get("layer_us_replayed")
+        return [r.get("variant", "").removeprefix("ct-") or "–", f"{r['wall_s']:.1f}",
+                f"{replayed:.1f}" if replayed else "–", str(r["trials"]), str(int(w["batches"])),
+                str(int(w["compiles"])), f"{w['wall_s']:.1f}",
+                f"{sum(us for _, us in r['chosen'].values()):.0f}"]  # fmt: skip
+
+    return _cold_tuning_table(runs, ["process", "call s (cold)", "layer µs (replayed)", "trials", "compile batches",
+                                     "compiles", "in the batches, s", "chosen kernels' times, summed µs"], row)  # fmt: skip
+
+
+def cold_generate_ab_section(runs: list[tuple[str, str]], decode: bool = False) -> str:
     """bench/generate.py --modes ours with fresh caches, per (file, label): the first generate() call, its phases,
-    and the regions tuned and trials run in it (both graphs: prefill and decode). (No decode column: these runs
-    generate 8 tokens, too few for a decode rate.)"""
+    and the regions tuned and trials run in it (both graphs: prefill and decode). `decode`: also the mode, dynamo's
+    tracing with keep_traces' saving, the decode rate and the decode graph's replay (runs of 256 new tokens; runs of
+    8 tokens are too short for a decode rate)."""
     keys = ["compile", "tuning (inside direct runs)", "dynamo tracing"]
-    out = ["| run | first generate() s | " + " | ".join(f"{k} s" for k in keys) + " | regions tuned | trials | "
-           "prefill ms |", "|" + "---|" * (len(keys) + 5)]  # fmt: skip
+    head = ["run", "mode"] if decode else ["run"]
+    tail = ["regions tuned", "trials", "prefill ms"] + (["decode ms/token", "decode graph replay µs"] if decode else [])
+    names = [*keys[:2], "dynamo tracing (keep_traces: with the saving; warm: the loading)" if decode else keys[2]]
+    out = ["| " + " | ".join([*head, "first generate() s", *(f"{k} s" for k in names), *tail]) + " |",
+           "|" + "---|" * (len(head) + len(keys) + len(tail) + 1)]  # fmt: skip
     env = {}
     for name, label in runs:
         doc = _load(name)
         env = {"gpu": doc.get("gpu"), "versions": doc.get("versions"), "ceilings": doc.get("ceilings")}
         for r in doc["rows"]:
             ph, gs = r["first_call_phases_s"], r["graphs"]
-            out.append(f"| {label} | {r['first_call_s']:.1f} | " + " | ".join(_num(ph.get(k), ".1f") for k in keys)
-                       + f" | {sum(g['tuned'] for g in gs)} | {sum(g['trials'] for g in gs)} | {r['prefill_ms']:.1f} |")
+            if decode:  # (with keep_traces dynamo's tracing is timed with the saving, or replaced by the loading)
+                ph = {**ph, "dynamo tracing": ph.get("dynamo tracing") or ph.get("dynamo tracing and saving (keep_traces)")
+                      or ph.get("loading saved traces (keep_traces)")}  # fmt: skip
+            cells = [label, r["mode"]] if decode else [label]
+            cells += [f"{r['first_call_s']:.1f}", *(_num(ph.get(k), ".1f") for k in keys),
+                      str(sum(g["tuned"] for g in gs)), str(sum(g["trials"] for g in gs)), f"{r['prefill_ms']:.1f}"]
+            if decode:
+                replay = re.search(r"replay (\d+) µs", gs[-1].get("graph_note", "")) if gs else None
+                cells += [f"{r['decode_ms_per_token']:.2f}", replay.group(1) if replay else "–"]
+            out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
 
 
@@ -1361,6 +1391,20 @@ SECTIONS = {
         (f"2026-11-28-h200-s24-cold-tuning-{x}-{tree}-layer_{b}.json", f"{x}: {label}")
         for b in ("llama3_8b", "qwen25_7b") for tree, label in (("new", "side by side"), ("old", "75efddd"))])
        for x in "bc"},
+    "cold-tuning-s28": functools.partial(cold_tuning_together_section, [
+        ("2026-11-28-h200-s28-cold-tuning-a-ahead-layer_llama3_8b.json", "a: first candidates ahead (before)"),
+        ("2026-11-28-h200-s28-cold-tuning-a-together-layer_llama3_8b.json", "a: together"),
+        ("2026-11-28-h200-s28-cold-tuning-a-one-by-one-layer_llama3_8b.json", "a: one by one"),
+        ("2026-11-28-h200-s28-cold-tuning-b-together-layer_llama3_8b.json", "b: together"),
+        ("2026-11-28-h200-s28-cold-tuning-b-one-by-one-layer_llama3_8b.json", "b: one by one"),
+        ("2026-11-28-h200-s28-cold-tuning-b-one-by-one-layer_qwen25_7b.json", "b: one by one"),
+        ("2026-11-28-h200-s28-cold-tuning-b-together-layer_qwen25_7b.json", "b: together"),
+        ("2026-11-28-h200-s28-cold-tuning-c-together-layer_qwen25_7b-m1.json", "c: together"),
+        ("2026-11-28-h200-s28-cold-tuning-c-one-by-one-layer_qwen25_7b-m1.json", "c: one by one")]),
+    "generate-cold-s28": functools.partial(cold_generate_ab_section, [
+        ("2026-11-28-h200-s28-generate-cold-ahead.json", "a: first candidates ahead (before)"),
+        ("2026-11-28-h200-s28-generate-cold-together.json", "a: together"),
+        ("2026-11-28-h200-s28-generate-kept.json", "d: together, keep_traces")], decode=True),
     "cold-tuning-s27": functools.partial(cold_tuning_workers_section, [
         ("2026-11-28-h200-s27-cold-tuning-off-layer_llama3_8b.json", "without compiling ahead"),
         ("2026-11-28-h200-s27-cold-tuning-on-layer_llama3_8b.json", "first rounds compiled ahead"),
