@@ -111,16 +111,21 @@ class Program:
         tuning = not self.tuned and self.tune_mode != "none"
         self.tuned = self.tuned or tuning
         together = Together(self.tune_mode, self._written(inputs)) if tuning else None
-        for step, free in zip(self.steps, self.frees or [()] * len(self.steps)):
-            if (together is not None and isinstance(step, RegionStep) and step.kernel is not None
-                    and step.choice.impl == "kernel" and together.defer(step, step.inputs(env))):  # fmt: skip
-                step.by_reference(env)  # (this call; its kernel is tuned with the others after it)
-            else:
-                step(env)
-            for slot in free:
-                env[slot] = None
-        if together is not None:
-            together.tune()
+        try:
+            for step, free in zip(self.steps, self.frees or [()] * len(self.steps)):
+                if (together is not None and isinstance(step, RegionStep) and step.kernel is not None
+                        and step.choice.impl == "kernel" and together.defer(step, step.inputs(env))):  # fmt: skip
+                    step.by_reference(env)  # (this call; its kernel is tuned with the others after it)
+                else:
+                    step(env)
+                for slot in free:
+                    env[slot] = None
+            if together is not None:
+                together.tune()
+        except BaseException:
+            if tuning:  # (interrupted, say: regions left without a config; the next call tunes what is not cached)
+                self.tuned = False
+            raise
         if not self.logged:
             self.logged = True
             _log_choices(self.choices)

@@ -7,7 +7,8 @@ timings never run beside another's (timings of short kernels disturbed by the ho
 A search hands its turn over only while it waits for compiles (`wait(jobs)`); once every search still running
 waits, all their jobs are built as one batch (`build`, the compile workers), nothing being timed meanwhile, and
 then the searches go on, one at a time. Each search makes the same proposals it would make alone (its policy sees
-only its own results), so tuning this way changes when things compile, not what is chosen.
+only its own results), so tuning this way changes when things compile, not what is chosen. When the calling
+thread is interrupted (Ctrl-C) the tasks are cancelled: each stops at its next wait or turn (`Cancelled`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from typing import Any
+
+
+class Cancelled(BaseException):
+    """Raised inside a task at its next wait or turn once its lockstep was cancelled (not an `Exception`: the
+    searches' handlers of failing candidates and preparations must let it through)."""
 
 
 class Lockstep:
@@ -27,6 +33,7 @@ class Lockstep:
         self._running = 0
         self._waiting: list[list] = []  # the jobs of each task waiting for the next batch
         self._batch = 0  # batches built so far
+        self._cancelled = False
         self.batches: list[int] = []  # jobs per batch built (for reports and tests)
 
     def run(self, tasks: list[Callable[[], None]]) -> None:
@@ -37,7 +44,11 @@ class Lockstep:
         def body(task: Callable[[], None]) -> None:
             self._turn.acquire()
             try:
+                if self._cancelled:
+                    raise Cancelled
                 task()
+            except Cancelled:
+                pass
             except BaseException as e:  # noqa: BLE001 - raised in the calling thread below
                 errors.append(e)
             finally:
@@ -51,8 +62,14 @@ class Lockstep:
                    for i, t in enumerate(tasks)]  # fmt: skip
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException:  # (KeyboardInterrupt): each task stops at its next wait; none starts its search
+            self._cancelled = True
+            with self._state:
+                self._state.notify_all()
+            raise
         if errors:
             raise errors[0]
 
@@ -63,9 +80,11 @@ class Lockstep:
             batch = self._batch
             self._turn.release()
             self._build_if_all_wait()
-            while self._batch == batch:
+            while self._batch == batch and not self._cancelled:
                 self._state.wait()
-        self._turn.acquire()
+        self._turn.acquire()  # (also when cancelled: the task's end releases it)
+        if self._cancelled:
+            raise Cancelled
 
     def _build_if_all_wait(self) -> None:
         """(Holding `_state`.) Build the waiting tasks' jobs once no task is running; none can start meanwhile."""

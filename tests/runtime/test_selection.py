@@ -117,3 +117,28 @@ def test_a_first_call_runs_references_then_tunes_its_regions_together(monkeypatc
     assert len(launched) == kernels  # (the chosen kernels, once each)
     for out in (first, second):
         assert torch.allclose(out, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_an_interrupted_first_call_leaves_the_program_to_tune_again(monkeypatch, tmp_path):
+    """Ctrl-C while a first call tunes: the regions not tuned yet have no config, so the program's next call
+    tunes again (what the cache holds is answered at once) instead of launching kernels without configs."""
+    import dlblas_compiler as dc
+    from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
+
+    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path))
+    cfg = BlockConfig(hidden=64, intermediate=128, heads=2, kv_heads=1, head_dim=32)
+    model = randomize_(LlamaBlock(cfg)).eval()
+    inputs = llama_block_inputs(cfg, 1, 16)
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        cm(*inputs)
+        program = cm._spec().executor
+        program.tune_mode, program.tuned = "quick", False
+
+        def interrupted(self):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(selection.Together, "tune", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            program.run(list(inputs))
+    assert not program.tuned

@@ -89,3 +89,37 @@ def test_nothing_is_built_while_a_task_runs():
 
     lockstep.run([slow, lambda: lockstep.wait(["q"])])
     assert overlaps == [False, False]
+
+
+def test_an_interrupted_caller_cancels_the_tasks():
+    """Ctrl-C in the calling thread while the tasks wait for a batch: `run` raises it at once, and each task stops
+    at its next wait instead of going on with its search in the background."""
+    import signal
+
+    went_on = []
+
+    def build(jobs):
+        time.sleep(0.4)
+
+    lockstep = Lockstep(build)
+
+    def task() -> None:
+        lockstep.wait(["a"])
+        went_on.append(True)  # (never: the wait raises Cancelled)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            lockstep.run([task, task])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    deadline = time.time() + 5
+    while any(t.name.startswith("dlblas-tune-") for t in threading.enumerate()) and time.time() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name.startswith("dlblas-tune-") for t in threading.enumerate())
+    assert went_on == []
