@@ -30,6 +30,10 @@ from .steps import KernelChoice, RegionStep, first_line
 
 log = logging.getLogger("dlblas_compiler.tuning")
 TOGETHER = os.environ.get("DLBLAS_TUNE_TOGETHER", "1") != "0"  # (0: one region after another, to measure)
+# a kernel estimated (`_estimate`) at less than this share of the kernel time of the first call it is tuned in keeps
+# its default config, still timed against its reference: a norm run once a forward beside 32 layers' GEMMs is ~1 s
+# of search for nothing measurable (bench/NOTES.md item 97)
+SMALL_SHARE = 0.01
 
 TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucketed to powers of two in cache keys
 # the kernel and the reference are timed in turn, SELECT_ROUNDS times each, in the order k r | r k | k r ..., and
@@ -97,6 +101,8 @@ class Together:
         self.mode, self.written, self.progress = mode, written, progress
         self.searches: dict[Any, tuple[RegionStep, list]] = {}  # search key -> the first region making it, inputs
         self.followers: list[tuple[RegionStep, Any]] = []  # a region whose search another makes, that search's key
+        self.weights: dict[Any, float] = {}  # search key -> the estimated seconds of every region it serves
+        self.total = 0.0  # the estimated seconds of every region to tune (searched here or answered by the cache)
 
     def defer(self, step: RegionStep, tensors: list) -> bool:
         if not TOGETHER:
@@ -104,8 +110,11 @@ class Together:
             return False
         job = _job(step, tuple(t.dtype for t in tensors), tensors[0].device, _no_build)
         key = job.cache_key()
+        cost = _estimate(step)
+        self.total += cost
         if key in self.searches:
             self.followers.append((step, key))
+            self.weights[key] += cost
             return True
         if not searches(job, self.mode):
             tune_region(step, tensors, self.mode, self.progress)
@@ -113,6 +122,7 @@ class Together:
         kept = [t.clone() if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self.written else t
                 for t in tensors]  # fmt: skip
         self.searches[key] = (step, kept)
+        self.weights[key] = cost
         return True
 
     def tune(self) -> None:
@@ -126,25 +136,40 @@ class Together:
             done: list[RegionStep] = []
             grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
-            def task(step: RegionStep, tensors: list) -> Callable[[], None]:
+            def task(key: Any, step: RegionStep, tensors: list) -> Callable[[], None]:
                 device = tensors[0].device if tensors[0].is_cuda else None
+                share = self.weights[key] / self.total if self.total > 0 else 1.0
 
                 def run() -> None:  # (on the caller's device and in its grad mode: both are per thread)
                     with (torch.cuda.device(device) if device is not None else nullcontext(),
                           torch.inference_mode(inference), torch.set_grad_enabled(grad)):  # fmt: skip
-                        tune_region(step, tensors, self.mode, progress=False, wait=lockstep.wait)
+                        if share >= SMALL_SHARE:
+                            tune_region(step, tensors, self.mode, progress=False, wait=lockstep.wait)
+                        else:  # its default config only (compiled in the first batch), against its reference
+                            if not step.interpret:
+                                compile_configs(step.kernel, step.compiled, tensors, [step.kernel.space.default()],
+                                                lockstep.wait)  # fmt: skip
+                            tune_region(step, tensors, "none", progress=False)
+                            step.choice.reason = step.choice.reason or (
+                                f"default config: {share:.2%} of the call's estimated kernel time, not searched")
                     done.append(step)
                     if bar is not None:
                         bar.update(len(done), None)
 
                 return run
 
-            lockstep.run([task(step, tensors) for step, tensors in regions])
+            lockstep.run([task(key, step, tensors) for key, (step, tensors) in self.searches.items()])
         for step, key in self.followers:
             _follow(step.choice, self.searches[key][0].choice)
         log.info("tuned %d regions together (%d more took their choices) in %.1f s; compile batches %s",
                  len(regions), len(self.followers), time.perf_counter() - t0, lockstep.batches)  # fmt: skip
-        self.searches, self.followers = {}, []
+        self.searches, self.followers, self.weights, self.total = {}, [], {}, 0.0
+
+
+def _estimate(step: RegionStep) -> float:
+    """A region's kernel time in seconds by its bytes and flops on an H100-class card, plus a launch: what its
+    share of a call's kernel time is reckoned from (only ratios are used)."""
+    return step.kernel.bytes / 3e12 + step.kernel.flops / 6e14 + 4e-6
 
 
 def _follow(choice: KernelChoice, leader: KernelChoice) -> None:
