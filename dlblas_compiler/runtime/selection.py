@@ -32,8 +32,9 @@ log = logging.getLogger("dlblas_compiler.tuning")
 TOGETHER = os.environ.get("DLBLAS_TUNE_TOGETHER", "1") != "0"  # (0: one region after another, to measure)
 # a kernel estimated (`_estimate`) at less than this share of the kernel time of the first call it is tuned in keeps
 # its default config, still timed against its reference: a norm run once a forward beside 32 layers' GEMMs is ~1 s
-# of search for nothing measurable (bench/NOTES.md item 97)
-SMALL_SHARE = 0.01
+# of search for nothing measurable (bench/NOTES.md item 97). Low enough that a decode attention (~1% of a 70B
+# model's estimate, more of its time: it is latency-bound) is still searched.
+SMALL_SHARE = 0.005
 
 TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucketed to powers of two in cache keys
 # the kernel and the reference are timed in turn, SELECT_ROUNDS times each, in the order k r | r k | k r ..., and

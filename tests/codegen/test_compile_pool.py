@@ -240,5 +240,13 @@ def test_a_program_s_regions_tune_together_and_choose_as_alone(workers, tmp_path
         twin = dataclasses.replace(step, choice=KernelChoice("twin", step.choice.pattern, impl="kernel"))
         chosen, _ = _tune_with_fake_timings(monkeypatch, [regions[0], (twin, tensors)], together=True)
         assert chosen[1] == chosen[0] and twin.choice.from_cache and twin.choice.impl == step.choice.impl
+        # kernels below `SMALL_SHARE` of the call (here all): each default config compiled in one batch, not searched
+        from dlblas_compiler.runtime import selection
+
+        monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path / "small"))
+        monkeypatch.setattr(selection, "SMALL_SHARE", 2.0)
+        chosen, batches = _tune_with_fake_timings(monkeypatch, regions, together=True)
+        assert chosen == [step.kernel.space.default() for step, _ in regions] and len(batches[0]) == 1
+        assert all(step.choice.trials == 0 for step, _ in regions)
     finally:
         driver.set_active(before)
