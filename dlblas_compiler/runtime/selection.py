@@ -147,9 +147,9 @@ class Together:
                         if share >= SMALL_SHARE:
                             tune_region(step, tensors, self.mode, progress=False, wait=lockstep.wait)
                         else:  # its default config only (compiled in the first batch), against its reference
-                            if not step.interpret:
-                                compile_configs(step.kernel, step.compiled, tensors, [step.kernel.space.default()],
-                                                lockstep.wait)  # fmt: skip
+                            default = step.kernel.space.default()
+                            if not step.interpret and default_cache().get(_select_key(step, tensors, default)) is None:
+                                compile_configs(step.kernel, step.compiled, tensors, [default], lockstep.wait)
                             tune_region(step, tensors, "none", progress=False)
                             step.choice.reason = step.choice.reason or (
                                 f"default config: {share:.2%} of the call's estimated kernel time, not searched")
@@ -184,14 +184,20 @@ def _no_build(config: dict) -> Callable:
     raise RuntimeError("a job made for its cache key builds no candidate")
 
 
+def _select_key(step: RegionStep, tensors: list, config: dict) -> CacheKey:
+    """Where `select` remembers its choice for the kernel with this config."""
+    k = step.kernel
+    kind, source = k.tuning_key
+    return CacheKey.make(f"{kind}:impl", source, {**k.shape_key, "config": str(sorted(config.items()))},
+                         [t.dtype for t in tensors], tensors[0].device, "kernel|reference", TOKEN_DIMS)  # fmt: skip
+
+
 def select(step: RegionStep, tensors: list) -> None:
     """Kernel (with its tuned config) or reference, whichever measures faster on these inputs (timed in turn,
     SELECT_ROUNDS times each; the choice remembered)."""
-    k, c = step.kernel, step.choice
-    kind, source = k.tuning_key
+    c = step.choice
     device = tensors[0].device
-    key = CacheKey.make(f"{kind}:impl", source, {**k.shape_key, "config": str(sorted(c.config.items()))},
-                        [t.dtype for t in tensors], device, "kernel|reference", TOKEN_DIMS)  # fmt: skip
+    key = _select_key(step, tensors, c.config)
     cache = default_cache()
     hit = cache.get(key)
     if hit is None:

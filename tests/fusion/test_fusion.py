@@ -192,7 +192,9 @@ class MaskedAttention(nn.Module):
         elif sp == "tril":
             mask = torch.ones(s, l_, dtype=torch.bool).tril()
         elif sp == "additive":
-            mask = torch.full((s, l_), float("-inf")).triu(1)
+            # (in the query's dtype: torch 2.13's CPU SDPA of float64 inputs under a float32 mask gives other
+            # values on some machines, which made the float64 reference wrong)
+            mask = torch.full((s, l_), float("-inf"), dtype=q.dtype).triu(1)
         elif sp == "offset 2":
             mask = cols <= rows + 2
         elif sp == "sliding window":
