@@ -151,3 +151,53 @@ def test_an_interrupted_first_call_leaves_the_program_to_tune_again(monkeypatch,
         with pytest.raises(KeyboardInterrupt):
             program.run(list(inputs))
     assert not program.tuned
+
+
+def test_a_tuning_first_call_writes_the_cache_once_and_searches_on_what_the_region_saw(monkeypatch, tmp_path):
+    """A region that stores k and v into the caller's static cache (its GEMM's epilogue), tuned on a first call:
+    the call runs its reference, which writes the caches once, as eager does; the search after the call sees the
+    caches as the region saw them (a copy made before the write: the program writes them in place), and its
+    candidates write copies of that. The next call, by the chosen kernel, writes the caller's caches again."""
+    import zlib
+
+    import dlblas_compiler as dc
+    from dlblas_compiler.models import randomize_
+    from dlblas_compiler.numerics import rel_error, tolerance
+    from dlblas_compiler.tuning import TUNE_MODES, TuneMode, profiler
+
+    from ..codegen.test_codegen import CacheWriteQKV, _cache_write_args
+
+    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(TUNE_MODES, "small", TuneMode("bayes", fraction=0.0, cap=3, floor=3, patience=None))
+    monkeypatch.setattr(profiler, "benchmark", lambda fn, *a, **k: (fn(), 1e-6 * (1 + zlib.crc32(repr(fn).encode()) % 7))[1])
+    monkeypatch.setattr(selection, "benchmark", lambda fn, *a, **k: (fn(), 1e-6)[1])
+    seen: list = []
+    real = selection.tune_region
+
+    def recording(step, tensors, mode, *a, **k):
+        seen.append([t.clone() for t in tensors])
+        return real(step, tensors, mode, *a, **k)
+
+    monkeypatch.setattr(selection, "tune_region", recording)
+    model = randomize_(CacheWriteQKV(64, 4, 2, 16)).eval()
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        cm(*_cache_write_args(1, 3, 64, 2, 16, 9, [0, 1, 2]))
+        program = cm._spec().executor
+        program.tune_mode, program.tuned = "small", False
+        for call, where in enumerate([[3, 4, 5], [6, 7, 8]]):
+            args = _cache_write_args(1, 3, 64, 2, 16, 9, where, seed=call + 1)
+            twin, before = [a.clone() for a in args], [a.clone() for a in args]
+            q = cm(*args)
+            eager = model(*twin)
+            assert rel_error(q, eager) <= tolerance(torch.float32)
+            for c in (3, 4):  # the caller's caches: written once, as eager's, the other rows untouched
+                assert rel_error(args[c], twin[c]) <= tolerance(torch.float32)
+                kept = [i for i in range(9) if i not in where]
+                assert torch.equal(args[c][:, :, kept], before[c][:, :, kept])
+            if call == 0:  # (the search after the first call: on the caches as they were before its write)
+                (tensors,) = seen
+                caches = [t for t in tensors if t.shape == before[3].shape]
+                assert len(caches) == 2 and all(torch.equal(t, b) for t, b in zip(caches, before[3:5]))
+    (step,) = [s for s in program.steps if getattr(s, "kernel", None) is not None]
+    assert step.choice.config is not None and step.choice.trials == 3
