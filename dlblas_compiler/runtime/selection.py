@@ -149,7 +149,10 @@ class Together:
                         else:  # its default config only (compiled in the first batch), against its reference
                             default = step.kernel.space.default()
                             if not step.interpret and default_cache().get(_select_key(step, tensors, default)) is None:
-                                compile_configs(step.kernel, step.compiled, tensors, [default], lockstep.wait)
+                                try:
+                                    compile_configs(step.kernel, step.compiled, tensors, [default], lockstep.wait)
+                                except Exception:  # noqa: BLE001, S110 - an optimisation: the launch compiles it
+                                    pass
                             tune_region(step, tensors, "none", progress=False)
                             step.choice.reason = step.choice.reason or (
                                 f"default config: {share:.2%} of the call's estimated kernel time, not searched")
