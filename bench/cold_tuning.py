@@ -134,19 +134,12 @@ def _replayed_us(cm, args, kwargs) -> float:
     """The tuned layer's GPU time (its calls captured in a CUDA graph and replayed, L2 cleared, median µs): what
     the chosen kernels are worth, measured alike for every way of tuning."""
     import torch
+    from run import graphed  # (bench/run.py's capture, imported once the caches above are set)
     from triton.testing import do_bench
 
     with torch.no_grad():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                cm(*args, **kwargs)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            cm(*args, **kwargs)
-        return do_bench(g.replay, warmup=25, rep=200, return_mode="median") * 1e3
+        g = graphed(lambda: cm(*args, **kwargs))
+    return do_bench(g.replay, warmup=25, rep=200, return_mode="median") * 1e3
 
 
 def _timeline(spans: list, compiles: list) -> dict:

@@ -132,8 +132,8 @@ class Together:
             return
         t0 = time.perf_counter()
         lockstep = Lockstep(build)
-        regions = list(self.searches.values())
-        with progress_bar(f"{len(regions)} regions together", len(regions), self.progress) as bar:
+        n = len(self.searches)
+        with progress_bar(f"{n} regions together", n, self.progress) as bar:
             done: list[RegionStep] = []
             grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
@@ -146,16 +146,8 @@ class Together:
                           torch.inference_mode(inference), torch.set_grad_enabled(grad)):  # fmt: skip
                         if share >= SMALL_SHARE:
                             tune_region(step, tensors, self.mode, progress=False, wait=lockstep.wait)
-                        else:  # its default config only (compiled in the first batch), against its reference
-                            default = step.kernel.space.default()
-                            if not step.interpret and default_cache().get(_select_key(step, tensors, default)) is None:
-                                try:
-                                    compile_configs(step.kernel, step.compiled, tensors, [default], lockstep.wait)
-                                except Exception:  # noqa: BLE001, S110 - an optimisation: the launch compiles it
-                                    pass
-                            tune_region(step, tensors, "none", progress=False)
-                            step.choice.reason = step.choice.reason or (
-                                f"default config: {share:.2%} of the call's estimated kernel time, not searched")
+                        else:
+                            _keep_default(step, tensors, share, lockstep.wait)
                     done.append(step)
                     if bar is not None:
                         bar.update(len(done), None)
@@ -166,8 +158,21 @@ class Together:
         for step, key in self.followers:
             _follow(step.choice, self.searches[key][0].choice)
         log.info("tuned %d regions together (%d more took their choices) in %.1f s; compile batches %s",
-                 len(regions), len(self.followers), time.perf_counter() - t0, lockstep.batches)  # fmt: skip
+                 n, len(self.followers), time.perf_counter() - t0, lockstep.batches)  # fmt: skip
         self.searches, self.followers, self.weights, self.total = {}, [], {}, 0.0
+
+
+def _keep_default(step: RegionStep, tensors: list, share: float, wait: Callable[[list], Any]) -> None:
+    """A region too small a share of the call to search: its default config (compiled in the lockstep's batch
+    unless its selection is remembered), timed against its reference as any choice is."""
+    default = step.kernel.space.default()
+    if not step.interpret and default_cache().get(_select_key(step, tensors, default)) is None:
+        try:
+            compile_configs(step.kernel, step.compiled, tensors, [default], wait)
+        except Exception:  # noqa: BLE001, S110 - an optimisation: the launch compiles it
+            pass
+    tune_region(step, tensors, "none", progress=False)
+    step.choice.reason = step.choice.reason or f"default config: {share:.2%} of the call's estimated kernel time, not searched"
 
 
 def _estimate(step: RegionStep) -> float:
