@@ -211,6 +211,13 @@ class Phases:
             # (a first call's tuning: the regions tuned where the program reaches them, the others after it, together)
             self._wrap(selection.Together, "defer", "tuning (inside direct runs)", nested=True)
             self._wrap(selection.Together, "tune", "tuning (inside direct runs)", nested=True)
+            # (inside tuning: the compile batches the searches wait for, and the candidates' and selections' timings;
+            # the rest of tuning is the searches' own Python, output checks and the references' runs)
+            from dlblas_compiler.tuning import profiler
+
+            self._wrap(selection, "build", "tuning: compile batches", nested=True)
+            self._wrap(profiler, "benchmark", "tuning: timings", nested=True)
+            self._wrap(selection, "benchmark", "tuning: timings", nested=True)
             self._wrap(graphs.CudaGraph, "capture", "graph capture")
             self._wrap(graphs.CudaGraph, "pays", "graph keep-or-drop timing")
         return self

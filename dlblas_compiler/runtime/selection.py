@@ -42,6 +42,9 @@ TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucket
 # (one measurement a side kept cuBLAS for regions whose kernel the search had timed faster: BENCHMARKS.md,
 # twenty-first and twenty-second sessions)
 SELECT_ROUNDS = 3
+# ... unless a brief first timing of each side (warm-up, repetition ms) finds one side this many times slower than
+# the other: a fused kernel against its unfused reference is decided there, a kernel close to cuBLAS is not
+SELECT_PROBE_MS, SELECT_CLEAR = (5.0, 10.0), 1.5
 
 
 def tune_region(step: RegionStep, tensors: list, mode: str, progress: bool = True,
@@ -201,8 +204,8 @@ def _select_key(step: RegionStep, tensors: list, config: dict) -> CacheKey:
 
 
 def select(step: RegionStep, tensors: list) -> None:
-    """Kernel (with its tuned config) or reference, whichever measures faster on these inputs (timed in turn,
-    SELECT_ROUNDS times each; the choice remembered)."""
+    """Kernel (with its tuned config) or reference, whichever measures faster on these inputs (timed briefly, and
+    where neither is `SELECT_CLEAR` times the other, in turn SELECT_ROUNDS times each; the choice remembered)."""
     c = step.choice
     device = tensors[0].device
     key = _select_key(step, tensors, c.config)
@@ -211,12 +214,15 @@ def select(step: RegionStep, tensors: list) -> None:
     if hit is None:
         own = step.private(tensors, every=True)
         sides = {"kernel": lambda: step.launch(own, c.config), "reference": lambda: step.run_reference(tensors)}
-        samples: dict[str, list[float]] = {name: [] for name in sides}
-        for i in range(SELECT_ROUNDS):
-            for name in ("kernel", "reference") if i % 2 == 0 else ("reference", "kernel"):
-                samples[name].append(benchmark(sides[name], warmup_ms=25.0 if i == 0 else 5.0, rep_ms=40.0,
-                                               device=device))  # fmt: skip
-        times = {name: statistics.median(ts) for name, ts in samples.items()}
+        warmup, rep = SELECT_PROBE_MS
+        times = {name: benchmark(side, warmup_ms=warmup, rep_ms=rep, device=device) for name, side in sides.items()}
+        if max(times.values()) < SELECT_CLEAR * min(times.values()):  # close: time them in turn
+            samples: dict[str, list[float]] = {name: [] for name in sides}
+            for i in range(SELECT_ROUNDS):
+                for name in ("kernel", "reference") if i % 2 == 0 else ("reference", "kernel"):
+                    samples[name].append(benchmark(sides[name], warmup_ms=25.0 if i == 0 else 5.0, rep_ms=40.0,
+                                                   device=device))  # fmt: skip
+            times = {name: statistics.median(ts) for name, ts in samples.items()}
         impl = min(times, key=times.get)
         hit = CacheEntry({"impl": impl}, times[impl], times["kernel"], 2)
         cache.put(key, hit)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +17,9 @@ from .policies import Objective
 from .space import Config
 
 _MAX_CPU_SAMPLES = 1000
+# a raced candidate is first timed this briefly (warm-up, repetition ms): enough to tell a candidate far slower than
+# the best so far, a quarter of a quick search's full timing
+PROBE_MS = (2.0, 6.0)
 
 
 class TuningCheckError(DLError):
@@ -78,20 +82,33 @@ def make_objective(
     device: str | torch.device | None = None,
     warmup_ms: float = 25.0,
     rep_ms: float = 100.0,
+    race: float | None = None,
 ) -> Objective:
     """The objective `config -> seconds` for a kernel: `build(config)` gives the candidate callable (taking one
     tuple of `arg_sets`, or nothing); it is run once on the first argument set and its outputs compared with
     `reference_outputs` by `numerics.compare` (a mismatch raises `TuningCheckError`), then benchmarked.
-    Errors from building or running propagate, and the policy records them as failures."""
+    Errors from building or running propagate, and the policy records them as failures.
+
+    With `race` (a factor > 1), a candidate after the first is timed briefly first (`PROBE_MS`); one that takes
+    more than `race` times the best full timing so far returns that brief time, which is all a search needs of a
+    candidate it will not choose; the others are timed in full."""
     refs = None if reference_outputs is None else as_outputs(reference_outputs)
     first = tuple(arg_sets[0]) if arg_sets else ()
+    best = math.inf
 
     def objective(config: Config) -> float:
+        nonlocal best
         run = build(config)
         if refs is not None:
             problem = compare(as_outputs(run(*first)), refs)
             if problem is not None:
                 raise TuningCheckError(f"outputs differ from the reference: {problem}")
-        return benchmark(run, arg_sets, warmup_ms, rep_ms, device)
+        if race is not None and best < math.inf:
+            probe = benchmark(run, arg_sets, *PROBE_MS, device)
+            if probe > race * best:
+                return probe
+        seconds = benchmark(run, arg_sets, warmup_ms, rep_ms, device)
+        best = min(best, seconds)
+        return seconds
 
     return objective

@@ -101,8 +101,10 @@ class _FaultLog:
 
 @dataclass(frozen=True)
 class TuneMode:
-    """How hard to search: a policy, a budget of `fraction` of the valid space clamped to [floor, cap], and how
-    long each candidate is timed (`triton.testing.do_bench`'s warm-up and repetition milliseconds)."""
+    """How hard to search: a policy, a budget of `fraction` of the valid space clamped to [floor, cap], how
+    long each candidate is timed (`triton.testing.do_bench`'s warm-up and repetition milliseconds), and `race`:
+    a candidate whose brief first timing is more than `race` times the best so far is not timed in full
+    (`profiler.make_objective`; None: every candidate timed in full, as an exhaustive study wants)."""
 
     policy: str
     fraction: float
@@ -111,6 +113,7 @@ class TuneMode:
     patience: int | None
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
+    race: float | None = None
 
     def budget(self, size: int) -> int:
         n = math.ceil(self.fraction * size)
@@ -128,7 +131,8 @@ class TuneMode:
 
 TUNE_MODES: dict[str, TuneMode | None] = {
     "none": None,  # the space's default config, no timing
-    "quick": TuneMode("bayes", fraction=0.12, cap=24, floor=8, patience=8, warmup_ms=10.0, rep_ms=30.0),
+    "quick": TuneMode("bayes", fraction=0.12, cap=24, floor=8, patience=8, warmup_ms=10.0, rep_ms=30.0,
+                      race=1.2),
     "full": TuneMode("grid", fraction=1.0, cap=None, floor=0, patience=None),
 }
 
@@ -299,7 +303,8 @@ def tune(
     warmup_ms = settings.warmup_ms if warmup_ms is None else warmup_ms
     rep_ms = settings.rep_ms if rep_ms is None else rep_ms
     refs = job.reference() if callable(job.reference) else job.reference
-    objective = make_objective(job.build, refs, job.arg_sets, device=job.device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    objective = make_objective(job.build, refs, job.arg_sets, device=job.device, warmup_ms=warmup_ms, rep_ms=rep_ms,
+                               race=settings.race)  # fmt: skip
     objective = plan.faults.guard(objective, name, job.shape)
     with progress_bar(name, space.count(budget), progress) as bar:
         result = plan.search(space, objective, budget, plan.patience, seed, bar, prepare=job.prepare)

@@ -45,11 +45,31 @@ def test_a_drifting_clock_does_not_decide(monkeypatch, tmp_path, rounds, kept):
     monkeypatch.setattr(selection, "SELECT_ROUNDS", rounds)
     monkeypatch.setattr(selection, "default_cache", lambda c=TuneCache(tmp_path / "tune.sqlite"): c)
     selection.select(step, [torch.zeros(1)])
-    assert step.calls.count("kernel") == step.calls.count("reference") == rounds
+    assert step.calls.count("kernel") == step.calls.count("reference") == rounds + 1  # (+ the brief first timing)
     assert step.choice.impl == kept
     step2 = FakeStep()
     selection.select(step2, [torch.zeros(1)])  # the choice is remembered: nothing timed again
     assert step2.calls == [] and step2.choice.impl == kept
+
+
+@pytest.mark.parametrize("reference_time, kept", [(3.0, "kernel"), (0.5, "reference")])
+def test_a_clear_winner_is_decided_by_the_first_brief_timing(monkeypatch, tmp_path, reference_time, kept):
+    """A side `SELECT_CLEAR` times slower than the other in its first brief timing (a fused kernel against its
+    unfused reference) decides the choice without the rounds in turn."""
+    step = FakeStep()
+    truth = {"kernel": 1.0, "reference": reference_time}
+    briefs = []
+
+    def timing(fn, warmup_ms, rep_ms, device=None):
+        fn()
+        briefs.append((warmup_ms, rep_ms) == selection.SELECT_PROBE_MS)
+        return truth[step.calls[-1]]
+
+    monkeypatch.setattr(selection, "benchmark", timing)
+    monkeypatch.setattr(selection, "default_cache", lambda c=TuneCache(tmp_path / "tune.sqlite"): c)
+    selection.select(step, [torch.zeros(1)])
+    assert step.calls == ["kernel", "reference"] and briefs == [True, True]
+    assert step.choice.impl == kept
 
 
 class TwoBlocks(torch.nn.Module):

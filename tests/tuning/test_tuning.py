@@ -341,6 +341,29 @@ def test_make_objective_checks_outputs_before_timing():
         wrong({})
 
 
+def test_a_raced_candidate_far_slower_than_the_best_is_timed_briefly(monkeypatch):
+    """With `race`, the first candidate is timed in full; a later one is timed briefly first (`PROBE_MS`) and
+    timed in full only when within `race` times the best full timing so far."""
+    from dlblas_compiler.tuning import profiler
+
+    truth = {"a": 1.0, "slow": 1.5, "close": 1.1, "fast": 0.9}
+    timings: list[tuple[str, bool]] = []
+
+    def timing(fn, arg_sets, warmup_ms, rep_ms, device):
+        name = fn()
+        timings.append((name, (warmup_ms, rep_ms) == profiler.PROBE_MS))
+        return truth[name]
+
+    monkeypatch.setattr(profiler, "benchmark", timing)
+    objective = make_objective(lambda c: lambda: c["name"], device="cpu", warmup_ms=10, rep_ms=30, race=1.2)
+    assert [objective({"name": n}) for n in ("a", "slow", "close", "fast")] == [1.0, 1.5, 1.1, 0.9]
+    assert timings == [("a", False), ("slow", True), ("close", True), ("close", False), ("fast", True),
+                       ("fast", False)]  # fmt: skip
+    timings.clear()
+    plain = make_objective(lambda c: lambda: c["name"], device="cpu", warmup_ms=10, rep_ms=30)
+    assert [plain({"name": n}) for n in ("a", "slow")] == [1.0, 1.5] and timings == [("a", False), ("slow", False)]
+
+
 # ---------------------------------------------------------------- tune
 
 
