@@ -5,8 +5,8 @@ starts in a fraction of a second). It reads jobs from stdin and answers each on 
 (kernel file text, function name, file name, Triton's specialization data of one launch, target, cache folder), its
 answer (None or the error's first line, the seconds it took). It compiles the function for that specialization
 exactly as the launching process would (`JITFunction.preload`'s reading of the data, then `triton.compile`), so the
-launching process, compiling the same launch afterwards, finds the binary in the cache under the same key. It needs
-no GPU. The process ends when stdin closes.
+launching process, compiling the same launch afterwards, finds the binary in the cache under the same key; for
+CUDA it also builds the kernel's launcher (a C module) there. It needs no GPU. The process ends when stdin closes.
 """
 
 from __future__ import annotations
@@ -55,7 +55,22 @@ def compile_job(job: tuple, cache: dict[str, Any]) -> None:
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
     target = GPUTarget(*target)
     options = make_backend(target).parse_options(options)
-    triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    if target.backend == "cuda":
+        _launcher(kernel)
+
+
+def _launcher(kernel: Any) -> None:
+    """Build the kernel's launcher into the cache as well: a C module of its signature that Triton compiles with the
+    host's C compiler at the kernel's first launch (~0.3 s each, one after another in the launching process: ~4 s of
+    a 32-layer model's cold first call, bench/NOTES.md item 98). It is cached under its source, which the launching
+    process makes the same. Loading it here may fail (no driver library on a CPU host): the build is kept."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    try:
+        CudaLauncher(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001, S110 - an optimisation: the first launch builds what is missing
+        pass
 
 
 def main() -> None:

@@ -3,8 +3,6 @@ Triton interpreter on CPU sees the same search spaces)."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 
@@ -49,10 +47,17 @@ def has_pdl() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 
 
-@functools.cache
-def descriptor_scratch() -> None:
-    """Kernels that build tensor descriptors on the device need Triton's scratch allocator (set once)."""
-    import triton
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+
+def descriptor_scratch() -> None:
+    """Kernels that build tensor descriptors on the device need Triton's scratch allocator. Triton keeps it in a
+    context variable, which each thread has apart (a search's thread setting it left the caller's launches
+    without one: they failed and fell back to their references), so it is set wherever it is missing; an
+    allocator the caller set is kept."""
+    import triton
+    from triton.runtime import _allocation
+
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)

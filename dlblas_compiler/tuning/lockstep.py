@@ -8,11 +8,13 @@ A search hands its turn over only while it waits for compiles (`wait(jobs)`); on
 waits, all their jobs are built as one batch (`build`, the compile workers), nothing being timed meanwhile, and
 then the searches go on, one at a time. Each search makes the same proposals it would make alone (its policy sees
 only its own results), so tuning this way changes when things compile, not what is chosen. When the calling
-thread is interrupted (Ctrl-C) the tasks are cancelled: each stops at its next wait or turn (`Cancelled`).
+thread is interrupted (Ctrl-C) the tasks are cancelled: each stops at its next wait or turn (`Cancelled`). Each
+task runs in a copy of the calling thread's context variables.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -58,8 +60,10 @@ class Lockstep:
                     self._build_if_all_wait()
 
         self._running = len(tasks)
-        threads = [threading.Thread(target=body, args=(t,), name=f"dlblas-tune-{i}", daemon=True)
-                   for i, t in enumerate(tasks)]  # fmt: skip
+        # (each task in a copy of the caller's context: context variables it set, such as Triton's allocator,
+        # hold in the tasks as in a call made where it stands)
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(body, t), name=f"dlblas-tune-{i}",
+                                    daemon=True) for i, t in enumerate(tasks)]  # fmt: skip
         for t in threads:
             t.start()
         try:

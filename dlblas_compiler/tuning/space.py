@@ -65,6 +65,7 @@ class SearchSpace:
             raise ValueError(f"default {self._default} must set exactly the parameters {list(self.params)}")
         self._seeds = [dict(c) for c in seeds]
         self._valid: list[tuple[Any, ...]] | None = None
+        self._counts: dict[int, int] = {}  # count(limit) by limit (a search asks for the same ones several times)
         self._fingerprint: str | None = None
 
     @property
@@ -118,7 +119,9 @@ class SearchSpace:
         walking all of it for each of a model's tuning jobs took ~15 s of a 32-layer model's first call)."""
         if limit is None or self._valid is not None:
             return self.size() if limit is None else min(limit, self.size())
-        return sum(1 for _ in itertools.islice(self._walk(), limit))
+        if limit not in self._counts:
+            self._counts[limit] = sum(1 for _ in itertools.islice(self._walk(), limit))
+        return self._counts[limit]
 
     def default(self) -> Config:
         """The declared default if it is valid here; else the default with the fewest parameters changed (one,

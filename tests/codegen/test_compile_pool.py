@@ -7,6 +7,9 @@ device 0 of an sm90 target, and every kernel is compiled for it (Triton needs no
 
 import dataclasses
 import os
+import shutil
+import subprocess
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -155,6 +158,40 @@ def test_a_worker_that_dies_is_replaced(workers):
         assert compile_pool.prebuild(warm([256, 512])) == 0  # (both workers found dead, both replaced)
         assert compile_pool.prebuild(warm([256, 512, 1024])) == 3
         assert not compile_pool._pool.broken
+    finally:
+        driver.set_active(before)
+
+
+@pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("clang")), reason="Triton builds launchers with a C compiler")
+def test_workers_build_each_kernel_s_launcher_where_its_first_launch_finds_it(workers, monkeypatch):
+    """A kernel's launcher (a C module Triton builds at its first launch, ~0.3 s) is built by the worker that
+    compiles the kernel, into the cache under the key the launching process computes: there its first launch
+    loads it and builds nothing. (On this CPU host a stub stands for the driver library: the launcher links
+    against it, and loading it is left out.)"""
+    from triton.backends.nvidia.driver import CudaLauncher
+    from triton.runtime import build as triton_build
+
+    from dlblas_compiler.codegen.kernel import compile_source
+
+    stub = workers / "stub"
+    stub.mkdir()
+    (stub / "stub.c").write_text("int dlblas_stub;\n")
+    cc = shutil.which("gcc") or shutil.which("clang")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(stub / "libcuda.so.1"), str(stub / "stub.c")], check=True)
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(stub))  # (the workers start with it, at the first batch)
+    fn = compile_source(_SMALL, "add_one", False)
+    x = torch.randn(1000)
+    before = driver._active
+    driver.set_active(_Sm90())
+    try:
+        assert compile_pool.prebuild(lambda: [_Warmup(fn)[(1,)](x, x.numel(), BLOCK=b) for b in (64, 128)]) == 2
+        built: list = []
+        monkeypatch.setattr(triton_build, "_build", lambda *a, **k: built.append(a))
+        monkeypatch.setattr(triton_build, "_load_module_from_path", lambda name, path: SimpleNamespace(launch=None))
+        for block in (64, 128):
+            kernel = _Warmup(fn)[(1,)](x, x.numel(), BLOCK=block)  # (this process's compile: found in the cache)
+            CudaLauncher(kernel.src, kernel.metadata)  # what the kernel's first launch builds
+        assert built == []
     finally:
         driver.set_active(before)
 

@@ -123,3 +123,20 @@ def test_an_interrupted_caller_cancels_the_tasks():
         time.sleep(0.01)
     assert not any(t.name.startswith("dlblas-tune-") for t in threading.enumerate())
     assert went_on == []
+
+
+def test_tasks_see_the_caller_s_context_variables():
+    """Each task runs in a copy of the calling thread's context (Triton keeps its allocator in a context variable:
+    a search's launches must find the one the caller set); what a task sets stays its own."""
+    import contextvars
+
+    var = contextvars.ContextVar("var", default="unset")
+    var.set("caller's")
+    seen: list[str] = []
+
+    def task() -> None:
+        seen.append(var.get())
+        var.set("task's")
+
+    Lockstep(lambda jobs: None).run([task, task])
+    assert seen == ["caller's", "caller's"] and var.get() == "caller's"
