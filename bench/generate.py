@@ -158,6 +158,8 @@ def run_mode(mode: str, args) -> dict:
                           "compile_s": [round(s.compile_seconds, 2) for s in c._specs.values()],
                           "tuned": sum(1 for k in c._spec().executor.choices if k.trials and not k.from_cache),
                           "trials": sum(k.trials or 0 for k in c._spec().executor.choices if not k.from_cache),
+                          # (what each search chose, and the times behind it: which configs a tree picks)
+                          "searched": [k.to_dict() for k in c._spec().executor.choices if k.trials and not k.from_cache],
                           "graph_note": c._spec().executor.graph_note} for c in comps]  # fmt: skip
     return row
 

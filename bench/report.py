@@ -867,14 +867,17 @@ def cold_tuning_together_section(runs: list[tuple[str, str]]) -> str:
                                      "compiles", "in the batches, s", "chosen kernels' times, summed µs"], row)  # fmt: skip
 
 
-def cold_generate_ab_section(runs: list[tuple[str, str]], decode: bool = False) -> str:
+def cold_generate_ab_section(runs: list[tuple[str, str]], decode: bool = False, split: bool = False) -> str:
     """bench/generate.py --modes ours with fresh caches, per (file, label): the first generate() call, its phases,
     and the regions tuned and trials run in it (both graphs: prefill and decode). `decode`: also the mode, dynamo's
     tracing with keep_traces' saving, the decode rate and the decode graph's replay (runs of 256 new tokens; runs of
-    8 tokens are too short for a decode rate)."""
+    8 tokens are too short for a decode rate). `split`: also tuning's compile batches and timings (from the
+    twenty-ninth session's generate.py) and the prefill graph's replay."""
     keys = ["compile", "tuning (inside direct runs)", "dynamo tracing"]
     head = ["run", "mode"] if decode else ["run"]
     tail = ["regions tuned", "trials", "prefill ms"] + (["decode ms/token", "decode graph replay µs"] if decode else [])
+    if split:
+        tail += ["tuning: compile batches s", "tuning: timings s", "prefill graph replay µs"]
     names = [*keys[:2], "dynamo tracing (keep_traces: with the saving; warm: the loading)" if decode else keys[2]]
     out = ["| " + " | ".join([*head, "first generate() s", *(f"{k} s" for k in names), *tail]) + " |",
            "|" + "---|" * (len(head) + len(keys) + len(tail) + 1)]  # fmt: skip
@@ -893,6 +896,10 @@ def cold_generate_ab_section(runs: list[tuple[str, str]], decode: bool = False) 
             if decode:
                 replay = re.search(r"replay (\d+) µs", gs[-1].get("graph_note", "")) if gs else None
                 cells += [f"{r['decode_ms_per_token']:.2f}", replay.group(1) if replay else "–"]
+            if split:
+                first = re.search(r"replay (\d+) µs", gs[0].get("graph_note", "")) if len(gs) > 1 else None
+                cells += [_num(ph.get("tuning: compile batches"), ".1f"), _num(ph.get("tuning: timings"), ".1f"),
+                          first.group(1) if first else "–"]  # fmt: skip
             out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
 
@@ -1401,6 +1408,16 @@ SECTIONS = {
         ("2026-11-28-h200-s28-cold-tuning-b-together-layer_qwen25_7b.json", "b: together"),
         ("2026-11-28-h200-s28-cold-tuning-c-together-layer_qwen25_7b-m1.json", "c: together"),
         ("2026-11-28-h200-s28-cold-tuning-c-one-by-one-layer_qwen25_7b-m1.json", "c: one by one")]),
+    "generate-cold-s29": functools.partial(cold_generate_ab_section, [
+        ("2026-11-28-h200-s29-generate-cold-1-racing.json", "1: racing (b39c104's tuning)"),
+        ("2026-11-28-h200-s29-generate-cold-1-small-share.json", "1: small share (edacf42)"),
+        ("2026-11-28-h200-s29-generate-cold-1-before-small-share.json", "1: before small share (443c673)"),
+        ("2026-11-28-h200-s29-generate-cold-1-racing-2.json", "1: racing, again"),
+        ("2026-11-28-h200-s29-generate-cold-2-racing.json", "2: racing (b39c104), after the GPU tests"),
+        ("2026-11-28-h200-s29-generate-cold-4-new.json", "4: this session's end (e833adf), after the GPU tests"),
+        ("2026-11-28-h200-s29-generate-cold-4-before.json", "4: edacf42"),
+        ("2026-11-28-h200-s29-generate-cold-5-before.json", "5: edacf42"),
+        ("2026-11-28-h200-s29-generate-cold-5-new.json", "5: this session's end (e833adf)")], decode=True, split=True),
     "generate-cold-s28": functools.partial(cold_generate_ab_section, [
         ("2026-11-28-h200-s28-generate-cold-ahead.json", "a: first candidates ahead (before)"),
         ("2026-11-28-h200-s28-generate-cold-together.json", "a: together"),
