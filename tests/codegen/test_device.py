@@ -3,6 +3,7 @@
 import contextvars
 import threading
 
+import pytest
 from triton.runtime import _allocation
 
 from dlblas_compiler.codegen import device
@@ -30,3 +31,40 @@ def test_the_descriptor_scratch_is_set_in_every_context_that_launches():
         return allocator_after_scratch()
 
     assert contextvars.Context().run(keeps_the_caller_s) is mine
+
+
+@pytest.mark.gpu
+def test_tma_kernels_launch_in_a_thread_then_in_a_fresh_context_of_the_caller():
+    """A Llama block's GEMMs at 512 tokens take TMA configs by default on sm90 (descriptors built on the device,
+    which need Triton's allocator): run first in another thread, as a search runs them, then in a fresh context
+    of this thread. No launch fails for want of the allocator (each would fall back to its reference with a
+    warning, an error here), every region runs its kernel, and the outputs match float64's."""
+    import warnings
+
+    import torch
+
+    import dlblas_compiler as dc
+    from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
+    from dlblas_compiler.numerics import rel_error, tolerance
+
+    cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)
+    model = randomize_(LlamaBlock(cfg)).cuda().to(torch.bfloat16).eval()
+    inputs = llama_block_inputs(cfg, 1, 512, torch.bfloat16, "cuda")
+    cm = dc.compile(model, backend="triton", tune="none", cuda_graphs=False)
+    outs = []
+
+    def call() -> None:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("error", message="dlblas_compiler")
+            outs.append(cm(*inputs))
+
+    t = threading.Thread(target=lambda: contextvars.Context().run(call))
+    t.start()
+    t.join()
+    contextvars.Context().run(call)
+    assert len(outs) == 2
+    assert set(cm.report().impls().values()) == {"kernel"}
+    assert any(c.config.get("TMA") for c in cm._spec().executor.choices if c.config), "no TMA config ran"
+    ref = model.double()(*[a.double() if a.is_floating_point() else a for a in inputs])
+    for out in outs:
+        assert rel_error(out, ref) <= tolerance(torch.bfloat16)
