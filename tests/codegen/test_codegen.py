@@ -872,6 +872,28 @@ def test_gemm_seeds_only_on_the_devices_they_were_measured_on(monkeypatch):
     assert all(c in sm90.starts() for c in variants)
 
 
+def test_gemm_spaces_without_tma_when_asked(monkeypatch):
+    """`DLBLAS_GEMM_TMA=0` (a measurement switch) takes TMA configs out of every GEMM space, the default and the
+    starts included, under a tuning-cache key of its own."""
+    from dlblas_compiler.codegen.gemm.space import TMA_ENV
+    from dlblas_compiler.runtime.program import RegionStep
+
+    def gemm_space_at_300_rows():
+        cm = dc.compile(randomize_(NormGLU(64, 40, F.silu)).eval(), backend="interpret", cuda_graphs=False)
+        with torch.no_grad():
+            cm(_x(300, 64))
+        (step,) = [s for s in cm._spec().executor.steps if isinstance(s, RegionStep) and s.choice.pattern == "gemm"]
+        return step.kernel.space
+
+    with_tma = gemm_space_at_300_rows()
+    assert with_tma.default()["TMA"] == 1  # (tiles of 128 rows through TMA on an sm90-like device)
+    monkeypatch.setenv(TMA_ENV, "0")
+    without = gemm_space_at_300_rows()
+    assert all(c["TMA"] == 0 for c in without.configs()) and without.size() > 0
+    assert without.default()["TMA"] == 0 and all(c["TMA"] == 0 for c in without.starts())
+    assert without.fingerprint() != with_tma.fingerprint()
+
+
 def test_gemm_variant_starts_include_the_default_run_persistent():
     """Above 256 rows the device-independent starts offer the default's tile in the persistent variant (the first
     start; the space drops it where the shape has no more tiles than SMs), then the cuBLAS-product tiles."""

@@ -4,6 +4,8 @@ the epilogue; its default config and seeds."""
 
 from __future__ import annotations
 
+import os
+
 import triton
 
 from ...dialects import LayerNormOp
@@ -28,6 +30,9 @@ PARAMS = {
 }
 
 
+# DLBLAS_GEMM_TMA=0: no TMA configs in any GEMM space, to measure what they bring (bench/NOTES.md item 99: the kernels
+# chosen with them replayed slower in the model's graph); a narrowed space has its own tuning-cache key
+TMA_ENV = "DLBLAS_GEMM_TMA"
 SEEDED_ON = 9  # the sweeps' seeds were measured on H200 and H100 (sm90): elsewhere only the variants' starts
 
 
@@ -41,7 +46,7 @@ def space(plan: GemmPlan) -> SearchSpace:
     smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
     has_norm, ln = plan.norm is not None, isinstance(plan.norm, LayerNormOp)
     norm_w = plan.rms is not None and plan.rms.weight is not None  # (a norm weight not folded into W)
-    return SearchSpace(
+    space = SearchSpace(
         PARAMS,
         {
             "heads (rotary, per-head norm) fit the tile (MM reads rotary partners back: any width)": lambda c:
@@ -75,6 +80,7 @@ def space(plan: GemmPlan) -> SearchSpace:
         seeds=(_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [])
         + _variant_starts(m, ns, has_norm, ln, default),
     )
+    return space.narrow(TMA=0) if os.environ.get(TMA_ENV) == "0" else space
 
 
 def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int,
