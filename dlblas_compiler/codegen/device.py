@@ -3,6 +3,8 @@ Triton interpreter on CPU sees the same search spaces)."""
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 
@@ -47,6 +49,9 @@ def has_pdl() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 
 
+_threads = threading.local()
+
+
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
@@ -59,5 +64,9 @@ def descriptor_scratch() -> None:
     import triton
     from triton.runtime import _allocation
 
-    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+    try:
+        missing = _allocation._allocator.get() is _allocation._NULL_ALLOCATOR
+    except AttributeError:  # (a Triton that keeps it otherwise: set once in each thread)
+        missing, _threads.set = not getattr(_threads, "set", False), True
+    if missing:
         triton.set_allocator(_scratch)

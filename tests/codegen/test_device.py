@@ -33,6 +33,21 @@ def test_the_descriptor_scratch_is_set_in_every_context_that_launches():
     assert contextvars.Context().run(keeps_the_caller_s) is mine
 
 
+def test_the_descriptor_scratch_in_a_triton_that_keeps_its_allocator_otherwise(monkeypatch):
+    """Where Triton's private default allocator is not found, the allocator is set once in each thread."""
+    monkeypatch.delattr(_allocation, "_NULL_ALLOCATOR")
+    seen = []
+
+    def in_a_thread():
+        device.descriptor_scratch()
+        seen.append(_allocation._allocator.get())
+
+    t = threading.Thread(target=lambda: contextvars.Context().run(in_a_thread))
+    t.start()
+    t.join()
+    assert seen == [device._scratch]
+
+
 @pytest.mark.gpu
 def test_tma_kernels_launch_in_a_thread_then_in_a_fresh_context_of_the_caller():
     """A Llama block's GEMMs at 512 tokens take TMA configs by default on sm90 (descriptors built on the device,
