@@ -63,7 +63,7 @@ def compile_job(job: tuple, cache: dict[str, Any]) -> None:
 def _launcher(kernel: Any) -> None:
     """Build the kernel's launcher into the cache as well: a C module of its signature that Triton compiles with the
     host's C compiler at the kernel's first launch (~0.3 s each, one after another in the launching process: ~4 s of
-    a 32-layer model's cold first call, bench/NOTES.md item 98). It is cached under its source, which the launching
+    a 32-layer model's cold first call, bench/NOTES.md item 100). It is cached under its source, which the launching
     process makes the same. Loading it here may fail (no driver library on a CPU host): the build is kept."""
     from triton.backends.nvidia.driver import CudaLauncher
 

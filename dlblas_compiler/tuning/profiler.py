@@ -91,10 +91,11 @@ def make_objective(
 
     With `race` (a factor > 1), a candidate after the first is timed briefly first (`PROBE_MS`); one that takes
     more than `race` times the best full timing so far returns that brief time, which is all a search needs of a
-    candidate it will not choose; the others are timed in full."""
+    candidate it will not choose; the others are timed in full. (No race where the full timing is no longer.)"""
     refs = None if reference_outputs is None else as_outputs(reference_outputs)
     first = tuple(arg_sets[0]) if arg_sets else ()
     best = math.inf
+    race = race if rep_ms > PROBE_MS[1] else None
 
     def objective(config: Config) -> float:
         nonlocal best
