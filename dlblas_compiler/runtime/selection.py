@@ -43,7 +43,9 @@ TOKEN_DIMS = ("M", "rows", "S", "L")  # the shape dims that count tokens: bucket
 # twenty-first and twenty-second sessions)
 SELECT_ROUNDS = 3
 # ... unless a brief first timing of each side (warm-up, repetition ms) finds one side this many times slower than
-# the other: a fused kernel against its unfused reference is decided there, a kernel close to cuBLAS is not
+# the other: a fused kernel against its unfused reference is decided there, a kernel close to cuBLAS is not. The
+# kernel's side of that first comparison is the search's full timing of its config where the search just made one
+# (bench/NOTES.md item 101)
 SELECT_PROBE_MS, SELECT_CLEAR = (5.0, 10.0), 1.5
 
 
@@ -215,7 +217,11 @@ def select(step: RegionStep, tensors: list) -> None:
         own = step.private(tensors, every=True)
         sides = {"kernel": lambda: step.launch(own, c.config), "reference": lambda: step.run_reference(tensors)}
         warmup, rep = SELECT_PROBE_MS
-        times = {name: benchmark(side, warmup_ms=warmup, rep_ms=rep, device=device) for name, side in sides.items()}
+        # (the kernel's side: the full timing the search just made of this config, where it made one; a brief
+        # timing of its own, taken first, once read it over 1.6x slower than its search and kept cuBLAS)
+        searched = {"kernel": c.time} if c.time and not c.from_cache else {}
+        times = {name: searched.get(name) or benchmark(side, warmup_ms=warmup, rep_ms=rep, device=device)
+                 for name, side in sides.items()}  # fmt: skip
         if max(times.values()) < SELECT_CLEAR * min(times.values()):  # close: time them in turn
             samples: dict[str, list[float]] = {name: [] for name in sides}
             for i in range(SELECT_ROUNDS):

@@ -72,6 +72,32 @@ def test_a_clear_winner_is_decided_by_the_first_brief_timing(monkeypatch, tmp_pa
     assert step.choice.impl == kept
 
 
+ROUNDS = ["kernel", "reference", "reference", "kernel", "kernel", "reference"]
+
+
+@pytest.mark.parametrize("reference_time, calls, kept", [(2.0, ["reference"], "kernel"), (0.5, ["reference"], "reference"),
+                                                         (1.2, ["reference", *ROUNDS], "kernel")])
+def test_the_first_comparison_takes_the_kernels_time_from_its_search(monkeypatch, tmp_path, reference_time, calls,
+                                                                     kept):  # fmt: skip
+    """Where the search has just timed the kernel's config (`choice.time`, not from the cache), the brief first
+    timing measures the reference alone against the search's time (a brief timing of the kernel, taken first, once
+    read it far slower than its search had): a clear winner either way is decided there; close times still go to the
+    rounds in turn, which time both sides."""
+    step = FakeStep()
+    step.choice.time = 1.0
+    truth = {"kernel": 1.0, "reference": reference_time}
+
+    def timing(fn, warmup_ms, rep_ms, device=None):
+        fn()
+        return truth[step.calls[-1]]
+
+    monkeypatch.setattr(selection, "benchmark", timing)
+    monkeypatch.setattr(selection, "default_cache", lambda c=TuneCache(tmp_path / "tune.sqlite"): c)
+    selection.select(step, [torch.zeros(1)])
+    assert step.calls == calls
+    assert step.choice.impl == kept
+
+
 class TwoBlocks(torch.nn.Module):
     def __init__(self, cfg):
         super().__init__()
