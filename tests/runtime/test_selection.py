@@ -75,7 +75,8 @@ def test_a_clear_winner_is_decided_by_the_first_brief_timing(monkeypatch, tmp_pa
 ROUNDS = ["kernel", "reference", "reference", "kernel", "kernel", "reference"]
 
 
-@pytest.mark.parametrize("reference_time, calls, kept", [(2.0, ["reference"], "kernel"), (0.5, ["reference"], "reference"),
+@pytest.mark.parametrize("reference_time, calls, kept", [(2.0, ["reference"], "kernel"),
+                                                         (0.5, ["reference"], "reference"),
                                                          (1.2, ["reference", *ROUNDS], "kernel")])
 def test_the_first_comparison_takes_the_kernels_time_from_its_search(monkeypatch, tmp_path, reference_time, calls,
                                                                      kept):  # fmt: skip
