@@ -904,6 +904,37 @@ def cold_generate_ab_section(runs: list[tuple[str, str]], decode: bool = False, 
     return "\n".join(out) + "\n\n" + source_line([(name, env, "") for name, _ in runs]) + "\n"
 
 
+def generation_runs_section(runs: list[tuple[str, str]]) -> str:
+    """Several bench/generate.py files of one device call, per (file, label): their rows in one table, each mode
+    marked "(label)"."""
+    rows, sources = [], []
+    for name, label in runs:
+        doc = _load(name)
+        rows += [{**r, "mode": f"{r['mode']} ({label})"} for r in doc["rows"]]
+        sources.append((name, {"gpu": doc.get("gpu"), "versions": doc.get("versions"), "ceilings": doc.get("ceilings")},
+                        label))  # fmt: skip
+    return generation_table({"rows": rows}) + "\n" + source_line(sources) + "\n"
+
+
+def decode_ab_section(name: str) -> str:
+    """bench/decode_ab.py: the modes of one process, each round timing every mode in turn (the order turning): decode
+    ms per token per mode, and each mode's ratio to the first mode within the round (> 1: the first is faster)."""
+    doc = _load(name)
+    modes = doc["modes"]
+    out = ["| round | order | " + " | ".join(f"{m} ms/token" for m in modes) + " | "
+           + " | ".join(f"{m} / {modes[0]}" for m in modes[1:]) + " |", "|" + "---|" * (2 * len(modes) + 1)]
+    for i, r in enumerate(doc["rounds"], 1):
+        out.append(f"| {i} | {', '.join(r['order'])} | "
+                   + " | ".join(f"{r['decode_ms_per_token'][m]:.2f}" for m in modes) + " | "
+                   + " | ".join(f"{r['ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
+    out.append("| median | | " + " | ".join(f"{doc['median_decode_ms_per_token'][m]:.2f}" for m in modes) + " | "
+               + " | ".join(f"{doc['median_ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
+    first = ", ".join(f"{m} {doc['first_call_s'][m]:.1f} s" for m in modes)
+    env = {"gpu": doc.get("gpu"), "versions": doc.get("versions")}
+    what = f"prompt {doc['prompt']}, {doc['new']} new tokens, {doc['layers']} layers, tune {doc['tune']}; first calls: {first}"
+    return "\n".join(out) + "\n\n" + source_line([(name, env, what)]) + "\n"
+
+
 def warm_start_section(name: str) -> str:
     """bench/generate.py rows of a cold process and the warm processes after it (with and without keep_traces):
     the first generate() call and where it went (dynamo's tracing, or loading the kept traces; our compile; the
@@ -1408,6 +1439,21 @@ SECTIONS = {
         ("2026-11-28-h200-s28-cold-tuning-b-together-layer_qwen25_7b.json", "b: together"),
         ("2026-11-28-h200-s28-cold-tuning-c-together-layer_qwen25_7b-m1.json", "c: together"),
         ("2026-11-28-h200-s28-cold-tuning-c-one-by-one-layer_qwen25_7b-m1.json", "c: one by one")]),
+    "generate-cold-s30": functools.partial(cold_generate_ab_section, [
+        ("2026-11-29-h200-s30-generate-1-tma-on.json", "1: HEAD (bd893c0)"),
+        ("2026-11-29-h200-s30-generate-1-tma-off.json", "1: HEAD, DLBLAS_GEMM_TMA=0"),
+        ("2026-11-29-h200-s30-generate-1-edacf42.json", "1: edacf42"),
+        ("2026-11-29-h200-s30-generate-1-tma-on-2.json", "1: HEAD again"),
+        ("2026-11-29-h200-s30-generate-2-ours-a.json", "2: select fix (04ceace)"),
+        ("2026-11-29-h200-s30-generate-2-ours-b.json", "2: select fix, again"),
+        ("2026-11-29-h200-s30-generate-3-ours.json", "3: select fix, after the GPU tests")], decode=True, split=True),
+    "generation-s30-hf-auto": functools.partial(generation_runs_section, [
+        ("2026-11-29-h200-s30-generate-2-ours-a.json", "run 2, first"),
+        ("2026-11-29-h200-s30-generate-2-hf-auto.json", "run 2, second"),
+        ("2026-11-29-h200-s30-generate-2-ours-b.json", "run 2, third"),
+        ("2026-11-29-h200-s30-generate-3-ours.json", "run 3, first"),
+        ("2026-11-29-h200-s30-generate-3-hf-auto.json", "run 3, second")]),
+    "decode-ab-s30": functools.partial(decode_ab_section, "2026-11-29-h200-s30-decode-ab.json"),
     "generate-cold-s29": functools.partial(cold_generate_ab_section, [
         ("2026-11-28-h200-s29-generate-cold-1-racing.json", "1: racing (b39c104's tuning)"),
         ("2026-11-28-h200-s29-generate-cold-1-small-share.json", "1: small share (edacf42)"),

@@ -1,0 +1,112 @@
+"""Decode per token of several modes in ONE process, their generate() calls interleaved: bench/generate.py runs each
+mode in its own process, and on a shared host the host's speed drifts between processes by more than the modes
+differ (BENCHMARKS.md, thirtieth session: a decode step's host time moved 1.65 -> 2.65 ms between two processes of
+the same tree in one device call). Here every mode has its own copy of the model (bench/generate.py's
+Llama-3-8B-shaped `LlamaForCausalLM`, random weights, bf16, greedy, static cache), is compiled and warmed, and then
+each round times every mode back to back (the order turning each round): generate() of one token and of N, decode
+ms per token = (t_N - t_1) / (N - 1). A drift of the host then falls on every mode of a round alike; the ratios are
+taken within rounds.
+
+    python bench/decode_ab.py --out OUT [--modes ours,hf-auto,eager] [--rounds 5] [--new 128] [--prompt 128]
+
+Modes: ours (`dc.compile(model.forward, backend="triton", tune=--tune)`), hf-auto (plain generate(): with a static
+cache on a GPU it compiles the decode step itself, torch.compile mode "reduce-overhead"), inductor
+(`torch.compile(model.forward)`), eager. Results: OUT/decode_ab.json (per mode: the first call's seconds, each
+round's decode ms per token; per round the ratio of each mode to the first; medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+
+def make(mode: str, layers: int, tune: str, device: str):
+    """The model of `mode` and the generate() keywords it runs with."""
+    import torch
+    from generate import build
+
+    import dlblas_compiler as dc
+
+    torch.manual_seed(0)
+    model = build(layers, torch.bfloat16, device)
+    gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
+    if mode != "hf-auto":  # (generate() would otherwise torch.compile the decode step itself)
+        gen["disable_compile"] = True
+    if mode == "ours":
+        model.forward = dc.compile(model.forward, backend="triton" if device == "cuda" else "reference", tune=tune)
+    elif mode == "inductor":
+        model.forward = torch.compile(model.forward)
+    elif mode not in ("eager", "hf-auto"):
+        raise SystemExit(f"unknown mode {mode!r}")
+    return model, gen
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--modes", default="ours,hf-auto,eager")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--tune", default="quick")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu runs the script's flow on a tiny model (tests)")
+    args = ap.parse_args(argv)
+    import torch
+
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    modes = args.modes.split(",")
+    ids = torch.randint(0, 1000, (1, args.prompt), generator=torch.Generator().manual_seed(1)).to(args.device)
+    runs, doc = {}, {"modes": modes, "prompt": args.prompt, "new": args.new, "layers": args.layers, "tune": args.tune,
+                     "first_call_s": {}, "rounds": []}  # fmt: skip
+    if cuda:
+        doc["gpu"] = torch.cuda.get_device_name()
+        doc["versions"] = {"torch": torch.__version__, "triton": __import__("triton").__version__,
+                           "transformers": __import__("transformers").__version__}  # fmt: skip
+
+    def generate(mode: str, n: int) -> float:
+        model, gen = runs[mode]
+        sync()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
+        sync()
+        return time.perf_counter() - t0
+
+    for mode in modes:  # compile and warm each (the first call: compile, tuning, capture), then once more
+        runs[mode] = make(mode, args.layers, args.tune, args.device)
+        doc["first_call_s"][mode] = round(generate(mode, args.new), 3)
+        generate(mode, args.new)
+        print(f"{mode}: first call {doc['first_call_s'][mode]} s", flush=True)
+    for r in range(args.rounds):
+        order = modes if r % 2 == 0 else modes[::-1]
+        per = {}
+        for mode in order:
+            one, many = generate(mode, 1), generate(mode, args.new)
+            per[mode] = round((many - one) / (args.new - 1) * 1e3, 4)
+        ratios = {m: round(per[m] / per[modes[0]], 4) for m in modes[1:]}  # (> 1: the first mode is faster)
+        doc["rounds"].append({"order": order, "decode_ms_per_token": per, "ratio_to_first": ratios})
+        print(json.dumps(doc["rounds"][-1]), flush=True)
+    doc["median_decode_ms_per_token"] = {m: statistics.median(r["decode_ms_per_token"][m] for r in doc["rounds"])
+                                         for m in modes}  # fmt: skip
+    doc["median_ratio_to_first"] = {m: statistics.median(r["ratio_to_first"][m] for r in doc["rounds"])
+                                    for m in modes[1:]}  # fmt: skip
+    print(json.dumps({k: doc[k] for k in ("first_call_s", "median_decode_ms_per_token", "median_ratio_to_first")}))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode_ab.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+"""bench/decode_ab.py on the CPU (a tiny Llama, the reference backend): every mode is compiled and warmed in one
+process, each round times all of them in turn, the order turning, and the ratios are taken within rounds."""
+
+import json
+import os
+import sys
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+sys.path.insert(0, BENCH)
+
+import decode_ab  # noqa: E402
+import generate  # noqa: E402
+
+
+def test_modes_interleaved_in_one_process(tmp_path, monkeypatch):
+    for name, value in {"H": 64, "I": 128, "HQ": 4, "HK": 2, "D": 16, "VOCAB": 1000}.items():
+        monkeypatch.setattr(generate, name, value)
+    assert decode_ab.main(["--out", str(tmp_path), "--modes", "ours,eager", "--rounds", "2", "--prompt", "5", "--new",
+                           "3", "--layers", "1", "--tune", "none", "--device", "cpu"]) == 0  # fmt: skip
+    doc = json.loads((tmp_path / "decode_ab.json").read_text())
+    assert [r["order"] for r in doc["rounds"]] == [["ours", "eager"], ["eager", "ours"]]
+    for r in doc["rounds"]:
+        per = r["decode_ms_per_token"]
+        assert set(per) == {"ours", "eager"} and all(isinstance(v, float) for v in per.values())
+        assert r["ratio_to_first"]["eager"] == round(per["eager"] / per["ours"], 4)
+    assert set(doc["first_call_s"]) == {"ours", "eager"} and set(doc["median_ratio_to_first"]) == {"eager"}
