@@ -28,11 +28,16 @@ FAMILIES = {
 
 
 # decoders with other parts: per-head q/k norms (Qwen3), sliding-window layers and logit soft-capping (Gemma-2),
+# sliding-window layers with per-head q/k norms (Gemma-3), norms after the attention and MLP and over the whole
+# q and k projections (OLMo-2), one LayerNorm feeding a parallel attention and MLP with a logit scale (Cohere),
 # partial rotary and a parallel residual (GPT-NeoX, which takes no k/v head count), latent attention and routed
 # experts (DeepSeek-V3)
 MORE_FAMILIES = {
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
     "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM, {"head_dim": 16, "sliding_window": 4}),
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, {"head_dim": 16, "sliding_window": 4}),
+    "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, {}),
+    "cohere": (transformers.CohereConfig, transformers.CohereForCausalLM, {"pad_token_id": 0}),
     "gpt_neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, {"num_key_value_heads": None}),
     # multi-head latent attention: the cache holds each head's keys, filled piece by piece through views; value
     # heads wider than the query's and keys' (V3's are narrower: 128 against 192)
