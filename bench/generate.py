@@ -16,6 +16,8 @@ of one token), decode ms/token ((time of N tokens - time of one) / (N - 1), medi
 first-step logits relative error against float32, and the number of leading tokens equal to eager's. The floor
 of a decode step: weights plus the keys and values read per token, over the copy bandwidth measured in the same
 process. A mode that fails records why. Results go to OUT/generate.json, one row per (batch, prompt, mode).
+Decode rates of modes in different processes carry each process's host speed: bench/decode_ab.py compares modes
+within one process.
 """
 
 from __future__ import annotations
