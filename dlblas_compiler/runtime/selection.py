@@ -219,9 +219,9 @@ def select(step: RegionStep, tensors: list) -> None:
         warmup, rep = SELECT_PROBE_MS
         # (the kernel's side: the full timing the search just made of this config, where it made one; a brief
         # timing of its own, taken first, once read it over 1.6x slower than its search and kept cuBLAS)
-        searched = {"kernel": c.time} if c.time and not c.from_cache else {}
-        times = {name: searched.get(name) or benchmark(side, warmup_ms=warmup, rep_ms=rep, device=device)
-                 for name, side in sides.items()}  # fmt: skip
+        searched = c.time if c.time and not c.from_cache else None
+        times = {"kernel": searched or benchmark(sides["kernel"], warmup_ms=warmup, rep_ms=rep, device=device),
+                 "reference": benchmark(sides["reference"], warmup_ms=warmup, rep_ms=rep, device=device)}  # fmt: skip
         if max(times.values()) < SELECT_CLEAR * min(times.values()):  # close: time them in turn
             samples: dict[str, list[float]] = {name: [] for name in sides}
             for i in range(SELECT_ROUNDS):

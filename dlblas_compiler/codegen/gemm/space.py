@@ -30,8 +30,8 @@ PARAMS = {
 }
 
 
-# DLBLAS_GEMM_TMA=0: no TMA configs in any GEMM space, to measure what they bring (bench/NOTES.md item 99: the kernels
-# chosen with them replayed slower in the model's graph); a narrowed space has its own tuning-cache key
+# DLBLAS_GEMM_TMA=0: no TMA configs in any GEMM space, to measure what they bring (bench/NOTES.md item 99: suspected of
+# slower kernels in the model's graph, not reproduced in an A/B on one host); a narrowed space has its own cache key
 TMA_ENV = "DLBLAS_GEMM_TMA"
 SEEDED_ON = 9  # the sweeps' seeds were measured on H200 and H100 (sm90): elsewhere only the variants' starts
 
