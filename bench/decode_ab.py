@@ -4,7 +4,8 @@ differ (BENCHMARKS.md, thirtieth session: a decode step's host time moved 1.65 -
 the same tree in one device call). Here every mode has its own copy of the model (bench/generate.py's
 Llama-3-8B-shaped `LlamaForCausalLM`, random weights, bf16, greedy, static cache), is compiled and warmed, and then
 each round times every mode back to back (the order turning each round): generate() of one token and of N, decode
-ms per token = (t_N - t_1) / (N - 1). A drift of the host then falls on every mode of a round alike; the ratios are
+ms per token = (t_N - t_1) / (N - 1), and prefill ms = t_1 (generate() of one token: the prompt's forward and
+one sampling step; hf-auto's is eager's, as generate() compiles only its decode step). A drift of the host then falls on every mode of a round alike; the ratios are
 taken within rounds.
 
     python bench/decode_ab.py --out OUT [--modes ours,hf-auto,eager] [--rounds 5] [--new 128] [--prompt 128]
@@ -12,7 +13,7 @@ taken within rounds.
 Modes: ours (`dc.compile(model.forward, backend="triton", tune=--tune)`), hf-auto (plain generate(): with a static
 cache on a GPU it compiles the decode step itself, torch.compile mode "reduce-overhead"), inductor
 (`torch.compile(model.forward)`), eager. Results: OUT/decode_ab.json (per mode: the first call's seconds, each
-round's decode ms per token; per round the ratio of each mode to the first; medians).
+round's decode ms per token and prefill ms; per round the ratios of each mode to the first; medians).
 """
 
 from __future__ import annotations
@@ -90,18 +91,25 @@ def main(argv=None) -> int:
         print(f"{mode}: first call {doc['first_call_s'][mode]} s", flush=True)
     for r in range(args.rounds):
         order = modes if r % 2 == 0 else modes[::-1]
-        per = {}
+        per, pre = {}, {}
         for mode in order:
             one, many = generate(mode, 1), generate(mode, args.new)
             per[mode] = round((many - one) / (args.new - 1) * 1e3, 4)
+            pre[mode] = round(one * 1e3, 3)
         ratios = {m: round(per[m] / per[modes[0]], 4) for m in modes[1:]}  # (> 1: the first mode is faster)
-        doc["rounds"].append({"order": order, "decode_ms_per_token": per, "ratio_to_first": ratios})
+        prefill_ratios = {m: round(pre[m] / pre[modes[0]], 4) for m in modes[1:]}
+        doc["rounds"].append({"order": order, "decode_ms_per_token": per, "ratio_to_first": ratios,
+                              "prefill_ms": pre, "prefill_ratio_to_first": prefill_ratios})  # fmt: skip
         print(json.dumps(doc["rounds"][-1]), flush=True)
     doc["median_decode_ms_per_token"] = {m: statistics.median(r["decode_ms_per_token"][m] for r in doc["rounds"])
                                          for m in modes}  # fmt: skip
     doc["median_ratio_to_first"] = {m: statistics.median(r["ratio_to_first"][m] for r in doc["rounds"])
                                     for m in modes[1:]}  # fmt: skip
-    print(json.dumps({k: doc[k] for k in ("first_call_s", "median_decode_ms_per_token", "median_ratio_to_first")}))
+    doc["median_prefill_ms"] = {m: statistics.median(r["prefill_ms"][m] for r in doc["rounds"]) for m in modes}
+    doc["median_prefill_ratio_to_first"] = {m: statistics.median(r["prefill_ratio_to_first"][m] for r in doc["rounds"])
+                                            for m in modes[1:]}  # fmt: skip
+    print(json.dumps({k: doc[k] for k in ("first_call_s", "median_decode_ms_per_token", "median_ratio_to_first",
+                                          "median_prefill_ms", "median_prefill_ratio_to_first")}))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_ab.json"), "w") as f:
         json.dump(doc, f, indent=1)

@@ -918,7 +918,8 @@ def generation_runs_section(runs: list[tuple[str, str]]) -> str:
 
 def decode_ab_section(name: str) -> str:
     """bench/decode_ab.py: the modes of one process, each round timing every mode in turn (the order turning): decode
-    ms per token per mode, and each mode's ratio to the first mode within the round (> 1: the first is faster)."""
+    ms per token per mode, and each mode's ratio to the first mode within the round (> 1: the first is faster); then,
+    where the run recorded them, the prefill ms (generate() of one token) and their ratios the same way."""
     doc = _load(name)
     modes = doc["modes"]
     out = ["| round | order | " + " | ".join(f"{m} ms/token" for m in modes) + " | "
@@ -929,6 +930,15 @@ def decode_ab_section(name: str) -> str:
                    + " | ".join(f"{r['ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
     out.append("| median | | " + " | ".join(f"{doc['median_decode_ms_per_token'][m]:.2f}" for m in modes) + " | "
                + " | ".join(f"{doc['median_ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
+    if "median_prefill_ms" in doc:  # (from the thirty-first session: each round's generate() of one token too)
+        out += ["", "| round | order | " + " | ".join(f"{m} prefill ms" for m in modes) + " | "
+                + " | ".join(f"{m} / {modes[0]} (prefill)" for m in modes[1:]) + " |", "|" + "---|" * (2 * len(modes) + 1)]
+        for i, r in enumerate(doc["rounds"], 1):
+            out.append(f"| {i} | {', '.join(r['order'])} | "
+                       + " | ".join(f"{r['prefill_ms'][m]:.2f}" for m in modes) + " | "
+                       + " | ".join(f"{r['prefill_ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
+        out.append("| median | | " + " | ".join(f"{doc['median_prefill_ms'][m]:.2f}" for m in modes) + " | "
+                   + " | ".join(f"{doc['median_prefill_ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
     first = ", ".join(f"{m} {doc['first_call_s'][m]:.1f} s" for m in modes)
     env = {"gpu": doc.get("gpu"), "versions": doc.get("versions")}
     what = f"prompt {doc['prompt']}, {doc['new']} new tokens, {doc['layers']} layers, tune {doc['tune']}; first calls: {first}"

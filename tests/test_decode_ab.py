@@ -23,4 +23,8 @@ def test_modes_interleaved_in_one_process(tmp_path, monkeypatch):
         per = r["decode_ms_per_token"]
         assert set(per) == {"ours", "eager"} and all(isinstance(v, float) for v in per.values())
         assert r["ratio_to_first"]["eager"] == round(per["eager"] / per["ours"], 4)
+        pre = r["prefill_ms"]  # (generate() of one token: the prompt's forward)
+        assert set(pre) == {"ours", "eager"} and all(v > 0 for v in pre.values())
+        assert r["prefill_ratio_to_first"]["eager"] == round(pre["eager"] / pre["ours"], 4)
     assert set(doc["first_call_s"]) == {"ours", "eager"} and set(doc["median_ratio_to_first"]) == {"eager"}
+    assert set(doc["median_prefill_ms"]) == {"ours", "eager"} and set(doc["median_prefill_ratio_to_first"]) == {"eager"}
