@@ -1,14 +1,16 @@
-"""Decode per token of several modes in ONE process, their generate() calls interleaved: bench/generate.py runs each
-mode in its own process, and on a shared host the host's speed drifts between processes by more than the modes
-differ (BENCHMARKS.md, thirtieth session: a decode step's host time moved 1.65 -> 2.65 ms between two processes of
-the same tree in one device call). Here every mode has its own copy of the model (bench/generate.py's
-Llama-3-8B-shaped `LlamaForCausalLM`, random weights, bf16, greedy, static cache), is compiled and warmed, and then
-each round times every mode back to back (the order turning each round): generate() of one token and of N, decode
-ms per token = (t_N - t_1) / (N - 1), and prefill ms = t_1 (generate() of one token: the prompt's forward and
-one sampling step; hf-auto's is eager's, as generate() compiles only its decode step). A drift of the host then falls on every mode of a round alike; the ratios are
-taken within rounds.
+"""Decode per token (and prefill) of several modes in ONE process, their generate() calls interleaved:
+bench/generate.py runs each mode in its own process, and on a shared host the host's speed drifts between processes
+by more than the modes differ (BENCHMARKS.md, thirtieth session: a decode step's host time moved 1.65 -> 2.65 ms
+between two processes of the same tree in one device call). Here every mode has its own copy of the model
+(bench/generate.py's Llama-3-8B-shaped `LlamaForCausalLM`, or with --model a *ForCausalLM of another published
+configuration; random weights, bf16, greedy, static cache), is compiled and warmed, and then each round times every
+mode back to back (the order turning each round): generate() of one token and of N. Decode ms per token =
+(t_N - t_1) / (N - 1); prefill ms = t_1 (the prompt's forward and one sampling step; hf-auto's prefill is eager's,
+as generate() compiles only its decode step). A drift of the host then falls on every mode of a round alike; the
+ratios are taken within rounds.
 
     python bench/decode_ab.py --out OUT [--modes ours,hf-auto,eager] [--rounds 5] [--new 128] [--prompt 128]
+                              [--model llama3_8b|qwen3_8b|...]
 
 Modes: ours (`dc.compile(model.forward, backend="triton", tune=--tune)`), hf-auto (plain generate(): with a static
 cache on a GPU it compiles the decode step itself, torch.compile mode "reduce-overhead"), inductor
@@ -30,15 +32,48 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 
-def make(mode: str, layers: int, tune: str, device: str):
+# the vocabularies of the published configurations (bench/blocks.py HF_LAYERS keeps their layers' dims)
+VOCABS = {"qwen25_7b": 152064, "qwen3_8b": 151936, "gemma_7b": 256000, "llama32_3b": 128256, "phi3_mini": 32064,
+          "mistral_nemo_12b": 131072}  # fmt: skip
+
+
+def build_model(name: str, layers: int, dtype, device: str):
+    """`llama3_8b`: bench/generate.py's model; another name: a *ForCausalLM of that published configuration
+    (bench/blocks.py HF_LAYERS, its vocabulary from VOCABS), made in `dtype` on the device, random weights."""
+    import torch
+
+    if name == "llama3_8b":
+        from generate import build
+
+        return build(layers, dtype, device)
+    from blocks import HF_LAYERS
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dlblas_compiler.models import randomize_
+
+    model_type, fields = HF_LAYERS[name]
+    cfg = AutoConfig.for_model(model_type, num_hidden_layers=layers, vocab_size=VOCABS[name],
+                               max_position_embeddings=8192, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                               **fields)  # fmt: skip
+    cfg._attn_implementation = "sdpa"
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    return randomize_(model, seed=0, scale=0.3, device=device).to(dtype).eval()
+
+
+def make(mode: str, model_name: str, layers: int, tune: str, device: str):
     """The model of `mode` and the generate() keywords it runs with."""
     import torch
-    from generate import build
 
     import dlblas_compiler as dc
 
     torch.manual_seed(0)
-    model = build(layers, torch.bfloat16, device)
+    model = build_model(model_name, layers, torch.bfloat16, device)
     gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
     if mode != "hf-auto":  # (generate() would otherwise torch.compile the decode step itself)
         gen["disable_compile"] = True
@@ -59,6 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--model", default="llama3_8b", help="llama3_8b, or a published configuration: " + ", ".join(VOCABS))
     ap.add_argument("--tune", default="quick")
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the script's flow on a tiny model (tests)")
     args = ap.parse_args(argv)
@@ -67,8 +103,8 @@ def main(argv=None) -> int:
     cuda = args.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     modes = args.modes.split(",")
-    ids = torch.randint(0, 1000, (1, args.prompt), generator=torch.Generator().manual_seed(1)).to(args.device)
-    runs, doc = {}, {"modes": modes, "prompt": args.prompt, "new": args.new, "layers": args.layers, "tune": args.tune,
+    ids = torch.randint(3, 1000, (1, args.prompt), generator=torch.Generator().manual_seed(1)).to(args.device)
+    runs, doc = {}, {"model": args.model, "modes": modes, "prompt": args.prompt, "new": args.new, "layers": args.layers, "tune": args.tune,
                      "first_call_s": {}, "rounds": []}  # fmt: skip
     if cuda:
         doc["gpu"] = torch.cuda.get_device_name()
@@ -84,10 +120,11 @@ def main(argv=None) -> int:
         sync()
         return time.perf_counter() - t0
 
-    for mode in modes:  # compile and warm each (the first call: compile, tuning, capture), then once more
-        runs[mode] = make(mode, args.layers, args.tune, args.device)
-        doc["first_call_s"][mode] = round(generate(mode, args.new), 3)
+    for mode in modes:  # compile and warm each (the first call: compile, tuning, capture), then once more, and a
+        runs[mode] = make(mode, args.model, args.layers, args.tune, args.device)  # generate() of one token (a cache
+        doc["first_call_s"][mode] = round(generate(mode, args.new), 3)  # of another length: a new shape to see)
         generate(mode, args.new)
+        generate(mode, 1)
         print(f"{mode}: first call {doc['first_call_s'][mode]} s", flush=True)
     for r in range(args.rounds):
         order = modes if r % 2 == 0 else modes[::-1]

@@ -941,7 +941,8 @@ def decode_ab_section(name: str) -> str:
                    + " | ".join(f"{doc['median_prefill_ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
     first = ", ".join(f"{m} {doc['first_call_s'][m]:.1f} s" for m in modes)
     env = {"gpu": doc.get("gpu"), "versions": doc.get("versions")}
-    what = f"prompt {doc['prompt']}, {doc['new']} new tokens, {doc['layers']} layers, tune {doc['tune']}; first calls: {first}"
+    what = (f"{doc.get('model', 'llama3_8b')}, prompt {doc['prompt']}, {doc['new']} new tokens, {doc['layers']} layers, "
+            f"tune {doc['tune']}; first calls: {first}")
     return "\n".join(out) + "\n\n" + source_line([(name, env, what)]) + "\n"
 
 

@@ -28,3 +28,18 @@ def test_modes_interleaved_in_one_process(tmp_path, monkeypatch):
         assert r["prefill_ratio_to_first"]["eager"] == round(pre["eager"] / pre["ours"], 4)
     assert set(doc["first_call_s"]) == {"ours", "eager"} and set(doc["median_ratio_to_first"]) == {"eager"}
     assert set(doc["median_prefill_ms"]) == {"ours", "eager"} and set(doc["median_prefill_ratio_to_first"]) == {"eager"}
+
+
+def test_a_published_configuration(tmp_path, monkeypatch):
+    """--model builds that configuration's *ForCausalLM (here Qwen3's, qk norms included, with tiny dims)."""
+    import blocks
+
+    monkeypatch.setitem(blocks.HF_LAYERS, "qwen3_8b", ("qwen3", dict(hidden_size=64, intermediate_size=128,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6)))  # fmt: skip
+    monkeypatch.setitem(decode_ab.VOCABS, "qwen3_8b", 1000)
+    model = decode_ab.build_model("qwen3_8b", 1, __import__("torch").float32, "cpu")
+    assert type(model).__name__ == "Qwen3ForCausalLM" and model.config.hidden_size == 64
+    assert decode_ab.main(["--out", str(tmp_path), "--model", "qwen3_8b", "--modes", "ours,eager", "--rounds", "1",
+                           "--prompt", "5", "--new", "3", "--layers", "1", "--tune", "none", "--device", "cpu"]) == 0
+    doc = json.loads((tmp_path / "decode_ab.json").read_text())
+    assert doc["model"] == "qwen3_8b" and set(doc["median_prefill_ms"]) == {"ours", "eager"}
