@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
+from ..runtime.graphs import captured
 from .common import launch, next_pow2
 from .gating import topk_gating, topk_gating_reference
 from .moe_gemm import default_config, fused_moe, fused_moe_reference
@@ -375,7 +376,7 @@ class EPMoE(nn.Module):
             self._pool = self._pool or torch.cuda.graph_pool_handle()
             # one pool for every shape's graph: what lives across replays (static_x, the exchange's buffers) is
             # outside it, and each replay's output and aux loss are copied out before the next replay
-            with torch.cuda.graph(graph, pool=self._pool):
+            with captured(graph, pool=self._pool):  # (its cuBLAS workspace in that pool too: runtime.graphs)
                 static_out = self._forward(static_x, None)
             self._graphs[key] = entry = (graph, static_x, static_out, self.last_aux_loss)
         graph, static_x, static_out, aux = entry

@@ -31,6 +31,29 @@ def _warmup_stream(device: int) -> torch.cuda.Stream:
     return _STREAMS[device]
 
 
+def own_cublas_workspace() -> None:
+    """Drop every cuBLAS workspace PyTorch keeps (per handle and stream; torch._C._cuda_clearCublasWorkspaces, as
+    Inductor's CUDA-graph trees do around each recording)."""
+    torch._C._cuda_clearCublasWorkspaces()
+
+
+@contextmanager
+def captured(graph: torch.cuda.CUDAGraph, pool: Any = None):
+    """`torch.cuda.graph(graph, pool)` whose cuBLAS calls use a workspace of the graph's own memory pool. PyTorch
+    keeps one workspace per cuBLAS handle and stream and hands it to every capture on that stream, while anyone may
+    free it: Inductor's CUDA-graph trees clear all of them before and after each recording, and a destroyed graph
+    clears its stream's. A graph that had captured a workspace made elsewhere then replayed cuBLAS into freed
+    memory: "illegal memory access" on an H200 (a Phi-3 model of ours and one under torch.compile's
+    reduce-overhead in one process, bench/NOTES.md 104). So the workspaces are dropped before the capture (the
+    capture makes its own, in its pool, alive as long as the graph) and after it (no later work is handed it)."""
+    own_cublas_workspace()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            yield
+    finally:
+        own_cublas_workspace()
+
+
 @dataclass
 class CudaGraph:
     """The capture of `run` (a program's direct execution: inputs -> outputs) and its replays.
@@ -64,7 +87,7 @@ class CudaGraph:
                     self.run(self.static_in)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                with captured(graph):
                     self.static_out = self.run(self.static_in)
             kept = {id(self.static_in[i]) for i in self.static}
             self.cloned = tuple(id(o) not in kept for o in self.static_out)
