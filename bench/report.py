@@ -1465,6 +1465,9 @@ SECTIONS = {
         ("2026-11-29-h200-s30-generate-3-ours.json", "run 3, first"),
         ("2026-11-29-h200-s30-generate-3-hf-auto.json", "run 3, second")]),
     "decode-ab-s30": functools.partial(decode_ab_section, "2026-11-29-h200-s30-decode-ab.json"),
+    "decode-ab-s31-llama-p2048": functools.partial(decode_ab_section, "2026-11-29-h200-s31-decode-ab-llama-p2048.json"),
+    "decode-ab-s31-qwen3-p2048": functools.partial(decode_ab_section, "2026-11-29-h200-s31-decode-ab-qwen3-p2048.json"),
+    "decode-ab-s31-phi3-p128": functools.partial(decode_ab_section, "2026-11-29-h200-s31-decode-ab-phi3-p128.json"),
     "generate-cold-s29": functools.partial(cold_generate_ab_section, [
         ("2026-11-28-h200-s29-generate-cold-1-racing.json", "1: racing (b39c104's tuning)"),
         ("2026-11-28-h200-s29-generate-cold-1-small-share.json", "1: small share (edacf42)"),

@@ -515,6 +515,44 @@ def test_gemm_rotary_partners_read_from_the_product(rd, inter):
     assert {(c["BLOCK_N"], c["MM"]) for c in checked} >= {(16, 1), (64, 1), (128, 1), (32, 0)}
 
 
+@pytest.mark.parametrize("tokens", [1, 7])
+@pytest.mark.parametrize("d,rd,inter", [(48, None, False), (48, None, True), (40, None, False), (40, 8, False)])
+def test_gemm_rotary_on_heads_whose_width_is_not_a_power_of_two(tokens, d, rd, inter):
+    """Heads of 48 columns (Phi-3-mini has 96) rotate in the QKV GEMM's epilogue: in tiles of part of a head
+    (BLOCK_N dividing the head, each tile the matching parts of its two halves) or over cuBLAS's product; heads of
+    40 columns (not a multiple of 16) and partial rotary over cuBLAS's product only. Each config against the
+    region's float64 reference (these rotaries were row kernels after the GEMM before)."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    model = randomize_(BiasQKRotary(32, 3, d, rd, inter)).eval()
+    ang = _x(tokens, (rd or d) // 2, seed=3)
+    rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
+    args = [_x(1, tokens, 32), rep(ang.cos()), rep(ang.sin())]
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    base = {"BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0,
+            "PERSISTENT": 0}  # fmt: skip
+    configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "MM": mm}
+               for bm, bn, mm in [(1, 16, 0), (16, 16, 0), (16, 32, 0), (16, 16, 1), (16, 32, 1), (16, 64, 1), (16, 128, 1)]]
+    with torch.no_grad():
+        out = cm(*args)
+        ref = copy.deepcopy(model).double()(*(a.double() for a in args))
+        assert all(rel_error(o, r) <= tolerance(torch.float32) for o, r in zip(out, ref, strict=True))
+        prog = cm._spec().executor
+        env = prog._env(args)
+        (step,) = [st for st in prog.steps if isinstance(st, RegionStep)]
+        assert step.choice.pattern == "gemm" and step.kernel.region_ir.count("dl.rotary") == 2
+        tensors = step.inputs(env)
+        refs = step.reference([t.double() for t in tensors])
+        checked = {(c["BLOCK_M"], c["BLOCK_N"], c["MM"]) for c in _launch_valid(step, tensors, refs, configs)}
+    assert {(16, 64, 1), (16, 128, 1)} <= checked  # the product read back: tiles of a head or more, any width
+    assert (16, 32, 0) not in checked
+    if d % 16 == 0 and rd is None:  # tiles of part of a head dividing it (one-row tiles at one token)
+        assert {(16, 16, 0), (16, 16, 1)} <= checked and ((1, 16, 0) in checked) == (tokens == 1)
+        assert (16, 32, 1) not in checked  # (32 columns do not divide a head of 48)
+    else:  # no tile holds part of a head: only the product read back, in tiles of any width
+        assert not any(mm == 0 for _, _, mm in checked) and {(16, 16, 1), (16, 32, 1)} <= checked
+
+
 def _one_gemm_region_every_config(model, args, configs, ops: dict[str, int], outputs: bool = False):
     """Compile `model` (interpreter), check it is one GEMM region holding `ops` (name -> count) and that its outputs
     match the float64 model, then launch each valid config of `configs` against the region's float64 reference;

@@ -178,15 +178,22 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
             d, rd = c.head, o.dim
             if c.window is not None and (c.window[0] % d or c.split[-1] % d):
                 return f"rotary on a {d}-column slice at {c.window[0]} of {c.split[-1]}-column heads: not at multiples of {d}"
-            if c.lo % d or d & (d - 1) or d > 256 or rd & (rd - 1) or d % rd:
-                return f"rotary on head dim {d} (rotary dim {rd}, column offset {c.lo}) does not tile: powers of two <= 256"
+            if c.lo % d or d > 256 or d % rd or rd % 2 or (not d & (d - 1) and rd & (rd - 1)):
+                return f"rotary on head dim {d} (rotary dim {rd}, column offset {c.lo}) does not tile: heads of at most 256 columns at multiples of their width, an even rotary dim dividing it (a power of two in a head of one)"
             plan.rotary_dims.add(d)
     rotaries = [o for o in plan.epilogue if isinstance(o, RotaryOp)]
     plan.rotary_from_product = bool(rotaries) and all(_view_of(o.input, lin.result) for o in rotaries)
     rots = {(plan.info[o.input].head, o.dim, o.layout.data) for o in rotaries}
     windowed = any(plan.info[o.input].window is not None for o in rotaries)
-    if len(rots) == 1 and (r := rots.pop())[0] == r[1] and plan.grid_n % r[0] == 0 and not plan.head_norm and not windowed:
-        plan.narrow_rotary = r[2]  # one full-head rotary over whole heads: tiles may hold part of a head
+    if (len(rots) == 1 and (r := rots.pop())[0] == r[1] and plan.grid_n % r[0] == 0 and r[0] % 16 == 0
+            and not plan.head_norm and not windowed):  # fmt: skip
+        plan.narrow_rotary = r[2]  # one full-head rotary over whole heads: tiles (16 columns or more) may hold part of a head
+    odd = sorted(d for d in plan.rotary_dims if d & (d - 1))
+    if odd and not plan.rotary_from_product and not plan.narrow_rotary:
+        # (a head of D columns that is not a power of two never fills whole tiles: its rotary runs in tiles of a
+        # part of each head, BLOCK_N dividing D (narrow), or over cuBLAS's product reading partners back (MM))
+        return (f"rotary on {odd[0]}-column heads (not a power of two) needs tiles of part of a head (one full-head "
+                "rotary, D a multiple of 16) or partner columns read back from the product (a rotary of Y's view)")
     return plan
 
 

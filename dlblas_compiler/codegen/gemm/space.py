@@ -49,9 +49,10 @@ def space(plan: GemmPlan) -> SearchSpace:
     space = SearchSpace(
         PARAMS,
         {
-            "heads (rotary, per-head norm) fit the tile (MM reads rotary partners back: any width)": lambda c:
-            c["BLOCK_N"] % rot == 0
-            or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"]) or (c["MM"] and plan.rotary_from_product),
+            "heads (rotary, per-head norm) fit the tile (MM reads rotary partners back: any width, but a tile of part"
+            " of a head divides it)": lambda c: c["BLOCK_N"] % rot == 0
+            or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"])
+            or (c["MM"] and plan.rotary_from_product and (not narrow or c["BLOCK_N"] >= rot or rot % c["BLOCK_N"] == 0)),
             "one-row (CUDA-core) tiles only for a few rows": lambda c: c["BLOCK_M"] > 1
             or (m <= GEMV_ROWS and not c["TMA"]),
             "K blocks over 128 only for one-row tiles": lambda c: c["BLOCK_K"] <= 128 or c["BLOCK_M"] == 1,
