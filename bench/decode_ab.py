@@ -121,9 +121,9 @@ def main(argv=None) -> int:
         return time.perf_counter() - t0
 
     for mode in modes:  # compile and warm each (the first call: compile, tuning, capture), then once more, and a
-        runs[mode] = make(mode, args.model, args.layers, args.tune, args.device)  # generate() of one token (a cache
-        doc["first_call_s"][mode] = round(generate(mode, args.new), 3)  # of another length: a new shape to see)
-        generate(mode, args.new)
+        runs[mode] = make(mode, args.model, args.layers, args.tune, args.device)  # generate() of one token (ours'
+        doc["first_call_s"][mode] = round(generate(mode, args.new), 3)  # first one took 1.6 s in a round at
+        generate(mode, args.new)  # prompt 2048, BENCHMARKS.md thirty-first session)
         generate(mode, 1)
         print(f"{mode}: first call {doc['first_call_s'][mode]} s", flush=True)
     for r in range(args.rounds):

@@ -541,6 +541,7 @@ def test_gemm_rotary_on_heads_whose_width_is_not_a_power_of_two(tokens, d, rd, i
         env = prog._env(args)
         (step,) = [st for st in prog.steps if isinstance(st, RegionStep)]
         assert step.choice.pattern == "gemm" and step.kernel.region_ir.count("dl.rotary") == 2
+        assert step.kernel.space.is_valid(step.kernel.space._default)  # (the declared default, not a neighbour)
         tensors = step.inputs(env)
         refs = step.reference([t.double() for t in tensors])
         checked = {(c["BLOCK_M"], c["BLOCK_N"], c["MM"]) for c in _launch_valid(step, tensors, refs, configs)}

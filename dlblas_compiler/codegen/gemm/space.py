@@ -77,7 +77,7 @@ def space(plan: GemmPlan) -> SearchSpace:
             lambda c: not (norm_w and c["TMA"] and not c["NORM_PASS"] and not c["MM"] and c["BLOCK_M"] > 1),
         },
         default=(default := _default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0,
-                                            smem_limit // elem, has_norm, ln)),
+                                            smem_limit // elem, has_norm, ln, plan.rotary_from_product)),
         seeds=(_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [])
         + _variant_starts(m, ns, has_norm, ln, default),
     )
@@ -85,7 +85,7 @@ def space(plan: GemmPlan) -> SearchSpace:
 
 
 def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int,
-                    has_norm: bool, ln: bool = False) -> dict:
+                    has_norm: bool, ln: bool = False, from_product: bool = False) -> dict:
     """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): one row streams
     the weight through CUDA cores in narrow tiles; other decode shapes stream it with more programs
     (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles (also for the dual GEMM) loaded
@@ -94,7 +94,21 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
     8 warps' registers; on an H100 at M=2048 128x256 beat 128x128 by 10-25% on every single-stream GEMM of five
     layers, bench/NOTES.md 71). Above 16 rows a norm prologue is a row
     pass: scaling the A tile by the norm weight inside the K loop takes it out of the tensor cores' pipeline (H100,
-    M=2048: 171 vs 148 µs for the QKV GEMM, NOTES 36)."""
+    M=2048: 171 vs 148 µs for the QKV GEMM, NOTES 36). Heads whose width is not a power of two never fill whole
+    tiles: above 16 rows the rotary then runs over cuBLAS's product (MM, where it rotates a view of the product),
+    otherwise in tiles of part of a head, the widest power of two dividing it (NOTES 105)."""
+    if rot & (rot - 1):  # (one row and tiles of part of a head: the one-row default below, 16 columns wide)
+        bm = 16 if m <= 16 else 64 if m <= 256 else 128
+        if (m > 16 or not narrow) and from_product:
+            return {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 8 if m > bm else 1,
+                    "num_warps": 8 if bm * 128 * ns > 8192 else 4, "num_stages": 2, "TMA": 0, "MM": 1,
+                    "NORM_PASS": int(has_norm), "PERSISTENT": 0}  # fmt: skip
+        if narrow and m > 1:
+            bn = min(128, rot & -rot)  # (the lowest set bit: the widest power of two dividing the head)
+            bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
+            return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8 if m > bm else 1,
+                    "num_warps": 4, "num_stages": 3 if m > 16 else 4, "TMA": 0, "MM": 0,
+                    "NORM_PASS": int(ln or (has_norm and m > 16)), "PERSISTENT": 0}  # fmt: skip
     if m == 1:  # about 8 programs per SM, each streaming 16 weight rows 128 wide (M=1 sweeps, NOTES 19)
         bn = 16 if narrow or rot <= 16 else rot
         bk = max(32, min(128, 8192 // (ns * bn), triton.next_power_of_2(k)))
