@@ -15,7 +15,8 @@ ratios are taken within rounds.
 Modes: ours (`dc.compile(model.forward, backend="triton", tune=--tune)`), hf-auto (plain generate(): with a static
 cache on a GPU it compiles the decode step itself, torch.compile mode "reduce-overhead"), inductor
 (`torch.compile(model.forward)`), eager. Results: OUT/decode_ab.json (per mode: the first call's seconds, each
-round's decode ms per token and prefill ms; per round the ratios of each mode to the first; medians).
+round's decode ms per token and prefill ms; per round the ratios of each mode to the first; medians; ours' report
+of a decode step).
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ def main(argv=None) -> int:
         runs[mode] = make(mode, args.model, args.layers, args.tune, args.device)  # generate() of one token (ours'
         doc["first_call_s"][mode] = round(generate(mode, args.new), 3)  # first one took 1.6 s in a round at
         generate(mode, args.new)  # prompt 2048, BENCHMARKS.md thirty-first session)
+        if mode == "ours":  # what the last call (a decode step) ran: regions, kernels, what stayed in torch
+            doc["ours_decode_report"] = str(runs[mode][0].forward.report())
         generate(mode, 1)
         print(f"{mode}: first call {doc['first_call_s'][mode]} s", flush=True)
     for r in range(args.rounds):

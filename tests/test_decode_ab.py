@@ -43,3 +43,4 @@ def test_a_published_configuration(tmp_path, monkeypatch):
                            "--prompt", "5", "--new", "3", "--layers", "1", "--tune", "none", "--device", "cpu"]) == 0
     doc = json.loads((tmp_path / "decode_ab.json").read_text())
     assert doc["model"] == "qwen3_8b" and set(doc["median_prefill_ms"]) == {"ours", "eager"}
+    assert "Qwen3ForCausalLM" in doc["ours_decode_report"] and "fused region" in doc["ours_decode_report"]
