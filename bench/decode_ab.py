@@ -41,30 +41,18 @@ VOCABS = {"qwen25_7b": 152064, "qwen3_8b": 151936, "gemma_7b": 256000, "llama32_
 def build_model(name: str, layers: int, dtype, device: str):
     """`llama3_8b`: bench/generate.py's model; another name: a *ForCausalLM of that published configuration
     (bench/blocks.py HF_LAYERS, its vocabulary from VOCABS), made in `dtype` on the device, random weights."""
-    import torch
+    from generate import build, instantiate
 
     if name == "llama3_8b":
-        from generate import build
-
         return build(layers, dtype, device)
     from blocks import HF_LAYERS
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from dlblas_compiler.models import randomize_
+    from transformers import AutoConfig
 
     model_type, fields = HF_LAYERS[name]
     cfg = AutoConfig.for_model(model_type, num_hidden_layers=layers, vocab_size=VOCABS[name],
                                max_position_embeddings=8192, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                **fields)  # fmt: skip
-    cfg._attn_implementation = "sdpa"
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(cfg)
-    finally:
-        torch.set_default_dtype(default)
-    return randomize_(model, seed=0, scale=0.3, device=device).to(dtype).eval()
+    return instantiate(cfg, dtype, device)
 
 
 def make(mode: str, model_name: str, layers: int, tune: str, device: str):

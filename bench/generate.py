@@ -41,22 +41,29 @@ H, I, HQ, HK, D, VOCAB = 4096, 14336, 32, 8, 128, 128256
 
 
 def build(layers: int, dtype, device="cuda"):
-    """The model made directly in `dtype` on the GPU, its parameters drawn there (`randomize_`: norm weights
-    around 1, matrices with std 0.3/sqrt(fan-in), the same draws for every dtype)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from dlblas_compiler.models import randomize_
+    """The Llama-3-8B-shaped model with `layers` layers (`instantiate`)."""
+    from transformers import LlamaConfig
 
     cfg = LlamaConfig(hidden_size=H, intermediate_size=I, num_attention_heads=HQ, num_key_value_heads=HK, head_dim=D,
                       num_hidden_layers=layers, vocab_size=VOCAB, rms_norm_eps=1e-5, rope_theta=500000.0,
                       max_position_embeddings=8192)  # fmt: skip
+    return instantiate(cfg, dtype, device)
+
+
+def instantiate(cfg, dtype, device="cuda"):
+    """The *ForCausalLM of a HF config made directly in `dtype` on the device (SDPA attention), its parameters drawn
+    there (`randomize_`: norm weights around 1, matrices with std 0.3/sqrt(fan-in), the same draws for every dtype)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dlblas_compiler.models import randomize_
+
     cfg._attn_implementation = "sdpa"
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(cfg)
+            model = AutoModelForCausalLM.from_config(cfg)
     finally:
         torch.set_default_dtype(default)
     return randomize_(model, seed=0, scale=0.3, device=device).to(dtype).eval()

@@ -922,23 +922,21 @@ def decode_ab_section(name: str) -> str:
     where the run recorded them, the prefill ms (generate() of one token) and their ratios the same way."""
     doc = _load(name)
     modes = doc["modes"]
-    out = ["| round | order | " + " | ".join(f"{m} ms/token" for m in modes) + " | "
-           + " | ".join(f"{m} / {modes[0]}" for m in modes[1:]) + " |", "|" + "---|" * (2 * len(modes) + 1)]
-    for i, r in enumerate(doc["rounds"], 1):
-        out.append(f"| {i} | {', '.join(r['order'])} | "
-                   + " | ".join(f"{r['decode_ms_per_token'][m]:.2f}" for m in modes) + " | "
-                   + " | ".join(f"{r['ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
-    out.append("| median | | " + " | ".join(f"{doc['median_decode_ms_per_token'][m]:.2f}" for m in modes) + " | "
-               + " | ".join(f"{doc['median_ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
-    if "median_prefill_ms" in doc:  # (from the thirty-first session: each round's generate() of one token too)
-        out += ["", "| round | order | " + " | ".join(f"{m} prefill ms" for m in modes) + " | "
-                + " | ".join(f"{m} / {modes[0]} (prefill)" for m in modes[1:]) + " |", "|" + "---|" * (2 * len(modes) + 1)]
+
+    def table(unit: str, values: str, ratios: str, medians: str, median_ratios: str, tag: str = "") -> list[str]:
+        out = ["| round | order | " + " | ".join(f"{m} {unit}" for m in modes) + " | "
+               + " | ".join(f"{m} / {modes[0]}{tag}" for m in modes[1:]) + " |", "|" + "---|" * (2 * len(modes) + 1)]
         for i, r in enumerate(doc["rounds"], 1):
-            out.append(f"| {i} | {', '.join(r['order'])} | "
-                       + " | ".join(f"{r['prefill_ms'][m]:.2f}" for m in modes) + " | "
-                       + " | ".join(f"{r['prefill_ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
-        out.append("| median | | " + " | ".join(f"{doc['median_prefill_ms'][m]:.2f}" for m in modes) + " | "
-                   + " | ".join(f"{doc['median_prefill_ratio_to_first'][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
+            out.append(f"| {i} | {', '.join(r['order'])} | " + " | ".join(f"{r[values][m]:.2f}" for m in modes) + " | "
+                       + " | ".join(f"{r[ratios][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
+        out.append("| median | | " + " | ".join(f"{doc[medians][m]:.2f}" for m in modes) + " | "
+                   + " | ".join(f"{doc[median_ratios][m]:.3f}" for m in modes[1:]) + " |")  # fmt: skip
+        return out
+
+    out = table("ms/token", "decode_ms_per_token", "ratio_to_first", "median_decode_ms_per_token", "median_ratio_to_first")
+    if "median_prefill_ms" in doc:  # (from the thirty-first session: each round's generate() of one token too)
+        out += ["", *table("prefill ms", "prefill_ms", "prefill_ratio_to_first", "median_prefill_ms",
+                           "median_prefill_ratio_to_first", " (prefill)")]  # fmt: skip
     first = ", ".join(f"{m} {doc['first_call_s'][m]:.1f} s" for m in modes)
     env = {"gpu": doc.get("gpu"), "versions": doc.get("versions")}
     what = (f"{doc.get('model', 'llama3_8b')}, prompt {doc['prompt']}, {doc['new']} new tokens, {doc['layers']} layers, "

@@ -31,12 +31,6 @@ def _warmup_stream(device: int) -> torch.cuda.Stream:
     return _STREAMS[device]
 
 
-def own_cublas_workspace() -> None:
-    """Drop every cuBLAS workspace PyTorch keeps (per handle and stream; torch._C._cuda_clearCublasWorkspaces, as
-    Inductor's CUDA-graph trees do around each recording)."""
-    torch._C._cuda_clearCublasWorkspaces()
-
-
 @contextmanager
 def captured(graph: torch.cuda.CUDAGraph, pool: Any = None):
     """`torch.cuda.graph(graph, pool)` whose cuBLAS calls use a workspace of the graph's own memory pool. PyTorch
@@ -45,13 +39,14 @@ def captured(graph: torch.cuda.CUDAGraph, pool: Any = None):
     clears its stream's. A graph that had captured a workspace made elsewhere then replayed cuBLAS into freed
     memory: "illegal memory access" on an H200 (a Phi-3 model of ours and one under torch.compile's
     reduce-overhead in one process, bench/NOTES.md 104). So the workspaces are dropped before the capture (the
-    capture makes its own, in its pool, alive as long as the graph) and after it (no later work is handed it)."""
-    own_cublas_workspace()
+    capture makes its own, in its pool, alive as long as the graph) and after it (no later work is handed it), with
+    the call Inductor's CUDA-graph trees make around each recording."""
+    torch._C._cuda_clearCublasWorkspaces()
     try:
         with torch.cuda.graph(graph, pool=pool):
             yield
     finally:
-        own_cublas_workspace()
+        torch._C._cuda_clearCublasWorkspaces()
 
 
 @dataclass
