@@ -16,7 +16,10 @@ Modes: ours (`dc.compile(model.forward, backend="triton", tune=--tune)`), hf-aut
 cache on a GPU it compiles the decode step itself, torch.compile mode "reduce-overhead"), inductor
 (`torch.compile(model.forward)`), eager. Results: OUT/decode_ab.json (per mode: the first call's seconds, each
 round's decode ms per token and prefill ms; per round the ratios of each mode to the first; medians; ours' report
-of a decode step).
+of a decode step). `--trace` (GPU): then, per mode, a torch.profiler trace of generate() of 9 tokens minus one of 1
+token (8 decode steps): wall and GPU busy ms, and the largest kernels grouped by name with layer numbers blanked
+(our kernels are named per region: gemm_4, attention_130), so what a token's time above the floor is made of,
+for each mode, is read from one run.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="llama3_8b", help="llama3_8b, or a published configuration: " + ", ".join(VOCABS))
     ap.add_argument("--tune", default="quick")
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the script's flow on a tiny model (tests)")
+    ap.add_argument("--trace", action="store_true", help="add each mode's profiler summary of 8 decode steps (GPU)")
     args = ap.parse_args(argv)
     import torch
 
@@ -129,6 +133,16 @@ def main(argv=None) -> int:
         doc["rounds"].append({"order": order, "decode_ms_per_token": per, "ratio_to_first": ratios,
                               "prefill_ms": pre, "prefill_ratio_to_first": prefill_ratios})  # fmt: skip
         print(json.dumps(doc["rounds"][-1]), flush=True)
+    if args.trace and cuda:
+        import re
+
+        from generate import traced
+
+        def family(name: str) -> str:  # gemm_4 -> gemm_#, triton_poi_fused_add_3 -> triton_poi_fused_add_#
+            return re.sub(r"_\d+(?=\b|_)", "_#", name)[:100]
+
+        doc["trace_decode_8"] = {m: traced(lambda m=m: generate(m, 9), lambda m=m: generate(m, 1), family) for m in modes}
+        print(json.dumps(doc["trace_decode_8"]), flush=True)
     doc["median_decode_ms_per_token"] = {m: statistics.median(r["decode_ms_per_token"][m] for r in doc["rounds"])
                                          for m in modes}  # fmt: skip
     doc["median_ratio_to_first"] = {m: statistics.median(r["ratio_to_first"][m] for r in doc["rounds"])

@@ -246,9 +246,10 @@ class Phases:
         return out
 
 
-def traced(body, baseline=None) -> dict:
+def traced(body, baseline=None, name=lambda n: n[:100]) -> dict:
     """torch.profiler over `body()` (minus `baseline()`'s events when given: the decode steps of a generate()
-    beyond its prefill): wall ms, GPU busy ms (kernels, copies, memsets), event count, the 12 largest kernels."""
+    beyond its prefill): wall ms, GPU busy ms (kernels, copies, memsets), event count, the 12 largest kernels
+    (events grouped by `name(event name)`: [count, ms])."""
     import torch
     from profile_kernels import profiled
 
@@ -268,17 +269,17 @@ def traced(body, baseline=None) -> dict:
     evs, wall = measure(body)
     per: dict[str, list] = {}
     for e in evs:
-        per.setdefault(e["name"][:100], [0, 0.0])
-        per[e["name"][:100]][0] += 1
-        per[e["name"][:100]][1] += (e["end"] - e["start"]) / 1e3
+        per.setdefault(name(e["name"]), [0, 0.0])
+        per[name(e["name"])][0] += 1
+        per[name(e["name"])][1] += (e["end"] - e["start"]) / 1e3
     busy, n = sum(e["end"] - e["start"] for e in evs) / 1e3, len(evs)
     if baseline is not None:
         base, base_wall = measure(baseline)
         busy -= sum(e["end"] - e["start"] for e in base) / 1e3
         wall, n = wall - base_wall, n - len(base)
         for e in base:
-            per[e["name"][:100]][1] -= (e["end"] - e["start"]) / 1e3
-            per[e["name"][:100]][0] -= 1
+            per[name(e["name"])][1] -= (e["end"] - e["start"]) / 1e3
+            per[name(e["name"])][0] -= 1
     top = sorted(per.items(), key=lambda kv: -kv[1][1])[:12]
     return {"wall_ms": round(wall, 2), "gpu_busy_ms": round(busy, 2), "events": n,
             "top_kernels_ms": {k: [c, round(t, 3)] for k, (c, t) in top}}  # fmt: skip

@@ -944,6 +944,44 @@ def decode_ab_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, what)]) + "\n"
 
 
+def decode_trace_section(name: str, top: int = 8) -> str:
+    """bench/decode_ab.py --trace: per mode, the GPU's kernels over 8 decode steps (generate() of 9 tokens minus
+    generate() of 1, torch.profiler; names with their layer numbers blanked): launches, µs per launch and ms in all
+    for the `top` largest, and the wall and GPU-busy ms of the span (the profiler slows the host's side)."""
+    doc = _load(name)
+    out = ["| mode | kernel | launches | µs per launch | ms in all |", "|---|---|---|---|---|"]
+    spans = []
+    for mode, t in doc["trace_decode_8"].items():
+        for kernel, (count, ms) in list(t["top_kernels_ms"].items())[:top]:
+            label = kernel if len(kernel) <= 60 else kernel[:57] + "..."
+            out.append(f"| {mode} | `{label}` | {count} | {ms / count * 1e3:.1f} | {ms:.2f} |")
+        spans.append(f"{mode}: wall {t['wall_ms']:.1f} ms, GPU busy {t['gpu_busy_ms']:.1f} ms, {t['events']} events")
+    env = {"gpu": doc.get("gpu"), "versions": doc.get("versions")}
+    what = f"{doc.get('model', 'llama3_8b')}, prompt {doc['prompt']}, 8 decode steps traced; " + "; ".join(spans)
+    return "\n".join(out) + "\n\n" + source_line([(name, env, what)]) + "\n"
+
+
+def timing_study_section(name: str) -> str:
+    """bench/tuner_timing.py (bench/NOTES.md 108; run 6 by its first form, before `ours` existed): sampled one-row
+    configs of each GEMM region of a decoder layer at M = 1, each timed by the tuner's measure (`ours`, where
+    recorded), by do_bench as called (L2 cleared by writing it: `dirty`), with L2 cleared by reading (`clean`), and
+    back to back in a CUDA graph over distinct weight copies (`graph`: how the model's decode graph runs it). Per
+    region: the tuned config's times, and the graph time of the config each measure ranks first."""
+    doc = _load(name)
+    how = [k for k in ("ours", "dirty", "clean") if k in doc[0]["rows"][0]]
+    out = ["| layer | region | N × K | configs | tuned: " + " / ".join(how + ["graph"]) + " µs | "
+           + " | ".join(f"graph µs of the best by {k}" for k in how) + " | best graph µs (TB/s) |",
+           "|---|---|---|---|---|" + "---|" * len(how) + "---|"]  # fmt: skip
+    for r in doc:
+        rows, tuned = r["rows"], r["rows"][0]
+        best = {k: min(rows, key=lambda x, k=k: x[k])["chain"] for k in how}
+        g = min(x["chain"] for x in rows)
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['N']} × {r['K']} | {len(rows)} | "
+                   + " / ".join(f"{tuned[k]:.1f}" for k in how + ["chain"]) + " | "
+                   + " | ".join(f"{best[k]:.1f}" for k in how) + f" | {g:.1f} ({r['weight_MB'] / g:.2f}) |")  # fmt: skip
+    return "\n".join(out) + "\n\n*Source:* NVIDIA H200 · torch 2.11.0+cu130, triton 3.6.0 · raw: `bench/results/" + name + "`\n"
+
+
 def warm_start_section(name: str) -> str:
     """bench/generate.py rows of a cold process and the warm processes after it (with and without keep_traces):
     the first generate() call and where it went (dynamo's tracing, or loading the kept traces; our compile; the
@@ -1466,6 +1504,19 @@ SECTIONS = {
     "decode-ab-s31-llama-p2048": functools.partial(decode_ab_section, "2026-11-29-h200-s31-decode-ab-llama-p2048.json"),
     "decode-ab-s31-qwen3-p2048": functools.partial(decode_ab_section, "2026-11-29-h200-s31-decode-ab-qwen3-p2048.json"),
     "decode-ab-s31-phi3-p128": functools.partial(decode_ab_section, "2026-11-29-h200-s31-decode-ab-phi3-p128.json"),
+    "decode-ab-s32-phi3-p128": functools.partial(decode_ab_section, "2026-11-29-h200-s32-decode-ab-phi3-p128.json"),
+    "decode-ab-s32-llama-p128": functools.partial(decode_ab_section, "2026-11-29-h200-s32-decode-ab-llama-p128.json"),
+    "decode-gemms-s32": functools.partial(decode_gemms_section, "2026-11-29-h200-s32-gemms-m1.json",
+                                          "2026-11-29-h200-s32-ceilings.json"),
+    "decode-trace-s32-phi3": functools.partial(decode_trace_section, "2026-11-29-h200-s32-decode-ab-trace-phi3-p128.json"),
+    "decode-trace-s32-llama": functools.partial(decode_trace_section, "2026-11-29-h200-s32-decode-ab-trace-llama-p128.json"),
+    "decode-ab-s32-llama-p128-gpu-timing": functools.partial(
+        decode_ab_section, "2026-11-29-h200-s32-decode-ab-trace-llama-p128-gputiming.json"),
+    "decode-trace-s32-llama-gpu-timing": functools.partial(
+        decode_trace_section, "2026-11-29-h200-s32-decode-ab-trace-llama-p128-gputiming.json"),
+    "timing-study-s32": functools.partial(timing_study_section, "2026-11-29-h200-s32-timing-study.json"),
+    "timing-study-s32-gpu-timing": functools.partial(timing_study_section,
+                                                     "2026-11-29-h200-s32-timing-study-llama-gputiming.json"),
     "generate-cold-s29": functools.partial(cold_generate_ab_section, [
         ("2026-11-28-h200-s29-generate-cold-1-racing.json", "1: racing (b39c104's tuning)"),
         ("2026-11-28-h200-s29-generate-cold-1-small-share.json", "1: small share (edacf42)"),

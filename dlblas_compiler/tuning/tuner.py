@@ -102,7 +102,7 @@ class _FaultLog:
 @dataclass(frozen=True)
 class TuneMode:
     """How hard to search: a policy, a budget of `fraction` of the valid space clamped to [floor, cap], how
-    long each candidate is timed (`triton.testing.do_bench`'s warm-up and repetition milliseconds), and `race`:
+    long each candidate is timed (`profiler.benchmark`'s warm-up and repetition milliseconds), and `race`:
     a candidate whose brief first timing is more than `race` times the best so far is not timed in full
     (`profiler.make_objective`; None: every candidate timed in full, as an exhaustive study wants)."""
 
