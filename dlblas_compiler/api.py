@@ -185,7 +185,7 @@ class Specialization:
             self._write_back(flat, outs)
         if self.single:
             return outs[0]
-        values = [outs[x] if kind == "value" else x for kind, x in self.imported.out_leaves]
+        values = [outs[x] if kind == "value" else x(flat) if kind == "sym" else x for kind, x in self.imported.out_leaves]
         return self.captured.unflatten(values, self.imported.out_spec)
 
     def _write_back(self, flat, outs: tuple) -> None:

@@ -15,6 +15,7 @@ would observe through a view is refused with the op's source line.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,54 @@ from .masks import causal_offset, is_random
 from .mutation import mutated_arg, out_of_place, put, replay, view_steps
 
 
+@dataclass(frozen=True)
+class SymLeaf:
+    """An int output that is a polynomial of int inputs, as dynamo traced it (a static sliding-window cache returns
+    its length counter `s + 1`): `expr` over a0, a1, ... (sympy's text), `positions` the placeholders a0, a1, ...
+    are. Computed at each call from that call's ints, so the output is right for every value and two compiles
+    differing in the counter return the same leaf (a shape family instantiates the other values)."""
+
+    expr: str
+    positions: tuple[int, ...]
+
+    def __call__(self, flat: list) -> int:
+        return int(_polynomial(self.expr, len(self.positions))(*[flat[i] for i in self.positions]))
+
+
+@functools.lru_cache(maxsize=256)
+def _polynomial(expr: str, n: int) -> Callable[..., int]:
+    import sympy
+
+    return sympy.lambdify(sympy.symbols(f"a0:{n}"), sympy.sympify(expr), modules=[{}])
+
+
+def sym_leaf(value: Any, placeholders: list[torch.fx.Node]) -> SymLeaf | None:
+    """The SymLeaf of an output's example value, where it is a SymInt whose expression is a polynomial with integer
+    coefficients of the SymInt placeholders' symbols (None otherwise: it is then a constant of this
+    specialization)."""
+    if not isinstance(value, torch.SymInt):
+        return None
+    import sympy
+
+    expr = value.node.expr
+    where = {}
+    for i, n in enumerate(placeholders):
+        v = n.meta.get("example_value")
+        if isinstance(v, torch.SymInt) and isinstance(v.node.expr, sympy.Symbol):
+            where.setdefault(v.node.expr, i)
+    syms = sorted(expr.free_symbols, key=str)
+    if not syms or any(s not in where for s in syms):
+        return None
+    terms = list(sympy.preorder_traversal(expr))
+    if not all(isinstance(a, sympy.Symbol | sympy.Integer | sympy.Add | sympy.Mul | sympy.Pow) for a in terms):
+        return None  # (floor division, min, max, modulo: a constant per specialization, as any other value)
+    if any(isinstance(a, sympy.Pow) and not (a.exp.is_Integer and a.exp > 0) for a in terms):
+        return None
+    names = sympy.symbols(f"a0:{len(syms)}")
+    canonical = expr.xreplace(dict(zip(syms, names)))
+    return SymLeaf(str(canonical), tuple(where[s] for s in syms))
+
+
 @dataclass
 class Imported:
     """The IR of one specialization plus what runs beside it."""
@@ -51,7 +100,7 @@ class Imported:
     calls: dict[str, Callable]  # dl.torch_call node -> fn(*tensors) -> tuple of tensors
     sources: dict[str, str]  # SSA name hint / node name -> "file:line (code)"
     arg_positions: list[int]  # placeholder index of each func argument
-    out_leaves: list  # per output leaf: ("value", result index) or ("const", python value)
+    out_leaves: list  # per output leaf: ("value", result index), ("const", python value) or ("sym", SymLeaf)
     out_spec: Any
     notes: list[str] = field(default_factory=list)
     param_placeholders: dict[int, str] = field(default_factory=dict)  # placeholder index -> param name
@@ -244,9 +293,15 @@ class Importer:
         fakes = pytree.tree_leaves(_plain(out_node.args[0], self.values))
         if len(fakes) != len(leaves):
             fakes = [None] * len(leaves)
+        # (what dynamo traced each output as: an int output's symbolic expression, `sym_leaf`)
+        traced = pytree.tree_leaves(_plain(out_node.args[0], {n: n.meta.get("example_value") for n in self.gm.graph.nodes}))
+        if len(traced) != len(leaves):
+            traced = [None] * len(leaves)
         results, out_leaves, out_fakes = [], [], []
-        for v, fake in zip(leaves, fakes):
-            if isinstance(v, SSAValue):
+        for v, fake, symbolic in zip(leaves, fakes, traced):
+            if not isinstance(v, SSAValue) and (sym := sym_leaf(symbolic, placeholders)) is not None:
+                out_leaves.append(("sym", sym))
+            elif isinstance(v, SSAValue):
                 out_leaves.append(("value", len(results)))
                 results.append(v)
                 out_fakes.append(fake if isinstance(fake, torch.Tensor) else None)

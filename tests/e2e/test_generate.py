@@ -14,6 +14,7 @@ from dlblas_compiler.models import randomize_
 from dlblas_compiler.dialects import TorchCallOp
 from dlblas_compiler.runtime.inplace import InPlaceIndexCopy, WriteInput
 from dlblas_compiler.runtime.steps import RegionStep
+from dlblas_compiler.tuning.cache import bucket
 from ..hf import family_compiles
 
 BASE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hidden_layers=2, vocab_size=128,
@@ -209,6 +210,28 @@ def test_many_lengths_share_weights_and_keep_few_specializations(fresh_dynamo):
         assert torch.equal(again, ref)
         counts.append(sum(c.compile_count for c in dynamo.COMPILATIONS) - compiled)
     assert counts == [1, 1]
+
+
+def test_a_sliding_window_caches_int_counter_is_instantiated_not_compiled(fresh_dynamo):
+    """HF's static cache keeps a sliding-window layer's length as a Python int: dynamo passes it as an int input
+    and the graph returns it plus one, a new value every token. The returned int is computed from the input
+    (`importer.SymLeaf`), so two compiles that differ in it form a shape family and the other values are
+    instantiated: 30 tokens with a window of 4 (a left-padded batch), tokens equal eager's, with the counter's
+    first two values in each power-of-two bucket compiled (there were 30 compiles, one a token, each of them a
+    tuning and a capture on a GPU: Mistral-7B-v0.1, Phi-3-mini, Gemma-2 and -3, Qwen2 with sliding windows)."""
+    config_cls, model_cls, extra = FAMILIES["mistral"]
+    cfg = config_cls(**{**BASE, **extra, "sliding_window": 4})
+    cfg._attn_implementation = "sdpa"
+    model = randomize_(model_cls(cfg), 0).eval()
+    ids, mask = _batch(True)
+    out, ref = _generate(model, ids, mask, "static", 30, {"backend": "reference"})
+    assert torch.equal(out, ref), (out.tolist(), ref.tolist())
+    decode = dynamo.COMPILATIONS[1:]  # the decode graphs (before and after the window fills)
+    leaves = [leaf for c in decode for s in c._specs.values() for kind, leaf in s.imported.out_leaves if kind == "sym"]
+    assert leaves and all(str(leaf.expr) == "a0 + 1" for leaf in leaves)
+    buckets = {bucket(v) for v in range(7, 7 + 29)}  # the counter's values at the 29 decode steps
+    compiles = sum(c.compile_count for c in decode)
+    assert compiles <= 2 * len(buckets) and compiles + sum(c.instances for c in decode) == 29
 
 
 def test_a_length_called_once_per_generate_is_not_captured(fresh_dynamo, monkeypatch):
