@@ -41,12 +41,15 @@ VOCABS = {"qwen25_7b": 152064, "qwen3_8b": 151936, "gemma_7b": 256000, "llama32_
           "mistral_nemo_12b": 131072}  # fmt: skip
 
 
-def build_model(name: str, layers: int, dtype, device: str):
+def build_model(name: str, layers: int, dtype, device: str, sliding_window: int | None = None):
     """`llama3_8b`: bench/generate.py's model; another name: a *ForCausalLM of that published configuration
-    (bench/blocks.py HF_LAYERS, its vocabulary from VOCABS), made in `dtype` on the device, random weights."""
+    (bench/blocks.py HF_LAYERS, its vocabulary from VOCABS), made in `dtype` on the device, random weights;
+    `sliding_window` (Phi-3-mini's published one is 2047, Mistral-7B-v0.1's 4096) for the families that take one."""
     from generate import build, instantiate
 
     if name == "llama3_8b":
+        if sliding_window:
+            raise SystemExit("--sliding-window needs a --model whose family has sliding windows (phi3_mini, ...)")
         return build(layers, dtype, device)
     from blocks import HF_LAYERS
     from transformers import AutoConfig
@@ -55,21 +58,25 @@ def build_model(name: str, layers: int, dtype, device: str):
     cfg = AutoConfig.for_model(model_type, num_hidden_layers=layers, vocab_size=VOCABS[name],
                                max_position_embeddings=8192, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                **fields)  # fmt: skip
+    if sliding_window:
+        cfg.sliding_window = sliding_window
     return instantiate(cfg, dtype, device)
 
 
-def make(mode: str, model_name: str, layers: int, tune: str, device: str):
-    """The model of `mode` and the generate() keywords it runs with."""
+def make(mode: str, model_name: str, layers: int, tune: str, device: str, sliding_window: int | None = None):
+    """The model of `mode` and the generate() keywords it runs with. `ours-int-keyed` is ours with every int input
+    in the specialization key (the tree before NOTES 111: a sliding-window cache's counter made every decode token
+    a new specialization, run without a CUDA graph)."""
     import torch
 
     import dlblas_compiler as dc
 
     torch.manual_seed(0)
-    model = build_model(model_name, layers, torch.bfloat16, device)
+    model = build_model(model_name, layers, torch.bfloat16, device, sliding_window)
     gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
     if mode != "hf-auto":  # (generate() would otherwise torch.compile the decode step itself)
         gen["disable_compile"] = True
-    if mode == "ours":
+    if mode in ("ours", "ours-int-keyed"):
         model.forward = dc.compile(model.forward, backend="triton" if device == "cuda" else "reference", tune=tune)
     elif mode == "inductor":
         model.forward = torch.compile(model.forward)
@@ -88,6 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--model", default="llama3_8b", help="llama3_8b, or a published configuration: " + ", ".join(VOCABS))
     ap.add_argument("--tune", default="quick")
+    ap.add_argument("--sliding-window", type=int, default=None, help="the config's sliding window (phi3_mini: 2047)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the script's flow on a tiny model (tests)")
     ap.add_argument("--trace", action="store_true", help="add each mode's profiler summary of 8 decode steps (GPU)")
     args = ap.parse_args(argv)
@@ -97,15 +105,20 @@ def main(argv=None) -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     modes = args.modes.split(",")
     ids = torch.randint(3, 1000, (1, args.prompt), generator=torch.Generator().manual_seed(1)).to(args.device)
-    runs, doc = {}, {"model": args.model, "modes": modes, "prompt": args.prompt, "new": args.new, "layers": args.layers, "tune": args.tune,
+    runs, doc = {}, {"model": args.model, "sliding_window": args.sliding_window, "modes": modes, "prompt": args.prompt, "new": args.new, "layers": args.layers, "tune": args.tune,
                      "first_call_s": {}, "rounds": []}  # fmt: skip
     if cuda:
         doc["gpu"] = torch.cuda.get_device_name()
         doc["versions"] = {"torch": torch.__version__, "triton": __import__("triton").__version__,
                            "transformers": __import__("transformers").__version__}  # fmt: skip
 
+    from dlblas_compiler import api
+
+    unread_ints = api.unread_ints
+
     def generate(mode: str, n: int) -> float:
         model, gen = runs[mode]
+        api.unread_ints = (lambda gm: frozenset()) if mode == "ours-int-keyed" else unread_ints  # (graphs made now)
         sync()
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -114,7 +127,7 @@ def main(argv=None) -> int:
         return time.perf_counter() - t0
 
     for mode in modes:  # compile and warm each (the first call: compile, tuning, capture), then once more, and a
-        runs[mode] = make(mode, args.model, args.layers, args.tune, args.device)  # generate() of one token (ours'
+        runs[mode] = make(mode, args.model, args.layers, args.tune, args.device, args.sliding_window)  # generate() of one token (ours'
         doc["first_call_s"][mode] = round(generate(mode, args.new), 3)  # first one took 1.6 s in a round at
         generate(mode, args.new)  # prompt 2048, BENCHMARKS.md thirty-first session)
         if mode == "ours":  # what the last call (a decode step) ran: regions, kernels, what stayed in torch
@@ -143,6 +156,10 @@ def main(argv=None) -> int:
 
         doc["trace_decode_8"] = {m: traced(lambda m=m: generate(m, 9), lambda m=m: generate(m, 1), family) for m in modes}
         print(json.dumps(doc["trace_decode_8"]), flush=True)
+    # how many specializations each of ours' modes made (compiles and instances, every graph): one a token where
+    # the decode step is not served by one program
+    doc["specializations"] = {m: sum(c.compile_count + c.instances for c in runs[m][0].forward.compilations)
+                              for m in modes if m.startswith("ours")}  # fmt: skip
     doc["median_decode_ms_per_token"] = {m: statistics.median(r["decode_ms_per_token"][m] for r in doc["rounds"])
                                          for m in modes}  # fmt: skip
     doc["median_ratio_to_first"] = {m: statistics.median(r["ratio_to_first"][m] for r in doc["rounds"])
@@ -150,7 +167,7 @@ def main(argv=None) -> int:
     doc["median_prefill_ms"] = {m: statistics.median(r["prefill_ms"][m] for r in doc["rounds"]) for m in modes}
     doc["median_prefill_ratio_to_first"] = {m: statistics.median(r["prefill_ratio_to_first"][m] for r in doc["rounds"])
                                             for m in modes[1:]}  # fmt: skip
-    print(json.dumps({k: doc[k] for k in ("first_call_s", "median_decode_ms_per_token", "median_ratio_to_first",
+    print(json.dumps({k: doc[k] for k in ("first_call_s", "specializations", "median_decode_ms_per_token", "median_ratio_to_first",
                                           "median_prefill_ms", "median_prefill_ratio_to_first")}))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_ab.json"), "w") as f:

@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 from .dialects import FusedOp, TorchCallOp
 from .errors import FrontendError, UnsupportedError
 from .frontend import Captured, Imported, capture, import_graph, shape_errors, sizes_unseen, traces
+from .frontend.importer import unread_ints
 from .fusion.patterns import patterns_by_priority
 from .fusion.planner import fusion_notes
 from .fusion.templates import TEMPLATES, KernelLowering
@@ -54,18 +55,22 @@ log = get_logger("compile")
 _FLAT = (torch.Tensor, torch.nn.Parameter, int, float, bool, type(None))
 
 
-def signature_of(args: tuple, kwargs: dict) -> tuple:
+def signature_of(args: tuple, kwargs: dict, unread: frozenset[int] = frozenset()) -> tuple:
     """Hashable description of a call's inputs: what a specialization is keyed by (shapes, dtypes, devices,
     non-tensor values, which tensors share storage, and the identity of each parameter passed as an input: dynamo
     passes a module's parameters as graph inputs and one graph serves every instance of the module class, while a
-    specialization reads the parameters it was compiled with)."""
+    specialization reads the parameters it was compiled with). The positional ints at `unread` are left out: no
+    op reads them (`importer.unread_ints`)."""
     if not kwargs and all(type(a) in _FLAT for a in args):  # the common case (dynamo's calls), without pytree
         leaves, spec = args, len(args)
     else:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         spec = str(spec)
     sig, tensors = [], []
-    for v in leaves:
+    for i, v in enumerate(leaves):
+        if i in unread and leaves is args:  # (an int no op reads: `importer.unread_ints`)
+            sig.append(("V", "unread int"))
+            continue
         kind = type(v)  # (isinstance on Parameter runs Python code: too slow for hundreds of inputs per call)
         if kind is torch.nn.Parameter or (kind is not torch.Tensor and isinstance(v, torch.nn.Parameter)):
             sig.append(("P", id(v), v.shape, v.dtype, v.device))
@@ -226,6 +231,7 @@ class CompiledModule(torch.nn.Module):
         self._families: list[Family] = []
         self._not_affine: set[tuple] = set()  # (skeleton, buckets) where a family failed to verify
         self._last: Specialization | None = None
+        self._unread = unread_ints(model)  # int inputs no op reads: not part of the key
         self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
         self._params = list(model.parameters())
         self._warned_grad = False
@@ -236,7 +242,7 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self._needs_grad(args, kwargs):
             return self._eager(args, kwargs)
-        key = _Key((signature_of(args, kwargs), tuple(m.training for m in self._submodules), _precision_mode()))
+        key = _Key((signature_of(args, kwargs, self._unread), tuple(m.training for m in self._submodules), _precision_mode()))
         spec = self._specs.get(key)
         if spec is not None:
             return self._hit(key, spec, args, kwargs)
@@ -293,7 +299,8 @@ class CompiledModule(torch.nn.Module):
         other tensors and non-tensor values by position), where the graph's symbolic sizes follow its int inputs."""
         if not _sizes_follow_ints(self.model):
             return
-        self._picks = tuple(_picker([i for i, k in enumerate(kinds) if k == kind]) for kind in "PTV")
+        self._picks = tuple(_picker([i for i, k in enumerate(kinds) if k == kind and i not in self._unread])
+                            for kind in "PTV")
 
     def _drop(self, key: _Key) -> None:
         """Forget a specialization (its CUDA graph's memory goes at once)."""

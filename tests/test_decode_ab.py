@@ -44,3 +44,21 @@ def test_a_published_configuration(tmp_path, monkeypatch):
     doc = json.loads((tmp_path / "decode_ab.json").read_text())
     assert doc["model"] == "qwen3_8b" and set(doc["median_prefill_ms"]) == {"ours", "eager"}
     assert "Qwen3ForCausalLM" in doc["ours_decode_report"] and "fused region" in doc["ours_decode_report"]
+
+
+def test_a_sliding_window_decodes_with_one_specialization(tmp_path, monkeypatch):
+    """--sliding-window sets the config's window (Phi-3-mini's published one is 2047); `ours-int-keyed` is ours with
+    the cache's int counter in the specialization key, as before NOTES 111: one specialization a token there, a
+    fixed number in ours."""
+    import blocks
+
+    monkeypatch.setitem(blocks.HF_LAYERS, "phi3_mini", ("phi3", dict(hidden_size=64, intermediate_size=128,
+                        num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-5)))  # fmt: skip
+    monkeypatch.setitem(decode_ab.VOCABS, "phi3_mini", 1000)
+    assert decode_ab.main(["--out", str(tmp_path), "--model", "phi3_mini", "--sliding-window", "64", "--modes",
+                           "ours,ours-int-keyed", "--rounds", "1", "--prompt", "5", "--new", "6", "--layers", "1",
+                           "--tune", "none", "--device", "cpu"]) == 0  # fmt: skip
+    doc = json.loads((tmp_path / "decode_ab.json").read_text())
+    assert doc["sliding_window"] == 64
+    spec = doc["specializations"]
+    assert spec["ours"] == 2 and spec["ours-int-keyed"] == 1 + 5, spec  # (the prefill and the decode step; 5 counter values)

@@ -91,6 +91,42 @@ def sym_leaf(value: Any, placeholders: list[torch.fx.Node]) -> SymLeaf | None:
     return SymLeaf(str(canonical), tuple(where[s] for s in syms))
 
 
+def unread_ints(gm: torch.nn.Module) -> frozenset[int]:
+    """Positions of a dynamo graph's int inputs that no op reads: each reaches the outputs only through int
+    arithmetic whose every result is a polynomial of the int inputs (computed per call: `SymLeaf`), and no other
+    input's sizes hold its symbol. One specialization serves every value of such an int, so it is left out of the
+    specialization key: a static sliding-window cache's length counter (a new value every decode token) would
+    otherwise make each token a new specialization, run without a CUDA graph."""
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return frozenset()
+    import sympy
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    examples = [n.meta.get("example_value") for n in placeholders]
+    unread = []
+    for i, (node, value) in enumerate(zip(placeholders, examples)):
+        if not isinstance(value, torch.SymInt) or not isinstance(value.node.expr, sympy.Symbol):
+            continue
+        if any(value.node.expr in free_symbols(v) for j, v in enumerate(examples) if j != i and v is not None):
+            continue
+        seen, todo, read = set(), [node], False
+        while todo and not read:
+            for user in todo.pop().users:
+                if user.op == "output" or user in seen:
+                    continue
+                out = user.meta.get("example_value")
+                read = user.op != "call_function" or sym_leaf(out, placeholders) is None
+                if read:
+                    break
+                seen.add(user)
+                todo.append(user)
+        if not read:
+            unread.append(i)
+    return frozenset(unread)
+
+
 @dataclass
 class Imported:
     """The IR of one specialization plus what runs beside it."""

@@ -212,33 +212,9 @@ def test_many_lengths_share_weights_and_keep_few_specializations(fresh_dynamo):
     assert counts == [1, 1]
 
 
-def test_a_sliding_window_caches_int_counter_is_instantiated_not_compiled(fresh_dynamo):
-    """HF's static cache keeps a sliding-window layer's length as a Python int: dynamo passes it as an int input
-    and the graph returns it plus one, a new value every token. The returned int is computed from the input
-    (`importer.SymLeaf`), so two compiles that differ in it form a shape family and the other values are
-    instantiated: 30 tokens with a window of 4 (a left-padded batch), tokens equal eager's, with the counter's
-    first two values in each power-of-two bucket compiled (there were 30 compiles, one a token, each of them a
-    tuning and a capture on a GPU: Mistral-7B-v0.1, Phi-3-mini, Gemma-2 and -3, Qwen2 with sliding windows)."""
-    config_cls, model_cls, extra = FAMILIES["mistral"]
-    cfg = config_cls(**{**BASE, **extra, "sliding_window": 4})
-    cfg._attn_implementation = "sdpa"
-    model = randomize_(model_cls(cfg), 0).eval()
-    ids, mask = _batch(True)
-    out, ref = _generate(model, ids, mask, "static", 30, {"backend": "reference"})
-    assert torch.equal(out, ref), (out.tolist(), ref.tolist())
-    decode = dynamo.COMPILATIONS[1:]  # the decode graphs (before and after the window fills)
-    leaves = [leaf for c in decode for s in c._specs.values() for kind, leaf in s.imported.out_leaves if kind == "sym"]
-    assert leaves and all(str(leaf.expr) == "a0 + 1" for leaf in leaves)
-    buckets = {bucket(v) for v in range(7, 7 + 29)}  # the counter's values at the 29 decode steps
-    compiles = sum(c.compile_count for c in decode)
-    assert compiles <= 2 * len(buckets) and compiles + sum(c.instances for c in decode) == 29
-
-
-def test_a_length_called_once_per_generate_is_not_captured(fresh_dynamo, monkeypatch):
-    """A program is captured as a CUDA graph from its second call in a row: the dynamic cache's lengths, each
-    called once per generate(), are not (a capture and its keep-or-drop timing cost ~100 direct calls), even
-    when an instance from the last generate() is still built. (On the CPU, with the graph replaced by a stub that
-    records what it captures.)"""
+def _recording_graphs(monkeypatch) -> list:
+    """Programs run with CUDA graphs on the CPU: the graph replaced by a stub that records each program it captures
+    (the list returned) and replays by running the program's steps."""
     from dlblas_compiler.runtime import program
 
     captured = []
@@ -262,6 +238,68 @@ def test_a_length_called_once_per_generate_is_not_captured(fresh_dynamo, monkeyp
 
     monkeypatch.setattr(program, "CudaGraph", Recorder)
     monkeypatch.setattr(program.Program, "__call__", with_graphs)
+    return captured
+
+
+@pytest.mark.parametrize("window", [4, 16], ids=["full", "fills"])
+def test_a_sliding_window_caches_int_counter_leaves_one_decode_program(window, fresh_dynamo, monkeypatch):
+    """HF's static cache keeps a sliding-window layer's length as a Python int: dynamo passes it as an int input
+    and the graph returns it plus one, a new value every token. No op reads it (`importer.unread_ints`) and the
+    returned int is computed per call (`importer.SymLeaf`), so each decode graph is one specialization, compiled
+    once and captured once: 30 tokens, a window that is full from the prompt on (4) or fills during decoding (16;
+    two decode graphs), a left-padded batch, tokens equal eager's. (Each token was a compile, then an instance run
+    without a CUDA graph: Mistral-7B-v0.1, Phi-3-mini, Gemma-2 and -3, Qwen2 with sliding windows.)"""
+    captured = _recording_graphs(monkeypatch)
+    config_cls, model_cls, extra = FAMILIES["mistral"]
+    cfg = config_cls(**{**BASE, **extra, "sliding_window": window})
+    cfg._attn_implementation = "sdpa"
+    model = randomize_(model_cls(cfg), 0).eval()
+    ids, mask = _batch(True)
+    out, ref = _generate(model, ids, mask, "static", 30, {"backend": "reference"})
+    assert torch.equal(out, ref), (out.tolist(), ref.tolist())
+    decode = dynamo.COMPILATIONS[1:]  # the decode graphs (before and after the window fills)
+    assert len(decode) == (1 if window == 4 else 2)
+    leaves = [leaf for c in decode for s in c._specs.values() for kind, leaf in s.imported.out_leaves if kind == "sym"]
+    assert leaves and all(str(leaf.expr) == "a0 + 1" for leaf in leaves)
+    assert all(c.compile_count == 1 and c.instances == 0 and len(c._specs) == 1 for c in decode)
+    assert all(c._unread for c in decode)
+    programs = [c._spec().executor for c in decode]
+    assert all(captured.count(p) == 1 for p in programs)
+
+
+def test_only_the_ints_no_op_reads_leave_the_key(fresh_dynamo):
+    """`unread_ints`: an int input that only reaches the outputs as a polynomial is left out of the key (one
+    specialization for every value, each call's output computed from its own int); one that an op reads, that
+    sizes a tensor or that reaches an output through floor division keeps its specializations."""
+    import torch._dynamo
+
+    from dlblas_compiler.frontend.importer import unread_ints
+
+    def step(x, n, m, k):
+        return x * m + 1, n + 1, 2 * n * n, k // 2, torch.arange(k, dtype=x.dtype)
+
+    compiled = torch.compile(step, backend="dlblas", options={"backend": "reference"}, dynamic=True)
+    x = torch.randn(4, 8)
+    for n, m, k in [(3, 2, 6), (4, 3, 7), (5, 3, 9), (9, 2, 6)]:
+        with torch.no_grad():
+            got = compiled(x, n, m, k)
+        want = step(x, n, m, k)
+        assert [type(g) for g in got] == [type(w) for w in want]
+        assert all(torch.equal(g, w) if isinstance(w, torch.Tensor) else g == w for g, w in zip(got, want))
+    (cm,) = dynamo.COMPILATIONS
+    placeholders = [node.name for node in cm.model.graph.nodes if node.op == "placeholder"]
+    assert [placeholders[i] for i in sorted(unread_ints(cm.model))] == ["l_n_"]
+    # (m and k are read: their values key the specializations; n's three values do not)
+    assert {(s.imported.out_leaves[1][0]) for s in cm._specs.values()} == {"sym"}
+    assert len(cm._specs) == len({(m, k) for _, m, k in [(3, 2, 6), (4, 3, 7), (5, 3, 9), (9, 2, 6)]})
+
+
+def test_a_length_called_once_per_generate_is_not_captured(fresh_dynamo, monkeypatch):
+    """A program is captured as a CUDA graph from its second call in a row: the dynamic cache's lengths, each
+    called once per generate(), are not (a capture and its keep-or-drop timing cost ~100 direct calls), even
+    when an instance from the last generate() is still built. (On the CPU, with the graph replaced by a stub that
+    records what it captures.)"""
+    captured = _recording_graphs(monkeypatch)
     model = causal_lm("llama")
     ids, mask = _batch(False)
     out, ref = _generate(model, ids, mask, "dynamic", 12, {"backend": "reference", "max_specializations": 8})

@@ -1,7 +1,9 @@
 """Head dims as power-of-two pieces: tl.arange and tl.dot take power-of-two widths, so a head of 192 dims
 (DeepSeek's queries and keys) or 96 (Phi-3's) is read as pieces of 128 + 64 or 64 + 32 columns, its scores
 summed over the pieces' products and its output accumulated piece by piece. A power-of-two head is one piece
-and its kernel reads as before: `rd = tl.arange(0, D)`, one q, one k, one accumulator."""
+and its kernel reads as before: `rd = tl.arange(0, D)`, one q, one k, one accumulator. Where pieces are not safe
+(the prefill kernel's masked-tile branch, see prefill.py), a head is read as one piece padded to the next power of
+two, its columns past D masked (`padded_range`)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,16 @@ def dim_ranges(w: Writer, name: str, d: int, const: str) -> list[tuple[str, int]
     for i, (lo, width) in enumerate(parts):
         w(f"{name}{i} = " + (f"{lo} + " if lo else "") + f"tl.arange(0, {width})  # head dims {lo}..{lo + width - 1}")
     return [(str(i), width) for i, (_, width) in enumerate(parts)]
+
+
+def padded_range(w: Writer, name: str, d: int, const: str) -> list[tuple[str, int]]:
+    """Emit one column range of the next power of two above d and its mask (`rd = tl.arange(0, 128)`,
+    `rd_in = rd < D`), and return [("", width)]: loads fill the padded columns with zeros, which add nothing to
+    the scores or the output, and stores leave them out."""
+    width = 1 << (d - 1).bit_length()
+    w(f"{name} = tl.arange(0, {width})" + (f"  # head dims 0..{d - 1}, padded to {width}" if width != d else ""))
+    w(f"{name}_in = {name} < {const}")
+    return [("", width)]
 
 
 def scores(w: Writer, q: str, k: str, pieces: list[tuple[str, int]], dot: str) -> None:

@@ -11,12 +11,22 @@ from ...dialects.types import dtype_of, shape_of
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import PDL_ARG, TL_DTYPE, Writer, chained_start
-from .dims import dim_ranges, scores
+from .dims import dim_ranges, head_parts, padded_range, scores
 from .plan import AttentionPlan
 
 # num_stages 1 is left out: unpipelined, 128-key tiles of heads read in pieces of 32 columns (Phi-3's 96 = 64 + 32)
 # fault with an illegal memory access on an H100 under Triton 3.6 (NOTES 85), and no tuned prefill kept it
 PARAMS = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3, 4]}
+
+
+def padded(dims: tuple[int, int], has_mask: bool) -> bool:
+    """Whether the kernel reads its heads as one padded piece (`dims.padded_range`) instead of power-of-two pieces:
+    with a mask, where the key loop's body is a branch taken for the tiles the mask keeps something of. Heads of
+    64 + 32 columns (Phi-3's 96) in that branch ran wrong (relative errors of 0.5-0.7) or faulted in 9 of 90
+    configs on an H200 under Triton 3.6, the default config among the faults: compute-sanitizer puts an
+    out-of-bounds shared-memory read in the branch's row sum (`tl.sum`), so Triton miscompiles it; one 128-column
+    piece ran right in every config (NOTES 111)."""
+    return has_mask and any(len(head_parts(d) or ()) > 1 for d in dims)
 
 
 def source(
@@ -51,18 +61,21 @@ def source(
     w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
     if wide:  # batch * stride and row * stride pass 2^31
         w("b, h, hk, rm = b.to(tl.int64), h.to(tl.int64), hk.to(tl.int64), rm.to(tl.int64)")
-    qk = dim_ranges(w, "rd", dims[0], "D")
-    vp = qk if dims[1] == dims[0] else dim_ranges(w, "rv", dims[1], "DV")
+    pad = padded(dims, has_mask)
+    ranges = padded_range if pad else dim_ranges
+    qk = ranges(w, "rd", dims[0], "D")
+    vp = qk if dims[1] == dims[0] else ranges(w, "rv", dims[1], "DV")
     rv = "rd" if dims[1] == dims[0] else "rv"
+    qcol, vcol = (" & rd_in[None, :]", f" & {rv}_in[None, :]") if pad else ("", "")  # (the padded columns)
     w("mmask = rm < S")
     units = "natural units (the mask is added as it is)" if float_mask else "log2 units"
     for sfx, _ in qk:
-        w(f"q{sfx} = tl.load(q_ptr + b * sq_b + h * sq_h + rm[:, None] * sq_s + rd{sfx}[None, :] * sq_d, mask=mmask[:, None], other=0.0)")
+        w(f"q{sfx} = tl.load(q_ptr + b * sq_b + h * sq_h + rm[:, None] * sq_s + rd{sfx}[None, :] * sq_d, mask=mmask[:, None]{qcol}, other=0.0)")
         w(f"q{sfx} = (q{sfx}.to(tl.float32) * qk_scale).to(q{sfx}.dtype)  # scores come out in {units}")
     w("m_i = tl.full((BLOCK_M,), float('-inf'), tl.float32)")
     w("l_i = tl.zeros((BLOCK_M,), tl.float32)")
     for sfx, width in vp:
-        w(f"acc{sfx} = tl.zeros((BLOCK_M, {'DV' if len(vp) == 1 else width}), tl.float32)")
+        w(f"acc{sfx} = tl.zeros((BLOCK_M, {'DV' if len(vp) == 1 and not pad else width}), tl.float32)")
     w("k_base = k_ptr + b * sk_b + hk * sk_h")
     w("v_base = v_ptr + b * sv_b + hk * sv_h")
     # blocks entirely below the diagonal (or before L's ragged tail) need no mask
@@ -90,7 +103,8 @@ def source(
             w.indent()
         for sfx, _ in qk:
             load = f"k{sfx} = tl.load(k_base + rn[:, None] * sk_s + rd{sfx}[None, :] * sk_d"
-            w(load + (", mask=nmask[:, None], other=0.0)" if masked else ")"))
+            w(load + (f", mask=nmask[:, None]{qcol}, other=0.0)" if masked else f", mask=rd_in[None, :], other=0.0)"
+                      if pad else ")"))  # fmt: skip
         scores(w, "q", "k", qk, dot)
         if masked:
             if has_mask and not mask_bool:
@@ -110,7 +124,8 @@ def source(
         w("l_i = l_i * alpha + tl.sum(p, axis=1)")
         for sfx, _ in vp:
             load = f"v{sfx} = tl.load(v_base + rn[:, None] * sv_s + {rv}{sfx}[None, :] * sv_d"
-            w(load + (", mask=nmask[:, None], other=0.0)" if masked else ")"))
+            w(load + (f", mask=nmask[:, None]{vcol}, other=0.0)" if masked else f", mask={rv}_in[None, :], other=0.0)"
+                      if pad else ")"))  # fmt: skip
             w(f"acc{sfx} = acc{sfx} * alpha[:, None] + tl.dot(p.to(v{sfx}.dtype), v{sfx}{dot})")
         w("m_i = m_new")
         if masked and has_mask:
@@ -122,7 +137,7 @@ def source(
         w("l_i = tl.where(l_i > 0.0, l_i, 1.0)  # a fully masked row: 0, as SDPA gives")
     for sfx, _ in vp:
         w(f"out{sfx} = acc{sfx} / l_i[:, None]")
-        w(f"tl.store(o_ptr + b * so_b + h * so_h + rm[:, None] * so_s + {rv}{sfx}[None, :] * so_d, out{sfx}.to({TL_DTYPE[out_dtype]}), mask=mmask[:, None])")
+        w(f"tl.store(o_ptr + b * so_b + h * so_h + rm[:, None] * so_s + {rv}{sfx}[None, :] * so_d, out{sfx}.to({TL_DTYPE[out_dtype]}), mask=mmask[:, None]{vcol})")
     w.dedent()
     return w.text()
 
@@ -137,6 +152,8 @@ def prefill_space(plan: AttentionPlan) -> SearchSpace:
     op = plan.sdpa
     s, l_ = shape_of(op.query)[2], shape_of(op.key)[2]
     d, dv = plan.dims
+    if padded(plan.dims, op.mask is not None):  # (the widths the kernel reads)
+        d, dv = (1 << (x - 1).bit_length() for x in (d, dv))
     elem, smem = dtype_of(op.query).itemsize, device.smem_limit()
     return SearchSpace(
         PARAMS,
