@@ -939,8 +939,11 @@ def decode_ab_section(name: str) -> str:
                            "median_prefill_ratio_to_first", " (prefill)")]  # fmt: skip
     first = ", ".join(f"{m} {doc['first_call_s'][m]:.1f} s" for m in modes)
     env = {"gpu": doc.get("gpu"), "versions": doc.get("versions")}
-    what = (f"{doc.get('model', 'llama3_8b')}, prompt {doc['prompt']}, {doc['new']} new tokens, {doc['layers']} layers, "
-            f"tune {doc['tune']}; first calls: {first}")
+    window = f", sliding window {doc['sliding_window']}" if doc.get("sliding_window") else ""
+    what = (f"{doc.get('model', 'llama3_8b')}{window}, prompt {doc['prompt']}, {doc['new']} new tokens, {doc['layers']} "
+            f"layers, tune {doc['tune']}; first calls: {first}")
+    if doc.get("specializations"):  # (from the thirty-third session)
+        what += "; specializations made: " + ", ".join(f"{m} {n}" for m, n in doc["specializations"].items())
     return "\n".join(out) + "\n\n" + source_line([(name, env, what)]) + "\n"
 
 
@@ -957,7 +960,8 @@ def decode_trace_section(name: str, top: int = 8) -> str:
             out.append(f"| {mode} | `{label}` | {count} | {ms / count * 1e3:.1f} | {ms:.2f} |")
         spans.append(f"{mode}: wall {t['wall_ms']:.1f} ms, GPU busy {t['gpu_busy_ms']:.1f} ms, {t['events']} events")
     env = {"gpu": doc.get("gpu"), "versions": doc.get("versions")}
-    what = f"{doc.get('model', 'llama3_8b')}, prompt {doc['prompt']}, 8 decode steps traced; " + "; ".join(spans)
+    window = f", sliding window {doc['sliding_window']}" if doc.get("sliding_window") else ""
+    what = f"{doc.get('model', 'llama3_8b')}{window}, prompt {doc['prompt']}, 8 decode steps traced; " + "; ".join(spans)
     return "\n".join(out) + "\n\n" + source_line([(name, env, what)]) + "\n"
 
 
@@ -1514,6 +1518,11 @@ SECTIONS = {
         decode_ab_section, "2026-11-29-h200-s32-decode-ab-trace-llama-p128-gputiming.json"),
     "decode-trace-s32-llama-gpu-timing": functools.partial(
         decode_trace_section, "2026-11-29-h200-s32-decode-ab-trace-llama-p128-gputiming.json"),
+    "decode-ab-s33-phi3-sliding": functools.partial(decode_ab_section, "2026-11-29-h200-s33-decode-ab-phi3-sliding-p128.json"),
+    "decode-ab-s33-phi3-sliding-trace": functools.partial(
+        decode_ab_section, "2026-11-29-h200-s33-decode-ab-trace-phi3-sliding-p128.json"),
+    "decode-trace-s33-phi3-sliding": functools.partial(
+        decode_trace_section, "2026-11-29-h200-s33-decode-ab-trace-phi3-sliding-p128.json"),
     "timing-study-s32": functools.partial(timing_study_section, "2026-11-29-h200-s32-timing-study.json"),
     "timing-study-s32-gpu-timing": functools.partial(timing_study_section,
                                                      "2026-11-29-h200-s32-timing-study-llama-gputiming.json"),

@@ -66,7 +66,7 @@ def test_pieces_equal_the_reference(shape, mask_kind):
         cm(*args)
     (step,) = [x for x in cm._spec().executor.steps if isinstance(x, RegionStep)]
     assert ("ws_ptr" in step.kernel.source) == (s <= DECODE_ROWS)
-    # (a mask's prefill reads heads as one padded piece: the pieces' masked-tile branch is miscompiled, NOTES 111)
+    # (a mask's prefill reads heads as one padded piece: the pieces' masked-tile branch is miscompiled, NOTES 112)
     if len(head_parts(d)) > 1 and mask_kind in ("bool", "additive") and s > DECODE_ROWS:
         assert "rd_in = rd < D" in step.kernel.source and "rd1 = " not in step.kernel.source
     else:
@@ -142,8 +142,8 @@ def test_latent_attention_dims_on_the_gpu(s, l_):
 def test_masked_attention_of_heads_in_pieces_in_every_config(d, dv, s, every):
     """A prefill under a boolean mask (a sliding window's, as HF builds it for Phi-3, Mistral, Gemma) with heads that
     are not a power of two, in bf16 on the GPU: every config of the space (Phi-3's 96 columns) or 24 sampled ones
-    (DeepSeek-V3's 192/128) equal a float64 reference. Read as 64 + 32 pieces, 9 of Phi-3's 90 configs ran wrong
-    (relative error 0.5-0.7) or faulted the GPU, the default among them (NOTES 111): the kernel now reads such heads
+    (DeepSeek-V3's 192/128) equal a float64 reference. Read as 64 + 32 pieces, 12 of Phi-3's 90 configs ran wrong
+    (relative error 0.5-0.7) or faulted the GPU, the default among them (NOTES 112): the kernel now reads such heads
     as one padded piece. The decode kernel (4 queries), which reads pieces without that branch, in every config too."""
     from dlblas_compiler.codegen.kernel import compile_configs
 

@@ -22,10 +22,10 @@ PARAMS = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps
 def padded(dims: tuple[int, int], has_mask: bool) -> bool:
     """Whether the kernel reads its heads as one padded piece (`dims.padded_range`) instead of power-of-two pieces:
     with a mask, where the key loop's body is a branch taken for the tiles the mask keeps something of. Heads of
-    64 + 32 columns (Phi-3's 96) in that branch ran wrong (relative errors of 0.5-0.7) or faulted in 9 of 90
+    64 + 32 columns (Phi-3's 96) in that branch ran wrong (relative errors of 0.5-0.7) or faulted in 12 of 90
     configs on an H200 under Triton 3.6, the default config among the faults: compute-sanitizer puts an
     out-of-bounds shared-memory read in the branch's row sum (`tl.sum`), so Triton miscompiles it; one 128-column
-    piece ran right in every config (NOTES 111)."""
+    piece ran right in every config (NOTES 112)."""
     return has_mask and any(len(head_parts(d) or ()) > 1 for d in dims)
 
 
