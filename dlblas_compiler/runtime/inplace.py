@@ -132,7 +132,8 @@ def reaches_output(values: list[SSAValue]) -> bool:
 def _readers(values: list[SSAValue], skip: Operation | None = None) -> Iterator[Operation | None]:
     """The top-level ops (a dl.fused for an op inside it; None outside the function) that read `values` or a
     value that may be a view of one: through view-like ops and torch calls, except calls eager showed to make new
-    tensors (`fresh`), and not past `skip`."""
+    tensors (`fresh`), and not past `skip`. An in-place call's result is the operand it writes (`writes`), never a
+    view of its others: the index of `t[:, index] = v` does not reach the output through it."""
     stack, seen = list(values), set()
     while stack:
         x = stack.pop()
@@ -144,8 +145,13 @@ def _readers(values: list[SSAValue], skip: Operation | None = None) -> Iterator[
             if user is skip:
                 continue
             yield user
-            if isinstance(user, ALIASING) and "fresh" not in user.attributes:
+            if isinstance(user, ALIASING) and "fresh" not in user.attributes and not _other_than_written(user, use):
                 stack.extend(user.results)
+
+
+def _other_than_written(op: Operation, use) -> bool:
+    """Whether `use` is an operand of the in-place torch call `op` other than the one it writes."""
+    return isinstance(op, TorchCallOp) and op.writes is not None and use.operation is op and use.index != op.writes.value.data
 
 
 def _top(op: Operation | None) -> Operation | None:

@@ -13,7 +13,7 @@ from dlblas_compiler import dynamo
 from dlblas_compiler.models import randomize_
 from dlblas_compiler.dialects import TorchCallOp
 from dlblas_compiler.runtime.inplace import InPlaceIndexCopy, WriteInput
-from dlblas_compiler.runtime.steps import RegionStep
+from dlblas_compiler.runtime.steps import RegionStep, TorchStep
 from dlblas_compiler.tuning.cache import bucket
 from ..hf import family_compiles
 
@@ -265,6 +265,10 @@ def test_a_sliding_window_caches_int_counter_leaves_one_decode_program(window, f
     assert all(c._unread for c in decode)
     programs = [c._spec().executor for c in decode]
     assert all(captured.count(p) == 1 for p in programs)
+    # the full window's `index = torch.tensor([-1], device=...)` (read by `new_keys[:, :, index] = k`) is made once:
+    # made at every call, its copy from the host failed the CUDA-graph capture on a GPU
+    index = [s for p in programs for s in p.steps if isinstance(s, TorchStep) and s.name.startswith("index")]
+    assert index and all(s.once for s in index)
 
 
 def test_only_the_ints_no_op_reads_leave_the_key(fresh_dynamo):
@@ -368,6 +372,34 @@ def test_generate_on_the_gpu_with_the_decode_step_in_a_cuda_graph(fresh_dynamo):
     program = model.forward.compilations[-1]._spec().executor
     assert program.graph is not None or "CUDA graph replay" in program.graph_note
     assert _written_inputs(program) == set(program.static_inputs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["mistral", "phi3"])
+def test_a_sliding_window_decode_replays_one_graph_on_the_gpu(name, fresh_dynamo):
+    """On the GPU: a sliding-window static cache (its counter a Python int that dynamo passes in and the graph
+    returns plus one) decodes with one specialization per decode graph, replayed from its CUDA graph token after
+    token (or measured not to pay), greedy tokens equal eager's in two generate() calls with a padded batch; the
+    window (12) fills during decoding, so the decode graph changes once."""
+    import dlblas_compiler as dc
+
+    config_cls, model_cls, extra = FAMILIES[name]
+    cfg = config_cls(**{**BASE, **extra, "sliding_window": 12})
+    cfg._attn_implementation = "sdpa"
+    model = randomize_(model_cls(cfg), 0).eval().cuda()
+    ids, mask = (t.cuda() for t in _batch(True))
+    kw = dict(attention_mask=mask, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0,
+              cache_implementation="static", disable_compile=True)  # fmt: skip
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+        model.forward = dc.compile(model.forward, backend="triton")
+        outs = [model.generate(ids, **kw) for _ in range(2)]
+    assert all(torch.equal(o, ref) for o in outs), ([o.tolist() for o in outs], ref.tolist())
+    decode = model.forward.compilations[1:]
+    assert decode and all(c.compile_count == 1 and c.instances == 0 for c in decode)
+    for c in decode:
+        program = c._spec().executor
+        assert program.graph is not None or "CUDA graph replay" in program.graph_note
 
 
 @pytest.mark.gpu
