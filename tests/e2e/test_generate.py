@@ -14,7 +14,6 @@ from dlblas_compiler.models import randomize_
 from dlblas_compiler.dialects import TorchCallOp
 from dlblas_compiler.runtime.inplace import InPlaceIndexCopy, WriteInput
 from dlblas_compiler.runtime.steps import RegionStep, TorchStep
-from dlblas_compiler.tuning.cache import bucket
 from ..hf import family_compiles
 
 BASE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hidden_layers=2, vocab_size=128,

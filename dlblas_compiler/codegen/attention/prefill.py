@@ -103,7 +103,7 @@ def source(
             w.indent()
         for sfx, _ in qk:
             load = f"k{sfx} = tl.load(k_base + rn[:, None] * sk_s + rd{sfx}[None, :] * sk_d"
-            w(load + (f", mask=nmask[:, None]{qcol}, other=0.0)" if masked else f", mask=rd_in[None, :], other=0.0)"
+            w(load + (f", mask=nmask[:, None]{qcol}, other=0.0)" if masked else ", mask=rd_in[None, :], other=0.0)"
                       if pad else ")"))  # fmt: skip
         scores(w, "q", "k", qk, dot)
         if masked:
