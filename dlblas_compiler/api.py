@@ -32,8 +32,7 @@ from torch.utils import _pytree as pytree
 
 from .dialects import FusedOp, TorchCallOp
 from .errors import FrontendError, UnsupportedError
-from .frontend import Captured, Imported, capture, import_graph, shape_errors, sizes_unseen, traces
-from .frontend.importer import unread_ints
+from .frontend import Captured, Imported, capture, import_graph, shape_errors, sizes_unseen, traces, unread_ints
 from .fusion.patterns import patterns_by_priority
 from .fusion.planner import fusion_notes
 from .fusion.templates import TEMPLATES, KernelLowering

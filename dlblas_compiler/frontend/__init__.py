@@ -2,6 +2,6 @@
 
 from .capture import Captured, capture, shape_errors, sizes_unseen, source_line
 from .converters import CONVERTERS, Unsupported, converts
-from .importer import Imported, TorchCall, import_graph
+from .importer import Imported, TorchCall, import_graph, unread_ints
 
-__all__ = ["Captured", "capture", "shape_errors", "sizes_unseen", "source_line", "CONVERTERS", "Unsupported", "converts", "Imported", "TorchCall", "import_graph"]
+__all__ = ["Captured", "capture", "shape_errors", "sizes_unseen", "source_line", "CONVERTERS", "Unsupported", "converts", "Imported", "TorchCall", "import_graph", "unread_ints"]

@@ -352,21 +352,27 @@ def test_generate_does_not_hand_the_compiled_decode_step_to_inductor(fresh_dynam
     assert len(model.forward.compilations) == 2  # the prefill and the decode graph, both here
 
 
+def _twice_on_the_gpu(model, new: int) -> tuple[list, torch.Tensor]:
+    """Greedy generate() of `new` tokens on a left-padded batch with the static cache: two calls after
+    `dc.compile(model.forward, backend="triton")`, and eager's tokens."""
+    import dlblas_compiler as dc
+
+    ids, mask = (t.cuda() for t in _batch(True))
+    kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+              cache_implementation="static", disable_compile=True)  # fmt: skip
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+        model.forward = dc.compile(model.forward, backend="triton")
+        return [model.generate(ids, **kw) for _ in range(2)], ref
+
+
 @pytest.mark.gpu
 def test_generate_on_the_gpu_with_the_decode_step_in_a_cuda_graph(fresh_dynamo):
     """On the GPU (triton backend): a padded batch, greedy tokens equal eager's in two generate() calls, the
     decode step captured as a CUDA graph (or measured not to pay) with the cache tensors and counters it
     writes captured at their addresses."""
-    import dlblas_compiler as dc
-
     model = causal_lm("llama").cuda()
-    ids, mask = (t.cuda() for t in _batch(True))
-    kw = dict(attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0,
-              cache_implementation="static", disable_compile=True)  # fmt: skip
-    with torch.no_grad():
-        ref = model.generate(ids, **kw)
-        model.forward = dc.compile(model.forward, backend="triton")
-        outs = [model.generate(ids, **kw) for _ in range(2)]
+    outs, ref = _twice_on_the_gpu(model, 8)
     assert all(torch.equal(o, ref) for o in outs)
     program = model.forward.compilations[-1]._spec().executor
     assert program.graph is not None or "CUDA graph replay" in program.graph_note
@@ -380,19 +386,11 @@ def test_a_sliding_window_decode_replays_one_graph_on_the_gpu(name, fresh_dynamo
     returns plus one) decodes with one specialization per decode graph, replayed from its CUDA graph token after
     token (or measured not to pay), greedy tokens equal eager's in two generate() calls with a padded batch; the
     window (12) fills during decoding, so the decode graph changes once."""
-    import dlblas_compiler as dc
-
     config_cls, model_cls, extra = FAMILIES[name]
     cfg = config_cls(**{**BASE, **extra, "sliding_window": 12})
     cfg._attn_implementation = "sdpa"
     model = randomize_(model_cls(cfg), 0).eval().cuda()
-    ids, mask = (t.cuda() for t in _batch(True))
-    kw = dict(attention_mask=mask, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0,
-              cache_implementation="static", disable_compile=True)  # fmt: skip
-    with torch.no_grad():
-        ref = model.generate(ids, **kw)
-        model.forward = dc.compile(model.forward, backend="triton")
-        outs = [model.generate(ids, **kw) for _ in range(2)]
+    outs, ref = _twice_on_the_gpu(model, 12)
     assert all(torch.equal(o, ref) for o in outs), ([o.tolist() for o in outs], ref.tolist())
     decode = model.forward.compilations[1:]
     assert decode and all(c.compile_count == 1 and c.instances == 0 for c in decode)

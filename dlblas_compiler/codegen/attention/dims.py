@@ -38,11 +38,16 @@ def dim_ranges(w: Writer, name: str, d: int, const: str) -> list[tuple[str, int]
     return [(str(i), width) for i, (_, width) in enumerate(parts)]
 
 
+def padded_width(d: int) -> int:
+    """The width `padded_range` reads a head of d dims as: the next power of two."""
+    return 1 << (d - 1).bit_length()
+
+
 def padded_range(w: Writer, name: str, d: int, const: str) -> list[tuple[str, int]]:
     """Emit one column range of the next power of two above d and its mask (`rd = tl.arange(0, 128)`,
     `rd_in = rd < D`), and return [("", width)]: loads fill the padded columns with zeros, which add nothing to
     the scores or the output, and stores leave them out."""
-    width = 1 << (d - 1).bit_length()
+    width = padded_width(d)
     w(f"{name} = tl.arange(0, {width})" + (f"  # head dims 0..{d - 1}, padded to {width}" if width != d else ""))
     w(f"{name}_in = {name} < {const}")
     return [("", width)]

@@ -11,7 +11,7 @@ from ...dialects.types import dtype_of, shape_of
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import PDL_ARG, TL_DTYPE, Writer, chained_start
-from .dims import dim_ranges, head_parts, padded_range, scores
+from .dims import dim_ranges, head_parts, padded_range, padded_width, scores
 from .plan import AttentionPlan
 
 # num_stages 1 is left out: unpipelined, 128-key tiles of heads read in pieces of 32 columns (Phi-3's 96 = 64 + 32)
@@ -153,7 +153,7 @@ def prefill_space(plan: AttentionPlan) -> SearchSpace:
     s, l_ = shape_of(op.query)[2], shape_of(op.key)[2]
     d, dv = plan.dims
     if padded(plan.dims, op.mask is not None):  # (the widths the kernel reads)
-        d, dv = (1 << (x - 1).bit_length() for x in (d, dv))
+        d, dv = padded_width(d), padded_width(dv)
     elem, smem = dtype_of(op.query).itemsize, device.smem_limit()
     return SearchSpace(
         PARAMS,
