@@ -1390,6 +1390,35 @@ def decode_gemms_section(name: str, ceilings: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"M=1, tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
 
 
+
+def gemv_study_section(name: str, ceilings: str) -> str:
+    """bench/gemv_study.py: each GEMM region at one row (decode), tuned config, the best of the study's configs
+    and cuBLAS on the same operands, all chained in a CUDA graph over distinct weight copies (as the decode graph
+    runs them), as bandwidth on the weight against the copy bandwidth measured in the same call; and the chained
+    time of the config the tuner's own measure ranks first among the study's."""
+    doc, ceil = _load(name), _load(ceilings)
+    copy = ceil["copy_bytes_per_s"]
+    out = ["| layer | region | N × K | weight MB | tuned µs | of copy BW | best of study µs | its variant | "
+           "cuBLAS µs | cuBLAS of copy BW | cuBLAS / tuned | tuner measure's first choice µs |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    totals = [0.0, 0.0, 0.0]
+    for r in doc["regions"]:
+        rows = r["rows"]
+        tuned, best = rows[0], min(rows, key=lambda x: x["us"])
+        pick = min(rows, key=lambda x: x["tuner_us"])
+        mb = r["weight_MB"]
+        totals = [totals[0] + tuned["us"], totals[1] + best["us"], totals[2] + r["cublas_us"]]
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['N']} × {r['K']} | {mb:.0f} | "
+                   f"{tuned['us']:.1f} | {mb / tuned['us'] * 1e12 / copy:.0%} | {best['us']:.1f} | {best['family']} | "
+                   f"{r['cublas_us']:.1f} | {mb / r['cublas_us'] * 1e12 / copy:.0%} | {r['cublas_us'] / tuned['us']:.2f}x | "
+                   f"{pick['us']:.1f} |")  # fmt: skip
+    out.append(f"| all | sum | | | {totals[0]:.1f} | | {totals[1]:.1f} | | {totals[2]:.1f} | | "
+               f"{totals[2] / totals[0]:.2f}x | |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"), "ceilings": ceil}
+    n = sum(len(r["rows"]) for r in doc["regions"])
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M=1, fresh quick tuning, {n} configs timed")]) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
@@ -1523,6 +1552,8 @@ SECTIONS = {
         decode_ab_section, "2026-11-29-h200-s33-decode-ab-trace-phi3-sliding-p128.json"),
     "decode-trace-s33-phi3-sliding": functools.partial(
         decode_trace_section, "2026-11-29-h200-s33-decode-ab-trace-phi3-sliding-p128.json"),
+    "gemv-study-s34": functools.partial(gemv_study_section, "2026-11-29-h200-s34-gemv-study.json",
+                                        "2026-11-29-h200-s34-ceilings.json"),
     "timing-study-s32": functools.partial(timing_study_section, "2026-11-29-h200-s32-timing-study.json"),
     "timing-study-s32-gpu-timing": functools.partial(timing_study_section,
                                                      "2026-11-29-h200-s32-timing-study-llama-gputiming.json"),

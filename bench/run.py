@@ -108,7 +108,10 @@ def bench_one(
         del ref_mod
     rows, timed = [], []
     torch._dynamo.reset()
-    for mode in modes:
+    # our modes first: their first call moves concatenated parameters into one buffer (`Options.share_weights`),
+    # and a mode captured before that (eager's graph here, max-autotune's CUDA graphs) would replay on the old,
+    # freed storage (bench/NOTES.md 116: an illegal memory access on a Qwen2.5-7B layer)
+    for mode in sorted(modes, key=lambda md: not md.startswith("ours")):
         row = {"block": block, "M": m, "mode": mode, "floor_us": floor, "bytes": nbytes, "flops": flops, "gpu": gpu}
         rows.append(row)
         try:

@@ -34,6 +34,13 @@ class Options:
     each may start while the kernel before it drains and waits on the device for its results (directly and
     inside CUDA graphs). Off by default: on an H100 it did not shorten the 32-layer decode graph (6.49 ms against
     6.43 ms without) and made direct launches slower to enqueue (bench/NOTES.md item 47).
+    share_weights: where the compiler concatenates parameters into one GEMM weight (q/k/v, gate/up), the
+    parameters become slices of that buffer at the first call (`p.data` is re-pointed; values, the model's own
+    forward and later updates are unchanged), so the model holds those weights once. Their old storage is then
+    no longer the parameters': a CUDA graph captured before (your own, or torch.compile's "reduce-overhead" /
+    "max-autotune" graphs of the same model) keeps reading the old addresses — freed memory — and a tensor taken
+    from `p.data` before no longer aliases the parameter. Capture such graphs after the first compiled call, or
+    pass False to leave every parameter where it is (the concatenated weights are then copies: more memory).
     pipeline: the passes, xdsl-opt style ("canonicalize,cse,...,fuse").
     check_each_pass: run the reference after every pass and name the first pass that changed the result.
     strict: a region that fails to lower, compile, tune or launch raises CompileError instead of falling back
@@ -72,6 +79,7 @@ class Options:
     dump_ir: str | None = None
     cuda_graphs: bool = True
     chained_launches: bool = False
+    share_weights: bool = True
     pipeline: str = DEFAULT_PIPELINE
     check_each_pass: bool = False
     strict: bool = False

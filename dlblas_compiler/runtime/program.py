@@ -342,6 +342,8 @@ class Builder:
         ) + ((v.index,),)  # fmt: skip
         cat = v.owner if isinstance(v.owner, CatOp) and v.owner.axis == 0 else None
         parts = [table[x.owner.pname] for x in cat.inputs] if cat and all(isinstance(x.owner, ParamOp) for x in cat.inputs) else []
+        if not self.options.share_weights:  # (the parameters stay where they are: the buffer is a copy)
+            parts = []
         return derived_weight(key, compute, params, parts)
 
     def _torch_call(self, op: TorchCallOp) -> TorchStep:

@@ -641,6 +641,27 @@ def test_concatenated_parameters_live_in_their_buffer_once():
     _close(changed, m(x))
 
 
+def test_share_weights_false_leaves_every_parameter_where_it_is():
+    """With share_weights=False no parameter is re-pointed (a CUDA graph or a tensor that holds a parameter's
+    storage from before the first call keeps seeing the parameter: bench/NOTES.md 116), the merged weight is a
+    copy, and the results and later updates are as with sharing."""
+    m = randomize_(NormGLU()).eval()
+    x = _x(5, 24)
+    held = {name: p.data for name, p in m.named_parameters()}  # (what a graph captured before compiling reads)
+    cm = dc.compile(m, backend="interpret", share_weights=False)
+    out, _ = _calls(cm, x, n=1)
+    _close(out, m(x))
+    for name, p in m.named_parameters():
+        assert p.untyped_storage().data_ptr() == held[name].untyped_storage().data_ptr(), name
+    assert m.gate.weight.untyped_storage().data_ptr() != m.up.weight.untyped_storage().data_ptr()
+    with torch.no_grad():
+        m.up.weight.mul_(-1.0)
+    assert torch.equal(held["up.weight"], m.up.weight)  # the tensor taken before still is the parameter's storage
+    changed, _ = _calls(cm, x, n=1)
+    _close(changed, m(x))
+    assert not torch.allclose(changed, out)
+
+
 class PromotingCat(nn.Module):
     def __init__(self):
         super().__init__()
