@@ -36,11 +36,11 @@ class Options:
     6.43 ms without) and made direct launches slower to enqueue (bench/NOTES.md item 47).
     share_weights: where the compiler concatenates parameters into one GEMM weight (q/k/v, gate/up), the
     parameters become slices of that buffer at the first call (`p.data` is re-pointed; values, the model's own
-    forward and later updates are unchanged), so the model holds those weights once. Their old storage is then
-    no longer the parameters': a CUDA graph captured before (your own, or torch.compile's "reduce-overhead" /
-    "max-autotune" graphs of the same model) keeps reading the old addresses — freed memory — and a tensor taken
-    from `p.data` before no longer aliases the parameter. Capture such graphs after the first compiled call, or
-    pass False to leave every parameter where it is (the concatenated weights are then copies: more memory).
+    forward and later updates are unchanged), so the model holds those weights once — except while a CUDA graph
+    is alive in the process (yours, torch.compile's "reduce-overhead" / "max-autotune" ones, ours), which may
+    read the old addresses: then the concatenated weights are copies, with one warning. A tensor taken from
+    `p.data` before the first call no longer aliases the parameter. False: every parameter always stays where it
+    is (the concatenated weights are copies: more memory).
     pipeline: the passes, xdsl-opt style ("canonicalize,cse,...,fuse").
     check_each_pass: run the reference after every pass and name the first pass that changed the result.
     strict: a region that fails to lower, compile, tune or launch raises CompileError instead of falling back

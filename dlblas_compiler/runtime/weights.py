@@ -15,6 +15,9 @@ by `p.data = t`, writes or replaces its slice and the buffer is rebuilt as befor
 
 from __future__ import annotations
 
+import gc
+import logging
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +41,7 @@ class DerivedWeight:
             return self._value, False
         with torch.no_grad():
             self._value = self.compute()
-            if _fits(self._value, self.share):  # the parameters now live in the buffer
+            if _fits(self._value, self.share) and not _graph_alive():  # the parameters now live in the buffer
                 start = 0
                 for p in self.share:
                     p.data = self._value[start : start + p.shape[0]]
@@ -48,6 +51,32 @@ class DerivedWeight:
 
     def __repr__(self) -> str:
         return f"DerivedWeight(from {len(self.sources)} parameters)"
+
+
+def _graph_alive() -> bool:
+    """Whether a CUDA graph exists in the process (anyone's: the user's own, torch.compile's, ours), which may
+    have captured the parameters' current addresses: moving them into the buffer would leave it replaying on
+    freed memory (bench/NOTES.md 116), so the buffer is then a copy, with one warning. Checked only when a
+    buffer is built (a scan of the garbage collector's objects, ~0.2 s with a model of 32 layers loaded: once per
+    fill that builds buffers), and only once CUDA is initialized (no graph can exist before)."""
+    if not torch.cuda.is_initialized():
+        return False
+    if _SCAN:  # (one scan for all the buffers one fill builds)
+        return _SCAN[0]
+    alive = any(isinstance(o, torch.cuda.CUDAGraph) for o in gc.get_objects())
+    _SCAN.append(alive)
+    if alive and not _WARNED:
+        _WARNED.append(True)
+        logging.getLogger("dlblas_compiler.runtime").warning("a CUDA graph is alive at the first compiled call")
+        warnings.warn("dlblas_compiler: a CUDA graph exists at the first compiled call and may read the parameters "
+                      "where they are: the concatenated weights (q/k/v, gate/up) are copies instead of taking the "
+                      "parameters' place (more memory; share_weights=False does this always, docs/bad-inputs.md)",
+                      stacklevel=6)  # fmt: skip
+    return alive
+
+
+_WARNED: list[bool] = []  # (one warning per process)
+_SCAN: list[bool] = []  # `_graph_alive`'s answer while one `DerivedWeights.fill` builds its buffers
 
 
 def _fits(buffer: torch.Tensor, parts: list[torch.Tensor]) -> bool:
@@ -96,7 +125,10 @@ class DerivedWeights:
         """Put the current values into a value table; True when any differs from the last call's."""
         before = self._values
         if self._values is None or self._sources_state() != self._state:
-            self._values = [w.value()[0] for _, w in self.weights]
+            try:
+                self._values = [w.value()[0] for _, w in self.weights]
+            finally:
+                _SCAN.clear()
             self._state = self._sources_state()  # (after: a first computation may move parameters into a buffer)
         for (slot, _), v in zip(self.weights, self._values):
             env[slot] = v

@@ -662,6 +662,28 @@ def test_share_weights_false_leaves_every_parameter_where_it_is():
     assert not torch.allclose(changed, out)
 
 
+def test_parameters_stay_where_they_are_while_a_cuda_graph_is_alive(monkeypatch):
+    """A CUDA graph alive at the first compiled call may read the parameters where they are (bench/NOTES.md 116):
+    the merged weight is then a copy, with one warning, and the results are the same. (CUDA stood in for on the
+    CPU: the scan looks for instances of torch.cuda.CUDAGraph once CUDA is initialized.)"""
+    from dlblas_compiler.runtime import weights
+
+    class Graph:  # (a stand-in: torch.cuda.CUDAGraph cannot be made without CUDA)
+        pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(weights, "_WARNED", [])
+    graph = Graph()  # noqa: F841 - alive during the first call
+    m = randomize_(NormGLU()).eval()
+    x = _x(5, 24)
+    held = {name: p.untyped_storage().data_ptr() for name, p in m.named_parameters()}
+    out, warned = _calls(dc.compile(m, backend="interpret"), x, n=1)
+    assert any("a CUDA graph exists at the first compiled call" in w for w in warned), warned
+    _close(out, m(x))
+    assert all(p.untyped_storage().data_ptr() == held[name] for name, p in m.named_parameters())
+
+
 class PromotingCat(nn.Module):
     def __init__(self):
         super().__init__()
