@@ -41,7 +41,7 @@ class DerivedWeight:
             return self._value, False
         with torch.no_grad():
             self._value = self.compute()
-            if _fits(self._value, self.share) and not _graph_alive():  # the parameters now live in the buffer
+            if _fits(self._value, self.share) and not _graph_alive(self._value):  # the parameters now live in it
                 start = 0
                 for p in self.share:
                     p.data = self._value[start : start + p.shape[0]]
@@ -53,13 +53,14 @@ class DerivedWeight:
         return f"DerivedWeight(from {len(self.sources)} parameters)"
 
 
-def _graph_alive() -> bool:
-    """Whether a CUDA graph exists in the process (anyone's: the user's own, torch.compile's, ours), which may
+def _graph_alive(buffer: torch.Tensor) -> bool:
+    """Whether a CUDA graph exists in the process (anyone's: the user's own, torch.compile's, ours) that may
     have captured the parameters' current addresses: moving them into the buffer would leave it replaying on
     freed memory (bench/NOTES.md 116), so the buffer is then a copy, with one warning. Checked only when a
     buffer is built (a scan of the garbage collector's objects, ~0.2 s with a model of 32 layers loaded: once per
-    fill that builds buffers), and only once CUDA is initialized (no graph can exist before)."""
-    if not torch.cuda.is_initialized():
+    fill that builds buffers), and only for buffers on a CUDA device once CUDA is initialized (no graph can read
+    CPU tensors, and none exists before)."""
+    if buffer.device.type not in GRAPH_DEVICES or not torch.cuda.is_initialized():
         return False
     if _SCAN:  # (one scan for all the buffers one fill builds)
         return _SCAN[0]
@@ -75,6 +76,7 @@ def _graph_alive() -> bool:
     return alive
 
 
+GRAPH_DEVICES = ("cuda",)  # where a buffer's parameters may be read by a CUDA graph
 _WARNED: list[bool] = []  # (one warning per process)
 _SCAN: list[bool] = []  # `_graph_alive`'s answer while one `DerivedWeights.fill` builds its buffers
 

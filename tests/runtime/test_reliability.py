@@ -665,7 +665,8 @@ def test_share_weights_false_leaves_every_parameter_where_it_is():
 def test_parameters_stay_where_they_are_while_a_cuda_graph_is_alive(monkeypatch):
     """A CUDA graph alive at the first compiled call may read the parameters where they are (bench/NOTES.md 116):
     the merged weight is then a copy, with one warning, and the results are the same. (CUDA stood in for on the
-    CPU: the scan looks for instances of torch.cuda.CUDAGraph once CUDA is initialized.)"""
+    CPU: the scan looks for instances of torch.cuda.CUDAGraph for buffers on a CUDA device once CUDA is
+    initialized; CPU tensors are never moved on that account.)"""
     from dlblas_compiler.runtime import weights
 
     class Graph:  # (a stand-in: torch.cuda.CUDAGraph cannot be made without CUDA)
@@ -673,6 +674,7 @@ def test_parameters_stay_where_they_are_while_a_cuda_graph_is_alive(monkeypatch)
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(weights, "GRAPH_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(weights, "_WARNED", [])
     graph = Graph()  # noqa: F841 - alive during the first call
     m = randomize_(NormGLU()).eval()
