@@ -9,8 +9,10 @@ A `DerivedWeight` is shared by every program that computes the same expression o
 compiled for twenty sequence lengths, or captured by dynamo as a prefill and a decode graph, holds its
 concatenated weights once. And a concatenation of parameters (q/k/v, gate/up along the output dim) takes their place
 in memory: once the buffer is built, each source parameter's `.data` becomes its slice of the buffer, so the model
-holds those weights once (its values, and its own forward, are unchanged; an update of a parameter, in place or
-by `p.data = t`, writes or replaces its slice and the buffer is rebuilt as before).
+holds those weights once (its values, and its own forward, are unchanged). An in-place update of such a parameter
+writes the buffer itself, which is then used as it is; `p.data = t` replaces its slice, and the buffer is built
+again with the parameters moved into it. While a CUDA graph is alive at a build the parameters stay where they are
+(`_graph_alive`: the graph may read them there; the buffer is then a copy).
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ class DerivedWeight:
         """The current value, and whether this call (re)computed it."""
         versions = tuple((_version(t), t.data_ptr()) for t in self.sources)
         if self._value is not None and versions == self._versions:
+            return self._value, False
+        if self._value is not None and _lives_in(self._value, self.share):
+            # (parameters updated in place while they are slices of the buffer: it holds their new values already,
+            # at the same address, which graphs captured with it keep reading)
+            self._versions = versions
             return self._value, False
         with torch.no_grad():
             self._value = self.compute()
@@ -79,6 +86,18 @@ def _graph_alive(buffer: torch.Tensor) -> bool:
 GRAPH_DEVICES = ("cuda",)  # where a buffer's parameters may be read by a CUDA graph
 _WARNED: list[bool] = []  # (one warning per process)
 _SCAN: list[bool] = []  # `_graph_alive`'s answer while one `DerivedWeights.fill` builds its buffers
+
+
+def _lives_in(buffer: torch.Tensor, parts: list[torch.Tensor]) -> bool:
+    """Whether each part is its slice of `buffer` (the buffer is their plain concatenation along dim 0)."""
+    if not parts or buffer.numel() == 0:
+        return False
+    start, base = 0, buffer.data_ptr()
+    for p in parts:
+        if p.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr() or p.data_ptr() != base + start:
+            return False
+        start += p.numel() * p.element_size()
+    return start == buffer.numel() * buffer.element_size()
 
 
 def _fits(buffer: torch.Tensor, parts: list[torch.Tensor]) -> bool:

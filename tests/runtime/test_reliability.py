@@ -641,6 +641,27 @@ def test_concatenated_parameters_live_in_their_buffer_once():
     _close(changed, m(x))
 
 
+def test_an_in_place_update_of_a_concatenated_parameter_keeps_its_buffer():
+    """A parameter living in its concatenated buffer and updated in place updates the buffer itself: the next call
+    uses it as it is (no new buffer: a graph captured with it keeps reading the right memory); `p.data = t` builds
+    the buffer again and the parameters move into it."""
+    m = randomize_(NormGLU()).eval()
+    x = _x(5, 24)
+    cm = dc.compile(m, backend="interpret")
+    _calls(cm, x, n=1)
+    buffer = m.gate.weight.untyped_storage().data_ptr()
+    assert m.up.weight.untyped_storage().data_ptr() == buffer
+    with torch.no_grad():
+        m.up.weight.mul_(-1.0)
+    out, _ = _calls(cm, x, n=1)
+    _close(out, m(x))
+    assert m.up.weight.untyped_storage().data_ptr() == m.gate.weight.untyped_storage().data_ptr() == buffer
+    m.up.weight.data = m.up.weight.data * 2.0
+    out, _ = _calls(cm, x, n=1)
+    _close(out, m(x))
+    assert m.up.weight.untyped_storage().data_ptr() == m.gate.weight.untyped_storage().data_ptr() != buffer
+
+
 def test_share_weights_false_leaves_every_parameter_where_it_is():
     """With share_weights=False no parameter is re-pointed (a CUDA graph or a tensor that holds a parameter's
     storage from before the first call keeps seeing the parameter: bench/NOTES.md 116), the merged weight is a
