@@ -7,10 +7,10 @@ quick search find it? (bench/NOTES.md 115)
 For each GEMM region of the layer at M = 1 (compiled with quick tuning): the tuned config, the default and up to
 `--configs` configs drawn from two families — one-row CUDA-core tiles (BLOCK_M = 1: BLOCK_N 16-64, BLOCK_K
 128-512, split-K 1-4, 4/8 warps, 2-4 stages) and 16-row tensor-core tiles (BLOCK_M = 16, pointer or TMA loads,
-3-8 stages, split-K 1-4) — each timed back to back in a CUDA graph over 16 distinct copies of the weight (`chain`:
-one layer's weights after another's, as the decode graph runs them) and by the tuner's own measure
-(`tuning.benchmark`); cuBLAS (`torch.matmul` of the same operands) is chained the same way. Prints per region the
-tuned, best-per-family and cuBLAS times with their share of the copy bandwidth (OUT/ceilings.json when
+3-8 stages, split-K 1-4) — each timed back to back in a CUDA graph over 16 distinct copies of the weight
+(`tuner_timing.chain_us`: one layer's weights after another's, as the decode graph runs them) and by the tuner's
+own measure (`tuning.benchmark`); cuBLAS (`torch.matmul` of the same operands) is chained the same way. Prints per
+region the tuned, best-per-family and cuBLAS times with their share of the copy bandwidth (OUT/ceilings.json when
 bench/device.sh measured it); writes OUT/gemv_study.json ({gpu, torch, triton, regions: [{layer, region, N, K,
 weight_MB, cublas_us, copy_bytes_per_s, tuned, rows: [{config, family, us, tuner_us}]}]}).
 """
@@ -30,33 +30,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from blocks import BLOCKS  # noqa: E402
 from gemms import operands, region_inputs  # noqa: E402
-from tuner_timing import clean_us  # noqa: E402
+from tuner_timing import chain_us  # noqa: E402
 
 import dlblas_compiler as dc  # noqa: E402
 from dlblas_compiler.codegen.kernel import compile_configs  # noqa: E402
 from dlblas_compiler.tuning import benchmark  # noqa: E402
-
-
-def chain(launch, tensors: list, w_index: int, flush: torch.Tensor, n: int = 8) -> float:
-    """µs per call of launch(tensors) back to back in a CUDA graph, each call on its own copy of the weight."""
-    copies = []
-    for _ in range(2 * n):
-        t = list(tensors)
-        t[w_index] = tensors[w_index].clone()
-        copies.append(t)
-    for t in copies[:2]:
-        launch(t)
-    torch.cuda.synchronize()
-    graphs = []
-    for k in (n, 2 * n):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for t in copies[:k]:
-                launch(t)
-        graphs.append(g)
-    one, two = (clean_us(g.replay, flush, 30) for g in graphs)
-    del copies, graphs
-    return (two - one) / n
 
 
 def family(c: dict) -> str:
@@ -127,7 +105,7 @@ def main() -> None:
                 rows = []
                 for c in configs:
                     try:
-                        us = chain(lambda t, c=c, s=step: s.launch(t, c), tensors, w_index, flush)
+                        us = chain_us(lambda t, c=c, s=step: s.launch(t, c), tensors, w_index, flush)
                         tuner = benchmark(lambda c=c, s=step, t=tensors: s.launch(t, c), warmup_ms=10, rep_ms=40) * 1e6
                         rows.append({"config": c, "family": family(c), "us": us, "tuner_us": tuner})
                     except Exception as e:  # noqa: BLE001 - a config that does not compile or run is left out
@@ -137,7 +115,7 @@ def main() -> None:
                 def mm(t, n=w.shape[0], out=out):
                     torch.matmul(t[0], t[1][:n].t(), out=out)
 
-                cublas = chain(mm, [x, full_w], 1, flush)
+                cublas = chain_us(mm, [x, full_w], 1, flush)
                 nbytes = w.numel() * w.element_size()
 
                 def share(us, nbytes=nbytes):

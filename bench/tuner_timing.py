@@ -54,22 +54,22 @@ def clean_us(fn, flush: torch.Tensor, reps: int = 60) -> float:
     return times[len(times) // 2] * 1e3
 
 
-def chain_us(step, tensors: list, w_index: int, config: dict, flush: torch.Tensor, n: int = 8) -> float:
-    """µs per launch of the region back to back in a CUDA graph, each launch on its own copy of the weight."""
+def chain_us(launch, tensors: list, w_index: int, flush: torch.Tensor, n: int = 8) -> float:
+    """µs per call of launch(tensors) back to back in a CUDA graph, each call on its own copy of the weight."""
     copies = []
     for _ in range(2 * n):
         t = list(tensors)
         t[w_index] = tensors[w_index].clone()
         copies.append(t)
     for t in copies[:2]:
-        step.launch(t, config)
+        launch(t)
     torch.cuda.synchronize()
     graphs = []
     for k in (n, 2 * n):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for t in copies[:k]:
-                step.launch(t, config)
+                launch(t)
         graphs.append(g)
     one, two = (clean_us(g.replay, flush, 30) for g in graphs)
     return (two - one) / n
@@ -118,7 +118,8 @@ def main() -> None:
                     try:
                         rows.append({"config": c, "ours": benchmark(fn, warmup_ms=10, rep_ms=60) * 1e6,
                                      "dirty": triton.testing.do_bench(fn, warmup=10, rep=60) * 1e3,
-                                     "clean": clean_us(fn, flush), "chain": chain_us(step, tensors, w_index, c, flush)})
+                                     "clean": clean_us(fn, flush),
+                                     "chain": chain_us(lambda t, c=c, s=step: s.launch(t, c), tensors, w_index, flush)})
                     except Exception as e:  # noqa: BLE001 - a config that does not run is left out
                         print(f"  {c}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 mb = w.numel() * w.element_size() / 1e6

@@ -75,9 +75,9 @@ def _graph_alive(buffer: torch.Tensor) -> bool:
     _SCAN.append(alive)
     if alive and not _WARNED:
         _WARNED.append(True)
-        logging.getLogger("dlblas_compiler.runtime").warning("a CUDA graph is alive at the first compiled call")
-        warnings.warn("dlblas_compiler: a CUDA graph exists at the first compiled call and may read the parameters "
-                      "where they are: the concatenated weights (q/k/v, gate/up) are copies instead of taking the "
+        logging.getLogger("dlblas_compiler.runtime").warning("a CUDA graph is alive as concatenated weights are built")
+        warnings.warn("dlblas_compiler: a CUDA graph exists as the concatenated weights (q/k/v, gate/up) are built "
+                      "and may read the parameters where they are: the weights are copies instead of taking the "
                       "parameters' place (more memory; share_weights=False does this always, docs/bad-inputs.md)",
                       stacklevel=6)  # fmt: skip
     return alive
