@@ -1552,6 +1552,15 @@ SECTIONS = {
         decode_ab_section, "2026-11-29-h200-s33-decode-ab-trace-phi3-sliding-p128.json"),
     "decode-trace-s33-phi3-sliding": functools.partial(
         decode_trace_section, "2026-11-29-h200-s33-decode-ab-trace-phi3-sliding-p128.json"),
+    "decode-ab-s35-llama-p128-before": functools.partial(
+        decode_ab_section, "2026-11-29-h200-s35-decode-ab-trace-llama-p128-before.json"),
+    "decode-trace-s35-llama-before": functools.partial(
+        decode_trace_section, "2026-11-29-h200-s35-decode-ab-trace-llama-p128-before.json", 10),
+    "decode-ab-s35-phi3-p128": functools.partial(decode_ab_section, "2026-11-29-h200-s35-decode-ab-phi3-p128.json"),
+    "decode-ab-s35-llama-p128-guards": functools.partial(
+        decode_ab_section, "2026-11-29-h200-s35-decode-ab-trace-llama-p128-guards.json"),
+    "decode-trace-s35-llama-guards": functools.partial(
+        decode_trace_section, "2026-11-29-h200-s35-decode-ab-trace-llama-p128-guards.json", 10),
     "gemv-study-s34": functools.partial(gemv_study_section, "2026-11-29-h200-s34-gemv-study.json",
                                         "2026-11-29-h200-s34-ceilings.json"),
     "timing-study-s32": functools.partial(timing_study_section, "2026-11-29-h200-s32-timing-study.json"),

@@ -858,6 +858,17 @@ class TorchCall:
     def __getstate__(self) -> dict[str, Any]:
         return self.fields()
 
+    def foreach(self) -> tuple[str, int | float] | None:
+        """(method, scalar) where this call is `t.<method>(scalar)` on its one tensor, written in place (a cache's
+        length counter: `cumulative_length.add_(1)`), for a method `torch._foreach_<method>` runs on many tensors
+        at once; else None."""
+        if type(self.target) is not _Method or self.target.name not in FOREACH_METHODS or self.kwargs:
+            return None
+        if len(self.args) != 2 or not (isinstance(self.args[0], _Slot) and self.args[0].written):
+            return None
+        scalar = self.args[1]
+        return (self.target.name, scalar) if type(scalar) in (int, float) else None
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
             setattr(self, k, v)
@@ -890,6 +901,9 @@ class TorchCall:
         elif type(out) is not tuple or any(isinstance(v, (list, tuple, dict)) for v in out):
             out = pytree.tree_leaves(out)
         return tuple(out[i] for i in self.pos)
+
+
+FOREACH_METHODS = frozenset({"add_", "sub_", "mul_"})  # in-place methods with a `torch._foreach_*` twin
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +22,10 @@ import torch
 
 
 _STREAMS: dict[int, torch.cuda.Stream] = {}
+# the graphs our programs captured whose every parameter read is a derived weight's source: each replay follows a
+# check that those have not moved (`Program.__call__`), so building concatenated weights need not keep parameters in
+# place for them (`weights`); a program running a module opaquely reads that module's parameters unchecked
+OURS: weakref.WeakSet = weakref.WeakSet()
 
 
 def _warmup_stream(device: int) -> torch.cuda.Stream:
@@ -61,6 +66,7 @@ class CudaGraph:
     run: Callable[[list], tuple]
     static: tuple[int, ...] = ()
     note: str = ""  # the keep-or-drop measurement, for the report
+    checked: bool = False  # every parameter the run reads is checked before each replay (`OURS`)
     graph: Any = None
     static_in: list[torch.Tensor] | None = None
     static_out: tuple | None = None
@@ -87,6 +93,8 @@ class CudaGraph:
             kept = {id(self.static_in[i]) for i in self.static}
             self.cloned = tuple(id(o) not in kept for o in self.static_out)
             self.graph = graph
+            if self.checked:
+                OURS.add(graph)
             return True
         except Exception as e:  # noqa: BLE001 - a program that cannot be captured still runs
             logging.getLogger("dlblas_compiler.runtime").warning("CUDA graph capture failed (%s: %s)", type(e).__name__,

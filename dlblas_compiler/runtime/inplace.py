@@ -13,6 +13,8 @@ given the caller's cache tensor under the same conditions, else a copy of it (`R
 
 An in-place torch method on an input (a cache's length counter: `cumulative_length.add_(n)`), which the IR runs
 on a copy of the input, runs on the input itself under the same conditions (no copy before it, none after).
+Such calls whose result only the outputs read (each layer's counter) run at the program's end, those alike as
+one `torch._foreach_*` call (`batched`): one kernel a token where each layer's counter was one.
 Every other input the model writes gets its final value copied into it by the program's last steps
 (`WriteInput`) rather than by the compiled module after the call, so that a CUDA graph captures that copy too and
 the input at its address: a replay then updates the caller's tensor, with no copy in, clone out or copy back on
@@ -24,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
 from xdsl.dialects import func
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
@@ -59,6 +62,12 @@ def inplace_updates(fn: func.FuncOp, imported) -> dict[Operation, tuple[int, ...
         if args:
             found[op] = tuple(args)
     return found
+
+
+def deferrable(op: TorchCallOp) -> bool:
+    """Whether the in-place call `op`'s new value is read by nothing but the function's outputs, so that the call
+    may run at the program's end (nothing reads the old value after it either: `inplace_updates`)."""
+    return all(isinstance(user, func.ReturnOp) for user in _readers(list(op.res)))
 
 
 def region_writes(fused: FusedOp) -> list[tuple[int, int]]:
@@ -196,3 +205,43 @@ class WriteInput:
 
     def __repr__(self) -> str:
         return f"WriteInput(slot {self.dest} = {self.value})"
+
+
+@dataclass
+class ForeachInPlace:
+    """`t.<method>(scalar)` on each of several inputs at once (`torch._foreach_<method>`: one kernel for all of
+    them), the calls' slots then holding those tensors."""
+
+    method: str
+    scalar: int | float
+    ins: list[int]
+    outs: list[int]
+
+    def __call__(self, env: list) -> None:
+        tensors = [env[i] for i in self.ins]
+        getattr(torch, "_foreach_" + self.method)(tensors, self.scalar)
+        for slot, t in zip(self.outs, tensors):
+            env[slot] = t
+
+    def __repr__(self) -> str:
+        return f"ForeachInPlace({self.method}({self.scalar}) on slots {self.ins} -> {self.outs})"
+
+
+def batched(steps: list, frees: list[tuple[int, ...]]) -> tuple[list, list[tuple[int, ...]]]:
+    """The steps as a program runs them: the deferrable in-place calls (`TorchStep.foreach`) that have others alike
+    (same method and scalar, of the same type) leave their places and run last, each group as one `ForeachInPlace`. (A deferred
+    call frees nothing: it reads and makes inputs and outputs, which are kept.)"""
+    groups: dict[tuple, list] = {}
+    for i, st in enumerate(steps):
+        if getattr(st, "foreach", None) is not None and not (frees and frees[i]):
+            method, scalar, _ = st.foreach  # (by repr: 1 and 1.0 apart, an int tensor's `add_(1.0)` failing where
+            groups.setdefault((method, type(scalar), repr(scalar)), []).append(i)  # `add_(1)` runs; 0.0 and -0.0)
+    moved = {i for group in groups.values() if len(group) > 1 for i in group}
+    if not moved:
+        return steps, frees
+    frees = frees or [()] * len(steps)
+    kept = [i for i in range(len(steps)) if i not in moved]
+    last = [ForeachInPlace(method, steps[group[0]].foreach[1], [steps[i].foreach[2] for i in group],
+                           [steps[i].outs[0] for i in group])
+            for (method, _, _), group in groups.items() if len(group) > 1]  # fmt: skip
+    return [steps[i] for i in kept] + last, [frees[i] for i in kept] + [()] * len(last)

@@ -29,7 +29,8 @@ from ..dialects import CatOp, ConstantOp, FusedOp, IndexCopyOp, ParamOp, TorchCa
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
 from .graphs import CudaGraph
-from .inplace import InPlaceIndexCopy, WriteInput, inplace_updates, input_writes, reaches_output, region_writes
+from .inplace import (InPlaceIndexCopy, WriteInput, batched, deferrable, inplace_updates, input_writes, reaches_output,
+                      region_writes)
 from .ops import OP_STEPS, op_step
 from .selection import Together
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
@@ -91,9 +92,21 @@ class Program:
     recipe: Recipe | None = field(default=None, repr=False)  # how it was built (`rebuild_program`)
 
     def __repr__(self) -> str:
-        lines = [f"Program({len(self.steps)} steps, inputs {self.inputs} -> outputs {self.outputs})"]
-        lines += [f"  slot {slot}: {w!r}" for slot, w in self.weights.weights] + [f"  {s!r}" for s in self.steps]
+        steps = self.plan[0]
+        lines = [f"Program({len(steps)} steps, inputs {self.inputs} -> outputs {self.outputs})"]
+        lines += [f"  slot {slot}: {w!r}" for slot, w in self.weights.weights] + [f"  {s!r}" for s in steps]
         return "\n".join(lines)
+
+    def _runs_modules(self) -> bool:
+        """Whether a step runs an nn.Module opaquely (its parameters read live, not as derived weights' sources)."""
+        return any(isinstance(getattr(getattr(s.fn, "func", s.fn), "target", None), torch.nn.Module)
+                   for s in self.steps if isinstance(s, TorchStep))  # fmt: skip
+
+    @functools.cached_property
+    def plan(self) -> tuple[list, list[tuple[int, ...]]]:
+        """The steps in the order they run, each with the slots to drop after it: `steps` (one per op, as built),
+        with the in-place calls alike that only the outputs read run last as one (`inplace.batched`)."""
+        return batched(self.steps, self.frees or [()] * len(self.steps))
 
     def _env(self, inputs: list) -> list:
         env: list[Any] = [None] * self.nslots
@@ -112,7 +125,7 @@ class Program:
         self.tuned = self.tuned or tuning
         together = Together(self.tune_mode, self._written(inputs)) if tuning else None
         try:
-            for step, free in zip(self.steps, self.frees or [()] * len(self.steps)):
+            for step, free in zip(*self.plan):
                 if (together is not None and isinstance(step, RegionStep) and step.kernel is not None
                         and step.choice.impl == "kernel" and together.defer(step, step.inputs(env))):  # fmt: skip
                     step.by_reference(env)  # (this call; its kernel is tuned with the others after it)
@@ -156,7 +169,7 @@ class Program:
         if self.graph is not None and not self.graph.matches(addresses):
             self.graph = None  # a new cache (another generate() call): captured again at its address
         if self.graph is None:
-            graph = CudaGraph(self.run, self.static_inputs)
+            graph = CudaGraph(self.run, self.static_inputs, checked=not self._runs_modules())
             keep = graph.capture(inputs)
             if keep and self.graphs_pay is None:
                 self.graphs_pay = graph.pays(inputs)
@@ -354,7 +367,12 @@ class Builder:
         # an input-free call (torch.arange(n), a mask from sizes) computes the same tensors at every call: once,
         # unless the caller gets them (or views of them) as outputs, which it may write
         once = "input_free" in op.attributes and not reaches_output(list(op.res))
-        return TorchStep(op.node.data, fn, [self.slot(v) for v in op.args], [self.slot(r) for r in op.res], once)
+        step = TorchStep(op.node.data, fn, [self.slot(v) for v in op.args], [self.slot(r) for r in op.res], once)
+        call = self.imported.calls.get(op.node.data)
+        method = call.foreach() if op in self.inplace and call is not None else None
+        if method is not None and deferrable(op):  # (a counter's `add_(1)`: run last, with the others alike)
+            step.foreach = (*method, self.slot(op.written))
+        return step
 
     def _region(self, fused: FusedOp) -> RegionStep:
         ins = [self.slot(v) for v in fused.inputs]

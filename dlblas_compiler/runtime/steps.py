@@ -82,6 +82,9 @@ class TorchStep:
     ins: list[int]
     outs: list[int]
     once: bool = False  # the same values at every call (an input-free call: sizes and constants): kept from the first
+    # (method, scalar, slot): `t.<method>(scalar)` on the input in that slot, in place, its result read only by the
+    # program's outputs, so it may run at the program's end with others alike (`inplace.batched`)
+    foreach: tuple[str, int | float, int] | None = field(default=None, repr=False)
     _kept: tuple | None = field(default=None, repr=False)
 
     def __call__(self, env: list) -> None:

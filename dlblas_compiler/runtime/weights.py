@@ -27,6 +27,8 @@ from functools import cached_property
 
 import torch
 
+from .graphs import OURS
+
 
 @dataclass
 class DerivedWeight:
@@ -61,17 +63,21 @@ class DerivedWeight:
 
 
 def _graph_alive(buffer: torch.Tensor) -> bool:
-    """Whether a CUDA graph exists in the process (anyone's: the user's own, torch.compile's, ours) that may
-    have captured the parameters' current addresses: moving them into the buffer would leave it replaying on
+    """Whether a CUDA graph exists in the process (the user's own, torch.compile's: anyone's but our programs')
+    that may have captured the parameters' current addresses: moving them into the buffer would leave it replaying on
     freed memory (bench/NOTES.md 116), so the buffer is then a copy, with one warning. Checked only when a
     buffer is built (a scan of the garbage collector's objects, ~0.2 s with a model of 32 layers loaded: once per
     fill that builds buffers), and only for buffers on a CUDA device once CUDA is initialized (no graph can read
-    CPU tensors, and none exists before)."""
+    CPU tensors, and none exists before). Our programs' graphs (`graphs.OURS`) do not count: a program compares
+    its weights' addresses before every replay and captures again when one moved (`Program.__call__`)."""
     if buffer.device.type not in GRAPH_DEVICES or not torch.cuda.is_initialized():
         return False
     if _SCAN:  # (one scan for all the buffers one fill builds)
         return _SCAN[0]
-    alive = any(isinstance(o, torch.cuda.CUDAGraph) for o in gc.get_objects())
+    # (by type, not isinstance: isinstance on a weak proxy whose object is gone raises ReferenceError, and the
+    # collector's objects hold such proxies; a live proxy's object is among them itself)
+    graph = torch.cuda.CUDAGraph
+    alive = any(issubclass(type(o), graph) and o not in OURS for o in gc.get_objects())
     _SCAN.append(alive)
     if alive and not _WARNED:
         _WARNED.append(True)

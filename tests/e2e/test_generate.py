@@ -219,7 +219,7 @@ def _recording_graphs(monkeypatch) -> list:
     captured = []
 
     class Recorder:
-        def __init__(self, run, static):
+        def __init__(self, run, static, checked=False):
             self.run, self.note = run, ""
 
         def capture(self, inputs):

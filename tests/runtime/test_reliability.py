@@ -2,6 +2,7 @@
 docs/bad-inputs.md row by row, and check=True (each region against its reference on live inputs)."""
 
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -688,7 +689,7 @@ def test_parameters_stay_where_they_are_while_a_cuda_graph_is_alive(monkeypatch)
     the merged weight is then a copy, with one warning, and the results are the same. (CUDA stood in for on the
     CPU: the scan looks for instances of torch.cuda.CUDAGraph for buffers on a CUDA device once CUDA is
     initialized; CPU tensors are never moved on that account.)"""
-    from dlblas_compiler.runtime import weights
+    from dlblas_compiler.runtime import graphs, weights
 
     class Graph:  # (a stand-in: torch.cuda.CUDAGraph cannot be made without CUDA)
         pass
@@ -697,6 +698,19 @@ def test_parameters_stay_where_they_are_while_a_cuda_graph_is_alive(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(weights, "GRAPH_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(weights, "_WARNED", [])
+    # no graph, and a dead weak proxy among the collector's objects (HF's modules leave some): the scan passes it
+    # (isinstance on it raised ReferenceError and failed every first call on the GPU) and the parameters move
+    # and a graph of one of our programs alive (it checks its weights before each replay) does not count either
+    gone = weakref.proxy(Graph())  # noqa: F841
+    ours = Graph()
+    graphs.OURS.add(ours)
+    m = randomize_(NormGLU()).eval()
+    x = _x(5, 24)
+    out, warned = _calls(dc.compile(m, backend="interpret"), x, n=1)
+    assert not warned
+    _close(out, m(x))
+    assert m.gate.weight.untyped_storage().data_ptr() == m.up.weight.untyped_storage().data_ptr()
+    weights._SCAN.clear()
     graph = Graph()  # noqa: F841 - alive during the first call
     m = randomize_(NormGLU()).eval()
     x = _x(5, 24)
@@ -855,7 +869,7 @@ def test_cuda_graph_capture_policy_for_a_cache_written_in_place(monkeypatch):
     class FakeGraph:
         note = ""
 
-        def __init__(self, run, static):
+        def __init__(self, run, static, checked=False):
             self.run, self.static = run, static
 
         def capture(self, inputs):
@@ -951,6 +965,99 @@ def test_an_input_counter_is_incremented_in_place_and_follows_eager(old_after):
     in_place = [op for op in program.recipe.builder.inplace if isinstance(op, TorchCallOp)]
     assert [op.callee.data for op in in_place] == ["torch.Tensor.add_"]
     assert not [s for s in program.steps if isinstance(s, WriteInput)]
+
+
+class LayerCounters(nn.Module):
+    """Three layers of a static cache as HF writes them: each layer's positions from its own length counter, the
+    counter incremented in place, its cache written there; `reads_new`: the first counter's new value is read at
+    the end too."""
+
+    def __init__(self, reads_new: bool):
+        super().__init__()
+        self.reads_new = reads_new
+        self.lins = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x, c0, c1, c2, k0, k1, k2):
+        out = torch.zeros(4)
+        for lin, counter, cache in zip(self.lins, (c0, c1, c2), (k0, k1, k2)):
+            pos = torch.arange(x.shape[0]) + counter
+            counter.add_(1)
+            cache.index_copy_(0, pos, lin(x))
+            out = out + cache.sum(0)
+        return out + c0.float() if self.reads_new else out
+
+
+@pytest.mark.parametrize("reads_new", [False, True])
+def test_counters_incremented_in_place_run_last_as_one_foreach_call(reads_new):
+    """Each layer's `counter.add_(1)` whose new value only the outputs read runs at the program's end, those alike
+    as one `torch._foreach_add_` (one kernel a token where each layer's counter was one); a counter whose new
+    value a later op reads keeps its place. Outputs, counters and caches follow eager over several calls."""
+    from dlblas_compiler.frontend.importer import _Method
+    from dlblas_compiler.runtime.inplace import ForeachInPlace
+
+    m = randomize_(LayerCounters(reads_new)).eval()
+    cm = dc.compile(m, backend="interpret")
+    state = [torch.tensor(0) for _ in range(3)] + [torch.zeros(12, 4) for _ in range(3)]
+    twin = [t.clone() for t in state]
+    for i in range(3):
+        x = _x(2, 4, seed=i)
+        with torch.no_grad():
+            out, ref = cm(x, *state), m(x, *twin)
+        _close(out, ref)
+        assert [int(c) for c in state[:3]] == [int(c) for c in twin[:3]] == [i + 1] * 3
+        for a, b in zip(state[3:], twin[3:]):
+            _close(a, b)
+    steps = cm._spec().executor.plan[0]
+    (batch,) = [s for s in steps if isinstance(s, ForeachInPlace)]
+    assert steps[-1] is batch and (batch.method, batch.scalar) == ("add_", 1) and len(batch.ins) == (2 if reads_new else 3)
+    in_place_adds = [s for s in steps if getattr(getattr(getattr(s, "fn", None), "func", None), "target", None) == _Method("add_")]
+    assert len(in_place_adds) == (1 if reads_new else 0)
+
+
+def test_deferred_in_place_calls_group_by_method_and_scalar_type():
+    """`add_(1)` on int counters and `add_(1.0)` on float tensors are two groups (an int tensor's `add_(1.0)` fails
+    where `add_(1)` runs); a call with no other alike keeps its place; each group runs after every other step."""
+    from dlblas_compiler.runtime.inplace import ForeachInPlace, batched
+    from dlblas_compiler.runtime.steps import TorchStep
+
+    def never(*a, **k):
+        raise AssertionError("a deferred call ran in its place")
+
+    def add(slot: int, scalar, out: int) -> TorchStep:
+        step = TorchStep(f"add_{slot}", never, [slot], [out])
+        step.foreach = ("add_", scalar, slot)
+        return step
+
+    other = TorchStep("other", lambda t: (t * 2,), [4], [9])
+    alone = TorchStep("mul_", lambda t: (t.mul_(3),), [5], [10])
+    alone.foreach = ("mul_", 3, 5)
+    steps, frees = batched([add(0, 1, 6), other, add(1, 1, 7), add(2, 1.0, 8), add(3, 1.0, 11), alone], [()] * 6)
+    assert steps[:2] == [other, alone] and all(isinstance(s, ForeachInPlace) for s in steps[2:]) and len(steps) == 4
+    assert len(frees) == 4
+    env = [torch.tensor(0), torch.tensor(5), torch.tensor(0.5), torch.tensor([1.5, 2.0]), torch.ones(2), torch.ones(2)]
+    env += [None] * 6
+    for step in steps:
+        step(env)
+    assert [env[6].item(), env[7].item(), env[8].item()] == [1, 6, 1.5] and env[11].tolist() == [2.5, 3.0]
+    assert env[6].dtype == torch.int64 and env[6] is env[0] and env[10].tolist() == [3.0, 3.0]
+    zero, negative = TorchStep("a", never, [0], [1]), TorchStep("b", never, [2], [3])
+    zero.foreach, negative.foreach = ("mul_", 0.0, 0), ("mul_", -0.0, 2)
+    assert batched([zero, negative], [(), ()])[0] == [zero, negative]  # (0.0 and -0.0: not alike)
+
+
+def test_a_program_running_a_module_opaquely_does_not_count_as_checking_its_weights():
+    """A module run by PyTorch (an opaque call_module) reads its parameters live, unseen by the weight check before a
+    replay: such a program's CUDA graph is not one of `graphs.OURS`, so building concatenated weights keeps the
+    parameters in place for it."""
+    from dlblas_compiler.frontend.importer import TorchCall, _Method, _Slot
+    from dlblas_compiler.runtime.program import Program
+    from dlblas_compiler.runtime.steps import TorchStep
+
+    def program(target) -> Program:
+        call = TorchCall(target, (_Slot(0),), {}, (0,), False, (), True)
+        return Program([0], [1], [TorchStep("n", call, [0], [1])], 2)
+
+    assert program(nn.Linear(2, 2))._runs_modules() and not program(_Method("relu"))._runs_modules()
 
 
 def test_an_input_counter_read_after_its_increment_is_not_written_in_place():
