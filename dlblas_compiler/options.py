@@ -37,9 +37,10 @@ class Options:
     share_weights: where the compiler concatenates parameters into one GEMM weight (q/k/v, gate/up), the
     parameters become slices of that buffer at the first call (`p.data` is re-pointed; values, the model's own
     forward and later updates are unchanged), so the model holds those weights once — except while a CUDA graph
-    is alive in the process (yours, torch.compile's "reduce-overhead" / "max-autotune" ones; not our programs', which
-    check their weights before each replay), which may read the old addresses: then the concatenated weights are copies, with one warning. A tensor taken from
-    `p.data` before the first call no longer aliases the parameter. False: every parameter always stays where it
+    is alive in the process (yours, torch.compile's "reduce-overhead" / "max-autotune" ones; not our programs',
+    which check their weights before each replay), which may read the old addresses: then the concatenated
+    weights are copies, with one warning. A tensor taken from `p.data` before the first call no longer aliases the
+    parameter. False: every parameter always stays where it
     is (the concatenated weights are copies: more memory).
     pipeline: the passes, xdsl-opt style ("canonicalize,cse,...,fuse").
     check_each_pass: run the reference after every pass and name the first pass that changed the result.

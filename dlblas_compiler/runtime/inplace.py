@@ -228,20 +228,22 @@ class ForeachInPlace:
 
 
 def batched(steps: list, frees: list[tuple[int, ...]]) -> tuple[list, list[tuple[int, ...]]]:
-    """The steps as a program runs them: the deferrable in-place calls (`TorchStep.foreach`) that have others alike
-    (same method and scalar, of the same type) leave their places and run last, each group as one `ForeachInPlace`. (A deferred
-    call frees nothing: it reads and makes inputs and outputs, which are kept.)"""
-    groups: dict[tuple, list] = {}
+    """The steps as a program runs them, with the slots to drop after each (`frees`, one entry per step): the
+    deferrable in-place calls (`TorchStep.foreach`) that have others alike leave their places and run last, each
+    group as one `ForeachInPlace`. Alike: the same method and the same scalar by type and repr (an int tensor's
+    `add_(1.0)` fails where `add_(1)` runs; `mul_(-0.0)` is not `mul_(0.0)`). A call that frees a slot keeps its
+    place (none does: a deferrable call reads and makes inputs and outputs, which are kept)."""
+    groups: dict[tuple, list[int]] = {}
     for i, st in enumerate(steps):
-        if getattr(st, "foreach", None) is not None and not (frees and frees[i]):
-            method, scalar, _ = st.foreach  # (by repr: 1 and 1.0 apart, an int tensor's `add_(1.0)` failing where
-            groups.setdefault((method, type(scalar), repr(scalar)), []).append(i)  # `add_(1)` runs; 0.0 and -0.0)
-    moved = {i for group in groups.values() if len(group) > 1 for i in group}
-    if not moved:
+        if getattr(st, "foreach", None) is not None and not frees[i]:
+            method, scalar, _ = st.foreach
+            groups.setdefault((method, type(scalar), repr(scalar)), []).append(i)
+    groups = {key: group for key, group in groups.items() if len(group) > 1}
+    if not groups:
         return steps, frees
-    frees = frees or [()] * len(steps)
+    moved = {i for group in groups.values() for i in group}
     kept = [i for i in range(len(steps)) if i not in moved]
     last = [ForeachInPlace(method, steps[group[0]].foreach[1], [steps[i].foreach[2] for i in group],
                            [steps[i].outs[0] for i in group])
-            for (method, _, _), group in groups.items() if len(group) > 1]  # fmt: skip
+            for (method, _, _), group in groups.items()]  # fmt: skip
     return [steps[i] for i in kept] + last, [frees[i] for i in kept] + [()] * len(last)
