@@ -1448,6 +1448,7 @@ SECTIONS = {
                                          {"matmul", "apply_rotary_pos_emb", "partial_rotary_emb"}),
     "ep-moe": ep_moe_section,
     "ep-moe-s27": functools.partial(ep_moe_section, "2026-11-28-h200x4-s27-ep-moe.json"),
+    "ep-moe-s36": functools.partial(ep_moe_section, "2026-11-29-h200x2-s36-ep-moe.json"),
     **{f"ep-moe-s9-{x}": functools.partial(ep_moe_section, f"2026-11-26-h100x4-s9-ep-moe-{x}.json")
        for x in ("a", "c-before", "c-after", "d-after", "e-128-tokens", "f-128-tokens-padded",
                  "g-4096-tokens-padded")},
@@ -1557,6 +1558,11 @@ SECTIONS = {
     "decode-trace-s35-llama-before": functools.partial(
         decode_trace_section, "2026-11-29-h200-s35-decode-ab-trace-llama-p128-before.json", 10),
     "decode-ab-s35-phi3-p128": functools.partial(decode_ab_section, "2026-11-29-h200-s35-decode-ab-phi3-p128.json"),
+    "decode-ab-s36-stacked-trace": functools.partial(
+        decode_ab_section, "2026-11-29-h200-s36-decode-ab-trace-stacked.json"),
+    "decode-trace-s36-stacked": functools.partial(
+        decode_trace_section, "2026-11-29-h200-s36-decode-ab-trace-stacked.json", 10),
+    "decode-ab-s36-stacked": functools.partial(decode_ab_section, "2026-11-29-h200-s36-decode-ab-stacked.json"),
     "decode-ab-s35-llama-p128-guards": functools.partial(
         decode_ab_section, "2026-11-29-h200-s35-decode-ab-trace-llama-p128-guards.json"),
     "decode-trace-s35-llama-guards": functools.partial(

@@ -869,6 +869,25 @@ class TorchCall:
         scalar = self.args[1]
         return (self.target.name, scalar) if type(scalar) in (int, float) else None
 
+    def form(self) -> tuple | None:
+        """(target, arguments, keyword arguments) with each tensor argument as ("slot", its position among the
+        call's tensors) and every other as ("value", v, its type, its repr) — `x + 1`, `x + 1.0` and `x + True`
+        differ (and promote differently) though 1 == 1.0 == True, as do 0.0 and -0.0: calls of one form on equal
+        tensors compute equal values. Keyword arguments as (name, v, type, repr). None where that cannot be told
+        from the call alone: a tensor written in place, containers, an argument that is a tensor or not hashable."""
+        if not self.flat or self.clone or any(isinstance(v, _Slot) for v in self.kwargs.values()):
+            return None
+        if any(isinstance(a, _Slot) and a.written for a in self.args) or any(
+                isinstance(v, torch.Tensor) for v in (*self.args, *self.kwargs.values())):  # fmt: skip
+            return None
+        args = tuple(("slot", a.index) if isinstance(a, _Slot) else ("value", a, type(a), repr(a)) for a in self.args)
+        form = (self.target, args, tuple((k, v, type(v), repr(v)) for k, v in sorted(self.kwargs.items())))
+        try:
+            hash(form)
+        except TypeError:
+            return None
+        return form
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
             setattr(self, k, v)

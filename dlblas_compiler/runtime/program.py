@@ -33,6 +33,7 @@ from .inplace import (InPlaceIndexCopy, WriteInput, batched, deferrable, inplace
                       region_writes)
 from .ops import OP_STEPS, op_step
 from .selection import Together
+from .stacked import stacked
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
 from .weights import DerivedWeight, DerivedWeights, derived_weight
 
@@ -105,8 +106,9 @@ class Program:
     @functools.cached_property
     def plan(self) -> tuple[list, list[tuple[int, ...]]]:
         """The steps in the order they run, each with the slots to drop after it: `steps` (one per op, as built),
-        with the in-place calls alike that only the outputs read run last as one (`inplace.batched`)."""
-        return batched(self.steps, self.frees or [()] * len(self.steps))
+        with the elementwise calls alike over inputs and constants run first as one (`stacked`: each layer's cache
+        positions) and the in-place calls alike that only the outputs read run last as one (`inplace.batched`)."""
+        return batched(*stacked(self.steps, self.frees or [()] * len(self.steps), self.inputs, self.outputs))
 
     def _env(self, inputs: list) -> list:
         env: list[Any] = [None] * self.nslots
@@ -369,6 +371,8 @@ class Builder:
         once = "input_free" in op.attributes and not reaches_output(list(op.res))
         step = TorchStep(op.node.data, fn, [self.slot(v) for v in op.args], [self.slot(r) for r in op.res], once)
         call = self.imported.calls.get(op.node.data)
+        if call is not None and op not in self.inplace and not reaches_output(list(op.res)):
+            step.form = call.form()  # (a result the caller gets, or a view of it, stays a tensor of its own)
         method = call.foreach() if op in self.inplace and call is not None else None
         if method is not None and deferrable(op):  # (a counter's `add_(1)`: run last, with the others alike)
             step.foreach = (*method, self.slot(op.written))

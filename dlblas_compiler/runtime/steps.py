@@ -85,6 +85,9 @@ class TorchStep:
     # (method, scalar, slot): `t.<method>(scalar)` on the input in that slot, in place, its result read only by the
     # program's outputs, so it may run at the program's end with others alike (`inplace.batched`)
     foreach: tuple[str, int | float, int] | None = field(default=None, repr=False)
+    # the call's structure (`TorchCall.form`): calls of one form on equal tensors compute equal values (elementwise
+    # calls alike over inputs run as one, `stacked`; constants of one form are one value)
+    form: tuple | None = field(default=None, repr=False)
     _kept: tuple | None = field(default=None, repr=False)
 
     def __call__(self, env: list) -> None:

@@ -994,6 +994,8 @@ def test_counters_incremented_in_place_run_last_as_one_foreach_call(reads_new):
     value a later op reads keeps its place. Outputs, counters and caches follow eager over several calls."""
     from dlblas_compiler.frontend.importer import _Method
     from dlblas_compiler.runtime.inplace import ForeachInPlace
+    from dlblas_compiler.runtime.stacked import StackedCall
+    from dlblas_compiler.runtime.steps import TorchStep
 
     m = randomize_(LayerCounters(reads_new)).eval()
     cm = dc.compile(m, backend="interpret")
@@ -1012,6 +1014,82 @@ def test_counters_incremented_in_place_run_last_as_one_foreach_call(reads_new):
     assert steps[-1] is batch and (batch.method, batch.scalar) == ("add_", 1) and len(batch.ins) == (2 if reads_new else 3)
     in_place_adds = [s for s in steps if getattr(getattr(getattr(s, "fn", None), "func", None), "target", None) == _Method("add_")]
     assert len(in_place_adds) == (1 if reads_new else 0)
+    (positions,) = [s for s in steps if isinstance(s, StackedCall)]  # each layer's `arange + counter`, as one
+    assert len(positions.members) == 3 and all(isinstance(s, TorchStep) and s.once for s in steps[: steps.index(positions)])
+
+
+def test_elementwise_calls_alike_over_inputs_run_first_as_one_stacked_call():
+    """`torch.arange(2) + counter_i` for three counters (HF's static cache computes each layer's positions so: a
+    kernel per layer and token) runs first as one call on the stacked counters, the aranges (constants of one
+    form) read once; each result equals the call's own, in its dtype. Run call by call where stacking would change
+    the result: operands of different dtypes (a bf16 tensor plus a float32 0-dim one stays bf16; stacked, the
+    float32 would promote it), operands whose shapes differ at this call. A call whose result the program returns
+    keeps its place. Scalars of one value but another type (1, 1.0) are different forms."""
+    import operator
+
+    from dlblas_compiler.frontend.importer import TorchCall, _Slot
+    from dlblas_compiler.runtime.stacked import StackedCall, stacked
+    from dlblas_compiler.runtime.steps import TorchStep
+
+    def call(target, args) -> TorchCall:
+        return TorchCall(target, args, {}, (0,), False, (), True)
+
+    def step(name, fn, ins, outs, once=False) -> TorchStep:
+        st = TorchStep(name, fn, ins, outs, once)
+        st.form = fn.form()
+        return st
+
+    aranges = [step(f"arange_{i}", call(torch.arange, (2,)), [], [3 + i], once=True) for i in range(3)]
+    adds = [step(f"pos_{i}", call(operator.add, (_Slot(0), _Slot(1))), [3 + i, i], [6 + i]) for i in range(3)]
+    other = TorchStep("other", lambda t: (t * 2,), [6], [9])
+    steps = [aranges[0], adds[0], other, aranges[1], adds[1], aranges[2], adds[2]]
+    plan, frees = stacked(steps, [()] * len(steps), inputs=[0, 1, 2], outputs=[9])
+    assert plan[:3] == aranges and isinstance(plan[3], StackedCall) and plan[3].members == adds and len(frees) == len(plan)
+    assert [kind for kind, _ in plan[3].places] == ["shared", "stack"] and other in plan and adds[0] not in plan
+
+    def run(counters):
+        env = [*counters] + [None] * 7
+        for st in plan:
+            st(env)
+        return env[6:9]
+
+    for out, c in zip(run([torch.tensor(3), torch.tensor(5), torch.tensor(7)]), (3, 5, 7)):
+        assert out.tolist() == [c, c + 1] and out.dtype == torch.int64 and out.is_contiguous()
+    bf16 = [step(f"b_{i}", call(operator.add, (_Slot(0), _Slot(1))), [3, i], [6 + i]) for i in range(3)]
+    env = [torch.tensor(0.5), torch.tensor(1.5), torch.tensor(2.5), torch.ones(2, dtype=torch.bfloat16)] + [None] * 5
+    for st in stacked(bf16, [()] * 3, inputs=[0, 1, 2, 3], outputs=[])[0]:
+        st(env)
+    assert [t.dtype for t in env[6:9]] == [torch.bfloat16] * 3 and env[8].tolist() == [3.5, 3.5]
+    ragged = run([torch.tensor(3), torch.tensor([5]), torch.tensor(7)])
+    assert [t.tolist() for t in ragged] == [[3, 4], [5, 6], [7, 8]]
+    kept, _ = stacked(steps, [()] * len(steps), inputs=[0, 1, 2], outputs=[7, 9])  # (pos_1 is returned)
+    (batch,) = [s for s in kept if isinstance(s, StackedCall)]
+    assert batch.members == [adds[0], adds[2]] and adds[1] in kept
+    # `x + 1`, `y + 1` and `z + 1.0` on int counters: 1 == 1.0, but the last promotes to float (its own form)
+    ints = [step(f"i_{i}", call(operator.add, (_Slot(0), v)), [i], [3 + i]) for i, v in enumerate((1, 1, 1.0))]
+    plan, _ = stacked(ints, [()] * 3, inputs=[0, 1, 2], outputs=[])
+    assert isinstance(plan[0], StackedCall) and plan[0].members == ints[:2] and plan[1] is ints[2]
+    env = [torch.tensor(3), torch.tensor(5), torch.tensor(7)] + [None] * 3
+    for st in plan:
+        st(env)
+    assert [(t.item(), t.dtype) for t in env[3:]] == [(4, torch.int64), (6, torch.int64), (8.0, torch.float32)]
+    # one place's tensors of two dtypes (float32 and bf16 inputs, each `+ 1`): call by call, each in its own dtype
+    plan, _ = stacked(ints[:2], [()] * 2, inputs=[0, 1], outputs=[])
+    env = [torch.ones(4), torch.ones(4, dtype=torch.bfloat16)] + [None] * 3
+    for st in plan:
+        st(env)
+    assert (env[3].dtype, env[4].dtype) == (torch.float32, torch.bfloat16)
+    # a constant another step reads after the first member keeps its value for it: the members' frees of constants
+    # are dropped (`_frees` put the arange's free on its last reader, the second member, which now runs first)
+    times = TorchStep("times", lambda a, p: (a * p,), [3, 6], [10])
+    steps = [aranges[0], adds[0], times, step("pos_1", call(operator.add, (_Slot(0), _Slot(1))), [3, 1], [7])]
+    plan, frees = stacked(steps, [(), (), (6,), (3,)], inputs=[0, 1], outputs=[])
+    env = [torch.tensor(3), torch.tensor(5)] + [None] * 9
+    for st, free in zip(plan, frees, strict=True):
+        st(env)
+        for slot in free:
+            env[slot] = None
+    assert isinstance(plan[1], StackedCall) and env[10].tolist() == [0, 4] and env[7].tolist() == [5, 6]
 
 
 def test_deferred_in_place_calls_group_by_method_and_scalar_type():
