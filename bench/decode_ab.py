@@ -12,7 +12,8 @@ ratios are taken within rounds.
     python bench/decode_ab.py --out OUT [--modes ours,hf-auto,eager] [--rounds 5] [--new 128] [--prompt 128]
                               [--model llama3_8b|qwen3_8b|...]
 
-Modes: ours (`dc.compile(model.forward, backend="triton", tune=--tune)`), hf-auto (plain generate(): with a static
+Modes: ours (`dc.compile(model.forward, backend="triton", tune=--tune)`), ours-unchained (ours
+with `chained_launches=False`), hf-auto (plain generate(): with a static
 cache on a GPU it compiles the decode step itself, torch.compile mode "reduce-overhead"), inductor
 (`torch.compile(model.forward)`), eager. Results: OUT/decode_ab.json (per mode: the first call's seconds, each
 round's decode ms per token and prefill ms; per round the ratios of each mode to the first; medians; ours' report
@@ -76,8 +77,9 @@ def make(mode: str, model_name: str, layers: int, tune: str, device: str, slidin
     gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
     if mode != "hf-auto":  # (generate() would otherwise torch.compile the decode step itself)
         gen["disable_compile"] = True
-    if mode in ("ours", "ours-int-keyed"):
-        model.forward = dc.compile(model.forward, backend="triton" if device == "cuda" else "reference", tune=tune)
+    if mode in ("ours", "ours-int-keyed", "ours-unchained"):
+        model.forward = dc.compile(model.forward, backend="triton" if device == "cuda" else "reference", tune=tune,
+                                   chained_launches=mode != "ours-unchained")  # fmt: skip
     elif mode == "inductor":
         model.forward = torch.compile(model.forward)
     elif mode not in ("eager", "hf-auto"):

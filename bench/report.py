@@ -1163,6 +1163,27 @@ def replay_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"block {doc.get('block')}, M={doc.get('M')}")]) + "\n"
 
 
+def replay_ab_section(name: str, labels: dict[str, str] | None = None, kernels: int = 4) -> str:
+    """bench/replay_ab.py: each mode's decode graph replayed in alternating blocks in one process: µs a replay
+    (median of the blocks, their range), the ratio to the first mode (median of the blocks' ratios), the first
+    replay's logits against the first mode's, and the `kernels` largest kernel families of a profiled replay (under
+    PDL a kernel's span includes its wait). `labels` names what each mode ran where the tree has changed since."""
+    doc = _load(name)
+    modes, labels = doc["modes"], labels or {}
+    out = ["| mode | what ran | µs a replay (median) | blocks' range µs | / " + modes[0] + " | logits max abs diff | "
+           "largest kernels: launches, µs a replay |", "|" + "---|" * 7]  # fmt: skip
+    for m in modes:
+        blocks = doc["us_per_replay"][m]
+        ratio = f"{doc['median_ratio_to_first'][m]:.4f}" if m != modes[0] else "1"
+        diff = f"{doc['logits_max_abs_diff_to_first'][m]:.3g}" if m != modes[0] else "–"
+        top = "; ".join(f"`{k[:24]}` {n}, {us:.0f}" for k, (n, us) in list(doc["kernels_us_per_replay"][m].items())[:kernels])
+        out.append(f"| {m} | {labels.get(m, '')} | {doc['median_us_per_replay'][m]:.1f} | {min(blocks):.1f}–{max(blocks):.1f} | "
+                   f"{ratio} | {diff} | {top} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "versions": doc.get("versions")}
+    what = f"{doc['model']}, {doc['layers']} layers, prompt {doc['prompt']}, {doc['blocks']} blocks of {doc['reps']} replays"
+    return "\n".join(out) + "\n\n" + source_line([(name, env, what)]) + "\n"
+
+
 GEMM_REGION = {"gemm_0": "norm+QKV+RoPE", "gemm_1": "o-proj+residual", "gemm_2": "norm+gate/up+GLU", "gemm_3": "down+residual"}
 
 
@@ -1563,6 +1584,17 @@ SECTIONS = {
     "decode-trace-s36-stacked": functools.partial(
         decode_trace_section, "2026-11-29-h200-s36-decode-ab-trace-stacked.json", 10),
     "decode-ab-s36-stacked": functools.partial(decode_ab_section, "2026-11-29-h200-s36-decode-ab-stacked.json"),
+    "replay-ab-s37-prefetch-all": functools.partial(replay_ab_section, "2026-12-01-h200-s37-replay-ab-prefetch-all.json", {
+        "plain": "no PDL", "chained": "PDL, each GEMM's whole weight slab prefetched into L2 before its wait, "
+        "every kernel releasing the next at its start", "chained-noprefetch": "PDL as the tree before (item 47)"}),
+    "replay-ab-s37-prefetch-shares": functools.partial(
+        replay_ab_section, "2026-12-01-h200-s37-replay-ab-prefetch-shares.json", {
+            "plain": "no PDL", "chained-noprefetch": "PDL, GEMMs releasing the next kernel after their K loop",
+            "chained@0.25": "and each GEMM prefetching at most 1/4 of L2", "chained@0.5": "... at most 1/2 of L2",
+            "chained@1.0": "... at most all of L2"}),
+    "replay-ab-s37-chained": functools.partial(replay_ab_section, "2026-12-01-h200-s37-replay-ab-chained.json", {
+        "plain": "`chained_launches=False`", "chained": "`chained_launches=True` (now the default): NOTES 124"}),
+    "decode-ab-s37-chained": functools.partial(decode_ab_section, "2026-12-01-h200-s37-decode-ab-chained.json"),
     "decode-ab-s35-llama-p128-guards": functools.partial(
         decode_ab_section, "2026-11-29-h200-s35-decode-ab-trace-llama-p128-guards.json"),
     "decode-trace-s35-llama-guards": functools.partial(

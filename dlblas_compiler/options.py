@@ -32,8 +32,9 @@ class Options:
     cuda_graphs: capture the program as one CUDA graph and replay it, where that measures faster.
     chained_launches: on Hopper and newer GPUs, launch the generated kernels with programmatic dependent launch:
     each may start while the kernel before it drains and waits on the device for its results (directly and
-    inside CUDA graphs). Off by default: on an H100 it did not shorten the 32-layer decode graph (6.49 ms against
-    6.43 ms without) and made direct launches slower to enqueue (bench/NOTES.md item 47).
+    inside CUDA graphs); a GEMM lets the next kernel start once its K loop has read its operands. On an H200 the
+    32-layer decode graph replayed 0.6-1.3% faster with it (bench/NOTES.md 124). No effect on GPUs before sm90,
+    with a CUDA driver before 12.3 (it would not capture such launches into CUDA graphs), or on the interpreter.
     share_weights: where the compiler concatenates parameters into one GEMM weight (q/k/v, gate/up), the
     parameters become slices of that buffer at the first call (`p.data` is re-pointed; values, the model's own
     forward and later updates are unchanged), so the model holds those weights once — except while a CUDA graph
@@ -79,7 +80,7 @@ class Options:
     tune: str = "none"
     dump_ir: str | None = None
     cuda_graphs: bool = True
-    chained_launches: bool = False
+    chained_launches: bool = True
     share_weights: bool = True
     pipeline: str = DEFAULT_PIPELINE
     check_each_pass: bool = False

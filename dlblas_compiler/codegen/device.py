@@ -3,6 +3,8 @@ Triton interpreter on CPU sees the same search spaces)."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import threading
 
 import torch
@@ -45,8 +47,23 @@ def has_tma() -> bool:
 
 
 def has_pdl() -> bool:
-    """Programmatic dependent launch (`launch_pdl`, griddepcontrol): Hopper and newer GPUs."""
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+    """Programmatic dependent launch (`launch_pdl`, griddepcontrol): Hopper and newer NVIDIA GPUs, with a CUDA
+    driver of 12.3 or later (it captures such launches into CUDA graphs; an older one runs a torch built for a newer
+    CUDA through minor-version compatibility, and its captures would fail)."""
+    if not torch.cuda.is_available() or torch.version.cuda is None or torch.cuda.get_device_capability() < (9, 0):
+        return False
+    return driver_version() >= 12030
+
+
+@functools.cache
+def driver_version() -> int:
+    """The CUDA driver's version as cuDriverGetVersion gives it (12030 for 12.3); 0 where it cannot be read."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int(0)
+        return version.value if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 else 0
+    except OSError:
+        return 0
 
 
 _threads = threading.local()

@@ -62,7 +62,8 @@ class Launcher:
         return lambda *args, **kwargs: self._launch(grid, args, kwargs)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:  # (warm-ups: `run(..., grid=, warmup=True)`)
-        return self.fn.run(*args, **self.extra, **kwargs)
+        # (the extras last, as `_launch` passes them: Triton keys a binary on its options in their order)
+        return self.fn.run(*args, **{**kwargs, **self.extra})
 
     def __getattr__(self, name: str) -> Any:  # the jitted function's own state (its compiled binaries, ...)
         return getattr(self.fn, name)

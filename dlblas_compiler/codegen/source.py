@@ -43,16 +43,21 @@ class Writer:
 
 # Every generated kernel takes PDL (programmatic dependent launch, sm90+): launched with `launch_pdl=True` and
 # PDL=True (`kernel.Chained`), a kernel's programs may be scheduled while the kernel before it in the stream
-# drains; each waits at `gdc_wait` until that kernel has finished and its writes are visible, then lets the next
-# kernel start launching (`gdc_launch_dependents`). Off (the default, the interpreter, other GPUs) both are gone.
+# drains; each waits at `gdc_wait` until that kernel has finished and its writes are visible, and lets the next
+# kernel start launching (`gdc_launch_dependents`): at once, or (a GEMM) once its K loop has streamed its weight, so
+# the next kernel's programs do not take SM slots and bandwidth while it still does (its epilogue's reads after
+# that are safe: the next kernel writes nothing before its own wait). Off (`chained_launches=False`, the
+# interpreter, GPUs before sm90, CUDA drivers before 12.3) both are gone.
 PDL_ARG = "PDL: tl.constexpr = False,"
 
 
-def chained_start(w: Writer) -> None:
-    """The first statements of a kernel: under PDL, wait for the previous kernel, then release the next one."""
-    w("if PDL:  # chained launch: wait until the previous kernel's writes are visible, then let the next one start")
+def chained_start(w: Writer, release: bool = True) -> None:
+    """The first statements of a kernel: under PDL, wait for the previous kernel, then (`release`) release the
+    next one."""
+    w("if PDL:  # chained launch: wait until the previous kernel's writes are visible" + (", then let the next one start" if release else ""))
     w("    tl.extra.cuda.gdc_wait()")
-    w("    tl.extra.cuda.gdc_launch_dependents()")
+    if release:
+        w("    tl.extra.cuda.gdc_launch_dependents()")
 
 
 def row_indices(w: Writer, flat: str, nrow: int) -> None:

@@ -34,7 +34,19 @@ def test_every_generated_kernel_waits_for_its_predecessor_under_pdl_only():
         src = s.kernel.source
         assert "PDL: tl.constexpr = False" in src, s.kernel.name
         head = src.split("):\n", 1)[1].splitlines()[:3]  # the body's first statements: nothing is read before the wait
-        assert head[0].strip().startswith("if PDL:") and "gdc_wait()" in head[1] and "gdc_launch_dependents()" in head[2]
+        assert head[0].strip().startswith("if PDL:") and "gdc_wait()" in head[1]
+        if s.kernel.name.startswith("gemm"):  # a GEMM releases the next kernel once its K loop has read its operands
+            assert "gdc_launch_dependents()" not in head[2]
+            kernel, tile = src.split("def _tile(", 1)
+            assert tile.rindex("for k0 in range(") < tile.index("gdc_launch_dependents()") < tile.index("tl.store(")
+            release = next(line for line in tile.splitlines() if line.strip().startswith("if RELEASE:"))
+            variants = next(line for line in tile.splitlines() if line.strip() == "if MM:")
+            assert release.index("if") == variants.index("if")  # (after every variant's K loop, not inside one)
+            persistent = kernel.split("if PERSISTENT:", 1)[1].split("else:", 1)[0]  # (released after the last tile)
+            assert persistent.index("for pid in range(") < persistent.index("gdc_launch_dependents()")
+            assert "False," in persistent.split("_tile(", 1)[1].split(")", 1)[0]  # (its tiles release nothing)
+        else:
+            assert "gdc_launch_dependents()" in head[2]
         assert not isinstance(s.compiled, Chained)  # the interpreter (and GPUs before sm90) launch plainly
 
 
@@ -65,18 +77,27 @@ def test_chained_passes_the_flag_and_the_launch_attribute_to_launches_and_warmup
             return Binary()
 
     fn = Chained(Fake())
-    fn[(3, 1)](1, 2, BLOCK_M=16)
-    fn[(3, 1)](1, 2, BLOCK_M=16)
-    fn.run(1, grid=(2,), warmup=True, BLOCK_M=16)
-    assert seen[0] == ("run", (1, 2), {"grid": (3, 1), "warmup": False, "BLOCK_M": 16, "PDL": True, "launch_pdl": True})
+    fn[(3, 1)](1, 2, BLOCK_M=16, num_warps=4)
+    fn[(3, 1)](1, 2, BLOCK_M=16, num_warps=4)
+    fn.run(1, grid=(2,), warmup=True, BLOCK_M=16, num_warps=4)
+    assert seen[0] == ("run", (1, 2), {"grid": (3, 1), "warmup": False, "BLOCK_M": 16, "num_warps": 4, "PDL": True,
+                                       "launch_pdl": True})  # fmt: skip
     assert seen[1] == ("binary", (3, 1, 1, 7, "fn", "meta", None, None, None, 1, 2, 16, True))
-    assert seen[2] == ("run", (1,), {"PDL": True, "launch_pdl": True, "grid": (2,), "warmup": True, "BLOCK_M": 16})
+    assert seen[2] == ("run", (1,), {"PDL": True, "launch_pdl": True, "grid": (2,), "warmup": True, "BLOCK_M": 16,
+                                     "num_warps": 4})  # fmt: skip
+    # the keywords in one order: Triton keys the binaries it holds in memory on the text of the options' dict
+    # (num_warps, launch_pdl, ...), so a warm-up that put them in another order than the launch built a binary the
+    # launch missed (and loaded again from the disk cache)
+    launch_order, warmup_order = ([k for k in kw if k not in ("grid", "warmup")] for _, _, kw in (seen[0], seen[2]))
+    assert launch_order == warmup_order == ["BLOCK_M", "num_warps", "PDL", "launch_pdl"]
 
 
 @pytest.mark.gpu
 def test_chained_launches_give_the_same_results_direct_and_in_cuda_graphs():
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("programmatic dependent launch needs sm90+")
+    from dlblas_compiler.codegen.device import has_pdl
+
+    if not has_pdl():
+        pytest.skip("programmatic dependent launch needs sm90+ and a CUDA 12.3+ driver")
     model = randomize_(LlamaBlock(CFG)).cuda().to(torch.bfloat16).eval()
     outs = {}
     for chained in (False, True):
@@ -136,3 +157,19 @@ def test_the_chained_branches_compute_what_the_plain_ones_do(monkeypatch):
                     s.compiled = s.compiled.fn
         assert all(s.choice.impl == "kernel" for s in steps)
         assert torch.equal(plain, chained)
+
+
+@pytest.mark.parametrize("capability, cuda, driver, expected", [((9, 0), "12.4", 12040, True), ((10, 0), "13.0", 13000, True),
+                                                                ((9, 0), "12.4", 12020, False),
+                                                                ((8, 0), "13.0", 13000, False),
+                                                                ((9, 0), None, 12040, False)])  # fmt: skip
+def test_pdl_needs_hopper_and_a_driver_that_captures_it(monkeypatch, capability, cuda, driver, expected):
+    """Chained launches only where they run and are captured into CUDA graphs: an NVIDIA GPU of sm90 or later
+    (no CUDA build: ROCm, say) with a 12.3+ driver (a 12.2 one runs a cu124 torch, and its captures would fail)."""
+    from dlblas_compiler.codegen import device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(device, "driver_version", lambda: driver)
+    assert device.has_pdl() is expected

@@ -39,7 +39,7 @@ class GemmEmitter(EpilogueEmitter):
             args += [f"o{k}_s{d}" for d in range(len(p.info[r].perm))]
         self._kernel(w, args)
         w("@triton.jit")
-        _wrapped(w, "def _tile(", [*args, "pid", "pid_k", *(f"{c}: tl.constexpr" for c in CONSTS)], "):")
+        _wrapped(w, "def _tile(", [*args, "pid", "pid_k", *(f"{c}: tl.constexpr" for c in CONSTS), "RELEASE: tl.constexpr"], "):")
         w.indent()
         w('"""One output tile: its rows and columns, the K loop of the config\'s variant, the epilogue."""')
         w("num_m = tl.cdiv(M, BLOCK_M)")
@@ -81,9 +81,19 @@ class GemmEmitter(EpilogueEmitter):
         w.indent()
         tiled.k_loop(self, w, norm_w)
         w.dedent()
+        self._release(w)
         self.emit(w)
         w.dedent()
         return w.text()
+
+    @staticmethod
+    def _release(w: Writer) -> None:
+        """RELEASE (under PDL, one tile a program): once the K loop has read this tile's operands, let the next
+        kernel's programs start. Released at the kernel's start instead, they took SM slots and issued their own
+        reads while this one still streamed its weight: the decode graph 1.1% slower than without PDL, and
+        0.6-1.3% faster released here (bench/NOTES.md 47, 124). A persistent program releases after its last tile."""
+        w("if RELEASE:  # chained launch: the operands are read, let the next kernel start")
+        w("    tl.extra.cuda.gdc_launch_dependents()")
 
     def _kernel(self, w: Writer, args: list[str]) -> None:
         """The kernel: one tile per program, or (PERSISTENT) one program per SM looping over the tiles. (Triton
@@ -93,18 +103,20 @@ class GemmEmitter(EpilogueEmitter):
         _wrapped(w, f"def {self.name}(", [*args, *(f"{c}: tl.constexpr" for c in CONSTS), "PERSISTENT: tl.constexpr",
                                           PDL_ARG.rstrip(",")], "):")  # fmt: skip
         w.indent()
-        chained_start(w)
+        chained_start(w, release=False)  # (released after the K loop: `_release`)
         w("if PERSISTENT:")
         w("    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(GRID_N, BLOCK_N)")
         w("    for pid in range(tl.program_id(0), tiles, tl.num_programs(0)):")
         w.indent()
         w.indent()
-        _wrapped(w, "_tile(", [*args, "pid", "0", *CONSTS], ")")
+        _wrapped(w, "_tile(", [*args, "pid", "0", *CONSTS, "False"], ")")
         w.dedent()
+        w("if PDL:  # chained launch: every tile's operands are read, let the next kernel start")
+        w("    tl.extra.cuda.gdc_launch_dependents()")
         w.dedent()
         w("else:")
         w.indent()
-        _wrapped(w, "_tile(", [*args, "tl.program_id(0)", "tl.program_id(1)", *CONSTS], ")")
+        _wrapped(w, "_tile(", [*args, "tl.program_id(0)", "tl.program_id(1)", *CONSTS, "PDL"], ")")
         w.dedent()
         w.dedent()
         w("")
