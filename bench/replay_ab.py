@@ -88,9 +88,13 @@ def main(argv=None) -> int:
         model = build_model(args.model, args.layers, torch.bfloat16, "cuda")
         model.forward = dc.compile(model.forward, backend="triton", tune=args.tune,
                                    chained_launches=mode == "chained")  # fmt: skip
-        with torch.no_grad():  # the cache holds the prompt, the graph's replays and a margin
+        # the cache holds the prompt, this generate()'s tokens, then each block's replays from its end and a margin
+        # (sized to this call's tokens alone, the replays wrote past its end: torch's index_copy_ asserted on
+        # Qwen3-8B, whose cache writes are not in our kernels, where ours write nothing out of range)
+        with torch.no_grad():
             model.generate(ids, max_new_tokens=args.reps + 8, min_new_tokens=args.reps + 8, do_sample=False,
-                           cache_implementation="static", pad_token_id=0, disable_compile=True)  # fmt: skip
+                           cache_implementation="static", max_cache_len=args.prompt + 2 * args.reps + 16,
+                           pad_token_id=0, disable_compile=True)  # fmt: skip
         torch.cuda.synchronize()
         made = [g for g in gc.get_objects() if type(g) is CudaGraph and g.graph is not None and id(g) not in seen]
         seen.update(id(g) for g in made)

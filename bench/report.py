@@ -1595,6 +1595,17 @@ SECTIONS = {
     "replay-ab-s37-chained": functools.partial(replay_ab_section, "2026-12-01-h200-s37-replay-ab-chained.json", {
         "plain": "`chained_launches=False`", "chained": "`chained_launches=True` (now the default): NOTES 124"}),
     "decode-ab-s37-chained": functools.partial(decode_ab_section, "2026-12-01-h200-s37-decode-ab-chained.json"),
+    "replay-ab-s38-qwen3-chained": functools.partial(replay_ab_section, "2026-12-01-h200-s38-replay-ab-qwen3-chained.json", {
+        "plain": "`chained_launches=False`", "chained": "`chained_launches=True` (the default)"}),
+    "replay-ab-s38-qwen3-norm-rotary": functools.partial(
+        replay_ab_section, "2026-12-01-h200-s38-replay-ab-qwen3-norm-rotary.json", {
+            "before": "the tree before: per-head norm and rotary as two row kernels each for q and k",
+            "after": "the norm and its rotary in one row kernel (NOTES 127)"}),
+    "decode-ab-s38-trace": functools.partial(decode_ab_section, "2026-12-01-h200-s38-decode-ab-trace.json"),
+    "replay-ab-s38-qwen3-cache-write": functools.partial(
+        replay_ab_section, "2026-12-01-h200-s38-replay-ab-qwen3-cache-write.json", {
+            "before": "norm and rotary in one row kernel, k's cache write in torch (`index_copy_`)",
+            "after": "k's cache write in its row kernel too (NOTES 128)"}),
     "decode-ab-s35-llama-p128-guards": functools.partial(
         decode_ab_section, "2026-11-29-h200-s35-decode-ab-trace-llama-p128-guards.json"),
     "decode-trace-s35-llama-guards": functools.partial(

@@ -23,6 +23,7 @@ from ..dialects import (
     ConvertOp,
     FusedOp,
     GluOp,
+    IndexCopyOp,
     LayerNormOp,
     ReduceMaxOp,
     ReduceMeanOp,
@@ -69,6 +70,9 @@ class RowPlan:
     per_row: set[SSAValue] = field(default_factory=set)
     # a dl.cat along the last dim -> its parts in order, each read from memory at its own column range
     parts: dict[Operation, list[Leaf]] = field(default_factory=dict)
+    # an output that is an index_copy's result -> the index_copy: its source's rows are stored into the destination
+    # (a region input, passed as that output) at the positions its index holds along a row dim (a KV-cache update)
+    scatters: dict[SSAValue, IndexCopyOp] = field(default_factory=dict)
 
     @property
     def rows(self) -> tuple[int, ...]:
@@ -108,9 +112,11 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
     if not compute:
         return "a region of views only: nothing to compute"
     for o in compute:
-        if not isinstance(o, POINTWISE + ROW_OPS + (ReduceOp, CatOp)):
+        if not isinstance(o, POINTWISE + ROW_OPS + (ReduceOp, CatOp, IndexCopyOp)):
             return f"{o.name} is not a row op"
-    candidates = [r for o in compute for r in o.results if not isinstance(o, ConstantOp)]
+    candidates = [r for o in compute for r in o.results if not isinstance(o, (ConstantOp, IndexCopyOp))]
+    if not candidates:
+        return "a region of views and cache writes only: nothing to compute"
     it = max((shape_of(r) for r in candidates), key=lambda s: (numel(s), len(s)))
     if not it or it[-1] > MAX_N or it[-1] < 1:
         return f"the row length {it[-1] if it else 0} is outside 1..{MAX_N}"
@@ -124,6 +130,13 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
             if src in produced and not isinstance(produced[src], VIEW_OPS):
                 return f"{o.name} of a computed value (only region inputs may be read through views)"
     for o in compute:
+        if isinstance(o, IndexCopyOp):
+            why = _scatter(plan, o, produced, inside, inputs)
+            if why:
+                return why
+            continue
+        if any(v in plan.scatters or any(v is c.dest for c in plan.scatters.values()) for v in o.operands):
+            return f"{o.name} reads a tensor the kernel writes at indexed positions"
         rowwise = isinstance(o, ReduceOp) and len(shape_of(o.result)) == len(it) - 1
         if any(v in per_row for v in o.operands):
             if not isinstance(o, POINTWISE) or any(len(shape_of(r)) != len(it) - 1 for r in o.results):
@@ -147,9 +160,11 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
                 return "dl.softmax not along the last dim"
         if isinstance(o, ROW_OPS) and shape_of(o.operands[0]) != it:
             return f"{o.name} input {shape_of(o.operands[0])} is not the row space {it}"
-        if isinstance(o, RotaryOp):
-            if o.input in produced and not isinstance(produced[o.input], VIEW_OPS):
-                return "dl.rotary of a computed value (it must read its input from memory)"
+        if isinstance(o, RotaryOp) and o.input in produced and not isinstance(produced[o.input], VIEW_OPS):
+            rd = o.dim
+            if it[-1] & (it[-1] - 1) or rd % 2 or it[-1] % rd:  # (rotated in registers: see `_rotate_in_registers`)
+                return (f"dl.rotary of a computed value needs whole rotary groups in a row of a power of two columns "
+                        f"(rotary dim {rd}, row {it[-1]})")  # fmt: skip
         if isinstance(o, CatOp):
             why = _cat_parts(plan, o, produced, inputs)
             if why:
@@ -187,6 +202,29 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
             return "a view is a region output"
     plan.outputs = ext
     return plan
+
+
+def _scatter(plan: RowPlan, o: IndexCopyOp, produced: dict, inside: set, inputs: list[SSAValue]) -> str | None:
+    """`dest.index_copy(dim, index, source)` of a value the kernel computes over the whole row space, along a row dim
+    (a KV-cache update of k after its per-head norm and rotary, the token dim): each row is stored into dest at the
+    position `index` holds. dest and index are region inputs; the result is the whole dest, so it can only leave
+    the region (the runtime passes dest's own tensor where eager's writes allow it, else a copy)."""
+    it = plan.iter_shape
+    src, dest, ix = o.source, o.dest, o.index
+    if src not in produced or isinstance(produced[src], VIEW_OPS) or shape_of(src) != it:
+        return "an index_copy in a row kernel stores a value it computes over the whole row space"
+    if dest not in inputs or ix not in inputs:
+        return "an index_copy's destination and index must be region inputs"
+    if any(u.operation in inside for u in o.result.uses) or any(u.operation in inside and u.operation is not o
+                                                                for u in dest.uses):  # fmt: skip
+        return "the kernel reads the tensor an index_copy writes"
+    ds, axis = shape_of(dest), o.axis
+    if len(shape_of(ix)) != 1 or axis >= len(it) - 1 or shape_of(ix)[0] != it[axis]:
+        return "an index_copy in a row kernel takes a 1-D index along a row dim"
+    if len(ds) != len(it) or any(a != b for d, (a, b) in enumerate(zip(ds, it)) if d != axis):
+        return f"an index_copy's destination {ds} differs from the rows {it} beyond the indexed dim"
+    plan.scatters[o.result] = o
+    return None
 
 
 def _cat_parts(plan: RowPlan, o: CatOp, produced: dict, inputs: list[SSAValue]) -> str | None:
@@ -269,6 +307,7 @@ class RowEmitter:
             leaf_args += [f"poff{q}"] + [f"p{q}_{d}" for d in range(nrow + 1)] + [f"pa{q}", f"pb{q}"]
             leaf_args += self.factor_args(f"pf{q}", part)
         out_args = [f"o{k}_{d}" for k in range(len(outs)) for d in range(nrow + 1)]
+        out_args += [f"ix{k}_n" for k, r in enumerate(p.outputs) if r in p.scatters]  # (the destination's size there)
         row_sizes = [f"R{d}" for d in range(nrow)]
         args = ins + outs + ["n_rows"] + row_sizes + leaf_args + out_args
         w("@triton.jit")
@@ -304,8 +343,19 @@ class RowEmitter:
         for op, parts in p.parts.items():
             self.first_part[op], q = q, q + len(parts)
         for op in p.ops:
-            self._op(w, op, n, nrow, leaf_index)
+            if not isinstance(op, IndexCopyOp):  # (stored with the outputs)
+                self._op(w, op, n, nrow, leaf_index)
         for k, r in enumerate(p.outputs):
+            if r in p.scatters:  # row i goes to the destination's position index[i] along that dim
+                o = p.scatters[r]
+                pos = self.names.fresh("pos")
+                w(f"{pos} = tl.load(in{self.inputs.index(o.index)} + i{o.axis}, mask=rmask, other=0)")
+                base = " + ".join(f"{pos if d == o.axis else f'i{d}'} * o{k}_{d}" for d in range(nrow))
+                # (a position outside the destination, where torch's index_copy_ fails, writes nothing)
+                keep = f"(rmask & ({pos} >= 0) & ({pos} < ix{k}_n))[:, None] & cmask[None, :]"
+                w(f"tl.store(out{k} + ({base})[:, None] + cols[None, :] * o{k}_{nrow}, "
+                  f"tl.broadcast_to({self.names[o.source]}, [BLOCK_M, BLOCK_N]).to({TL_DTYPE[dtype_of(r)]}), mask={keep})")
+                continue
             base = " + ".join([f"i{d} * o{k}_{d}" for d in range(nrow)]) or "rows * 0"
             val = self.names[r]
             dt = TL_DTYPE[dtype_of(r)]
@@ -378,6 +428,8 @@ class RowEmitter:
                 w(f"{t} = tl.where({pm}[None, :], tl.load(in{part.arg} + ({base})[:, None] + {at}, "
                   f"mask=rmask[:, None] & {pm}[None, :], other=0.0).to(tl.float32), {t})")
             names[op.result] = t
+        elif isinstance(op, RotaryOp) and op.input not in leaf_index:
+            names[op.result] = _rotate_in_registers(w, names, op, n)
         elif isinstance(op, RotaryOp):
             j = leaf_index[op.input]
             rd = op.dim
@@ -399,6 +451,31 @@ class RowEmitter:
             names[op.result] = t
         else:
             raise AssertionError(f"row template cannot emit {op.name}")
+
+
+def _rotate_in_registers(w: Writer, names: Names, op: RotaryOp, n: int) -> str:
+    """dl.rotary of a value computed in the kernel (an RMSNorm's output: Qwen3's per-head q/k norms), whose
+    partner columns are not in memory to load: each row (of n = BLOCK_N columns, a power of two) is reshaped so
+    that each rotation pair lands on one axis of size 2, split, rotated and joined back, as the GEMM epilogue does.
+    With partial rotary (rotary dim < n) every group of rotary-dim columns is rotated and those past the first
+    are put back."""
+    rd = op.dim
+    x, cos, sin = names[op.input], names[op.cos], names[op.sin]
+    if op.layout.data == "half":  # pairs (j, j + rd / 2) of each group
+        shape, perm = f"[BLOCK_M, {n // rd}, 2, {rd // 2}]", "[0, 1, 3, 2]"
+    else:  # pairs (2j, 2j + 1)
+        shape, perm = f"[BLOCK_M, {n // rd}, {rd // 2}, 2]", "[0, 1, 2, 3]"
+    parts = {}
+    for v, tag in ((x, "rx"), (cos, "rc"), (sin, "rs")):  # (not "x": x<j> names the loaded leaves)
+        a, b = names.fresh(tag), names.fresh(tag)
+        w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, BLOCK_N]), {shape}), {perm}))")
+        parts[tag] = (a, b)
+    (x1, x2), (c1, c2), (s1, s2) = parts["rx"], parts["rc"], parts["rs"]
+    t = names.fresh("rot")
+    w(f"{t} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")
+    if rd < n:
+        w(f"{t} = tl.where((cols < {rd})[None, :], {t}, {x})")
+    return t
 
 
 def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
@@ -425,16 +502,21 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     out_dtypes = [dtype_of(r) for r in plan.outputs]
     out_args: list[int] = []
     for r, shp in zip(plan.outputs, out_shapes, strict=True):
-        if r in plan.per_row:  # a reduction without keepdim: aligned with the rows
+        if r in plan.scatters:  # the destination's own (contiguous) strides
+            out_args += list(Layout.contiguous(shp).strides)
+        elif r in plan.per_row:  # a reduction without keepdim: aligned with the rows
             out_args += [*Layout.contiguous(shp).strides, 0]
         else:  # broadcast strides: replicated rows write the same (identical) values
             out_args += list(Layout.contiguous(shp).broadcast_to((*it[:-1], shp[-1] if shp else 1)).strides)
+    out_args += [shape_of(r)[o.axis] for r in plan.outputs if (o := plan.scatters.get(r))]
+    dest_of = {k: inputs.index(o.dest) for k, r in enumerate(plan.outputs) if (o := plan.scatters.get(r))}
     n_rows = numel(plan.rows)
     row_sizes = list(plan.rows)
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         dev = tensors[0].device if tensors else torch.device("cpu")
-        outs = [torch.empty(s, dtype=dt, device=dev) for s, dt in zip(out_shapes, out_dtypes)]
+        outs = [tensors[dest_of[k]] if k in dest_of else torch.empty(s, dtype=dt, device=dev)
+                for k, (s, dt) in enumerate(zip(out_shapes, out_dtypes))]  # (a destination: the tensor itself)
         bm = config["BLOCK_M"]
         kernel[(cdiv(n_rows, bm),)](
             *tensors, *outs, n_rows, *row_sizes, *leaf_args, *out_args,
@@ -442,8 +524,10 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
         )  # fmt: skip
         return outs
 
-    nbytes = sum(numel(shape_of(a)) * dtype_of(a).itemsize for a in inputs) + sum(
-        numel(s) * dt.itemsize for s, dt in zip(out_shapes, out_dtypes)
+    dests = {o.dest for o in plan.scatters.values()}  # (of a destination only the rows stored move)
+    nbytes = sum(numel(shape_of(a)) * dtype_of(a).itemsize for a in inputs if a not in dests) + sum(
+        numel(shape_of(plan.scatters[r].source) if r in plan.scatters else s) * dt.itemsize
+        for r, s, dt in zip(plan.outputs, out_shapes, out_dtypes)
     )
     return Kernel(name, src, launch, fused, {"rows": n_rows, "N": n}, bytes=nbytes)
 

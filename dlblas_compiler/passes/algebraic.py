@@ -12,6 +12,7 @@
   while the GEMM template applies g to the A tile it loads (one multiply per loaded element);
 - scalar chains: (x*a)*b = x*(a*b), (x+a)+b = x+(a+b), x*1 = x, x+(-0.0) = x (not x+0.0: -0.0+0.0 is +0.0);
 - layout: reshape(reshape(x)) = reshape(x), permute(permute(x)) = permute(x), no-op reshapes/permutes, a
+  permute after an RMSNorm that keeps the last dim goes before it (the norm's consumer then reads it directly), a
   linear between reshapes that only regroup its rows is a linear of the unreshaped input, slice(slice(x)) along
   one dim is one slice, and a slice of heads split from the last dim is a slice of columns, viewed.
 Weight-only subexpressions (dl.cat / dl.mul / dl.permute of parameters: `is_constant`) are evaluated once at load
@@ -294,6 +295,24 @@ class FoldLayout(RewritePattern):
                 new = PermuteOp(inner.input, composed)
                 set_name(new.result, op.result)
                 rewriter.replace(op, new)
+            else:
+                _permute_before_norm(op, rewriter)
+
+
+def _permute_before_norm(op: PermuteOp, rewriter: PatternRewriter) -> None:
+    """permute(rms_norm(x)) = rms_norm(permute(x)) where the permutation keeps the last dim (the norm's) in place:
+    Qwen3's per-head q/k norms before `.transpose(1, 2)`. The norm then reads x through the view, and what follows
+    it (the rotary) meets it without a view between them, so a row kernel can hold both (one pass over q, one over
+    k at decode, instead of a norm pass and a rotary pass each)."""
+    norm = producer(op.input, RMSNormOp)
+    p = op.permutation
+    if norm is None or p[-1] != len(p) - 1 or not op.input.has_one_use():
+        return
+    moved = PermuteOp(norm.input, list(p))
+    new = RMSNormOp(moved.result, norm.weight, *norm.attrs)
+    set_name(new.result, op.result)
+    rewriter.replace(op, [moved, new])
+    rewriter.erase(norm)
 
 
 @register_pass

@@ -126,6 +126,41 @@ def test_row_rotary_layouts(backend, dtype, rd, inter):
     assert "dl.rotary" in cm.ir("after:recognize")
 
 
+class HeadNormRotary(nn.Module):
+    """Per-head RMSNorm over [B, S, H, D], heads to [B, H, S, D], then rotary: Qwen3's q/k after their projection."""
+
+    def __init__(self, d, rotary_dim=None, interleaved=False):
+        super().__init__()
+        self.norm, self.rot = nn.RMSNorm(d, eps=1e-6), Rotary(rotary_dim, interleaved)
+
+    def forward(self, x, cos, sin):
+        return self.rot(self.norm(x).transpose(1, 2), cos, sin)
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+@pytest.mark.parametrize("rd,inter", [(None, False), (8, False), (None, True), (8, True)])
+def test_row_rotary_of_a_norm_one_kernel(backend, dtype, rd, inter):
+    """The rotary of a value the kernel computed (its partners are not in memory: rotated in registers) in the same
+    row kernel as the per-head norm before it; the transpose between them goes before the norm (algebraic)."""
+    b, s, h, d = 2, 5, 3, 16
+    ang = _x(s, (rd or d) // 2, seed=3)
+    rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
+    cm = _run(randomize_(HeadNormRotary(d, rd, inter)), [_x(b, s, h, d), rep(ang.cos()), rep(ang.sin())], backend,
+              dtype, expect_regions={"row": 1})  # fmt: skip
+    ir = cm.ir("after:fuse")
+    assert "dl.rms_norm" in ir and "dl.rotary" in ir and ir.index("dl.permute") < ir.index("dl.rms_norm")
+
+
+def test_row_rotary_of_a_computed_value_needs_whole_groups():
+    """A row of no power of two columns cannot be reshaped into rotation pairs: the norm and the rotary then run
+    as two kernels, each right."""
+    b, s, h, d = 1, 3, 2, 24
+    ang = _x(s, d // 2, seed=3)
+    cm = _run(randomize_(HeadNormRotary(d)), [_x(b, s, h, d), torch.cat([ang.cos()] * 2, -1),
+                                               torch.cat([ang.sin()] * 2, -1)], "interpret", torch.float32)  # fmt: skip
+    assert Counter(cm.report().patterns)["row"] == 2
+
+
 class Cats(nn.Module):
     """Concatenations along the last dim as layers build them: a head's columns from two producers, one of them
     shared by every head (MLA's rotary key, a broadcast of stride 0), a part used twice, widths of no power of
@@ -783,6 +818,55 @@ def test_gemm_per_head_rms_norm_before_rotary(tokens):
             assert rel_error(o, r) <= 2 * rel_error(e, r) + 1e-3
     assert {c["BLOCK_N"] for c in checked} == {32, 64, 128} and {c["MM"] for c in checked} == {0, 1}
     assert any(c["SPLIT_K"] == 2 for c in checked)
+
+
+class QKNormCacheWrite(nn.Module):
+    """Qwen3's attention input with a static cache: per-head q/k RMSNorms, rotary, k and v written into the caller's
+    caches at the positions `pos` (HF's StaticLayer.update); returns q."""
+
+    def __init__(self, k, heads, kv_heads, d):
+        super().__init__()
+        self.heads, self.kv_heads, self.d = heads, kv_heads, d
+        self.qkv = nn.Linear(k, (heads + 2 * kv_heads) * d, bias=False)
+        self.q_norm, self.k_norm = nn.RMSNorm(d, eps=1e-6), nn.RMSNorm(d, eps=1e-6)
+        self.rot = Rotary(None, False)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, pos):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).split([self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], -1)
+        q = self.q_norm(q.view(b, s, -1, self.d)).transpose(1, 2)
+        k = self.k_norm(k.view(b, s, -1, self.d)).transpose(1, 2)
+        k_cache.index_copy_(2, pos, self.rot(k, cos, sin))
+        v_cache.index_copy_(2, pos, v.view(b, s, -1, self.d).transpose(1, 2))
+        return self.rot(q, cos, sin)
+
+
+@pytest.mark.parametrize("batch,pos", [(1, [5]), (2, [7]), (1, [9])])
+def test_row_kernel_stores_k_into_the_cache_at_its_position(batch, pos):
+    """At decode (the norm out of the QKV GEMV) k's per-head norm, its rotary and its cache write are one row kernel:
+    each row stored at its position into the caller's own cache (no index_copy step, no copy of the cache); a
+    position past the cache's end writes nothing (torch's index_copy_ fails there). Against eager on fresh inputs."""
+    from dlblas_compiler.runtime.inplace import InPlaceIndexCopy
+    from dlblas_compiler.runtime.program import RegionStep
+
+    model = randomize_(QKNormCacheWrite(64, 4, 2, 16)).eval()
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
+    args = _cache_write_args(batch, 1, 64, 2, 16, 8, pos)
+    twin = [a.clone() for a in args]
+    with torch.no_grad():
+        if pos[0] >= 8:
+            cm(*args)
+            assert torch.equal(args[3], twin[3])  # (nothing written out of range)
+            return
+        q, eq = cm(*args), model(*twin)
+    assert rel_error(q, eq) <= tolerance(torch.float32)
+    assert all(rel_error(args[c], twin[c]) <= tolerance(torch.float32) for c in (3, 4))  # (the caches)
+    assert Counter(cm.report().patterns) == Counter({"gemm": 1, "row": 2})
+    steps = [st for st in cm._spec().executor.steps if isinstance(st, RegionStep)]
+    assert not any(isinstance(st, InPlaceIndexCopy) for st in cm._spec().executor.steps)
+    row = [st for st in steps if "dl.index_copy" in st.kernel.region_ir and "dl.rotary" in st.kernel.region_ir
+           and "dl.linear" not in st.kernel.region_ir]  # fmt: skip
+    assert len(row) == 1 and [ok for _, ok in row[0].writes] == [True]
 
 
 def test_per_head_norm_stays_out_of_the_decode_gemv():
