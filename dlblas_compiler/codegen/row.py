@@ -162,7 +162,7 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
             return f"{o.name} input {shape_of(o.operands[0])} is not the row space {it}"
         if isinstance(o, RotaryOp) and o.input in produced and not isinstance(produced[o.input], VIEW_OPS):
             rd = o.dim
-            if it[-1] & (it[-1] - 1) or rd % 2 or it[-1] % rd:  # (rotated in registers: see `_rotate_in_registers`)
+            if it[-1] & (it[-1] - 1) or it[-1] % rd:  # (rotated in registers: see `_rotate_in_registers`)
                 return (f"dl.rotary of a computed value needs whole rotary groups in a row of a power of two columns "
                         f"(rotary dim {rd}, row {it[-1]})")  # fmt: skip
         if isinstance(o, CatOp):
@@ -221,6 +221,8 @@ def _scatter(plan: RowPlan, o: IndexCopyOp, produced: dict, inside: set, inputs:
     ds, axis = shape_of(dest), o.axis
     if len(shape_of(ix)) != 1 or axis >= len(it) - 1 or shape_of(ix)[0] != it[axis]:
         return "an index_copy in a row kernel takes a 1-D index along a row dim"
+    if dtype_of(ix) != torch.int64:  # (torch's index_copy_ refuses any other: the torch step then raises as eager)
+        return f"an index_copy's index is {dtype_of(ix)}, not int64"
     if len(ds) != len(it) or any(a != b for d, (a, b) in enumerate(zip(ds, it)) if d != axis):
         return f"an index_copy's destination {ds} differs from the rows {it} beyond the indexed dim"
     plan.scatters[o.result] = o

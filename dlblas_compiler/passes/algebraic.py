@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -303,10 +303,17 @@ def _permute_before_norm(op: PermuteOp, rewriter: PatternRewriter) -> None:
     """permute(rms_norm(x)) = rms_norm(permute(x)) where the permutation keeps the last dim (the norm's) in place:
     Qwen3's per-head q/k norms before `.transpose(1, 2)`. The norm then reads x through the view, and what follows
     it (the rotary) meets it without a view between them, so a row kernel can hold both (one pass over q, one over
-    k at decode, instead of a norm pass and a rotary pass each)."""
+    k at decode, instead of a norm pass and a rotary pass each). Only where x is read from memory anyway (a function
+    argument or a linear's output, through views): a norm of a value a row kernel computes (norm(x * y)) would
+    otherwise read it through a view and so end that kernel (two kernels where there was one)."""
     norm = producer(op.input, RMSNormOp)
     p = op.permutation
     if norm is None or p[-1] != len(p) - 1 or not op.input.has_one_use():
+        return
+    root = norm.input
+    while isinstance(root.owner, (ReshapeOp, PermuteOp, SliceOp)):
+        root = root.owner.operands[0]
+    if not (isinstance(root, BlockArgument) or isinstance(root.owner, LinearOp)):
         return
     moved = PermuteOp(norm.input, list(p))
     new = RMSNormOp(moved.result, norm.weight, *norm.attrs)

@@ -19,11 +19,12 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ..codegen.views import VIEW_OPS
-from ..dialects import ConstantOp, ConvertOp, FusedOp, ParamOp, TorchCallOp
+from ..dialects import ConstantOp, ConvertOp, FusedOp, IndexCopyOp, ParamOp, TorchCallOp
 from ..passes.algebraic import is_constant
 
-# Ops whose result may be (a view of) an operand at run time: views, casts to the same dtype, opaque calls.
-MAY_ALIAS = (*VIEW_OPS, ConvertOp, TorchCallOp)
+# Ops whose result may be (a view of) an operand at run time: views, casts to the same dtype, opaque calls, and
+# cache writes (an index_copy the runtime runs in place: its result is the destination's tensor, fuzz 3d0096599421).
+MAY_ALIAS = (*VIEW_OPS, ConvertOp, TorchCallOp, IndexCopyOp)
 
 Root = tuple  # ("input", arg index) | ("param", name) | ("const",) | ("fresh", SSAValue)
 

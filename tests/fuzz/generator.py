@@ -20,6 +20,8 @@ Besides fresh dense tensors, specs hold the inputs and outputs everyday models s
   `expand_dim`, stride 0);
 - int64 index inputs, sliced and `.contiguous().view(...)`-ed into torch.gather and cross_entropy, and
   float slices and `.contiguous().view(...)` chains;
+- cache writes: `dest.index_copy_(dim, positions, x)` into an input along a leading dim, at distinct positions
+  in any order (`"positions"`: a static KV cache's update, which the GEMM epilogue and the row kernel store);
 - outputs eager returns as fresh tensors where the IR sees one value: x.clone(), x * 1.0, x + 0.0, a
   parameter's clone, the same expression twice, y beside y.clone(); one value returned twice;
 - outputs wrapped in a namedtuple, a dataclass, a dict or a list (`"structure"`).
@@ -408,6 +410,8 @@ class FuzzModule(nn.Module):
             return x.view(-1) if op["flat"] else x.view(shape(op["shape"], self.dims))
         if kind == "gather":
             return torch.gather(x, -1, vals[a[1]])
+        if kind == "cache_write":  # writes the destination in place and returns it, as HF's StaticLayer.update
+            return x.index_copy_(op["dim"], vals[a[1]], vals[a[2]])
         if kind == "cross_entropy":  # HF's loss: logits flattened to rows, labels a flat index tensor
             return F.cross_entropy(x.reshape(-1, size(op["classes"], self.dims)), vals[a[1]])
         raise ValueError(f"unknown op {kind!r}")
@@ -471,6 +475,8 @@ def make_inputs(spec: dict, dtype: torch.dtype, device: str = "cpu") -> list[tor
             t = (ang.cos() if kind == "cos" else ang.sin()).to(dtype)
         elif kind == "index":
             t = torch.randint(size(inp["high"], dims), s, generator=g)
+        elif kind == "positions":  # distinct, in range, in any order
+            t = torch.randperm(size(inp["high"], dims), generator=g)[: s[0]]
         elif kind == "mask_bool":
             t = _keep(s, g, inp.get("masked_rows", False))
         else:  # mask_add: 0 where kept, -inf where masked
@@ -488,7 +494,7 @@ def _meta_inputs(spec: dict) -> list[torch.Tensor]:
                 raise ValueError("an input passed twice with two shapes")
             out.append(out[inp["of"]])
             continue
-        dt = {"mask_bool": torch.bool, "index": torch.int64}.get(inp["kind"], torch.float32)
+        dt = {"mask_bool": torch.bool, "index": torch.int64, "positions": torch.int64}.get(inp["kind"], torch.float32)
         out.append(_layout(torch.empty(shape(inp["shape"], spec["dims"]), device="meta", dtype=dt), inp))
     return out
 
@@ -505,7 +511,9 @@ def valid(spec: dict) -> bool:
         for i, op in enumerate(spec["ops"]):
             if op["op"] in ("slice", "cat") and vals[n_in + i].shape[op["dim"]] != size(op["len"], spec["dims"]):
                 return False
-        return len(spec["inputs"]) <= MAX_INPUTS and all(v.numel() > 0 for v in vals)
+        fit = all(size(i["high"], spec["dims"]) >= size(i["shape"][0], spec["dims"]) for i in spec["inputs"]
+                  if i["kind"] == "positions")  # (distinct positions: no more than the destination holds)
+        return fit and len(spec["inputs"]) <= MAX_INPUTS and all(v.numel() > 0 for v in vals)
     except Exception:  # noqa: BLE001 - any failure means the shapes do not fit
         return False
 
@@ -561,7 +569,7 @@ class _Draft:
             same = [v for v, i in self.inputs if i["kind"] == "randn" and i["shape"] == shp]
             if same:
                 return self.twin(rng.choice(same))
-        vid = self._new(shp, kind not in ("mask_bool", "index"))
+        vid = self._new(shp, kind not in ("mask_bool", "index", "positions"))
         info = {"shape": shp, "kind": kind, **kw}
         if rng.random() < 0.2:
             info["layout"] = rng.choice([h for h in LAYOUTS if len(shp) >= {"transpose": 2, "offset": 0}.get(h, 1)])
@@ -722,8 +730,8 @@ def _gen_op(d: _Draft) -> None:
     kind = rng.choices(
         ["unary", "binary", "scalar", "reduce", "rmsnorm", "layernorm", "linear", "reshape", "transpose", "rotary",
          "softmax", "sdpa", "attention", "inplace", "glu", "add_rmsnorm", "identity", "dup", "param", "slice",
-         "view", "gather", "cross_entropy", "twice", "cat"],
-        weights=[14, 12, 6, 6, 6, 4, 14, 4, 4, 5, 5, 6, 5, 5, 3, 3, 4, 2, 2, 3, 3, 2, 2, 2, 3],
+         "view", "gather", "cross_entropy", "twice", "cat", "cache_write"],
+        weights=[14, 12, 6, 6, 6, 4, 14, 4, 4, 5, 5, 6, 5, 5, 3, 3, 4, 2, 2, 3, 3, 2, 2, 2, 3, 3],
     )[0]  # fmt: skip
     if kind in ("sdpa", "attention"):
         _gen_attention(d, kind == "attention")
@@ -859,6 +867,19 @@ def _gen_op(d: _Draft) -> None:
         idx = _index_chain(d, product(s[:-1]), k, s[-1])
         idx = d.op([*s[:-1], k], is_float=False, op="view", args=[idx], shape=[*s[:-1], k], flat=False)
         d.op([*s[:-1], k], op="gather", args=[x, idx])
+    elif kind == "cache_write" and len(s) >= 2:
+        # dest.index_copy_(dim, positions, x) along a leading dim (a static KV cache's update at the tokens'
+        # positions): dest an input as long or longer there, the positions distinct and in range, in any order
+        dim = rng.randrange(len(s) - 1)
+        t = list(s)
+        t[dim] = d.dim(d.size(s[dim]) + rng.choice([0, 1, 3, 9]))
+        dest = d.inp(t)
+        pos = d.inp([s[dim]], "positions", high=t[dim])
+        d.inputs[-1][1].pop("expand_dim", None)  # (positions repeated by an expand() would race)
+        if d.inputs[-1][1].get("layout") == "expand":
+            del d.inputs[-1][1]["layout"]
+        if d.writable(dest):
+            d.op(t, op="cache_write", args=[dest, pos, x], dim=dim)
     elif kind == "cross_entropy" and len(s) >= 2:  # cross_entropy(x rows, labels[..., 1:].contiguous().view(-1))
         labels = _index_chain(d, product(s[:-2]), s[-2], s[-1])
         labels = d.op([product(s[:-1])], is_float=False, op="view", args=[labels], shape=[product(s[:-1])], flat=True)
@@ -1054,10 +1075,11 @@ def _check_backend(spec: dict, backend: str, model: nn.Module, eager_out, eager_
     params, eager_params = dict(m.named_parameters()), dict(model.named_parameters())
     xs = make_inputs(spec, dtype, dev)
     contiguous = [e.is_contiguous() for e in leaves(eager_out)]
-    if dev != "cpu":  # eager's layouts on the device (a copy of the model: a graph may write its parameters)
-        with torch.no_grad():
-            contiguous = [e.is_contiguous() for e in leaves(copy.deepcopy(model).to(dev)(*make_inputs(spec, dtype, dev)))]
     try:
+        if dev != "cpu":  # eager's layouts on the device (a copy of the model: a graph may write its parameters)
+            with torch.no_grad():
+                on_dev = copy.deepcopy(model).to(dev)(*make_inputs(spec, dtype, dev))
+            contiguous = [e.is_contiguous() for e in leaves(on_dev)]
         cm = dc.compile(m, backend=backend, cuda_graphs=False)
         with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

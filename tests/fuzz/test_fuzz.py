@@ -58,7 +58,7 @@ def test_the_sample_draws_every_everyday_input():
         "fully masked rows mask_bool", "fully masked rows mask_add", "sdpa with mask_bool", "sdpa with mask_add",
         "attention with mask_add", "input same", "in-place write to an input",
         "in-place write to an input passed twice", "in-place write through a view", "in-place write to a viewed tensor",
-        "input index", "op gather",
+        "input index", "op gather", "op cache_write", "input positions",
         "op cross_entropy", "op slice", "op view", "op param", "op identity clone", "op identity mul1",
         "op identity add0", "op identity contiguous", "a value returned twice",
         *(f"layout {h}" for h in ("transpose", "step", "offset", "expand")),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import torch
 from xdsl.ir import Operation, SSAValue
 
 from ...dialects import (
@@ -285,6 +286,8 @@ def _scatter(plan: GemmPlan, o: IndexCopyOp, inside: set, nrow: int) -> str | No
         return "the epilogue reads the tensor an index_copy writes"
     if len(shape_of(o.index)) != 1:
         return "an index_copy in the epilogue takes a 1-D index"
+    if dtype_of(o.index) != torch.int64:  # (torch's index_copy_ refuses any other: the torch step then raises as eager)
+        return f"an index_copy's index is {dtype_of(o.index)}, not int64"
     c = plan.info[o.source]
     if c.perm[o.axis] >= nrow:
         return "an index_copy in the epilogue writes along a row (token) dim of the tile"
