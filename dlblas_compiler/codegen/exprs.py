@@ -80,3 +80,18 @@ def emit_pointwise(w: Writer, names: Names, op) -> bool:
     w(f"{t} = {round_to(expr, op.results[0]) if isinstance(op, ConvertOp) else expr}")
     names[op.results[0]] = t
     return True
+
+
+def rotate_in_registers(w: Writer, out: str, values: tuple[str, str, str], parts: list[tuple[str, str]],
+                        interleaved: bool, groups: str, half: str) -> None:
+    """out = rotary of x by cos and sin (`values`), all [BLOCK_M, BLOCK_N] in registers: each tile is reshaped to
+    [BLOCK_M, groups, 2, half] (pairs (j, j + half) of each group, HF's halves) or [BLOCK_M, groups, half, 2]
+    (interleaved pairs (2j, 2j + 1)) so each rotation pair lands on one axis of size 2, split (into the names
+    `parts`: x's, cos's and sin's two halves), rotated, joined and reshaped back. For a value whose partner columns
+    are not in memory to load: the GEMM's accumulator, a row kernel's computed value."""
+    shape, perm = ((f"[BLOCK_M, {groups}, {half}, 2]", "[0, 1, 2, 3]") if interleaved
+                   else (f"[BLOCK_M, {groups}, 2, {half}]", "[0, 1, 3, 2]"))  # fmt: skip
+    for v, (a, b) in zip(values, parts, strict=True):
+        w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, BLOCK_N]), {shape}), {perm}))")
+    (x1, x2), (c1, c2), (s1, s2) = parts
+    w(f"{out} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")

@@ -37,7 +37,7 @@ from ..dialects import (
 from ..dialects.types import dtype_of, numel, shape_of
 from ..fusion.templates import PlannedTemplate, register_template
 from ..tuning.space import SearchSpace, pow2
-from .exprs import Names, emit_pointwise, round_to
+from .exprs import Names, emit_pointwise, rotate_in_registers, round_to
 from .kernel import Kernel
 from .source import PDL_ARG, TL_DTYPE, Writer, cdiv, chained_start, row_indices, wide_indices
 from .views import VIEW_OPS, Layout, column_offsets, row_view_chain, view_source
@@ -457,24 +457,14 @@ class RowEmitter:
 
 def _rotate_in_registers(w: Writer, names: Names, op: RotaryOp, n: int) -> str:
     """dl.rotary of a value computed in the kernel (an RMSNorm's output: Qwen3's per-head q/k norms), whose
-    partner columns are not in memory to load: each row (of n = BLOCK_N columns, a power of two) is reshaped so
-    that each rotation pair lands on one axis of size 2, split, rotated and joined back, as the GEMM epilogue does.
-    With partial rotary (rotary dim < n) every group of rotary-dim columns is rotated and those past the first
+    partner columns are not in memory to load: rotated in registers (`exprs.rotate_in_registers`) over groups of
+    rotary-dim columns of the row (n = BLOCK_N, a power of two); with partial rotary those past the first group
     are put back."""
-    rd = op.dim
-    x, cos, sin = names[op.input], names[op.cos], names[op.sin]
-    if op.layout.data == "half":  # pairs (j, j + rd / 2) of each group
-        shape, perm = f"[BLOCK_M, {n // rd}, 2, {rd // 2}]", "[0, 1, 3, 2]"
-    else:  # pairs (2j, 2j + 1)
-        shape, perm = f"[BLOCK_M, {n // rd}, {rd // 2}, 2]", "[0, 1, 2, 3]"
-    parts = {}
-    for v, tag in ((x, "rx"), (cos, "rc"), (sin, "rs")):  # (not "x": x<j> names the loaded leaves)
-        a, b = names.fresh(tag), names.fresh(tag)
-        w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, BLOCK_N]), {shape}), {perm}))")
-        parts[tag] = (a, b)
-    (x1, x2), (c1, c2), (s1, s2) = parts["rx"], parts["rc"], parts["rs"]
+    rd, x = op.dim, names[op.input]
+    parts = [(names.fresh(tag), names.fresh(tag)) for tag in ("rx", "rc", "rs")]  # (not "x": x<j> names the leaves)
     t = names.fresh("rot")
-    w(f"{t} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")
+    rotate_in_registers(w, t, (x, names[op.cos], names[op.sin]), parts, op.layout.data != "half", str(n // rd),
+                        str(rd // 2))
     if rd < n:
         w(f"{t} = tl.where((cols < {rd})[None, :], {t}, {x})")
     return t

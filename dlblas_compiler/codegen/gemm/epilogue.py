@@ -18,7 +18,7 @@ from xdsl.ir import Operation, SSAValue
 from ...dialects import ConstantOp, FusedOp, IndexCopyOp, PermuteOp, ReshapeOp, RMSNormOp, RotaryOp, SliceOp
 from ...dialects.types import dtype_of, shape_of
 from .. import device
-from ..exprs import Names, emit_pointwise, round_to
+from ..exprs import Names, emit_pointwise, rotate_in_registers, round_to
 from ..source import TL_DTYPE, Writer, row_indices, wide_indices
 from .plan import Cols, GemmPlan
 from .prologue import row_scale
@@ -280,15 +280,8 @@ class EpilogueEmitter:
             w.indent()
 
         def rotate(groups: str, half: str) -> None:
-            if o.layout.data == "half":  # pairs (j, j + half) of each group
-                shape, perm = f"[BLOCK_M, {groups}, 2, {half}]", "[0, 1, 3, 2]"
-            else:  # pairs (2j, 2j + 1)
-                shape, perm = f"[BLOCK_M, {groups}, {half}, 2]", "[0, 1, 2, 3]"
-            for v, tag in ((x, "x"), (cos, "cos"), (sin, "sin")):
-                a, b = parts[tag]
-                w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, BLOCK_N]), {shape}), {perm}))")
-            (x1, x2), (c1, c2), (s1, s2) = parts["x"], parts["cos"], parts["sin"]
-            w(f"{t} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")
+            rotate_in_registers(w, t, (x, cos, sin), [parts["x"], parts["cos"], parts["sin"]],
+                                o.layout.data != "half", groups, half)
 
         if self.plan.narrow_rotary:
             w(f"if BLOCK_N < {rd}:")
