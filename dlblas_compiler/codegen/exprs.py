@@ -83,15 +83,19 @@ def emit_pointwise(w: Writer, names: Names, op) -> bool:
 
 
 def rotate_in_registers(w: Writer, out: str, values: tuple[str, str, str], parts: list[tuple[str, str]],
-                        interleaved: bool, groups: str, half: str) -> None:
+                        interleaved: bool, groups: str, half: str, shared_table: bool = False) -> None:
     """out = rotary of x by cos and sin (`values`), all [BLOCK_M, BLOCK_N] in registers: each tile is reshaped to
     [BLOCK_M, groups, 2, half] (pairs (j, j + half) of each group, HF's halves) or [BLOCK_M, groups, half, 2]
     (interleaved pairs (2j, 2j + 1)) so each rotation pair lands on one axis of size 2, split (into the names
     `parts`: x's, cos's and sin's two halves), rotated, joined and reshaped back. For a value whose partner columns
-    are not in memory to load: the GEMM's accumulator, a row kernel's computed value."""
-    shape, perm = ((f"[BLOCK_M, {groups}, {half}, 2]", "[0, 1, 2, 3]") if interleaved
-                   else (f"[BLOCK_M, {groups}, 2, {half}]", "[0, 1, 3, 2]"))  # fmt: skip
-    for v, (a, b) in zip(values, parts, strict=True):
-        w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, BLOCK_N]), {shape}), {perm}))")
+    are not in memory to load: the GEMM's accumulator, a row kernel's computed value. `shared_table`: cos and sin
+    are [BLOCK_M, 2 * half], one group's columns, the same for every group (a table broadcast over the heads)."""
+    def shape(g: str) -> str:
+        return f"[BLOCK_M, {g}, {half}, 2]" if interleaved else f"[BLOCK_M, {g}, 2, {half}]"
+
+    perm = "[0, 1, 2, 3]" if interleaved else "[0, 1, 3, 2]"
+    for i, (v, (a, b)) in enumerate(zip(values, parts, strict=True)):
+        g, width = ("1", f"2 * {half}") if shared_table and i else (groups, "BLOCK_N")
+        w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, {width}]), {shape(g)}), {perm}))")
     (x1, x2), (c1, c2), (s1, s2) = parts
     w(f"{out} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")

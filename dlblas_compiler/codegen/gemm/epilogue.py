@@ -4,7 +4,7 @@ bias, elementwise ops with other tensors (residual add, ...), column slices (one
 splitting the columns into heads and permutes (written straight into [B, H, S, D]), an RMSNorm over each head's
 columns (Qwen3's q/k norms: the tile holds whole heads, reshaped [BLOCK_M, heads, D] for the statistics), rotary on
 head columns (partner column gathered within the tile; a tile narrower than a head takes the matching slices of its
-two halves), a gated activation of two column halves (dual GEMM: two accumulators), and stores into an input at
+two halves; cos and sin shared by every head read once per tile), a gated activation of two column halves (dual GEMM: two accumulators), and stores into an input at
 indexed rows (a KV-cache update, `index_copy` of k or v along the tokens: each row's position read from the index).
 Split-K programs store
 partial sums and the last one of a tile runs the epilogue."""
@@ -130,11 +130,13 @@ class EpilogueEmitter:
             names[res] = names[o.source]
             return
         ext_index = {(e[0], e[2]): j for j, e in enumerate(self.ext)}
-        loaded = {v: self._load_ext(w, ext_index[(v, res)]) for v in o.operands if (v, res) in ext_index}
+        # (a rotary whose cos and sin are one table for every head loads them itself: `_rotary`)
+        own = self._head_tables(o) if isinstance(o, RotaryOp) else {}
+        loaded = {v: self._load_ext(w, ext_index[(v, res)]) for v in o.operands if (v, res) in ext_index and v not in own}
         for v, t in loaded.items():
             names[v] = t
         if isinstance(o, RotaryOp):
-            self._rotary(w, o)
+            self._rotary(w, o, own)
         elif isinstance(o, RMSNormOp):
             self._head_norm(w, o)
         else:
@@ -244,7 +246,45 @@ class EpilogueEmitter:
         w(f"{y} = {round_to(expr, o.result)}")
         names[o.result] = y
 
-    def _rotary(self, w: Writer, o: RotaryOp) -> None:
+    def _head_tables(self, o: RotaryOp) -> dict[SSAValue, int]:
+        """cos and sin of a rotary (their ext indices) where both are region inputs broadcast over every column dim
+        but the innermost (one table for all heads, as HF passes them: [B, 1, S, D]) and the tile holds whole rotary
+        groups: `_rotary` then loads each once as a [BLOCK_M, rotary_dim] tile for all the tile's heads, instead of
+        a [BLOCK_M, BLOCK_N] tile of the same values repeated per head (half the registers of a 128x256 tile's
+        epilogue, whose spills were the rotary's cost, NOTES 131). {} otherwise."""
+        res, nrow = o.result, len(self.plan.rows)
+        if o.dim & (o.dim - 1):  # (a tile's columns: a power of two)
+            return {}
+        found = {}
+        for v in (o.cos, o.sin):
+            j = next((j for j, e in enumerate(self.ext) if e[0] == v and e[2] == res), None)
+            if j is None:
+                return {}
+            _, cv, _ = self.ext[j]
+            logical, own = shape_of(res), shape_of(v)
+            own = (1,) * (len(logical) - len(own)) + own
+            heads = range(nrow, nrow + len(cv.split) - 1)  # canonical column dims other than the innermost
+            if (cv.window is not None or cv.perm[-1] != nrow + len(cv.split) - 1
+                    or any(own[i] != 1 for i in range(len(own)) if cv.perm[i] in heads)):
+                return {}
+            found[v] = j
+        return found
+
+    def _head_table(self, w: Writer, j: int, rd: int) -> str:
+        """Load ext operand j, broadcast over the heads, as a [BLOCK_M, rd] tile: columns 0..rd of a head."""
+        v, c, res = self.ext[j]
+        idx, _ = self._space(w, c)
+        nrow = len(self.plan.rows)
+        cols = ["0"] * (len(c.split) - 1) + [f"tl.arange(0, {rd})[None, :]"]
+        idx = idx[:nrow] + cols
+        addr = " + ".join(f"({e}) * e{j}_s{d}" for d, e in enumerate(idx) if e != "0")
+        width = shape_of(v)[-1]
+        mask = "mmask[:, None]" if width >= rd else f"mmask[:, None] & (tl.arange(0, {rd}) < {width})[None, :]"
+        t = self.names.fresh("e")
+        w(f"{t} = tl.load(e{j}_ptr + {addr}, mask={mask}, other=0.0).to(tl.float32)")
+        return t
+
+    def _rotary(self, w: Writer, o: RotaryOp, own_tables: dict[SSAValue, int]) -> None:
         """Rotate head columns. With MM (the product in memory) each column's partner is read back from the
         product: out = x * cos + sign * partner * sin, elementwise, for any tile width. Otherwise in registers:
         the tile is reshaped so each rotation pair lands in one axis of size 2 (split), rotated, and joined
@@ -255,8 +295,18 @@ class EpilogueEmitter:
         c = self.plan.info[o.input]
         d, rd = c.head, o.dim
         dcol = self._space(w, c)[0][-1]  # the column within the head
-        x, cos, sin = self.names[o.input], self.names[o.cos], self.names[o.sin]
-        names = self.names
+        x, names = self.names[o.input], self.names
+
+        def tables(shared: bool) -> tuple[str, str]:
+            """cos and sin: loaded already ([BLOCK_M, BLOCK_N]), or here, as one [BLOCK_M, rd] table for every
+            head (`shared`) or per column."""
+            if not tables_at:
+                return names[o.cos], names[o.sin]
+            if shared:
+                return self._head_table(w, tables_at[o.cos], rd), self._head_table(w, tables_at[o.sin], rd)
+            return self._load_ext(w, tables_at[o.cos]), self._load_ext(w, tables_at[o.sin])
+
+        tables_at = own_tables
         # (not "c": c<j> names the index spaces)
         parts = {tag: (names.fresh(tag), names.fresh(tag)) for tag in ("x", "cos", "sin")}
         t = names.fresh("rot")
@@ -269,6 +319,7 @@ class EpilogueEmitter:
             pc, xp = names.fresh("pc"), names.fresh("xp")
             w("if MM:")
             w.indent()
+            cos, sin = tables(False)
             w(f"{pc} = ((rn % GRID_N) + {c.stream_lo})[None, :] + {delta}")
             w(f"{xp} = tl.load(mm_ptr + (rm % M).to(tl.int64)[:, None] * {self.plan.n} + {pc}).to(tl.float32)")
             if lin.bias is not None:
@@ -279,21 +330,22 @@ class EpilogueEmitter:
             w("else:")
             w.indent()
 
-        def rotate(groups: str, half: str) -> None:
+        def rotate(groups: str, half: str, shared: bool) -> None:
+            cos, sin = tables(shared)
             rotate_in_registers(w, t, (x, cos, sin), [parts["x"], parts["cos"], parts["sin"]],
-                                o.layout.data != "half", groups, half)
+                                o.layout.data != "half", groups, half, shared_table=shared and bool(tables_at))
 
         if self.plan.narrow_rotary:
             w(f"if BLOCK_N < {rd}:")
             w.indent()
-            rotate("1", "BLOCK_N // 2")
+            rotate("1", "BLOCK_N // 2", False)
             w.dedent()
             w("else:")
             w.indent()
-            rotate(f"BLOCK_N // {rd}", str(rd // 2))
+            rotate(f"BLOCK_N // {rd}", str(rd // 2), True)
             w.dedent()
         else:
-            rotate(f"BLOCK_N // {rd}", str(rd // 2))
+            rotate(f"BLOCK_N // {rd}", str(rd // 2), True)
         if self.plan.rotary_from_product:
             w.dedent()
         if rd < d:  # partial rotary: the columns past rotary_dim in each head pass through
