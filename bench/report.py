@@ -1247,6 +1247,35 @@ def default_tile_section(old: str, new: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, f"after, tune={b.get('tune')}, triton {b.get('triton')}")]) + "\n"
 
 
+def rotary_table_section(old: str, new: str) -> str:
+    """A `.dbg` driver over bench/gemms.py on two trees in one run (thirty-ninth session): Llama-3-8B's QKV pieces
+    at M = 2048 (tune none, the fixed sweep) and the tuned layer's rotary region, before and after the rotary's
+    cos/sin table was read once per tile for every head (NOTES 131)."""
+    a, b = _load(old), _load(new)
+    out = ["| piece | fastest swept µs before | after | after / before | cuBLAS µs |", "|---|---|---|---|---|"]
+    for r, q in zip(a["ablate"], b["ablate"]):
+        out.append(f"| {r['piece']} | {r['sweep_best_us']:.1f} | {q['sweep_best_us']:.1f} | "
+                   f"{q['sweep_best_us'] / r['sweep_best_us']:.3f} | {q['cublas_us']:.1f} |")  # fmt: skip
+    for r, q in zip(a["layers"], b["layers"]):
+        out.append(f"| {r['layer']} layer, tuned (`quick`): before {gemm_ran(r)}, after {gemm_ran(q)} | "
+                   f"{r['kernel_us']:.1f} | {q['kernel_us']:.1f} | {q['kernel_us'] / r['kernel_us']:.3f} | {q['cublas_us']:.1f} |")  # fmt: skip
+    env = {"gpu": b.get("gpu"), "run": "torch 2.11.0+cu130, triton 3.6.0 (the device image; not recorded in the files)"}
+    return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, "after")]) + "\n"
+
+
+def gemms_ab_section(old: str, new: str) -> str:
+    """bench/gemms.py on two trees in one run: each region's tuned kernel before and after, against cuBLAS."""
+    a, b = _load(old), _load(new)
+    out = ["| layer | region | M × N × K | ran before | µs before | ran after | µs after | after / before | cuBLAS µs | "
+           "cuBLAS / after |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r, q in zip(a["layers"], b["layers"]):
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['M']} × {r['N']} × {r['K']} | "
+                   f"{gemm_ran(r)} | {r['kernel_us']:.1f} | {gemm_ran(q)} | {q['kernel_us']:.1f} | "
+                   f"{q['kernel_us'] / r['kernel_us']:.3f} | {q['cublas_us']:.1f} | {q['ratio']:.2f}x |")  # fmt: skip
+    env = {"gpu": b.get("gpu"), "torch": b.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, f"after, tune={b.get('tune')}, triton {b.get('triton')}")]) + "\n"
+
+
 def rotary_pieces_section(name: str) -> str:
     """bench/gemms.py --ablate --sweep --tune none: Llama-3-8B's norm→QKV→RoPE built up one piece at a time, each
     piece's fastest config of the fixed sweep (and its default), against cuBLAS on the same GEMM shape."""
@@ -1595,6 +1624,17 @@ SECTIONS = {
     "replay-ab-s37-chained": functools.partial(replay_ab_section, "2026-12-01-h200-s37-replay-ab-chained.json", {
         "plain": "`chained_launches=False`", "chained": "`chained_launches=True` (now the default): NOTES 124"}),
     "decode-ab-s37-chained": functools.partial(decode_ab_section, "2026-12-01-h200-s37-decode-ab-chained.json"),
+    "rotary-table-s39": functools.partial(rotary_table_section, "2026-12-01-h200-s39-qkv-table-a-old.json",
+                                          "2026-12-01-h200-s39-qkv-table-a-new.json"),
+    "gemms-s39-rotary-ab": functools.partial(gemms_ab_section, "2026-12-01-h200-s39-gemms-rotary-old.json",
+                                             "2026-12-01-h200-s39-gemms-rotary-new.json"),
+    "replay-ab-s39-table": functools.partial(replay_ab_section, "2026-12-01-h200-s39-replay-table.json", {
+        "before": "cos and sin loaded per column (the tree before)",
+        "after": "a table shared by every head read once per tile (NOTES 131)"}),
+    "block-layer-llama3_8b-m1-128-h200-s39": functools.partial(
+        layer_section, "2026-12-01-h200-s39-layers-m1-m128.json", "layer_llama3_8b"),
+    "block-layer-qwen25_7b-m1-128-h200-s39": functools.partial(
+        layer_section, "2026-12-01-h200-s39-layers-m1-m128.json", "layer_qwen25_7b"),
     "replay-ab-s38-qwen3-chained": functools.partial(replay_ab_section, "2026-12-01-h200-s38-replay-ab-qwen3-chained.json", {
         "plain": "`chained_launches=False`", "chained": "`chained_launches=True` (the default)"}),
     "replay-ab-s38-qwen3-norm-rotary": functools.partial(

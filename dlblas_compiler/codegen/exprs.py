@@ -95,7 +95,7 @@ def rotate_in_registers(w: Writer, out: str, values: tuple[str, str, str], parts
 
     perm = "[0, 1, 2, 3]" if interleaved else "[0, 1, 3, 2]"
     for i, (v, (a, b)) in enumerate(zip(values, parts, strict=True)):
-        g, width = ("1", f"2 * {half}") if shared_table and i else (groups, "BLOCK_N")
-        w(f"{a}, {b} = tl.split(tl.permute(tl.reshape(tl.broadcast_to({v}, [BLOCK_M, {width}]), {shape(g)}), {perm}))")
+        tile = v if shared_table and i else f"tl.broadcast_to({v}, [BLOCK_M, BLOCK_N])"
+        w(f"{a}, {b} = tl.split(tl.permute(tl.reshape({tile}, {shape('1' if shared_table and i else groups)}), {perm}))")
     (x1, x2), (c1, c2), (s1, s2) = parts
     w(f"{out} = tl.reshape(tl.permute(tl.join({x1} * {c1} - {x2} * {s1}, {x2} * {c2} + {x1} * {s2}), {perm}), [BLOCK_M, BLOCK_N])")
