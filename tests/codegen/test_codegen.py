@@ -554,28 +554,32 @@ def test_gemm_rotary_partners_read_from_the_product(rd, inter):
     assert {(c["BLOCK_N"], c["MM"]) for c in checked} >= {(16, 1), (64, 1), (128, 1), (32, 0)}
 
 
+@pytest.mark.parametrize("backend,dtype", [("interpret", torch.float32), *GPU[1:]])
 @pytest.mark.parametrize("rd,inter", [(None, False), (8, False), (None, True)])
 @pytest.mark.parametrize("per_head", [False, True])
-def test_gemm_rotary_loads_a_table_shared_by_the_heads_once(rd, inter, per_head):
+def test_gemm_rotary_loads_a_table_shared_by_the_heads_once(backend, dtype, rd, inter, per_head):
     """cos and sin given once for every head ([S, D], broadcast over the heads as HF passes them) are loaded as
     one [BLOCK_M, rotary_dim] tile for all the heads of a K-loop tile, not per column (its register cost spilled a
     128x256 tile's epilogue, bench/NOTES.md 131); tables that differ per head are read per column. Every K-loop,
-    narrow-tile and cuBLAS-product config against the region's float64 reference."""
+    one-row, narrow-tile and cuBLAS-product config against the region's float64 reference."""
     from dlblas_compiler.runtime.program import RegionStep
 
+    dev = _device(backend)
     heads, d, s = 4, 16, 7
     model = randomize_(BiasQKRotary(32, heads, d, rd, inter)).eval()
     ang = _x(heads if per_head else 1, s, (rd or d) // 2, seed=3)
     rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
     args = [_x(1, s, 32), rep(ang.cos())[None], rep(ang.sin())[None]]  # [1, 1 or heads, S, rd]
-    cm = dc.compile(model, backend="interpret", cuda_graphs=False)
-    base = {"BLOCK_M": 16, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0,
-            "NORM_PASS": 0, "PERSISTENT": 0}  # fmt: skip
-    configs = [{**base, "BLOCK_N": bn, "MM": mm} for bn, mm in [(8, 0), (16, 0), (32, 0), (64, 0), (64, 1)]]
+    ref = copy.deepcopy(model).double()(*(a.double() for a in args))
+    model, args = model.to(dev, dtype), [a.to(dev, dtype) for a in args]
+    cm = dc.compile(model, backend=backend, cuda_graphs=False)
+    base = {"BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0,
+            "PERSISTENT": 0}  # fmt: skip
+    configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "MM": mm}
+               for bm, bn, mm in [(16, 8, 0), (16, 16, 0), (16, 32, 0), (16, 64, 0), (1, 64, 0), (16, 64, 1)]]
     with torch.no_grad():
         out = cm(*args)
-        ref = copy.deepcopy(model).double()(*(a.double() for a in args))
-        assert all(rel_error(o, r) <= tolerance(torch.float32) for o, r in zip(out, ref, strict=True))
+        assert all(rel_error(o, r.to(dev)) <= tolerance(dtype) for o, r in zip(out, ref, strict=True))
         prog = cm._spec().executor
         env = prog._env(args)
         (step,) = [st for st in prog.steps if isinstance(st, RegionStep) and st.choice.pattern == "gemm"]
@@ -583,8 +587,8 @@ def test_gemm_rotary_loads_a_table_shared_by_the_heads_once(rd, inter, per_head)
         assert (table in step.kernel.source) == (not per_head), step.kernel.source
         tensors = step.inputs(env)
         refs = step.reference([t.double() for t in tensors])
-        checked = {(c["BLOCK_N"], c["MM"]) for c in _launch_valid(step, tensors, refs, configs)}
-    assert {(16, 0), (32, 0), (64, 0), (64, 1)} <= checked
+        checked = {(c["BLOCK_M"], c["BLOCK_N"], c["MM"]) for c in _launch_valid(step, tensors, refs, configs, dtype)}
+    assert {(16, 16, 0), (16, 32, 0), (16, 64, 0), (16, 64, 1)} <= checked
 
 
 @pytest.mark.parametrize("tokens", [1, 7])

@@ -275,7 +275,8 @@ class EpilogueEmitter:
         v, c, res = self.ext[j]
         idx, _ = self._space(w, c)
         nrow = len(self.plan.rows)
-        cols = ["0"] * (len(c.split) - 1) + [f"tl.arange(0, {rd})[None, :]"]
+        col = f"tl.arange(0, {rd}).to(tl.int64)" if self.wide else f"tl.arange(0, {rd})"  # (as `rn`: past 2^31)
+        cols = ["0"] * (len(c.split) - 1) + [f"{col}[None, :]"]
         idx = idx[:nrow] + cols
         addr = " + ".join(f"({e}) * e{j}_s{d}" for d, e in enumerate(idx) if e != "0")
         width = shape_of(v)[-1]
