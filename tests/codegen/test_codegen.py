@@ -855,6 +855,14 @@ def test_gemm_per_head_rms_norm_before_rotary(tokens):
             assert rel_error(o, r) <= 2 * rel_error(e, r) + 1e-3
     assert {c["BLOCK_N"] for c in checked} == {32, 64, 128} and {c["MM"] for c in checked} == {0, 1}
     assert any(c["SPLIT_K"] == 2 for c in checked)
+    from dlblas_compiler.runtime.program import RegionStep
+
+    cm = dc.compile(copy.deepcopy(model).float(), backend="interpret", cuda_graphs=False)  # (the helper made it float64)
+    with torch.no_grad():
+        cm(*args)
+    (step,) = [st for st in cm._spec().executor.steps if isinstance(st, RegionStep)]
+    # q's and k's norm weights (one for every row and head) loaded once each as D values, not per column
+    assert step.kernel.source.count(f"tl.arange(0, {d}) * e") == 2, step.kernel.source
 
 
 class QKNormCacheWrite(nn.Module):

@@ -132,13 +132,16 @@ class EpilogueEmitter:
         ext_index = {(e[0], e[2]): j for j, e in enumerate(self.ext)}
         # (a rotary whose cos and sin are one table for every head loads them itself: `_rotary`)
         own = self._head_tables(o) if isinstance(o, RotaryOp) else {}
+        if isinstance(o, RMSNormOp) and o.weight is not None:  # (one weight for every row and head: `_head_norm`)
+            j = self._shared_by_heads(o.weight, res, rows=True)
+            own = {o.weight: j} if j is not None else {}
         loaded = {v: self._load_ext(w, ext_index[(v, res)]) for v in o.operands if (v, res) in ext_index and v not in own}
         for v, t in loaded.items():
             names[v] = t
         if isinstance(o, RotaryOp):
             self._rotary(w, o, own)
         elif isinstance(o, RMSNormOp):
-            self._head_norm(w, o)
+            self._head_norm(w, o, own.get(o.weight))
         else:
             emit_pointwise(w, names, o)
         for v in loaded:
@@ -228,15 +231,27 @@ class EpilogueEmitter:
         w(f"{t} = tl.load(e{j}_ptr + {addr}, mask={mask}, other=0.0).to(tl.float32)")
         return t
 
-    def _head_norm(self, w: Writer, o: RMSNormOp) -> None:
+    def _head_norm(self, w: Writer, o: RMSNormOp, shared: int | None) -> None:
         """RMSNorm over each head's D columns, with dl.rms_norm's rounding: the tile (whole heads, BLOCK_N % D
-        == 0) is reshaped [BLOCK_M, BLOCK_N // D, D] for each head's mean square."""
+        == 0) is reshaped [BLOCK_M, BLOCK_N // D, D] for each head's mean square. A weight shared by every row and
+        head (`shared`: its ext index) is loaded once as D values and scales that shape (not a [BLOCK_M, BLOCK_N]
+        tile of it: Qwen3's 128x256 QKV kernel spilled 416-568 bytes a thread, NOTES 133)."""
         d = self.plan.info[o.input].split[-1]
         eps, offset, in_f32 = o.attrs
         names, x = self.names, self.names[o.input]
         heads, ms, normed, y = names.fresh("hd"), names.fresh("ms"), names.fresh("nrm"), names.fresh("y")
         w(f"{heads} = tl.reshape(tl.broadcast_to({x}, [BLOCK_M, BLOCK_N]), [BLOCK_M, BLOCK_N // {d}, {d}])")
         w(f"{ms} = tl.sum({heads} * {heads}, axis=2) / {d}")
+        if shared is not None:  # the weight as [1, 1, D], the product reshaped back
+            wt = names.fresh("e")
+            last = len(self.ext[shared][1].perm) - 1
+            w(f"{wt} = tl.load(e{shared}_ptr + tl.arange(0, {d}) * e{shared}_s{last}).to(tl.float32)[None, None, :]")
+            w(f"{normed} = {heads} * tl.rsqrt({ms} + {eps!r})[:, :, None]")
+            weight = f"({wt} + {offset!r})" if offset else wt
+            expr = f"{normed} * {weight}" if in_f32 else f"{round_to(normed, o.input)} * {weight}"
+            w(f"{y} = tl.reshape({round_to(expr, o.result)}, [BLOCK_M, BLOCK_N])")
+            names[o.result] = y
+            return
         w(f"{normed} = tl.reshape({heads} * tl.rsqrt({ms} + {eps!r})[:, :, None], [BLOCK_M, BLOCK_N])")
         if o.weight is None:
             expr = normed
@@ -252,23 +267,26 @@ class EpilogueEmitter:
         groups: `_rotary` then loads each once as a [BLOCK_M, rotary_dim] tile for all the tile's heads, instead of
         a [BLOCK_M, BLOCK_N] tile of the same values repeated per head (half the registers of a 128x256 tile's
         epilogue, whose spills were the rotary's cost, NOTES 131). {} otherwise."""
-        res, nrow = o.result, len(self.plan.rows)
         if o.dim & (o.dim - 1):  # (a tile's columns: a power of two)
             return {}
-        found = {}
-        for v in (o.cos, o.sin):
-            j = next((j for j, e in enumerate(self.ext) if e[0] == v and e[2] == res), None)
-            if j is None:
-                return {}
-            _, cv, _ = self.ext[j]
-            logical, own = shape_of(res), shape_of(v)
-            own = (1,) * (len(logical) - len(own)) + own
-            heads = range(nrow, nrow + len(cv.split) - 1)  # canonical column dims other than the innermost
-            if (cv.window is not None or cv.perm[-1] != nrow + len(cv.split) - 1
-                    or any(own[i] != 1 for i in range(len(own)) if cv.perm[i] in heads)):
-                return {}
-            found[v] = j
-        return found
+        found = {v: self._shared_by_heads(v, o.result, rows=False) for v in (o.cos, o.sin)}
+        return {} if None in found.values() else found
+
+    def _shared_by_heads(self, v: SSAValue, res: SSAValue, rows: bool) -> int | None:
+        """The ext index of region input v as `res` reads it, where v is broadcast over every column dim but the
+        innermost (and with `rows`, over the rows too): one value per position in a head, the same for every head.
+        None otherwise."""
+        j = next((j for j, e in enumerate(self.ext) if e[0] == v and e[2] == res), None)
+        if j is None:
+            return None
+        c, nrow = self.ext[j][1], len(self.plan.rows)
+        own = shape_of(v)
+        own = (1,) * (len(shape_of(res)) - len(own)) + own
+        inner = nrow + len(c.split) - 1  # the canonical dim of a head's columns
+        shared = range(0 if rows else nrow, inner)
+        if c.window is not None or c.perm[-1] != inner or any(own[i] != 1 for i in range(len(own)) if c.perm[i] in shared):
+            return None
+        return j
 
     def _head_table(self, w: Writer, j: int, rd: int) -> str:
         """Load ext operand j, broadcast over the heads, as a [BLOCK_M, rd] tile: columns 0..rd of a head."""
