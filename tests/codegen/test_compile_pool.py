@@ -7,6 +7,7 @@ device 0 of an sm90 target, and every kernel is compiled for it (Triton needs no
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 from types import SimpleNamespace
@@ -108,6 +109,45 @@ def test_workers_build_each_kernel_under_the_key_its_launch_finds(workers):
     finally:
         driver.set_active(before)
     assert {"gemm", "attention"} <= kinds, kinds
+
+
+def test_qkv_epilogue_registers_at_the_m2048_tiles(workers):
+    """The QKV GEMM of a block with heads of 128 (norm, rotary: its epilogue is the heaviest), built for sm90 at the
+    tiles M = 2048 runs (TMA, 8 warps): 128x128 spills nothing, 128x256 at most 256 bytes a thread — 280-384 before
+    the rotary's cos/sin table was read once per tile instead of per column (bench/NOTES.md 131). Read from the
+    binaries with Triton's cuobjdump (`bench/kernel_resources.py` does it for a whole layer); Triton is pinned, so
+    its ptxas is too."""
+    cfg = BlockConfig(hidden=512, intermediate=1024, heads=4, kv_heads=1, head_dim=128)
+    model = randomize_(LlamaBlock(cfg)).to(torch.bfloat16).eval()
+    inputs = llama_block_inputs(cfg, 1, 256, torch.bfloat16, "cpu")
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False, tune="none")
+    with torch.no_grad():
+        cm(*inputs)
+        program = cm._spec().executor
+        env = program._env(list(inputs))
+        for step in program.steps:
+            if isinstance(step, RegionStep) and "dl.rotary" in {o.name for o in step.kernel.region.body_ops}:
+                break
+            step(env)
+        tensors = step.inputs(env)
+    before = driver._active
+    driver.set_active(_Sm90())
+    try:
+        fn = step.kernel.compiled(False)
+        stack = {}
+        for bn in (128, 256):
+            c = {"BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 8,
+                 "num_stages": 3, "TMA": 1, "MM": 0, "NORM_PASS": 1, "PERSISTENT": 1}  # fmt: skip
+            seen = set(os.listdir(workers))
+            assert compile_pool.prebuild(lambda c=c: step.kernel.launch(_Warmup(fn), tensors, c)) == 1
+            (new,) = set(os.listdir(workers)) - seen
+            (cubin,) = [os.path.join(workers, new, f) for f in os.listdir(os.path.join(workers, new)) if f.endswith(".cubin")]
+            text = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", cubin], capture_output=True,
+                                  text=True, check=True).stdout  # fmt: skip
+            stack[bn] = int(re.search(r"STACK:(\d+)", text).group(1))
+    finally:
+        driver.set_active(before)
+    assert stack[128] == 0 and stack[256] <= 256, stack
 
 
 def test_no_workers_when_switched_off(tmp_path, monkeypatch):
