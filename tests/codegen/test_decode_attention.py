@@ -98,3 +98,38 @@ def test_split_count_follows_the_gpu_and_the_length(monkeypatch):
     monkeypatch.setattr(device, "sm_count", lambda: 4)  # (a small GPU: the batch fills it)
     assert default(1, 2, 8192) == 2 and default(2, 2, 8192) == 1
     assert math.log2(long).is_integer() and attention.DECODE_PARAMS["SPLITS"][-1] >= long
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+@pytest.mark.parametrize("s", [2, 24], ids=["decode", "prefill"])
+@pytest.mark.parametrize("case", ["nan key", "inf key", "nan value"])
+def test_a_non_finite_key_the_mask_drops_spreads_as_in_eager(case, s, mask_kind):
+    """A key the mask drops is dropped as eager's math drops it, by adding -inf: a NaN or +inf score there (NaN +
+    -inf, inf - inf) turns the row NaN, and a NaN value reaches it through 0 * v — in the decode and the prefill
+    kernels, where the key's tile is read (another row keeps that key). Under is_causal a future key leaves no trace,
+    as eager skips it. NaN positions against eager's (torch's CPU math), values where finite."""
+    b, hq, hk, l_, d = 1, 4, 2, 24, 16
+    q, k, v, _ = _inputs(b, hq, hk, s, l_, d, "bool")
+    keep = torch.ones(b, 1, s, l_, dtype=torch.bool)
+    keep[..., : s - 1, 5] = False  # key 5: dropped for every row but the last, so its tile is read
+    if case == "nan key":
+        k[0, 1, 5, 3] = float("nan")
+    elif case == "inf key":
+        k[0, 0, 5] = float("inf")
+    else:
+        v[0, 1, 5, 7] = float("nan")
+    mask = keep if mask_kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    want = Attend(causal=False)(q, k, v, mask)
+    assert torch.isnan(want[:, :, : s - 1]).any()  # (eager: the dropped key reaches the other rows too)
+    with torch.no_grad():
+        got = dc.compile(Attend(causal=False), backend="interpret", strict=True)(q, k, v, mask)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    finite = torch.isfinite(want)
+    assert rel_error(got[finite], want[finite]) < 1e-5
+    # is_causal, no mask: a NaN key in the future of every row but the last leaves those rows finite, as in eager
+    k[0, :, l_ - 1] = float("nan")
+    causal = Attend(causal=True)
+    want = causal(q, k, v, None)
+    with torch.no_grad():
+        got = dc.compile(causal, backend="interpret", strict=True)(q, k, v, None)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))

@@ -10,7 +10,7 @@ from ...dialects.types import dtype_of, shape_of
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import PDL_ARG, TL_DTYPE, Writer, cdiv, chained_start
-from .dims import dim_ranges, scores
+from .dims import dim_ranges, drop_scores, scores
 from .plan import AttentionPlan
 
 DECODE_PARAMS = {"BLOCK_N": [16, 32, 64, 128], "SPLITS": [1, 2, 4, 8, 16, 32], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]}
@@ -73,6 +73,7 @@ def decode_source(
         w("keep = keep & (rn[None, :] <= si[:, None])")
     if has_mask:
         w("mv = tl.load(m_ptr + b * sm_b + h[:, None] * sm_h + si[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
+        w("seen = keep  # (in range and, causal, not in the future: where the mask's drops count)")
         if mask_bool:
             w("keep = keep & (mv != 0)")
         else:
@@ -87,7 +88,7 @@ def decode_source(
     scores(w, "q", "k", qk, dot)
     if float_mask:
         w("s = s + mv.to(tl.float32)")
-    w("s = tl.where(keep, s, float('-inf'))")
+    drop_scores(w, has_mask)
     w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
     w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
     w(f"p = tl.exp2((s - m_safe[:, None]){to_log2})")

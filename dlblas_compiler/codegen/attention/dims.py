@@ -57,3 +57,14 @@ def scores(w: Writer, q: str, k: str, pieces: list[tuple[str, int]], dot: str) -
     """s = q k^T summed over the head's pieces (the later products accumulate into the first's)."""
     for i, (sfx, _) in enumerate(pieces):
         w(f"s = tl.dot({q}{sfx}, tl.trans({k}{sfx}){', s' if i else ''}{dot})")
+
+
+def drop_scores(w: Writer, has_mask: bool) -> None:
+    """The scores of dropped keys become -inf. A key the mask drops is dropped as eager's math drops it, by adding
+    -inf: a NaN or +inf score there stays NaN (NaN + -inf, inf - inf) and turns its row NaN, as in eager; a key
+    past the length, or in the future under is_causal (which eager skips), leaves no trace. (A tile whose keys the
+    mask drops for every row is still not read: docs/bad-inputs.md.)"""
+    if has_mask:
+        w("s = tl.where(keep, s, tl.where(seen, s + float('-inf'), float('-inf')))")
+    else:
+        w("s = tl.where(keep, s, float('-inf'))")

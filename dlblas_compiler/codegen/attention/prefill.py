@@ -11,7 +11,7 @@ from ...dialects.types import dtype_of, shape_of
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import PDL_ARG, TL_DTYPE, Writer, chained_start
-from .dims import dim_ranges, head_parts, padded_range, padded_width, scores
+from .dims import dim_ranges, drop_scores, head_parts, padded_range, padded_width, scores
 from .plan import AttentionPlan
 
 # num_stages 1 is left out: unpipelined, 128-key tiles of heads read in pieces of 32 columns (Phi-3's 96 = 64 + 32)
@@ -98,6 +98,7 @@ def source(
         if masked and has_mask:  # the mask tile first: a tile it keeps nothing of (the causal upper triangle that
             # a materialized mask spells, a cache's unused tail) costs no K/V reads and no dots
             w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
+            w("seen = keep  # (in range and, causal, not in the future: where the mask's drops count)")
             w("keep = keep & (mv != 0)" if mask_bool else "keep = keep & (mv.to(tl.float32) != float('-inf'))")
             w("if tl.max(keep.to(tl.int32)) > 0:")
             w.indent()
@@ -109,7 +110,7 @@ def source(
         if masked:
             if has_mask and not mask_bool:
                 w("s = s + mv.to(tl.float32)")
-            w("s = tl.where(keep, s, float('-inf'))")
+            drop_scores(w, has_mask)
         w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
         if masked:
             w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
