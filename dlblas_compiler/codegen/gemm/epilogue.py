@@ -4,10 +4,10 @@ bias, elementwise ops with other tensors (residual add, ...), column slices (one
 splitting the columns into heads and permutes (written straight into [B, H, S, D]), an RMSNorm over each head's
 columns (Qwen3's q/k norms: the tile holds whole heads, reshaped [BLOCK_M, heads, D] for the statistics), rotary on
 head columns (partner column gathered within the tile; a tile narrower than a head takes the matching slices of its
-two halves; cos and sin shared by every head read once per tile), a gated activation of two column halves (dual GEMM: two accumulators), and stores into an input at
-indexed rows (a KV-cache update, `index_copy` of k or v along the tokens: each row's position read from the index).
-Split-K programs store
-partial sums and the last one of a tile runs the epilogue."""
+two halves; cos and sin shared by every head read once per tile), a gated activation of two column halves (dual
+GEMM: two accumulators), and stores into an input at indexed rows (a KV-cache update, `index_copy` of k or v along
+the tokens: each row's position read from the index). Split-K programs store partial sums and the last one of a
+tile runs the epilogue."""
 
 from __future__ import annotations
 
@@ -303,7 +303,7 @@ class EpilogueEmitter:
         w(f"{t} = tl.load(e{j}_ptr + {addr}, mask={mask}, other=0.0).to(tl.float32)")
         return t
 
-    def _rotary(self, w: Writer, o: RotaryOp, own_tables: dict[SSAValue, int]) -> None:
+    def _rotary(self, w: Writer, o: RotaryOp, tables_at: dict[SSAValue, int]) -> None:
         """Rotate head columns. With MM (the product in memory) each column's partner is read back from the
         product: out = x * cos + sign * partner * sin, elementwise, for any tile width. Otherwise in registers:
         the tile is reshaped so each rotation pair lands in one axis of size 2 (split), rotated, and joined
@@ -325,7 +325,6 @@ class EpilogueEmitter:
                 return self._head_table(w, tables_at[o.cos], rd), self._head_table(w, tables_at[o.sin], rd)
             return self._load_ext(w, tables_at[o.cos]), self._load_ext(w, tables_at[o.sin])
 
-        tables_at = own_tables
         # (not "c": c<j> names the index spaces)
         parts = {tag: (names.fresh(tag), names.fresh(tag)) for tag in ("x", "cos", "sin")}
         t = names.fresh("rot")
