@@ -29,7 +29,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from blocks import BLOCKS  # noqa: E402
 from triton import knobs  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
 import dlblas_compiler as dc  # noqa: E402
@@ -39,19 +38,6 @@ from dlblas_compiler.runtime.steps import RegionStep  # noqa: E402
 
 CONFIGS = [dict(BLOCK_M=128, BLOCK_N=bn, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=s, TMA=1, MM=0,
                 NORM_PASS=1, PERSISTENT=p) for bn in (128, 256) for s in (3, 4) for p in (0, 1)]  # fmt: skip
-
-
-class Sm90:
-    """Triton's driver as a process on an H100 sees it, without a GPU: what the compile workers build for."""
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: int | None = None) -> int:
-        return 0
-
-    def get_current_target(self) -> GPUTarget:
-        return GPUTarget("cuda", 90, 32)
 
 
 def usage(cubin: str) -> dict:
@@ -90,7 +76,7 @@ def main() -> None:
     found = regions(a.layer, a.tokens, a.with_op)
     knobs.cache.dir = tempfile.mkdtemp(prefix="kernel-resources-")
     os.environ.setdefault(compile_pool.WORKERS_ENV, "2")
-    driver.set_active(Sm90())
+    driver.set_active(compile_pool.Sm90Driver())
     try:
         for step, tensors in found:
             fn = step.kernel.compiled(False)

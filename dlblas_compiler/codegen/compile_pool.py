@@ -32,11 +32,12 @@ from queue import SimpleQueue
 from typing import Any
 
 from triton import knobs
+from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
 from ..logs import get_logger
 
-__all__ = ["STATS", "WORKERS_ENV", "Stats", "build", "compiles", "prebuild", "shutdown"]
+__all__ = ["STATS", "WORKERS_ENV", "Sm90Driver", "Stats", "build", "compiles", "prebuild", "shutdown"]
 
 WORKERS_ENV = "DLBLAS_COMPILE_WORKERS"
 _WORKER = Path(__file__).with_name("compile_worker.py")
@@ -119,6 +120,21 @@ class _Pool:
             except subprocess.TimeoutExpired:
                 p.kill()
         self._threads.shutdown(wait=False)
+
+
+class Sm90Driver:
+    """Triton's driver as a process on an H100 sees it, without a GPU and launching nothing: made active
+    (`triton.runtime.driver.set_active`), the warm-up launches that `prebuild` collects build sm90 binaries on any
+    machine (the compile-pool tests, bench/kernel_resources.py)."""
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", 90, 32)
 
 
 @dataclass

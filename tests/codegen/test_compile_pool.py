@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from triton import knobs
-from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
 import dlblas_compiler as dc
@@ -26,19 +25,6 @@ from dlblas_compiler.numerics import rel_error, tolerance
 from dlblas_compiler.runtime.program import RegionStep
 
 CFG = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)
-
-
-class _Sm90:
-    """Triton's driver as a process on an H100 sees it, without launching anything."""
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: int | None = None) -> int:
-        return 0
-
-    def get_current_target(self) -> GPUTarget:
-        return GPUTarget("cuda", 90, 32)
 
 
 def _regions(device: str):
@@ -100,7 +86,7 @@ def test_workers_build_each_kernel_under_the_key_its_launch_finds(workers):
     warm-up launches adds nothing to Triton's cache, and its JIT then holds all three."""
     regions = list(_regions("cpu"))  # (computed on the interpreter first; then every kernel for the sm90 JIT)
     before = driver._active
-    driver.set_active(_Sm90())
+    driver.set_active(compile_pool.Sm90Driver())
     try:
         kinds = set()
         for step, tensors in regions:
@@ -131,7 +117,7 @@ def test_qkv_epilogue_registers_at_the_m2048_tiles(workers):
             step(env)
         tensors = step.inputs(env)
     before = driver._active
-    driver.set_active(_Sm90())
+    driver.set_active(compile_pool.Sm90Driver())
     try:
         fn = step.kernel.compiled(False)
         stack = {}
@@ -186,7 +172,7 @@ def test_a_worker_that_dies_is_replaced(workers):
     fn = compile_source(_SMALL, "add_one", False)
     x = torch.randn(1000)
     before = driver._active
-    driver.set_active(_Sm90())
+    driver.set_active(compile_pool.Sm90Driver())
     try:
         def warm(blocks):
             return lambda: [_Warmup(fn)[(1,)](x, x.numel(), BLOCK=b) for b in blocks]
@@ -222,7 +208,7 @@ def test_workers_build_each_kernel_s_launcher_where_its_first_launch_finds_it(wo
     fn = compile_source(_SMALL, "add_one", False)
     x = torch.randn(1000)
     before = driver._active
-    driver.set_active(_Sm90())
+    driver.set_active(compile_pool.Sm90Driver())
     try:
         assert compile_pool.prebuild(lambda: [_Warmup(fn)[(1,)](x, x.numel(), BLOCK=b) for b in (64, 128)]) == 2
         built: list = []
@@ -300,7 +286,7 @@ def test_a_program_s_regions_tune_together_and_choose_as_alone(workers, tmp_path
     regions = [(step, tensors) for step, tensors in _regions("cpu") if step.kernel.tuning_key[0] == "gemm"][:2]
     assert len(regions) == 2
     before = driver._active
-    driver.set_active(_Sm90())
+    driver.set_active(compile_pool.Sm90Driver())
     try:
         monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path / "together"))
         stats = dataclasses.replace(compile_pool.STATS)
