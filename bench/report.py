@@ -1235,14 +1235,21 @@ def persistent_sweep_section(name: str) -> str:
 def default_tile_section(old: str, new: str) -> str:
     """bench/gemms.py --tune none on two trees in one run: each region's default config (the untuned tile) before
     and after a change of the default, against cuBLAS on the same GEMM shape."""
+    tile = lambda r: (f"{r['config']['BLOCK_M']}×{r['config']['BLOCK_N']}×{r['config']['BLOCK_K']}, "  # noqa: E731
+                      f"{r['config']['num_warps']} warps, {r['config']['num_stages']} stages")
+    return _before_after(old, new, "tile", tile, 2)
+
+
+def _before_after(old: str, new: str, label: str, describe, digits: int) -> str:
+    """bench/gemms.py run on two trees in one call: each region before and after, `describe(row)` saying what ran
+    (the `label` column), against cuBLAS on the same GEMM shape."""
     a, b = _load(old), _load(new)
-    out = ["| layer | region | M × N × K | tile before | µs before | tile after | µs after | after / before | "
+    out = [f"| layer | region | M × N × K | {label} before | µs before | {label} after | µs after | after / before | "
            "cuBLAS µs | cuBLAS / after |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    tile = lambda c: f"{c['BLOCK_M']}×{c['BLOCK_N']}×{c['BLOCK_K']}, {c['num_warps']} warps, {c['num_stages']} stages"  # noqa: E731
     for r, q in zip(a["layers"], b["layers"]):
         out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['M']} × {r['N']} × {r['K']} | "
-                   f"{tile(r['config'])} | {r['kernel_us']:.1f} | {tile(q['config'])} | {q['kernel_us']:.1f} | "
-                   f"{q['kernel_us'] / r['kernel_us']:.2f} | {q['cublas_us']:.1f} | {q['ratio']:.2f}x |")  # fmt: skip
+                   f"{describe(r)} | {r['kernel_us']:.1f} | {describe(q)} | {q['kernel_us']:.1f} | "
+                   f"{q['kernel_us'] / r['kernel_us']:.{digits}f} | {q['cublas_us']:.1f} | {q['ratio']:.2f}x |")  # fmt: skip
     env = {"gpu": b.get("gpu"), "torch": b.get("torch")}
     return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, f"after, tune={b.get('tune')}, triton {b.get('triton')}")]) + "\n"
 
@@ -1264,16 +1271,8 @@ def rotary_table_section(old: str, new: str) -> str:
 
 
 def gemms_ab_section(old: str, new: str) -> str:
-    """bench/gemms.py on two trees in one run: each region's tuned kernel before and after, against cuBLAS."""
-    a, b = _load(old), _load(new)
-    out = ["| layer | region | M × N × K | ran before | µs before | ran after | µs after | after / before | cuBLAS µs | "
-           "cuBLAS / after |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r, q in zip(a["layers"], b["layers"]):
-        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['M']} × {r['N']} × {r['K']} | "
-                   f"{gemm_ran(r)} | {r['kernel_us']:.1f} | {gemm_ran(q)} | {q['kernel_us']:.1f} | "
-                   f"{q['kernel_us'] / r['kernel_us']:.3f} | {q['cublas_us']:.1f} | {q['ratio']:.2f}x |")  # fmt: skip
-    env = {"gpu": b.get("gpu"), "torch": b.get("torch")}
-    return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, f"after, tune={b.get('tune')}, triton {b.get('triton')}")]) + "\n"
+    """bench/gemms.py on two trees in one run: each region's tuned kernel (what ran) before and after."""
+    return _before_after(old, new, "ran", gemm_ran, 3)
 
 
 def rotary_pieces_section(name: str) -> str:

@@ -290,17 +290,15 @@ class EpilogueEmitter:
 
     def _head_table(self, w: Writer, j: int, rd: int) -> str:
         """Load ext operand j, broadcast over the heads, as a [BLOCK_M, rd] tile: columns 0..rd of a head."""
-        v, c, res = self.ext[j]
+        c = self.ext[j][1]
         idx, _ = self._space(w, c)
         nrow = len(self.plan.rows)
         col = f"tl.arange(0, {rd}).to(tl.int64)" if self.wide else f"tl.arange(0, {rd})"  # (as `rn`: past 2^31)
         cols = ["0"] * (len(c.split) - 1) + [f"{col}[None, :]"]
         idx = idx[:nrow] + cols
         addr = " + ".join(f"({e}) * e{j}_s{d}" for d, e in enumerate(idx) if e != "0")
-        width = shape_of(v)[-1]
-        mask = "mmask[:, None]" if width >= rd else f"mmask[:, None] & (tl.arange(0, {rd}) < {width})[None, :]"
-        t = self.names.fresh("e")
-        w(f"{t} = tl.load(e{j}_ptr + {addr}, mask={mask}, other=0.0).to(tl.float32)")
+        t = self.names.fresh("e")  # (dl.rotary's verifier makes cos and sin exactly rd wide: no column mask)
+        w(f"{t} = tl.load(e{j}_ptr + {addr}, mask=mmask[:, None], other=0.0).to(tl.float32)")
         return t
 
     def _rotary(self, w: Writer, o: RotaryOp, tables_at: dict[SSAValue, int]) -> None:
