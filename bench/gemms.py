@@ -15,7 +15,8 @@ or the reference (cuBLAS and torch ops) where that measured faster).
 `--ablate`: the norm→QKV→RoPE region of Llama-3-8B built up one piece at a time (bare GEMM; + norm prologue;
 + head split and [B, H, S, D] stores; + rotary; all), each compiled alone, same timing: where the time goes.
 `--sweep`: also time a fixed list of configs on each region (the best is recorded); `--sweep-tiles 256x128,...`
-only those tiles of it.
+only those tiles of it; `--sweep-splits`: also its persistent configs with the last wave split 2, 4 or 8 ways over K
+(those the region's space accepts: where the split parts still fill one wave, bench/NOTES.md 138).
 `--with-op dl.rotary`: only the regions with that op.
 `--ln`: also the user pattern LayerNorm→Linear(bias)→GELU (Phi-2's MLP dims) lowered to one generated GEMM kernel.
 Writes OUT/gemms.json (appended per layer, so a run cut short keeps what it measured).
@@ -227,8 +228,11 @@ def main() -> None:
     ap.add_argument("--ln", action="store_true", help="also the user pattern LayerNorm→Linear(bias)→GELU")
     ap.add_argument("--with-op", default="", help="time only the regions with this op (e.g. dl.rotary)")
     ap.add_argument("--sweep-tiles", default="", help="sweep only these tiles (e.g. 256x128,128x256)")
+    ap.add_argument("--sweep-splits", action="store_true", help="also the persistent configs with the last wave split")
     a = ap.parse_args()
     TILES.update(t for t in a.sweep_tiles.split(",") if t)
+    if a.sweep_splits:
+        SWEEP.extend({**c, "SPLIT_K": sk} for c in list(SWEEP) if c["PERSISTENT"] for sk in (2, 4, 8))
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "gemms.json")
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

@@ -1270,6 +1270,59 @@ def rotary_table_section(old: str, new: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, "after")]) + "\n"
 
 
+def gemm_loop_probe_section(name: str) -> str:
+    """bench/gemm_loop_probe.py: a plain bf16 GEMM at M = 2048 in each loop structure and tile, as a fraction of
+    cuBLAS's throughput on the same shape (cuBLAS µs / ours µs), the fastest of each shape in bold."""
+    doc = _load(name)
+    cub = {r["shape"]: r["us"] for r in doc["rows"] if r["variant"] == "cuBLAS"}
+    shapes = list(cub)
+    runs: dict[tuple, dict] = {}
+    for r in doc["rows"]:
+        if r["variant"] != "cuBLAS":
+            runs.setdefault((tuple(r["tile"]), r["variant"]), {})[r["shape"]] = r.get("us")
+    best = {s: min(v[s] for v in runs.values() if v.get(s)) for s in shapes}
+    out = ["| tile (M×N×K, warps, stages) | loop | " + " | ".join(shapes) + " |", "|---|---|" + "---|" * len(shapes),
+           "| cuBLAS (`torch.matmul`), µs | | " + " | ".join(f"{cub[s]:.1f}" for s in shapes) + " |"]
+    for (tile, variant), us in runs.items():
+        ratios = {s: f"{cub[s] / us[s]:.3f}" for s in shapes if us.get(s)}
+        cells = [f"**{ratios[s]}**" if us[s] == best[s] else ratios[s] if s in ratios else "–" for s in shapes]
+        out.append(f"| {tile[0]}×{tile[1]}×{tile[2]}, {tile[3]}, {tile[4]} | {variant} | " + " | ".join(cells) + " |")
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")}
+    what = "do_bench medians, cold L2; shapes M × N × K in the file"
+    return "\n".join(out) + "\n\n" + source_line([(name, env, what)]) + "\n"
+
+
+def sweep_ab_section(old: str, new: str) -> str:
+    """A `.dbg` driver over bench/gemms.py's fixed sweep (tune none) on two trees in one run: each swept config of a
+    region before and after, and cuBLAS on the same GEMM shape."""
+    a, b = _load(old), _load(new)
+    out = ["| region | M × N × K | config | µs before | µs after | after / before |", "|---|---|---|---|---|---|"]
+    for r, q in zip(a["qkv"], b["qkv"]):
+        for (cfg, t0, _), (cfg1, t1, _) in zip(r["sweep"], q["sweep"]):
+            assert cfg == cfg1, (cfg, cfg1)
+            kind = "persistent" if cfg["PERSISTENT"] else "one tile a program"
+            kind += ", norm pass" if cfg["NORM_PASS"] else ""
+            out.append(f"| {GEMM_REGION.get(r['region'], r['region'])} | {r['M']} × {r['N']} × {r['K']} | "
+                       f"{_config(cfg)}, {kind} | {t0:.1f} | {t1:.1f} | {t1 / t0:.3f} |")  # fmt: skip
+        out.append(f"| cuBLAS (`torch.matmul`) | | | {r['cublas_us']:.1f} | {q['cublas_us']:.1f} | |")
+    env = {"gpu": b.get("gpu"), "run": "torch 2.11.0+cu130, triton 3.6.0 (the device image; not recorded in the files)"}
+    return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, "after")]) + "\n"
+
+
+def attention_ab_section(old: str, new: str) -> str:
+    """The same `.dbg` driver's attention cases (tune none, our kernel forced): each case's kernel from a CUDA graph,
+    L2 cleared, before and after, and its relative error against fp32 eager on the same inputs."""
+    a, b = _load(old), _load(new)
+    out = ["| case | queries × keys | µs before | µs after | after / before | rel. err before / after |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
+    for r, q in zip(a["attention"], b["attention"]):
+        t0, t1 = r["regions"][0][1], q["regions"][0][1]
+        out.append(f"| {r['case']} | {r['sq']} × {r['sk']} | {t0:.1f} | {t1:.1f} | {t1 / t0:.3f} | "
+                   f"{r['rel_err']:.1e} / {q['rel_err']:.1e} |")  # fmt: skip
+    env = {"gpu": b.get("gpu"), "run": "torch 2.11.0+cu130, triton 3.6.0 (the device image; not recorded in the files)"}
+    return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, "after")]) + "\n"
+
+
 def gemms_ab_section(old: str, new: str) -> str:
     """bench/gemms.py on two trees in one run: each region's tuned kernel (what ran) before and after."""
     return _before_after(old, new, "ran", gemm_ran, 3)
@@ -1623,6 +1676,11 @@ SECTIONS = {
     "replay-ab-s37-chained": functools.partial(replay_ab_section, "2026-12-01-h200-s37-replay-ab-chained.json", {
         "plain": "`chained_launches=False`", "chained": "`chained_launches=True` (now the default): NOTES 124"}),
     "decode-ab-s37-chained": functools.partial(decode_ab_section, "2026-12-01-h200-s37-decode-ab-chained.json"),
+    "gemm-loop-probe-s40": functools.partial(gemm_loop_probe_section, "2026-12-01-h200-s40-gemm-loop-probe.json"),
+    "qwen3-qkv-s40": functools.partial(sweep_ab_section, "2026-12-01-h200-s40-qwen3-attention-old.json",
+                                       "2026-12-01-h200-s40-qwen3-attention-new.json"),
+    "attention-masked-s40": functools.partial(attention_ab_section, "2026-12-01-h200-s40-qwen3-attention-old.json",
+                                              "2026-12-01-h200-s40-qwen3-attention-new.json"),
     "rotary-table-s39": functools.partial(rotary_table_section, "2026-12-01-h200-s39-qkv-table-a-old.json",
                                           "2026-12-01-h200-s39-qkv-table-a-new.json"),
     "gemms-s39-rotary-ab": functools.partial(gemms_ab_section, "2026-12-01-h200-s39-gemms-rotary-old.json",

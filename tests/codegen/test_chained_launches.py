@@ -4,6 +4,8 @@ CUDA graphs)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -42,9 +44,12 @@ def test_every_generated_kernel_waits_for_its_predecessor_under_pdl_only():
             release = next(line for line in tile.splitlines() if line.strip().startswith("if RELEASE:"))
             variants = next(line for line in tile.splitlines() if line.strip() == "if MM:")
             assert release.index("if") == variants.index("if")  # (after every variant's K loop, not inside one)
-            persistent = kernel.split("if PERSISTENT:", 1)[1].split("else:", 1)[0]  # (released after the last tile)
-            assert persistent.index("for pid in range(") < persistent.index("gdc_launch_dependents()")
-            assert "False," in persistent.split("_tile(", 1)[1].split(")", 1)[0]  # (its tiles release nothing)
+            # the persistent loops (whole tiles; the last wave split over K): released after the last tile
+            persistent = kernel.split("if PERSISTENT:", 1)[1].split("\n    else:\n", 1)[0]
+            loops = [persistent.index("for pid in range("), persistent.index("for u in range(")]  # (whole, split tiles)
+            assert max(loops) < persistent.index("gdc_launch_dependents()")
+            calls = [re.split(r"\n\s*\)", c, maxsplit=1)[0] for c in persistent.split("_tile(")[1:]]
+            assert len(calls) == 3 and all(c.rstrip().endswith("False,") for c in calls)  # (its tiles release nothing)
         else:
             assert "gdc_launch_dependents()" in head[2]
         assert not isinstance(s.compiled, Chained)  # the interpreter (and GPUs before sm90) launch plainly

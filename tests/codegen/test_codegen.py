@@ -446,6 +446,27 @@ def test_gemm_persistent_configs(monkeypatch):
     assert {(c["TMA"], c["MM"]) for _, c, _ in checked} == {(0, 0), (1, 0), (0, 1)}
 
 
+def test_gemm_persistent_split_last_wave(monkeypatch):
+    """A persistent kernel with SPLIT_K > 1 splits over K only the tiles of its last wave (each program's whole
+    tiles first, then at most one part of a tail tile, the parts summed by the tile's last program before the
+    epilogue): every GEMM region of a Llama block (norm+QKV+RoPE with the norm weight in the K loop or a norm pass,
+    o-proj+residual, the dual gate/up, down+residual), ragged row tiles, pointer and TMA loads, with SM counts that
+    leave one to three tiles in the last wave, against the region's reference."""
+    from dlblas_compiler.codegen import device
+
+    cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)
+    configs = [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "SPLIT_K": sk, "GROUP_M": g, "num_warps": 4,
+                "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1}
+               for sk in (2, 4) for g, tma, p in [(1, 0, 0), (8, 1, 1), (8, 0, 1)]]  # fmt: skip
+    checked = []
+    for sms in (5, 7):  # (16 QKV or gate/up tiles, 8 o-proj or down tiles: last waves of 1-3 tiles)
+        monkeypatch.setattr(device, "sm_count", lambda sms=sms: sms)
+        checked += [(sms, *c) for c in _check_gemm_regions(cfg, 19, configs)]
+    assert len({r for _, r, _, _ in checked}) == 4, checked
+    assert {c["SPLIT_K"] for _, _, c, _ in checked} == {2, 4}
+    assert {c["TMA"] for _, r, c, _ in checked if "dl.rotary" in r} == {0, 1}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gemm_persistent_configs_on_the_gpu(dtype):
@@ -460,6 +481,26 @@ def test_gemm_persistent_configs_on_the_gpu(dtype):
     checked = _check_gemm_regions(cfg, 2100, configs, dtype)
     assert len({r for r, _, _ in checked}) == 4, checked
     assert {(c["TMA"], c["NORM_PASS"]) for r, c, _ in checked if "dl.rms_norm" in r} == {(0, 0), (0, 1), (1, 1)}
+
+
+@pytest.mark.gpu
+def test_gemm_persistent_split_last_wave_on_the_gpu(monkeypatch):
+    """The persistent kernel's last wave split over K on the GPU (bf16, 2100 tokens; the SM count the launch
+    plans for set so the last waves hold different numbers of tiles): every GEMM region of a Llama block, pointer
+    and TMA loads, norm weight in the K loop or a norm pass, against float64."""
+    from dlblas_compiler.codegen import device
+
+    cfg = BlockConfig(hidden=512, intermediate=1024, heads=8, kv_heads=2, head_dim=64)
+    tiles = [(64, 128, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3)]
+    configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "SPLIT_K": sk, "GROUP_M": 8, "num_warps": w,
+                "num_stages": s, "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1}
+               for bm, bn, w, s in tiles for sk in (2, 4) for tma in (0, 1) for p in (0, 1)]  # fmt: skip
+    checked = []
+    for sms in (23, 40, 97):
+        monkeypatch.setattr(device, "sm_count", lambda sms=sms: sms)
+        checked += _check_gemm_regions(cfg, 2100, configs, torch.bfloat16)
+    assert len({r for r, _, _ in checked}) == 4, checked
+    assert {c["SPLIT_K"] for _, c, _ in checked} == {2, 4}
 
 
 @pytest.mark.gpu
@@ -1080,6 +1121,44 @@ def test_gemm_variant_starts_include_the_default_run_persistent():
     assert first == {**default, "PERSISTENT": 1} and rest and all(c["MM"] == 1 for c in rest)
     assert all(c["MM"] == 1 for c in _variant_starts(256, 2, True, default=default))  # (a few tiles: not persistent)
     assert _variant_starts(16, 2, True, default=default) == []
+
+
+def test_gemm_persistent_starts_gain_a_split_last_wave_twin(monkeypatch):
+    """Where a shape's tiles leave a partly empty last wave, each persistent start of the quick search is followed by
+    its twin with that wave split over K as finely as still makes one wave (and leaves each part 4 K steps); the
+    space accepts a persistent split only there. Where the tiles fill whole waves, no twin."""
+    from dlblas_compiler.codegen import device
+    from dlblas_compiler.codegen.gemm.space import _split_tails
+    from dlblas_compiler.runtime.program import RegionStep
+
+    def space_at(sms: int):
+        monkeypatch.setattr(device, "sm_count", lambda: sms)
+        cm = dc.compile(randomize_(nn.Linear(512, 256, bias=False)).eval(), backend="interpret", cuda_graphs=False)
+        with torch.no_grad():
+            cm(_x(300, 512))
+        (step,) = [s for s in cm._spec().executor.steps if isinstance(s, RegionStep) and s.choice.pattern == "gemm"]
+        return step.kernel.space
+
+    def splits(space, sms: int) -> set:
+        """The tiles of the space's persistent split configs, each checked against the rule."""
+        seen = set()
+        for c in space.configs():
+            if c["PERSISTENT"] and c["SPLIT_K"] > 1:
+                tail = -(-300 // c["BLOCK_M"]) * -(-256 // c["BLOCK_N"]) % sms
+                assert 0 < tail and tail * c["SPLIT_K"] <= sms and 512 // c["SPLIT_K"] >= 4 * c["BLOCK_K"], c
+                seen.add((c["BLOCK_M"], c["BLOCK_N"]))
+        return seen
+
+    space = space_at(5)  # (the 300 x 256 output in tiles of 128 x 128: 6 tiles, a last wave of 1 on 5 SMs)
+    starts = space.starts()
+    twins = [c for c in starts if c["PERSISTENT"] and c["SPLIT_K"] > 1]
+    assert twins and all({**c, "SPLIT_K": 1} in starts for c in twins), starts
+    assert (128, 128) in splits(space, 5)
+    assert (128, 128) not in splits(space_at(3), 3)  # (6 tiles on 3 SMs: two whole waves)
+    # Qwen2.5-7B's QKV at 2048 tokens on 132 SMs: 288 tiles of 128 x 256, a last wave of 24 split 4 ways
+    start = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SPLIT_K": 1, "PERSISTENT": 1}
+    assert _split_tails([start], 2048, 4608, 3584, 132) == [start, {**start, "SPLIT_K": 4}]
+    assert _split_tails([start], 2048, 6144, 4096, 132) == [start]  # (Llama-3-8B's: 384 tiles, the last wave 120)
 
 
 def test_gemm_default_tile_fills_the_registers_where_a_wave_of_tiles_remains():

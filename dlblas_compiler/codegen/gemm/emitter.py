@@ -39,7 +39,8 @@ class GemmEmitter(EpilogueEmitter):
             args += [f"o{k}_s{d}" for d in range(len(p.info[r].perm))]
         self._kernel(w, args)
         w("@triton.jit")
-        _wrapped(w, "def _tile(", [*args, "pid", "pid_k", *(f"{c}: tl.constexpr" for c in CONSTS), "RELEASE: tl.constexpr"], "):")
+        _wrapped(w, "def _tile(", [*args, "pid", "pid_k", "slot0", *(f"{c}: tl.constexpr" for c in CONSTS),
+                                   "RELEASE: tl.constexpr"], "):")  # fmt: skip
         w.indent()
         w('"""One output tile: its rows and columns, the K loop of the config\'s variant, the epilogue."""')
         w("num_m = tl.cdiv(M, BLOCK_M)")
@@ -96,28 +97,41 @@ class GemmEmitter(EpilogueEmitter):
         w("    tl.extra.cuda.gdc_launch_dependents()")
 
     def _kernel(self, w: Writer, args: list[str]) -> None:
-        """The kernel: one tile per program, or (PERSISTENT) one program per SM looping over the tiles. (Triton
-        3.6's warp specialization of that loop, `tl.range(..., warp_specialize=True)`, gave non-finite rows that
-        varied between runs on the H100 for the dual GEMM with 4 warps: not offered, NOTES 59.)"""
+        """The kernel: one tile per program (SPLIT_K programs per tile), or (PERSISTENT) one program per SM looping
+        over the tiles. A persistent kernel with SPLIT_K > 1 splits over K only the tiles of its last wave, which
+        would otherwise leave SMs idle (the tiles past DP_TILES, a multiple of the programs: each program runs its
+        whole tiles, then at most one part of a tail tile; `_split_k` sums the parts). (Triton 3.6's warp
+        specialization of the loop, `tl.range(..., warp_specialize=True)`, gave non-finite rows that varied
+        between runs on the H100 for the dual GEMM with 4 warps: not offered, NOTES 59.)"""
         w("@triton.jit")
-        _wrapped(w, f"def {self.name}(", [*args, *(f"{c}: tl.constexpr" for c in CONSTS), "PERSISTENT: tl.constexpr",
-                                          PDL_ARG.rstrip(",")], "):")  # fmt: skip
+        _wrapped(w, f"def {self.name}(", [*args, "DP_TILES", *(f"{c}: tl.constexpr" for c in CONSTS),
+                                          "PERSISTENT: tl.constexpr", PDL_ARG.rstrip(",")], "):")  # fmt: skip
         w.indent()
         chained_start(w, release=False)  # (released after the K loop: `_release`)
+        whole = {"SPLIT_K": "1", "K_SPLIT": "(K + BLOCK_K - 1) // BLOCK_K * BLOCK_K", "EVEN_K": "K % BLOCK_K == 0"}
+
+        def tile(depth: int, pid: str, pid_k: str, slot0: str, consts=CONSTS, release: str = "False") -> None:
+            """A call of the tile's work `depth` levels in."""
+            w.depth += depth
+            _wrapped(w, "_tile(", [*args, pid, pid_k, slot0, *consts, release], ")")
+            w.depth -= depth
+
         w("if PERSISTENT:")
         w("    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(GRID_N, BLOCK_N)")
-        w("    for pid in range(tl.program_id(0), tiles, tl.num_programs(0)):")
-        w.indent()
-        w.indent()
-        _wrapped(w, "_tile(", [*args, "pid", "0", *CONSTS, "False"], ")")
-        w.dedent()
-        w("if PDL:  # chained launch: every tile's operands are read, let the next kernel start")
-        w("    tl.extra.cuda.gdc_launch_dependents()")
-        w.dedent()
+        w("    if SPLIT_K == 1:")
+        w("        for pid in range(tl.program_id(0), tiles, tl.num_programs(0)):")
+        tile(3, "pid", "0", "0")
+        w("    else:  # the last wave's tiles split over K")
+        w("        for u in range(tl.program_id(0), DP_TILES + (tiles - DP_TILES) * SPLIT_K, tl.num_programs(0)):")
+        w("            if u < DP_TILES:")
+        tile(4, "u", "0", "0", [whole.get(c, c) for c in CONSTS])
+        w("            else:")
+        w("                t = u - DP_TILES")
+        tile(4, "DP_TILES + t // SPLIT_K", "t % SPLIT_K", "DP_TILES")
+        w("    if PDL:  # chained launch: every tile's operands are read, let the next kernel start")
+        w("        tl.extra.cuda.gdc_launch_dependents()")
         w("else:")
-        w.indent()
-        _wrapped(w, "_tile(", [*args, "tl.program_id(0)", "tl.program_id(1)", *CONSTS, "PDL"], ")")
-        w.dedent()
+        tile(1, "tl.program_id(0)", "tl.program_id(1)", "0", release="PDL")
         w.dedent()
         w("")
         w("")

@@ -165,16 +165,18 @@ class EpilogueEmitter:
 
     def _split_k(self, w: Writer) -> None:
         """Split-K: each of SPLIT_K programs of a tile stores its partial sums; the last to finish
-        (an acq_rel counter per tile) reduces them, resets the counter and runs the epilogue."""
+        (an acq_rel counter per tile) reduces them, resets the counter and runs the epilogue. The tiles from
+        `slot0` on split (all of them, or a persistent kernel's last wave): tile pid's workspace slot is pid - slot0."""
         p = self.plan
         ns = len(p.streams)
         w("if SPLIT_K > 1:")
         w.indent()
-        w("tiles = num_m * num_n")
+        w("slots = num_m * num_n - slot0")
+        w("slot = pid - slot0")
         w("offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
         for s in range(ns):
-            w(f"tl.store(ws_ptr + ((pid_k * tiles + pid) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, acc{s})")
-        w('last = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == SPLIT_K - 1')
+            w(f"tl.store(ws_ptr + ((pid_k * slots + slot) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, acc{s})")
+        w('last = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel") == SPLIT_K - 1')
         w.dedent()
         w("else:")
         w.indent()
@@ -189,9 +191,9 @@ class EpilogueEmitter:
         w("for j in range(SPLIT_K):")
         w.indent()
         for s in range(ns):
-            w(f'acc{s} += tl.load(ws_ptr + ((j * tiles + pid) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")')
+            w(f'acc{s} += tl.load(ws_ptr + ((j * slots + slot) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")')
         w.dedent()
-        w("tl.atomic_xchg(cnt_ptr + pid, 0)")
+        w("tl.atomic_xchg(cnt_ptr + slot, 0)")
 
     def _space(self, w: Writer, c: Cols) -> tuple[list[str], str]:
         """Canonical index expressions ([BLOCK_M,1] rows, [1,BLOCK_N] columns) and the column membership."""

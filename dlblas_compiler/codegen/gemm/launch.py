@@ -82,12 +82,17 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         bm, bn, bk, sk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
         tiles = cdiv(m, bm) * cdiv(gn, bn)
         k_split = cdiv(cdiv(k, sk), bk) * bk
-        if sk > 1:
-            ws = torch.empty(sk * tiles * (ns * bm * bn + bm), dtype=torch.float32, device=dev)
+        persistent = config["PERSISTENT"]
+        programs = min(tiles, device.sm_count())
+        # SPLIT_K > 1 splits every tile over K, or a persistent kernel's last wave (the tiles past `dp_tiles`;
+        # none where the tiles fill whole waves at this M)
+        dp_tiles = (tiles - tiles % programs if sk > 1 else tiles) if persistent else 0
+        if sk > 1:  # (a workspace slot per split tile and part)
+            ws = torch.empty(max(1, sk * (tiles - dp_tiles) * ns * bm * bn), dtype=torch.float32, device=dev)
             cnt = counters.get(dev)
             if cnt is None or cnt.numel() < tiles:  # zeroed once; the last program of each tile resets its counter
                 cnt = counters[dev] = torch.zeros(max(tiles, cdiv(m, 16) * cdiv(gn, 16)), dtype=torch.int32, device=dev)
-        else:
+        else:  # (no tile splits: unused)
             ws = cnt = outs[0]
         mm, normed = config["MM"], has_norm and config["NORM_PASS"]
         ins = [tensors[i] for i in pre]
@@ -114,12 +119,11 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         tma = config["TMA"] and all(t.data_ptr() % 16 == 0 for t in ins[:2])
         if tma:
             device.descriptor_scratch()
-        persistent = config["PERSISTENT"]
-        grid = (min(tiles, device.sm_count()), 1) if persistent else (tiles, sk)
+        grid = (programs, 1) if persistent else (tiles, sk)
         kernel[grid](
             *ins, *[tensors[i] for i in ext_args], *outs, *[tensors[i] for i in ix_args], *ix_sizes, prod, ws, cnt, rs, m,
-            *row_sizes, *ext_strides,
-            *out_strides, K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
+            *row_sizes, *ext_strides, *out_strides, dp_tiles,
+            K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
             K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
             RS_BLOCK=max(64, min(2048 // bm, k_pow2)), MM=mm, NORMED=bool(normed), PERSISTENT=bool(persistent),
             num_warps=config["num_warps"], num_stages=config["num_stages"],

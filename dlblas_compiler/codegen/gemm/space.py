@@ -60,8 +60,9 @@ def space(plan: GemmPlan) -> SearchSpace:
             "TMA needs sm90+ and 16-byte row strides": lambda c: not c["TMA"] or (tma_ok and k * elem % 16 == 0),
             "no block much larger than N": lambda c: c["BLOCK_N"] <= max(16, rot, triton.next_power_of_2(gn)),
             "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
-            "split K only for under two waves of tiles and long K": lambda c: c["SPLIT_K"] == 1
-            or (cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) < 2 * sms and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]),
+            "split K only for long K, and of every tile only for under two waves of tiles; a persistent kernel splits"
+            " its last wave's tiles, only where they leave most SMs idle": lambda c: c["SPLIT_K"] == 1
+            or (k // c["SPLIT_K"] >= 4 * c["BLOCK_K"] and _splits_ok(cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]), sms, c)),
             "shared memory": lambda c: c["BLOCK_M"] == 1
             or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"] <= smem_limit,
             "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
@@ -71,17 +72,45 @@ def space(plan: GemmPlan) -> SearchSpace:
             or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and not c["TMA"] and c["BLOCK_K"] == 32 and c["num_stages"] == 2),
             "a norm pass only with a norm prologue, always under a cuBLAS product and for a LayerNorm": lambda c:
             c["NORM_PASS"] == (has_norm and (c["MM"] or c["NORM_PASS"] or ln)),
-            "persistent programs only for tensor-core tiles, more of them than SMs, without split-K": lambda c:
-            not c["PERSISTENT"] or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) > sms),
+            "persistent programs only for tensor-core tiles, more of them than SMs": lambda c:
+            not c["PERSISTENT"] or (c["BLOCK_M"] > 1 and cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) > sms),
             "no norm weight on TMA tiles in the K loop (Triton 3.6 on H100: wrong rows that vary between runs)":
             lambda c: not (norm_w and c["TMA"] and not c["NORM_PASS"] and not c["MM"] and c["BLOCK_M"] > 1),
         },
         default=(default := _default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0,
                                             smem_limit // elem, has_norm, ln, plan.rotary_from_product)),
-        seeds=(_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [])
-        + _variant_starts(m, ns, has_norm, ln, default),
+        seeds=_split_tails((_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [])
+                           + _variant_starts(m, ns, has_norm, ln, default), m, gn, k, sms),
     )
     return space.narrow(TMA=0) if os.environ.get(TMA_ENV) == "0" else space
+
+
+def _splits_ok(tiles: int, sms: int, c: dict) -> bool:
+    """SPLIT_K > 1 (with K long enough): every tile split, one per program, for under two waves of tiles; a
+    persistent kernel's last wave split (its tiles past the full waves, `launch`), where it is partly empty enough
+    that the split parts still make one wave: a last wave of few tiles (Qwen2.5-7B's QKV at M = 2048: 288 tiles of
+    128x256 on 132 SMs, the third wave 24 tiles) otherwise leaves most SMs idle for a whole tile's time."""
+    if not c["PERSISTENT"]:
+        return tiles < 2 * sms
+    tail = tiles % sms
+    return 0 < tail and tail * c["SPLIT_K"] <= sms
+
+
+def _split_tails(starts: list[dict], m: int, n: int, k: int, sms: int) -> list[dict]:
+    """`starts`, each persistent one followed by its twin whose last wave is split over K as finely as still makes
+    one wave and leaves each part 4 K steps (`space`'s constraint), where that wave is partly empty: a rule from
+    the shape and the SM count."""
+    out = []
+    for c in starts:
+        out.append(c)
+        if c["PERSISTENT"] and c["SPLIT_K"] == 1:
+            tail, split = cdiv(m, c["BLOCK_M"]) * cdiv(n, c["BLOCK_N"]) % sms, 1
+            while (tail and tail * split * 2 <= sms and k // (split * 2) >= 4 * c["BLOCK_K"]
+                   and split < max(PARAMS["SPLIT_K"])):  # fmt: skip
+                split *= 2
+            if split > 1:
+                out.append({**c, "SPLIT_K": split})
+    return out
 
 
 def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int,
