@@ -450,37 +450,43 @@ def test_gemm_persistent_split_last_wave(monkeypatch):
     """A persistent kernel with SPLIT_K > 1 splits over K only the tiles of its last wave (each program's whole
     tiles first, then at most one part of a tail tile, the parts summed by the tile's last program before the
     epilogue): every GEMM region of a Llama block (norm+QKV+RoPE with the norm weight in the K loop or a norm pass,
-    o-proj+residual, the dual gate/up, down+residual), ragged row tiles, pointer and TMA loads, with SM counts that
-    leave one to three tiles in the last wave, against the region's reference."""
+    o-proj+residual, the dual gate/up, down+residual), ragged row tiles, pointer and TMA loads, K that the parts
+    split evenly or not, with SM counts that leave one to three tiles in the last wave, against the region's
+    reference. The launches are checked to have split (`launch.whole_tiles` below the tile count). Then the same
+    configs at another length (a shape family reuses its config): a last wave that the split parts would overfill,
+    or none, runs every tile whole, still right."""
     from dlblas_compiler.codegen import device
+    from dlblas_compiler.codegen.gemm import launch
 
-    cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)
+    plans = []
+    whole_tiles = launch.whole_tiles
+    monkeypatch.setattr(launch, "whole_tiles", lambda t, p, s: plans.append((t, r := whole_tiles(t, p, s))) or r)
     configs = [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "SPLIT_K": sk, "GROUP_M": g, "num_warps": 4,
                 "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1}
                for sk in (2, 4) for g, tma, p in [(1, 0, 0), (8, 1, 1), (8, 0, 1)]]  # fmt: skip
     checked = []
-    for sms in (5, 7):  # (16 QKV or gate/up tiles, 8 o-proj or down tiles: last waves of 1-3 tiles)
-        monkeypatch.setattr(device, "sm_count", lambda sms=sms: sms)
-        checked += [(sms, *c) for c in _check_gemm_regions(cfg, 19, configs)]
-    assert len({r for _, r, _, _ in checked}) == 4, checked
+    for cfg in (BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64),
+                BlockConfig(hidden=288, intermediate=576, heads=4, kv_heads=2, head_dim=64)):  # (K 288, 576: uneven)
+        for sms in (5, 7):  # (16 QKV or gate/up tiles, 8 o-proj or down tiles: last waves of 1-3 tiles)
+            monkeypatch.setattr(device, "sm_count", lambda sms=sms: sms)
+            checked += [(cfg.hidden, *c) for c in _check_gemm_regions(cfg, 19, configs)]
+    assert len({r for h, r, _, _ in checked if h == 256}) == 4, checked
     assert {c["SPLIT_K"] for _, _, c, _ in checked} == {2, 4}
     assert {c["TMA"] for _, r, c, _ in checked if "dl.rotary" in r} == {0, 1}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gemm_persistent_configs_on_the_gpu(dtype):
-    """The persistent loop on the GPU: every GEMM region of a Llama block at 2100 tokens (more tiles than an H100
-    has SMs), tensor-core tiles through TMA and by pointer, norm weight in the K loop or a norm pass, against
-    float64."""
-    cfg = BlockConfig(hidden=512, intermediate=1024, heads=8, kv_heads=2, head_dim=64)
-    tiles = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4)]
-    configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": w, "num_stages": s,
-                "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1}
-               for bm, bn, w, s in tiles for tma in (0, 1) for p in (0, 1)]  # fmt: skip
-    checked = _check_gemm_regions(cfg, 2100, configs, dtype)
-    assert len({r for r, _, _ in checked}) == 4, checked
-    assert {(c["TMA"], c["NORM_PASS"]) for r, c, _ in checked if "dl.rms_norm" in r} == {(0, 0), (0, 1), (1, 1)}
+    assert any(k % (c["BLOCK_K"] * c["SPLIT_K"]) for _, _, c, k in checked)  # (a part's last K step partial)
+    assert sum(d < t for t, d in plans) >= len(checked), plans  # (every check's launch split its last wave)
+    # the 256-wide block's configs valid at 19 tokens, launched at 40 and 64 (the QKV's 24 or 32 tiles on 7 SMs)
+    monkeypatch.setattr(device, "sm_count", lambda: 7)
+    cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)
+    tuned = [c for h, _, c, _ in checked if h == 256]
+    for tokens in (40, 64):
+        plans.clear()
+        with torch.no_grad():
+            for step, tensors, refs in _gemm_regions(cfg, tokens):
+                for c in tuned:
+                    for o, r in zip(step.launch(step.private(tensors, every=True), c), refs):
+                        assert rel_error(o, r) <= tolerance(torch.float32), (tokens, step.choice.region, c)
+        assert any(d == t for t, d in plans) and (tokens == 64 or any(d < t for t, d in plans)), plans
 
 
 @pytest.mark.gpu

@@ -99,11 +99,12 @@ class GemmEmitter(EpilogueEmitter):
     def _kernel(self, w: Writer, args: list[str]) -> None:
         """The kernel: one tile per program (SPLIT_K programs per tile), or (PERSISTENT) one program per SM looping
         over the tiles. A persistent kernel with SPLIT_K > 1 splits over K only the tiles of its last wave, which
-        would otherwise leave SMs idle (the tiles past DP_TILES, a multiple of the programs: each program runs its
-        whole tiles, then at most one part of a tail tile; `_split_k` sums the parts). (Triton 3.6's warp
+        would otherwise leave SMs idle: the tiles past DP_TILES (`launch.whole_tiles`: a multiple of the programs,
+        where the split parts make one wave) are run in parts, each program running its whole tiles, then at most
+        one part; `_split_k` sums the parts. (Triton 3.6's warp
         specialization of the loop, `tl.range(..., warp_specialize=True)`, gave non-finite rows that varied
         between runs on the H100 for the dual GEMM with 4 warps: not offered, NOTES 59.)"""
-        w("@triton.jit")
+        w('@triton.jit(do_not_specialize=["DP_TILES"])  # (a count that changes with M: one binary for all)')
         _wrapped(w, f"def {self.name}(", [*args, "DP_TILES", *(f"{c}: tl.constexpr" for c in CONSTS),
                                           "PERSISTENT: tl.constexpr", PDL_ARG.rstrip(",")], "):")  # fmt: skip
         w.indent()

@@ -176,6 +176,7 @@ class EpilogueEmitter:
         w("offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
         for s in range(ns):
             w(f"tl.store(ws_ptr + ((pid_k * slots + slot) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, acc{s})")
+        w("tl.debug_barrier()  # (every thread's partial sums stored before one thread's release of the count)")
         w('last = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel") == SPLIT_K - 1')
         w.dedent()
         w("else:")

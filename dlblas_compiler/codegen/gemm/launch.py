@@ -22,6 +22,14 @@ RMS_ROWS = 4
 RS_INLINE_ROWS = 16  # up to this many rows the GEMM's last programs compute the norm statistics themselves
 
 
+def whole_tiles(tiles: int, programs: int, split: int) -> int:
+    """The tiles a persistent kernel with SPLIT_K = `split` runs whole: those of its full waves, where the last
+    wave's tiles split `split` ways still make one wave (each program then runs at most one part); at a length
+    where they would not (a config tuned at another length of the family), or fill whole waves, all of them."""
+    tail = tiles % programs
+    return tiles - tail if tail * split <= programs else tiles
+
+
 def _canonical_strides(lay: Layout | tuple[int, ...], c: Cols, logical: tuple[int, ...]) -> list[int]:
     """Strides, in canonical dim order, of a layout (or a contiguous shape) broadcast to `logical`."""
     lay = (lay if isinstance(lay, Layout) else Layout.contiguous(lay)).broadcast_to(logical)
@@ -84,9 +92,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         k_split = cdiv(cdiv(k, sk), bk) * bk
         persistent = config["PERSISTENT"]
         programs = min(tiles, device.sm_count())
-        # SPLIT_K > 1 splits every tile over K, or a persistent kernel's last wave (the tiles past `dp_tiles`;
-        # none where the tiles fill whole waves at this M)
-        dp_tiles = (tiles - tiles % programs if sk > 1 else tiles) if persistent else 0
+        # SPLIT_K > 1 splits every tile over K, or a persistent kernel's last wave (the tiles past `dp_tiles`)
+        dp_tiles = whole_tiles(tiles, programs, sk) if persistent and sk > 1 else 0
         if sk > 1:  # (a workspace slot per split tile and part)
             ws = torch.empty(max(1, sk * (tiles - dp_tiles) * ns * bm * bn), dtype=torch.float32, device=dev)
             cnt = counters.get(dev)

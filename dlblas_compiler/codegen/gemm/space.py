@@ -62,7 +62,9 @@ def space(plan: GemmPlan) -> SearchSpace:
             "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
             "split K only for long K, and of every tile only for under two waves of tiles; a persistent kernel splits"
             " its last wave's tiles, only where they leave most SMs idle": lambda c: c["SPLIT_K"] == 1
-            or (k // c["SPLIT_K"] >= 4 * c["BLOCK_K"] and _splits_ok(cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]), sms, c)),
+            or (k // c["SPLIT_K"] >= 4 * c["BLOCK_K"] and (cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) < 2 * sms
+                if not c["PERSISTENT"] else 0 < cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) % sms
+                and cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) % sms * c["SPLIT_K"] <= sms)),
             "shared memory": lambda c: c["BLOCK_M"] == 1
             or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"] <= smem_limit,
             "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
@@ -85,21 +87,11 @@ def space(plan: GemmPlan) -> SearchSpace:
     return space.narrow(TMA=0) if os.environ.get(TMA_ENV) == "0" else space
 
 
-def _splits_ok(tiles: int, sms: int, c: dict) -> bool:
-    """SPLIT_K > 1 (with K long enough): every tile split, one per program, for under two waves of tiles; a
-    persistent kernel's last wave split (its tiles past the full waves, `launch`), where it is partly empty enough
-    that the split parts still make one wave: a last wave of few tiles (Qwen2.5-7B's QKV at M = 2048: 288 tiles of
-    128x256 on 132 SMs, the third wave 24 tiles) otherwise leaves most SMs idle for a whole tile's time."""
-    if not c["PERSISTENT"]:
-        return tiles < 2 * sms
-    tail = tiles % sms
-    return 0 < tail and tail * c["SPLIT_K"] <= sms
-
-
 def _split_tails(starts: list[dict], m: int, n: int, k: int, sms: int) -> list[dict]:
     """`starts`, each persistent one followed by its twin whose last wave is split over K as finely as still makes
     one wave and leaves each part 4 K steps (`space`'s constraint), where that wave is partly empty: a rule from
-    the shape and the SM count."""
+    the shape and the SM count. A last wave of few tiles (Qwen2.5-7B's QKV at M = 2048: 288 tiles of 128x256 on
+    132 SMs, the third wave 24 tiles) otherwise leaves most SMs idle for a whole tile's time (bench/NOTES.md 135)."""
     out = []
     for c in starts:
         out.append(c)
