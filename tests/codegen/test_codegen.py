@@ -490,6 +490,22 @@ def test_gemm_persistent_split_last_wave(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemm_persistent_configs_on_the_gpu(dtype):
+    """The persistent loop on the GPU: every GEMM region of a Llama block at 2100 tokens (more tiles than an H100
+    has SMs), tensor-core tiles through TMA and by pointer, norm weight in the K loop or a norm pass, against
+    float64."""
+    cfg = BlockConfig(hidden=512, intermediate=1024, heads=8, kv_heads=2, head_dim=64)
+    tiles = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4)]
+    configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": w, "num_stages": s,
+                "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1}
+               for bm, bn, w, s in tiles for tma in (0, 1) for p in (0, 1)]  # fmt: skip
+    checked = _check_gemm_regions(cfg, 2100, configs, dtype)
+    assert len({r for r, _, _ in checked}) == 4, checked
+    assert {(c["TMA"], c["NORM_PASS"]) for r, c, _ in checked if "dl.rms_norm" in r} == {(0, 0), (0, 1), (1, 1)}
+
+
+@pytest.mark.gpu
 def test_gemm_persistent_split_last_wave_on_the_gpu(monkeypatch):
     """The persistent kernel's last wave split over K on the GPU (bf16, 2100 tokens; the SM count the launch
     plans for set so the last waves hold different numbers of tiles): every GEMM region of a Llama block, pointer
