@@ -452,9 +452,9 @@ def test_gemm_persistent_split_last_wave(monkeypatch):
     epilogue): every GEMM region of a Llama block (norm+QKV+RoPE with the norm weight in the K loop or a norm pass,
     o-proj+residual, the dual gate/up, down+residual), ragged row tiles, pointer and TMA loads, K that the parts
     split evenly or not, with SM counts that leave one to three tiles in the last wave, against the region's
-    reference. The launches are checked to have split (`launch.whole_tiles` below the tile count). Then the same
-    configs at another length (a shape family reuses its config): a last wave that the split parts would overfill,
-    or none, runs every tile whole, still right."""
+    reference. The launches are checked to have split (the launch's `whole_tiles` below the tile count). Then the
+    same configs at another length (a shape family reuses its config): a last wave that the split parts would
+    overfill, or none, runs every tile whole, still right."""
     from dlblas_compiler.codegen import device
     from dlblas_compiler.codegen.gemm import launch
 
@@ -1150,6 +1150,7 @@ def test_gemm_persistent_starts_gain_a_split_last_wave_twin(monkeypatch):
     its twin with that wave split over K as finely as still makes one wave (and leaves each part 4 K steps); the
     space accepts a persistent split only there. Where the tiles fill whole waves, no twin."""
     from dlblas_compiler.codegen import device
+    from dlblas_compiler.codegen.gemm.plan import whole_tiles
     from dlblas_compiler.codegen.gemm.space import _split_tails
     from dlblas_compiler.runtime.program import RegionStep
 
@@ -1175,12 +1176,16 @@ def test_gemm_persistent_starts_gain_a_split_last_wave_twin(monkeypatch):
     starts = space.starts()
     twins = [c for c in starts if c["PERSISTENT"] and c["SPLIT_K"] > 1]
     assert twins and all({**c, "SPLIT_K": 1} in starts for c in twins), starts
+    assert all(c["SPLIT_K"] == 16 or not space.is_valid({**c, "SPLIT_K": 2 * c["SPLIT_K"]}) for c in twins)  # (finest)
     assert (128, 128) in splits(space, 5)
     assert (128, 128) not in splits(space_at(3), 3)  # (6 tiles on 3 SMs: two whole waves)
-    # Qwen2.5-7B's QKV at 2048 tokens on 132 SMs: 288 tiles of 128 x 256, a last wave of 24 split 4 ways
+    # Qwen2.5-7B's QKV at 2048 tokens on 132 SMs: 288 tiles of 128 x 256, a last wave of 24 split 4 ways (8 would
+    # overfill the wave); Llama-3-8B's: 384 tiles, a last wave of 120 that no split fits
+    assert whole_tiles(288, 132, 4) == 264 and whole_tiles(288, 132, 8) == 288 and whole_tiles(384, 132, 2) == 384
     start = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SPLIT_K": 1, "PERSISTENT": 1}
-    assert _split_tails([start], 2048, 4608, 3584, 132) == [start, {**start, "SPLIT_K": 4}]
-    assert _split_tails([start], 2048, 6144, 4096, 132) == [start]  # (Llama-3-8B's: 384 tiles, the last wave 120)
+    for t, k, want in [(288, 3584, [start, {**start, "SPLIT_K": 4}]), (384, 4096, [start])]:
+        assert _split_tails([start], lambda c, t=t, k=k: whole_tiles(t, 132, c["SPLIT_K"]) < t
+                            and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]) == want  # fmt: skip
 
 
 def test_gemm_default_tile_fills_the_registers_where_a_wave_of_tiles_remains():

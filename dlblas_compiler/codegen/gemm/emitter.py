@@ -99,7 +99,7 @@ class GemmEmitter(EpilogueEmitter):
     def _kernel(self, w: Writer, args: list[str]) -> None:
         """The kernel: one tile per program (SPLIT_K programs per tile), or (PERSISTENT) one program per SM looping
         over the tiles. A persistent kernel with SPLIT_K > 1 splits over K only the tiles of its last wave, which
-        would otherwise leave SMs idle: the tiles past DP_TILES (`launch.whole_tiles`: a multiple of the programs,
+        would otherwise leave SMs idle: the tiles past DP_TILES (`plan.whole_tiles`: a multiple of the programs,
         where the split parts make one wave) are run in parts, each program running its whole tiles, then at most
         one part; `_split_k` sums the parts. (Triton 3.6's warp
         specialization of the loop, `tl.range(..., warp_specialize=True)`, gave non-finite rows that varied

@@ -16,18 +16,10 @@ from ..source import cdiv
 from ..views import Layout, view_chain
 from .emitter import GemmEmitter
 from .norms import row_layer_norm, row_norm, row_rms
-from .plan import Cols, GemmPlan, input_view
+from .plan import Cols, GemmPlan, input_view, whole_tiles
 
 RMS_ROWS = 4
 RS_INLINE_ROWS = 16  # up to this many rows the GEMM's last programs compute the norm statistics themselves
-
-
-def whole_tiles(tiles: int, programs: int, split: int) -> int:
-    """The tiles a persistent kernel with SPLIT_K = `split` runs whole: those of its full waves, where the last
-    wave's tiles split `split` ways still make one wave (each program then runs at most one part); at a length
-    where they would not (a config tuned at another length of the family), or fill whole waves, all of them."""
-    tail = tiles % programs
-    return tiles - tail if tail * split <= programs else tiles
 
 
 def _canonical_strides(lay: Layout | tuple[int, ...], c: Cols, logical: tuple[int, ...]) -> list[int]:

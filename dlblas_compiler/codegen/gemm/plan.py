@@ -294,3 +294,11 @@ def _scatter(plan: GemmPlan, o: IndexCopyOp, inside: set, nrow: int) -> str | No
     plan.info[o.result] = c
     plan.scatters[o.result] = o
     return None
+
+
+def whole_tiles(tiles: int, programs: int, split: int) -> int:
+    """The tiles a persistent kernel with SPLIT_K = `split` runs whole: those of its full waves, where the last
+    wave's tiles split `split` ways still make one wave (each program then runs at most one part); at a length
+    where they would not (a config tuned at another length of the family), or fill whole waves, all of them."""
+    tail = tiles % programs
+    return tiles - tail if tail * split <= programs else tiles

@@ -13,7 +13,7 @@ from ...dialects.types import dtype_of, numel
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import cdiv
-from .plan import GEMV_ROWS, GemmPlan
+from .plan import GEMV_ROWS, GemmPlan, whole_tiles
 
 PARAMS = {
     "BLOCK_M": [1, 16, 32, 64, 128],
@@ -46,62 +46,60 @@ def space(plan: GemmPlan) -> SearchSpace:
     smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
     has_norm, ln = plan.norm is not None, isinstance(plan.norm, LayerNormOp)
     norm_w = plan.rms is not None and plan.rms.weight is not None  # (a norm weight not folded into W)
-    space = SearchSpace(
-        PARAMS,
-        {
-            "heads (rotary, per-head norm) fit the tile (MM reads rotary partners back: any width, but a tile of part"
-            " of a head divides it)": lambda c: c["BLOCK_N"] % rot == 0
-            or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"])
-            or (c["MM"] and plan.rotary_from_product and (not narrow or c["BLOCK_N"] >= rot or rot % c["BLOCK_N"] == 0)),
-            "one-row (CUDA-core) tiles only for a few rows": lambda c: c["BLOCK_M"] > 1
-            or (m <= GEMV_ROWS and not c["TMA"]),
-            "K blocks over 128 only for one-row tiles": lambda c: c["BLOCK_K"] <= 128 or c["BLOCK_M"] == 1,
-            "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
-            "TMA needs sm90+ and 16-byte row strides": lambda c: not c["TMA"] or (tma_ok and k * elem % 16 == 0),
-            "no block much larger than N": lambda c: c["BLOCK_N"] <= max(16, rot, triton.next_power_of_2(gn)),
-            "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
-            "split K only for long K, and of every tile only for under two waves of tiles; a persistent kernel splits"
-            " its last wave's tiles, only where they leave most SMs idle": lambda c: c["SPLIT_K"] == 1
-            or (k // c["SPLIT_K"] >= 4 * c["BLOCK_K"] and (cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) < 2 * sms
-                if not c["PERSISTENT"] else 0 < cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) % sms
-                and cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) % sms * c["SPLIT_K"] <= sms)),
-            "shared memory": lambda c: c["BLOCK_M"] == 1
-            or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"] <= smem_limit,
-            "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
-            and (c["BLOCK_M"] > 1 or ns * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * c["num_warps"] * 32),
-            "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
-            "a cuBLAS product (MM) has tensor-core-sized tiles and no K-loop parameters": lambda c: not c["MM"]
-            or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and not c["TMA"] and c["BLOCK_K"] == 32 and c["num_stages"] == 2),
-            "a norm pass only with a norm prologue, always under a cuBLAS product and for a LayerNorm": lambda c:
-            c["NORM_PASS"] == (has_norm and (c["MM"] or c["NORM_PASS"] or ln)),
-            "persistent programs only for tensor-core tiles, more of them than SMs": lambda c:
-            not c["PERSISTENT"] or (c["BLOCK_M"] > 1 and cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"]) > sms),
-            "no norm weight on TMA tiles in the K loop (Triton 3.6 on H100: wrong rows that vary between runs)":
-            lambda c: not (norm_w and c["TMA"] and not c["NORM_PASS"] and not c["MM"] and c["BLOCK_M"] > 1),
-        },
-        default=(default := _default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0,
-                                            smem_limit // elem, has_norm, ln, plan.rotary_from_product)),
-        seeds=_split_tails((_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [])
-                           + _variant_starts(m, ns, has_norm, ln, default), m, gn, k, sms),
-    )
+
+    def tiles(c: dict) -> int:
+        return cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"])
+
+    constraints = {
+        "heads (rotary, per-head norm) fit the tile (MM reads rotary partners back: any width, but a tile of part"
+        " of a head divides it)": lambda c: c["BLOCK_N"] % rot == 0
+        or (narrow and rot % c["BLOCK_N"] == 0 and not c["TMA"])
+        or (c["MM"] and plan.rotary_from_product and (not narrow or c["BLOCK_N"] >= rot or rot % c["BLOCK_N"] == 0)),
+        "one-row (CUDA-core) tiles only for a few rows": lambda c: c["BLOCK_M"] > 1
+        or (m <= GEMV_ROWS and not c["TMA"]),
+        "K blocks over 128 only for one-row tiles": lambda c: c["BLOCK_K"] <= 128 or c["BLOCK_M"] == 1,
+        "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
+        "TMA needs sm90+ and 16-byte row strides": lambda c: not c["TMA"] or (tma_ok and k * elem % 16 == 0),
+        "no block much larger than N": lambda c: c["BLOCK_N"] <= max(16, rot, triton.next_power_of_2(gn)),
+        "no block much larger than K": lambda c: c["BLOCK_K"] <= max(32, triton.next_power_of_2(k)),
+        "split K only for long K, and of every tile only for under two waves of tiles; a persistent kernel splits"
+        " its last wave's tiles, only where they leave most SMs idle": lambda c: c["SPLIT_K"] == 1
+        or (k // c["SPLIT_K"] >= 4 * c["BLOCK_K"] and (tiles(c) < 2 * sms if not c["PERSISTENT"]
+                                                         else whole_tiles(tiles(c), sms, c["SPLIT_K"]) < tiles(c))),
+        "shared memory": lambda c: c["BLOCK_M"] == 1
+        or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"] <= smem_limit,
+        "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
+        and (c["BLOCK_M"] > 1 or ns * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * c["num_warps"] * 32),
+        "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
+        "a cuBLAS product (MM) has tensor-core-sized tiles and no K-loop parameters": lambda c: not c["MM"]
+        or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and not c["TMA"] and c["BLOCK_K"] == 32 and c["num_stages"] == 2),
+        "a norm pass only with a norm prologue, always under a cuBLAS product and for a LayerNorm": lambda c:
+        c["NORM_PASS"] == (has_norm and (c["MM"] or c["NORM_PASS"] or ln)),
+        "persistent programs only for tensor-core tiles, more of them than SMs": lambda c:
+        not c["PERSISTENT"] or (c["BLOCK_M"] > 1 and tiles(c) > sms),
+        "no norm weight on TMA tiles in the K loop (Triton 3.6 on H100: wrong rows that vary between runs)":
+        lambda c: not (norm_w and c["TMA"] and not c["NORM_PASS"] and not c["MM"] and c["BLOCK_M"] > 1),
+    }
+    default = _default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
+                              has_norm, ln, plan.rotary_from_product)
+    starts = ((_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [])
+              + _variant_starts(m, ns, has_norm, ln, default))  # fmt: skip
+    space = SearchSpace(PARAMS, constraints, default=default,
+                        seeds=_split_tails(starts, lambda c: all(rule(c) for rule in constraints.values())))
     return space.narrow(TMA=0) if os.environ.get(TMA_ENV) == "0" else space
 
 
-def _split_tails(starts: list[dict], m: int, n: int, k: int, sms: int) -> list[dict]:
-    """`starts`, each persistent one followed by its twin whose last wave is split over K as finely as still makes
-    one wave and leaves each part 4 K steps (`space`'s constraint), where that wave is partly empty: a rule from
-    the shape and the SM count. A last wave of few tiles (Qwen2.5-7B's QKV at M = 2048: 288 tiles of 128x256 on
-    132 SMs, the third wave 24 tiles) otherwise leaves most SMs idle for a whole tile's time (bench/NOTES.md 135)."""
+def _split_tails(starts: list[dict], valid) -> list[dict]:
+    """`starts`, each persistent one followed by its twin with the last wave split over K as finely as the space
+    allows (`valid`: where the split parts still make one wave and each has 4 K steps), where that wave is partly
+    empty: a last wave of few tiles (Qwen2.5-7B's QKV at M = 2048: 288 tiles of 128x256 on 132 SMs, the third wave
+    24 tiles) otherwise leaves most SMs idle for a whole tile's time (bench/NOTES.md 135)."""
     out = []
     for c in starts:
         out.append(c)
         if c["PERSISTENT"] and c["SPLIT_K"] == 1:
-            tail, split = cdiv(m, c["BLOCK_M"]) * cdiv(n, c["BLOCK_N"]) % sms, 1
-            while (tail and tail * split * 2 <= sms and k // (split * 2) >= 4 * c["BLOCK_K"]
-                   and split < max(PARAMS["SPLIT_K"])):  # fmt: skip
-                split *= 2
-            if split > 1:
-                out.append({**c, "SPLIT_K": split})
+            twins = [{**c, "SPLIT_K": s} for s in reversed(PARAMS["SPLIT_K"]) if s > 1]
+            out += [t for t in twins if valid(t)][:1]
     return out
 
 
