@@ -1309,6 +1309,86 @@ def sweep_ab_section(old: str, new: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, "after")]) + "\n"
 
 
+def split_twins_section(name: str) -> str:
+    """bench/gemms.py --tune none --sweep --sweep-splits: each persistent config of the fixed sweep that has split
+    twins (its last wave split 2, 4 or 8 ways over K, where the parts still make one wave: NOTES 138) against itself
+    unsplit, and cuBLAS on the same GEMM shape."""
+    doc = _load(name)
+    out = ["| layer | region | M × N × K | config (persistent) | unsplit µs | split: µs (split / unsplit) | cuBLAS µs |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in doc["layers"]:
+        whole = {json.dumps({**c, "SPLIT_K": 1}, sort_keys=True): t for c, t, _ in r["sweep"] if c["PERSISTENT"] and c["SPLIT_K"] == 1}
+        twins = collections.defaultdict(list)
+        for c, t, _ in r["sweep"]:
+            if c["PERSISTENT"] and c["SPLIT_K"] > 1:
+                twins[json.dumps({**c, "SPLIT_K": 1}, sort_keys=True)].append((c["SPLIT_K"], t))
+        for key, parts in twins.items():
+            t0 = whole[key]
+            cells = ", ".join(f"{sk}: {t:.1f} ({t / t0:.3f})" for sk, t in sorted(parts))
+            cfg = json.loads(key)
+            norm = ", norm pass" if cfg["NORM_PASS"] else ""
+            out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['M']} × {r['N']} × {r['K']} | "
+                       f"{_config(cfg)}{norm} | {t0:.1f} | {cells} | {r['cublas_us']:.1f} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
+
+
+def loop_forms_ab_section(old: str, new: str) -> str:
+    """bench/gemms.py --tune none --sweep on two trees in one run: per region, the fastest swept config of each loop
+    form (one tile a program; persistent) before and after, and cuBLAS on the same GEMM shape."""
+    a, b = _load(old), _load(new)
+    out = ["| layer | region | M × N × K | one tile a program: µs before → after | persistent: µs before → after "
+           "(after / before) | cuBLAS µs | cuBLAS / best after |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r, q in zip(a["layers"], b["layers"]):
+        assert (r["layer"], r["region"]) == (q["layer"], q["region"])
+        (one0, per0), (one1, per1) = [[min(t for c, t, _ in d["sweep"] if c["PERSISTENT"] == p) for p in (0, 1)] for d in (r, q)]
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['M']} × {r['N']} × {r['K']} | "
+                   f"{one0:.1f} → {one1:.1f} | {per0:.1f} → {per1:.1f} ({per1 / per0:.3f}) | "
+                   f"{q['cublas_us']:.1f} | {q['cublas_us'] / min(one1, per1):.2f}x |")  # fmt: skip
+    env = {"gpu": b.get("gpu"), "torch": b.get("torch"), "triton": b.get("triton")}
+    return "\n".join(out) + "\n\n" + source_line([(old, env, "before"), (new, env, "after")]) + "\n"
+
+
+def ncu_section(*names: str) -> str:
+    """Nsight Compute over bench/profile_regions.py (`--clock-control none`, one launch per config): each profiled
+    launch's kernels in order, with the config or cuBLAS that launched them, their duration, SM and DRAM
+    throughput (% of peak), registers a thread and grid. From the profiler's text report, kept gzipped."""
+    import ast
+    import gzip
+
+    out = ["| layer | region | launch | kernel | grid × threads | µs | SM % | DRAM % | registers |",
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    entries = []
+    for name in names:
+        with gzip.open(os.path.join(RESULTS, name), "rt") as f:
+            text = f.read()
+        layer = re.search(r"s41-ncu-(\w+)\.txt", name).group(1)
+        launches = [m.groups() for m in re.finditer(r"^PROFILED (\S+) (kernel (\{.*\})|cuBLAS.*)$", text, re.M)]
+        kernels = []  # (name, grid, threads, metrics)
+        for block in re.split(r"\n  (?=\S+ \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\), Context)", text)[1:]:
+            head = re.match(r"(\S+) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\)", block)
+            metric = lambda label: re.search(rf"^    {re.escape(label)}\s+\S*\s+([\d.,]+)\s*$", block, re.M)  # noqa: E731
+            kernels.append((head.group(1), int(head.group(2)) * int(head.group(3)), int(head.group(5)),
+                            {k: float(metric(k).group(1).replace(",", "")) for k in
+                             ("Duration", "Compute (SM) Throughput", "DRAM Throughput", "Registers Per Thread")}))  # fmt: skip
+        # each launch's kernels: a norm pass (row_norm) where the config has one, cuBLAS for MM and cuBLAS
+        it = iter(kernels)
+        for region, _, cfg in launches:
+            if cfg:
+                c = ast.literal_eval(cfg)  # (the printed dict of a config)
+                count = (1 if c["NORM_PASS"] and region in ("gemm_0", "gemm_2") else 0) + (2 if c["MM"] else 1)
+                label = _config(c) + (", MM" if c["MM"] else "") + (", persistent" if c["PERSISTENT"] else "")
+            else:
+                count, label = 1, "cuBLAS (`torch.matmul`)"
+            for _ in range(count):
+                k, grid, threads, m = next(it)
+                out.append(f"| {layer} | {GEMM_REGION.get(region, region)} | {label} | {k[:40]} | {grid} × {threads} | "
+                           f"{m['Duration']:.1f} | {m['Compute (SM) Throughput']:.0f} | {m['DRAM Throughput']:.0f} | "
+                           f"{m['Registers Per Thread']:.0f} |")  # fmt: skip
+        entries.append((name, {"gpu": "NVIDIA H200", "run": "torch 2.11.0+cu130, triton 3.6.0, Nsight Compute 2025.3.1"}, layer))
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
 def attention_ab_section(old: str, new: str) -> str:
     """The same `.dbg` driver's attention cases (tune none, our kernel forced): each case's kernel from a CUDA graph,
     L2 cleared, before and after, and its relative error against fp32 eager on the same inputs."""
@@ -1679,6 +1759,13 @@ SECTIONS = {
     "gemm-loop-probe-s40": functools.partial(gemm_loop_probe_section, "2026-12-01-h200-s40-gemm-loop-probe.json"),
     "qwen3-qkv-s40": functools.partial(sweep_ab_section, "2026-12-01-h200-s40-qwen3-attention-old.json",
                                        "2026-12-01-h200-s40-qwen3-attention-new.json"),
+    "split-twins-s41": functools.partial(split_twins_section, "2026-12-01-h200-s41-gemms-split-sweep.json"),
+    "loop-forms-s41": functools.partial(loop_forms_ab_section, "2026-12-01-h200-s41-flatten-old.json",
+                                        "2026-12-01-h200-s41-flatten-new.json"),
+    "layer-llama32-3b-s41": functools.partial(layer_section, "2026-12-01-h200-s41-layers-m2048.json", "layer_llama32_3b"),
+    "layer-qwen25-7b-s41": functools.partial(layer_section, "2026-12-01-h200-s41-layers-m2048.json", "layer_qwen25_7b"),
+    "ncu-s41": functools.partial(ncu_section, "2026-12-01-h200-s41-ncu-qwen25_7b.txt.gz",
+                                 "2026-12-01-h200-s41-ncu-llama3_8b.txt.gz"),
     "attention-masked-s40": functools.partial(attention_ab_section, "2026-12-01-h200-s40-qwen3-attention-old.json",
                                               "2026-12-01-h200-s40-qwen3-attention-new.json"),
     "rotary-table-s39": functools.partial(rotary_table_section, "2026-12-01-h200-s39-qkv-table-a-old.json",

@@ -46,7 +46,7 @@ def test_every_generated_kernel_waits_for_its_predecessor_under_pdl_only():
             assert release.index("if") == variants.index("if")  # (after every variant's K loop, not inside one)
             # the persistent loops (whole tiles; the last wave split over K): released after the last tile
             persistent = kernel.split("if PERSISTENT:", 1)[1].split("\n    else:\n", 1)[0]
-            loops = [persistent.index("for pid in range("), persistent.index("for u in range(")]  # (whole, split tiles)
+            loops = [persistent.index("for pid in tl.range("), persistent.index("for u in range(")]  # (whole, split tiles)
             assert max(loops) < persistent.index("gdc_launch_dependents()")
             calls = [re.split(r"\n\s*\)", c, maxsplit=1)[0] for c in persistent.split("_tile(")[1:]]
             assert len(calls) == 3 and all(c.rstrip().endswith("False,") for c in calls)  # (its tiles release nothing)

@@ -101,7 +101,9 @@ class GemmEmitter(EpilogueEmitter):
         over the tiles. A persistent kernel with SPLIT_K > 1 splits over K only the tiles of its last wave, which
         would otherwise leave SMs idle: the tiles past DP_TILES (`plan.whole_tiles`: a multiple of the programs,
         where the split parts make one wave) are run in parts, each program running its whole tiles, then at most
-        one part; `_split_k` sums the parts. (Triton 3.6's warp
+        one part; `_split_k` sums the parts. The loop over whole tiles is flattened with each tile's K loop
+        (`tl.range(..., flatten=True)`: the next tile's loads issue during this tile's epilogue, bench/NOTES.md 141)
+        where no runtime branch follows the K loop. (Triton 3.6's warp
         specialization of the loop, `tl.range(..., warp_specialize=True)`, gave non-finite rows that varied
         between runs on the H100 for the dual GEMM with 4 warps: not offered, NOTES 59.)"""
         w('@triton.jit(do_not_specialize=["DP_TILES"])  # (a count that changes with M: one binary for all)')
@@ -120,7 +122,9 @@ class GemmEmitter(EpilogueEmitter):
         w("if PERSISTENT:")
         w("    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(GRID_N, BLOCK_N)")
         w("    if SPLIT_K == 1:")
-        w("        for pid in range(tl.program_id(0), tiles, tl.num_programs(0)):")
+        # flattened (the next tile's loads issued during this tile's epilogue) unless a runtime branch follows the
+        # K loop, which Triton 3.6's loop fusion fails on (an output's ops only in tiles holding it: NOTES 139)
+        w(f"        for pid in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten={self._cones() is None}):")
         tile(3, "pid", "0", "0")
         w("    else:  # the last wave's tiles split over K")
         w("        for u in range(tl.program_id(0), DP_TILES + (tiles - DP_TILES) * SPLIT_K, tl.num_programs(0)):")

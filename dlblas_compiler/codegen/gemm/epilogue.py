@@ -44,8 +44,6 @@ class EpilogueEmitter:
         lin = p.linear
         has_bias = lin.bias is not None
         nrow = len(p.rows)
-        # Epilogue layout changes go through shared memory; make every warp leave the K loop first.
-        w("tl.debug_barrier()")
         self._split_k(w)
         w("if last:")
         w.indent()
