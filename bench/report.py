@@ -242,6 +242,9 @@ def block_markdown(table: dict, heading: bool = True) -> str:
             out.append(f"| {m} | {_fmt(floor)} | " + " | ".join(cells)
                        + f" | {vs_eager} | {vs_ind} | {err_s} | {ours_ran(block, modes)} |")  # fmt: skip
         out.append("")
+        spread = rounds_spread({m: table[(block, m)]["modes"] for m in ms}, cols)
+        if spread:
+            out += [spread, ""]
         by_file: dict[str, list[int]] = {}
         for m in ms:
             by_file.setdefault(table[(block, m)]["source"], []).append(m)
@@ -255,6 +258,22 @@ def block_markdown(table: dict, heading: bool = True) -> str:
         out.append(source_line(entries, floors=True))
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+SPREAD = 0.05  # rounds whose slowest is this much above the fastest are listed under the table
+
+
+def rounds_spread(by_m: dict[int, dict], cols: list[str]) -> str:
+    """'*Rounds apart by more than 5%:* …' for each M and mode whose timing rounds (each a median) spread that much:
+    the medians in the table are then uncertain by about as much. '' if none."""
+    found = []
+    for m, modes in by_m.items():
+        for c in cols:
+            for kind, key in (("GPU", "gpu_us_rounds"), ("call", "call_us_rounds")):
+                rounds = modes.get(c, {}).get(key) or []
+                if len(rounds) > 1 and min(rounds) > 0 and max(rounds) / min(rounds) - 1 > SPREAD:
+                    found.append(f"M = {m} {c} {kind} {min(rounds):.0f}–{max(rounds):.0f} µs")
+    return f"*Rounds apart by more than {SPREAD:.0%}:* " + "; ".join(found) + "." if found else ""
 
 
 def block_section(block: str) -> str:

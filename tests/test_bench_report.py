@@ -117,3 +117,12 @@ def test_a_new_run_names_its_ceilings_and_regions(tmp_path):
     assert "Triton: rms_norm+linear+rotary; cuBLAS: linear+add" in text
     assert "ceilings measured in this run: copy 4.30 TB/s, bf16 matmul 790 TFLOP/s" in text
     assert "floors from the ceilings measured in the same run" in text and "run.json` (M = 16)" in text
+
+
+def test_rounds_apart_by_more_than_five_per_cent_are_listed_under_the_table():
+    """A median of rounds that disagree is uncertain: the rounds' range is listed where it passes 5%, not else."""
+    modes = {"ours": {"call_us": 150.0, "call_us_rounds": [140.0, 150.0, 160.0]},
+             "eager": {"gpu_us": 200.0, "gpu_us_rounds": [199.0, 200.0, 203.0], "call_us_rounds": [210.0]}}  # fmt: skip
+    line = report.rounds_spread({2048: modes}, ["eager", "ours"])
+    assert line == "*Rounds apart by more than 5%:* M = 2048 ours call 140–160 µs."
+    assert report.rounds_spread({2048: {"ours": {"call_us_rounds": [100.0, 104.0]}}}, ["ours"]) == ""
