@@ -62,13 +62,10 @@ def _tile_offsets(t, num_m, num_n, BM: gl.constexpr, BN: gl.constexpr, GROUP_M: 
 
 
 @gluon.jit
-def _loader(a_desc, w_desc, a_bufs, w_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
+def _loader(a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_m, num_n, steps, BM: gl.constexpr, BN: gl.constexpr,
             BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """The loader warp: for every K step of every tile of this program, wait until the step's buffers are free,
     then copy the A and W tiles into them; the copies signal `ready` when they land."""
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    steps = gl.cdiv(K, BK)
     it = 0
     for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         off_m, off_n = _tile_offsets(t, num_m, num_n, BM, BN, GROUP_M)
@@ -82,15 +79,12 @@ def _loader(a_desc, w_desc, a_bufs, w_bufs, ready, empty, M, N, K, BM: gl.conste
 
 
 @gluon.jit
-def _mma(c_desc, a_bufs, w_bufs, c_smem, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
+def _mma(c_desc, a_bufs, w_bufs, c_smem, ready, empty, num_m, num_n, steps, BM: gl.constexpr, BN: gl.constexpr,
          BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
     """The MMA warpgroups: each K step's wgmma issued once its tiles are ready, one left in flight, the step
     before it freed; after a tile's last step, the bf16 tile stored through shared memory by TMA."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BN, 16])  # (64 rows a warpgroup)
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    steps = gl.cdiv(K, BK)
     it = 0
     for t in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         off_m, off_n = _tile_offsets(t, num_m, num_n, BM, BN, GROUP_M)
@@ -126,9 +120,11 @@ def ws_gemm(a_desc, w_desc, c_desc, M, N, K, STAGES: gl.constexpr, GROUP_M: gl.c
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    num_m, num_n, steps = gl.cdiv(M, BM), gl.cdiv(N, BN), gl.cdiv(K, BK)  # (both partitions walk the same tiles)
     gl.warp_specialize([
-        (_mma, (c_desc, a_bufs, w_bufs, c_smem, ready, empty, M, N, K, BM, BN, BK, STAGES, GROUP_M, num_warps)),
-        (_loader, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, M, N, K, BM, BN, BK, STAGES, GROUP_M)),
+        (_mma, (c_desc, a_bufs, w_bufs, c_smem, ready, empty, num_m, num_n, steps, BM, BN, BK, STAGES, GROUP_M,
+                num_warps)),
+        (_loader, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_m, num_n, steps, BM, BN, BK, STAGES, GROUP_M)),
     ], [1], [40])  # (the loader: one warp, 40 registers)  # fmt: skip
 
 
