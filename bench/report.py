@@ -1390,20 +1390,22 @@ def ncu_section(*names: str) -> str:
             kernels.append((head.group(1), int(head.group(2)) * int(head.group(3)), int(head.group(5)),
                             {k: float(metric(k).group(1).replace(",", "")) for k in
                              ("Duration", "Compute (SM) Throughput", "DRAM Throughput", "Registers Per Thread")}))  # fmt: skip
-        # each launch's kernels: a norm pass (row_norm) where the config has one, cuBLAS for MM and cuBLAS
-        it = iter(kernels)
+        # each launch's kernels, in order: a norm pass first where the config runs one (`row_norm`), then cuBLAS's
+        # product for MM, then ours; a cuBLAS launch is one kernel
+        i = 0
         for region, _, cfg in launches:
             if cfg:
                 c = ast.literal_eval(cfg)  # (the printed dict of a config)
-                count = (1 if c["NORM_PASS"] and region in ("gemm_0", "gemm_2") else 0) + (2 if c["MM"] else 1)
+                count = (kernels[i][0] == "row_norm") + (2 if c["MM"] else 1)
                 label = _config(c) + (", MM" if c["MM"] else "") + (", persistent" if c["PERSISTENT"] else "")
             else:
                 count, label = 1, "cuBLAS (`torch.matmul`)"
-            for _ in range(count):
-                k, grid, threads, m = next(it)
+            for k, grid, threads, m in kernels[i:i + count]:
                 out.append(f"| {layer} | {GEMM_REGION.get(region, region)} | {label} | {k[:40]} | {grid} × {threads} | "
                            f"{m['Duration']:.1f} | {m['Compute (SM) Throughput']:.0f} | {m['DRAM Throughput']:.0f} | "
                            f"{m['Registers Per Thread']:.0f} |")  # fmt: skip
+            i += count
+        assert i == len(kernels), (name, i, len(kernels))
         entries.append((name, {"gpu": "NVIDIA H200", "run": "torch 2.11.0+cu130, triton 3.6.0, Nsight Compute 2025.3.1"}, layer))
     return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
 
