@@ -26,7 +26,7 @@ from dlblas_compiler.numerics import rel_error  # noqa: E402
 from dlblas_compiler.runtime.program import RegionStep  # noqa: E402
 
 GEMM = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=w, num_stages=s, TMA=t, MM=0, NORM_PASS=p,
-             PERSISTENT=pers)
+             PERSISTENT=pers, WS=0)
         for t in (0, 1) for p in (0, 1) for pers in (0, 1)
         for bm, bn, w, s in [(64, 128, 4, 3), (64, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4),
                              (128, 256, 8, 3), (128, 256, 8, 4)]]  # fmt: skip

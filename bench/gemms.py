@@ -16,7 +16,8 @@ or the reference (cuBLAS and torch ops) where that measured faster).
 + head split and [B, H, S, D] stores; + rotary; all), each compiled alone, same timing: where the time goes.
 `--sweep`: also time a fixed list of configs on each region (the best is recorded); `--sweep-tiles 256x128,...`
 only those tiles of it; `--sweep-splits`: also its persistent configs with the last wave split 2, 4 or 8 ways over K
-(those the region's space accepts: where the split parts still fill one wave, bench/NOTES.md 138).
+(those the region's space accepts: where the split parts still fill one wave, bench/NOTES.md 138); `--sweep-ws`: only
+its persistent configs, each with its warp-specialized (Gluon) twin, on the regions that have one (NOTES 144).
 `--with-op dl.rotary`: only the regions with that op.
 `--ln`: also the user pattern LayerNorm→Linear(bias)→GELU (Phi-2's MLP dims) lowered to one generated GEMM kernel.
 Writes OUT/gemms.json (appended per layer, so a run cut short keeps what it measured).
@@ -46,7 +47,7 @@ from dlblas_compiler.codegen.kernel import compile_configs  # noqa: E402
 from dlblas_compiler.runtime.steps import RegionStep  # noqa: E402
 
 SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, GROUP_M=8, num_warps=w, num_stages=s, TMA=1, MM=0, NORM_PASS=p,
-              PERSISTENT=pers)
+              PERSISTENT=pers, WS=0)
          for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4)]
          for pers in (0, 1) for p in (0, 1)]  # fmt: skip
 
@@ -93,6 +94,8 @@ def time_regions(cm, args, kwargs, sweep: bool, with_op: str = "") -> list[dict]
         for step, tensors in region_inputs(cm, args, kwargs):
             if with_op and with_op not in {o.name for o in step.kernel.region.body_ops}:
                 continue
+            if sweep and any(cfg["WS"] for cfg in SWEEP) and f"{step.kernel.name}_ws(" not in step.kernel.source:
+                continue  # (--sweep-ws: the regions with a warp-specialized kernel)
             c = step.choice
             key = step.kernel.shape_key
             a, w = operands(step, tensors)
@@ -229,8 +232,15 @@ def main() -> None:
     ap.add_argument("--with-op", default="", help="time only the regions with this op (e.g. dl.rotary)")
     ap.add_argument("--sweep-tiles", default="", help="sweep only these tiles (e.g. 256x128,128x256)")
     ap.add_argument("--sweep-splits", action="store_true", help="also the persistent configs with the last wave split")
+    ap.add_argument("--sweep-ws", action="store_true",
+                    help="sweep the persistent configs and their warp-specialized (Gluon) twins, on the regions that have them")
     a = ap.parse_args()
     TILES.update(t for t in a.sweep_tiles.split(",") if t)
+    if a.sweep_ws:  # the persistent configs, each with its warp-specialized twin, and deeper rings for the twins
+        persistent = [c for c in SWEEP if c["PERSISTENT"]]
+        deeper = [{**c, "num_stages": 5} for c in persistent if (c["BLOCK_N"], c["num_stages"]) == (128, 4)]
+        deeper += [{**c, "BLOCK_K": 32, "num_stages": 5} for c in persistent if (c["BLOCK_N"], c["num_stages"]) == (256, 3)]
+        SWEEP[:] = persistent + [{**c, "WS": 1} for c in persistent + deeper]
     if a.sweep_splits:
         SWEEP.extend({**c, "SPLIT_K": sk} for c in list(SWEEP) if c["PERSISTENT"] for sk in (2, 4, 8))
     os.makedirs(a.out, exist_ok=True)

@@ -56,7 +56,7 @@ def candidates(space, has_norm: bool, n: int, seed: int = 0) -> list[dict]:
     for fam in [one_row, tc] * (n // 2 + 1):
         for _ in range(300):
             c = {k: rng.choice(v) for k, v in fam.items()}
-            c.update(GROUP_M=1, MM=0, PERSISTENT=0, NORM_PASS=0)
+            c.update(GROUP_M=1, MM=0, PERSISTENT=0, NORM_PASS=0, WS=0)
             for norm_pass in (0, 1):
                 c["NORM_PASS"] = norm_pass
                 if space.is_valid({**c, "num_stages": min(5, c["num_stages"])}):

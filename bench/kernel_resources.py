@@ -37,7 +37,7 @@ from dlblas_compiler.codegen.kernel import _Warmup  # noqa: E402
 from dlblas_compiler.runtime.steps import RegionStep  # noqa: E402
 
 CONFIGS = [dict(BLOCK_M=128, BLOCK_N=bn, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=s, TMA=1, MM=0,
-                NORM_PASS=1, PERSISTENT=p) for bn in (128, 256) for s in (3, 4) for p in (0, 1)]  # fmt: skip
+                NORM_PASS=1, PERSISTENT=p, WS=0) for bn in (128, 256) for s in (3, 4) for p in (0, 1)]  # fmt: skip
 
 
 def usage(cubin: str) -> dict:

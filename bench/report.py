@@ -1352,6 +1352,52 @@ def split_twins_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
 
 
+def ws_twins_section(*names: str) -> str:
+    """bench/gemms.py --tune none --sweep --sweep-ws, one or more runs: each persistent config of the fixed sweep
+    against its warp-specialized twin (the Gluon kernel, `codegen/gemm/warp_specialized.py`: the same tiles and
+    stages), the twin's deeper rings, and cuBLAS on the same GEMM shape (NOTES 144). Every twin's output is checked
+    against the region's tuned config (the largest relative difference is listed)."""
+    out = ["| run | layer | region | M × N × K | config (persistent) | Triton µs | WS µs (WS / Triton) | cuBLAS µs |",
+           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    entries = []
+    worst = 0.0
+    for run, name in enumerate(names):
+        doc = _load(name)
+        entries.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")},
+                        f"run {'abcdef'[run]}"))  # fmt: skip
+        for r in doc["layers"]:
+            plain = {json.dumps({**c, "WS": 0}, sort_keys=True): t for c, t, _ in r["sweep"] if not c.get("WS")}
+            for c, t, e in r["sweep"]:
+                if not c.get("WS"):
+                    continue
+                worst = max(worst, e)
+                t0 = plain.get(json.dumps({**c, "WS": 0}, sort_keys=True))
+                base = f"{t0:.1f}" if t0 is not None else "(not swept)"
+                ratio = f" ({t / t0:.3f})" if t0 is not None else ""
+                norm = ", norm pass" if c["NORM_PASS"] else ""
+                out.append(f"| {'abcdef'[run]} | {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | "
+                           f"{r['M']} × {r['N']} × {r['K']} | {_config(c)}{norm} | {base} | {t:.1f}{ratio} | "
+                           f"{r['cublas_us']:.1f} |")  # fmt: skip
+    out.append("")
+    out.append(f"*Outputs:* every WS config's output against the tuned config's: largest relative difference {worst:.1e}.")
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
+def gluon_probe_section(name: str) -> str:
+    """bench/gluon_gemm_probe.py: the plain warp-specialized Gluon GEMM (no epilogue beyond the cast, stored by TMA)
+    of each variant against cuBLAS (`torch.matmul`), both timed by `triton.testing.do_bench` (not CUDA graphs)."""
+    doc = _load(name)
+    out = ["| shape | M × N × K | BM × BN × BK, stages | Gluon µs | cuBLAS µs | cuBLAS / Gluon | rel. error |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in doc["rows"]:
+        for v in r["variants"]:
+            bm, bn, bk, st = v["variant"]
+            out.append(f"| {r['shape']} | {r['M']} × {r['N']} × {r['K']} | {bm} × {bn} × {bk}, {st} | {v['us']:.1f} | "
+                       f"{r['cublas_us']:.1f} | {r['cublas_us'] / v['us']:.3f}x | {v['rel_err']:.1e} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "do_bench medians")]) + "\n"
+
+
 def loop_forms_ab_section(old: str, new: str) -> str:
     """bench/gemms.py --tune none --sweep on two trees in one run: per region, the fastest swept config of each loop
     form (one tile a program; persistent) before and after, and cuBLAS on the same GEMM shape."""
@@ -1787,6 +1833,11 @@ SECTIONS = {
     "layer-qwen25-7b-s41": functools.partial(layer_section, "2026-12-01-h200-s41-layers-m2048.json", "layer_qwen25_7b"),
     "ncu-s41": functools.partial(ncu_section, "2026-12-01-h200-s41-ncu-qwen25_7b.txt.gz",
                                  "2026-12-01-h200-s41-ncu-llama3_8b.txt.gz"),
+    "gluon-probe-s42": functools.partial(gluon_probe_section, "2026-12-02-h200-s42-gluon-probe.json"),
+    "ws-twins-s42": functools.partial(ws_twins_section, "2026-12-02-h200-s42-ws-sweep-a.json",
+                                      "2026-12-02-h200-s42-ws-sweep-c.json"),
+    "gemms-quick-s42": functools.partial(gemms_section, "2026-12-02-h200-s42-gemms-quick.json"),
+    "gemms-m1-s42": functools.partial(gemms_section, "2026-12-02-h200-s42-gemms-m1.json"),
     "attention-masked-s40": functools.partial(attention_ab_section, "2026-12-01-h200-s40-qwen3-attention-old.json",
                                               "2026-12-01-h200-s40-qwen3-attention-new.json"),
     "rotary-table-s39": functools.partial(rotary_table_section, "2026-12-01-h200-s39-qkv-table-a-old.json",

@@ -89,7 +89,7 @@ def main() -> None:
         k = step.kernel
         edited = compile_source(paired(k.source), k.name, interpret=False)
         edited_tma = compile_source(paired_tma(k.source), k.name, interpret=False)
-        base = {"BLOCK_M": 128, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 8, "MM": 0, "NORM_PASS": 0}
+        base = {"BLOCK_M": 128, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 8, "MM": 0, "NORM_PASS": 0, "WS": 0}
         for bn in (128, 256):
             for stages in (3, 4):
                 for pers in (0, 1):

@@ -55,9 +55,17 @@ def compile_job(job: tuple, cache: dict[str, Any]) -> None:
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
     target = GPUTarget(*target)
     options = make_backend(target).parse_options(options)
-    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    source = (_gluon_source() if fn.is_gluon() else ASTSource)(fn, signature, constexprs, attrs)
+    kernel = triton.compile(source, target=target, options=options.__dict__)
     if target.backend == "cuda":
         _launcher(kernel)
+
+
+def _gluon_source() -> type:
+    """Gluon's ASTSource (a Gluon kernel: a GEMM's warp-specialized one), as its JITFunction's binder picks it."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    return GluonASTSource
 
 
 def _launcher(kernel: Any) -> None:

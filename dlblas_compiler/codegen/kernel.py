@@ -61,6 +61,10 @@ def compile_source(source: str, name: str, interpret: bool) -> Callable:
             os.environ["TRITON_INTERPRET"] = old
     fn = namespace[name]
     fn.dlblas_source = (text, name, filename)  # (what a compile worker builds it from: `compile_pool`)
+    ws = namespace.get(f"{name}_ws")  # a GEMM's warp-specialized Gluon kernel (gemm/warp_specialized.py)
+    if ws is not None:
+        ws.dlblas_source = (text, f"{name}_ws", filename)
+    fn.variants = {"ws": ws} if ws is not None else {}
     _COMPILED[key] = fn
     return fn
 
@@ -94,7 +98,7 @@ class Kernel:
         kernel under, so the same kernel of every layer (gemm_2, gemm_6, ...) is tuned once."""
         if self._tuning_key is None:  # (asked at every tuning lookup: the name and source do not change)
             kind = re.sub(r"_\d+$", "", self.name)
-            self._tuning_key = kind, source_hash(re.sub(rf"\b{re.escape(self.name)}\b", kind, self.source))
+            self._tuning_key = kind, source_hash(_renamed(self.source, self.name, kind))
         return self._tuning_key
 
     def file_text(self) -> str:
@@ -117,10 +121,16 @@ class Kernel:
         fn = self._fns.get(interpret)
         if fn is None:
             name = self.shared_name
-            fn = self._fns[interpret] = compile_source(re.sub(rf"\b{re.escape(self.name)}\b", name, self.source), name, interpret)
+            source = _renamed(self.source, self.name, name)
+            fn = self._fns[interpret] = compile_source(source, name, interpret)
         if interpret:
             return fn
         return launcher(fn, chained)
+
+
+def _renamed(source: str, old: str, new: str) -> str:
+    """`source` with the kernel's name `old` replaced by `new`, also where it begins a longer name (`<name>_ws`)."""
+    return re.sub(rf"\b{re.escape(old)}(?![0-9A-Za-z])", new, source)
 
 
 class _Warmup:
@@ -132,6 +142,10 @@ class _Warmup:
 
     def __getitem__(self, grid: Any) -> Callable:
         return lambda *args, **kwargs: self.fn.run(*args, grid=grid, warmup=True, **kwargs)
+
+    def variant(self, name: str) -> _Warmup:
+        """The warm-up of the source's other kernel `name` (`Launcher.variant`)."""
+        return _Warmup(self.fn.variants[name])
 
 
 _POOL: ThreadPoolExecutor | None = None

@@ -74,3 +74,17 @@ def row_indices(w: Writer, flat: str, nrow: int) -> None:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def wrapped(w: Writer, opening: str, items: list[str], closing: str) -> None:
+    """`opening`, the comma-separated items wrapped over lines of at most ~110 characters, then `closing`: a
+    signature or a call."""
+    w(opening)
+    width, line = 110 - 4 * w.depth - 4, ""
+    for item in items:  # (whole items per line: an annotation is not split)
+        if line and len(line) + len(item) + 2 > width:
+            w("    " + line.rstrip())
+            line = ""
+        line += item + ", "
+    w("    " + line.rstrip())
+    w(closing)

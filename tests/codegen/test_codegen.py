@@ -340,7 +340,7 @@ def test_dual_gemm_one_accumulator_over_both_streams():
         for bm, bn, sk, tma, pers in [(16, 16, 1, 0, 0), (16, 32, 2, 0, 0), (32, 16, 1, 1, 0), (16, 32, 1, 1, 1),
                                       (16, 16, 4, 1, 0), (32, 32, 1, 0, 1)]:  # fmt: skip
             cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 16 if sk > 1 else 32, "SPLIT_K": sk, "GROUP_M": 1,
-                   "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": 0, "PERSISTENT": pers}  # fmt: skip
+                   "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": 0, "PERSISTENT": pers, "WS": 0}  # fmt: skip
             (out,) = step.launch(tensors, cfg)
             assert rel_error(out, ref) <= tolerance(torch.float32), cfg
             checked += 1
@@ -366,7 +366,7 @@ def test_gemm_configs_split_k_and_ragged_tiles(k):
         configs = [(16, 16, 32, 1, 0), (32, 32, 64, 2, 0), (16, 32, 32, 4, 0), (64, 16, 64, 2, 0), (16, 32, 64, 2, 1)]
         for (bm, bn, bk, sk, tma), normed in itertools.product(configs, (0, 1)):  # TMA: the partial last K step is zero-filled
             cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2,
-                   "TMA": tma, "MM": 0, "NORM_PASS": normed, "PERSISTENT": 0}  # NORM_PASS: the norm as a row pass before the K loop
+                   "TMA": tma, "MM": 0, "NORM_PASS": normed, "PERSISTENT": 0, "WS": 0}  # NORM_PASS: the norm as a row pass before the K loop
             (out,) = step.launch(tensors, cfg)
             assert rel_error(out, ref) <= tolerance(torch.float32), cfg
 
@@ -422,7 +422,7 @@ def test_gemm_tma_and_pointer_configs(tokens):
     down+residual) under tiles loaded by pointer and through TMA descriptors, split-K included (with
     1 token the norm statistics come from the GEMM itself), against the region's reference."""
     cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)  # K long enough to split
-    configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 0}
+    configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 0, "WS": 0}
                for bn, bk, sk in [(32, 32, 4), (64, 64, 1), (128, 32, 2)] for tma in (0, 1) for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
@@ -439,7 +439,7 @@ def test_gemm_persistent_configs(monkeypatch):
     monkeypatch.setattr(device, "sm_count", lambda: 2)
     cfg = BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64)
     configs = [{"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": 32 if mm else 64, "SPLIT_K": 1, "GROUP_M": g, "num_warps": 4,
-                "num_stages": 2, "TMA": tma, "MM": mm, "NORM_PASS": mm, "PERSISTENT": 1}
+                "num_stages": 2, "TMA": tma, "MM": mm, "NORM_PASS": mm, "PERSISTENT": 1, "WS": 0}
                for bn, g in [(64, 1), (128, 8)] for tma in (0, 1) for mm in (0, 1) if not (mm and tma)]  # fmt: skip
     checked = _check_gemm_regions(cfg, 19, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
@@ -462,7 +462,7 @@ def test_gemm_persistent_split_last_wave(monkeypatch):
     whole_tiles = launch.whole_tiles
     monkeypatch.setattr(launch, "whole_tiles", lambda t, p, s: plans.append((t, r := whole_tiles(t, p, s))) or r)
     configs = [{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "SPLIT_K": sk, "GROUP_M": g, "num_warps": 4,
-                "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1}
+                "num_stages": 2, "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1, "WS": 0}
                for sk in (2, 4) for g, tma, p in [(1, 0, 0), (8, 1, 1), (8, 0, 1)]]  # fmt: skip
     checked = []
     for cfg in (BlockConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, head_dim=64),
@@ -498,7 +498,7 @@ def test_gemm_persistent_configs_on_the_gpu(dtype):
     cfg = BlockConfig(hidden=512, intermediate=1024, heads=8, kv_heads=2, head_dim=64)
     tiles = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4)]
     configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": w, "num_stages": s,
-                "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1}
+                "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1, "WS": 0}
                for bm, bn, w, s in tiles for tma in (0, 1) for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, 2100, configs, dtype)
     assert len({r for r, _, _ in checked}) == 4, checked
@@ -515,7 +515,7 @@ def test_gemm_persistent_split_last_wave_on_the_gpu(monkeypatch):
     cfg = BlockConfig(hidden=512, intermediate=1024, heads=8, kv_heads=2, head_dim=64)
     tiles = [(64, 128, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3)]
     configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "SPLIT_K": sk, "GROUP_M": 8, "num_warps": w,
-                "num_stages": s, "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1}
+                "num_stages": s, "TMA": tma, "MM": 0, "NORM_PASS": p, "PERSISTENT": 1, "WS": 0}
                for bm, bn, w, s in tiles for sk in (2, 4) for tma in (0, 1) for p in (0, 1)]  # fmt: skip
     checked = []
     for sms in (23, 40, 97):
@@ -564,7 +564,7 @@ def test_gemm_cublas_product_with_generated_epilogue(tokens):
     adds) on every GEMM region of a Llama block, tiles narrower than a head included, against the reference."""
     cfg = BlockConfig(hidden=256, intermediate=320, heads=4, kv_heads=2, head_dim=64)
     configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": g, "num_warps": 4,
-                "num_stages": 2, "TMA": 0, "MM": 1, "NORM_PASS": p, "PERSISTENT": 0} for bm, bn, g in [(16, 64, 1), (16, 32, 1), (32, 128, 8)] for p in (0, 1)]  # fmt: skip
+                "num_stages": 2, "TMA": 0, "MM": 1, "NORM_PASS": p, "PERSISTENT": 0, "WS": 0} for bm, bn, g in [(16, 64, 1), (16, 32, 1), (32, 128, 8)] for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
     assert any(c["BLOCK_N"] < 64 and "dl.rotary" in r for r, c, _ in checked)
@@ -599,7 +599,7 @@ def test_gemm_rotary_partners_read_from_the_product(rd, inter):
     rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
     args = [_x(1, s, 32), rep(ang.cos()), rep(ang.sin())]
     cm = dc.compile(model, backend="interpret", cuda_graphs=False)
-    base = {"BLOCK_M": 16, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0, "PERSISTENT": 0}
+    base = {"BLOCK_M": 16, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0, "PERSISTENT": 0, "WS": 0}
     configs = [{**base, "BLOCK_N": bn, "MM": mm} for bn, mm in [(16, 1), (32, 1), (64, 1), (128, 1), (16, 0), (32, 0)]]
     with torch.no_grad():
         cm(*args)
@@ -637,7 +637,7 @@ def test_gemm_rotary_loads_a_table_shared_by_the_heads_once(backend, dtype, rd, 
     model, args = model.to(dev, dtype), [a.to(dev, dtype) for a in args]
     cm = dc.compile(model, backend=backend, cuda_graphs=False)
     base = {"BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0,
-            "PERSISTENT": 0}  # fmt: skip
+            "PERSISTENT": 0, "WS": 0}  # fmt: skip
     configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "MM": mm}
                for bm, bn, mm in [(16, 8, 0), (16, 16, 0), (16, 32, 0), (16, 64, 0), (1, 64, 0), (16, 64, 1)]]
     with torch.no_grad():
@@ -669,7 +669,7 @@ def test_gemm_rotary_on_heads_whose_width_is_not_a_power_of_two(tokens, d, rd, i
     args = [_x(1, tokens, 32), rep(ang.cos()), rep(ang.sin())]
     cm = dc.compile(model, backend="interpret", cuda_graphs=False)
     base = {"BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0,
-            "PERSISTENT": 0}  # fmt: skip
+            "PERSISTENT": 0, "WS": 0}  # fmt: skip
     configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "MM": mm}
                for bm, bn, mm in [(1, 16, 0), (16, 16, 0), (16, 32, 0), (16, 16, 1), (16, 32, 1), (16, 64, 1), (16, 128, 1)]]
     with torch.no_grad():
@@ -742,7 +742,7 @@ def test_gemm_rotary_on_q_k_v_sliced_from_each_heads_columns(tokens, rd, inter):
     ang = _x(tokens, (rd or d) // 2, seed=3)
     rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
     args = [_x(1, tokens, k), rep(ang.cos()), rep(ang.sin())]
-    base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0, "PERSISTENT": 0}
+    base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0, "NORM_PASS": 0, "PERSISTENT": 0, "WS": 0}
     configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm}
                for bm, bn, sk, mm in [(16, 16, 1, 0), (16, 32, 1, 0), (16, 64, 2, 0), (16, 128, 1, 0), (16, 16, 1, 1),
                                       (16, 64, 1, 1), (1, 16, 1, 0), (1, 32, 2, 0)]]  # fmt: skip
@@ -820,7 +820,7 @@ def test_gemm_stores_k_and_v_into_the_cache_at_their_positions(batch, pos):
         before = [t.clone() for t in tensors]
         refs = step.reference([t.double() if t.is_floating_point() else t for t in tensors])
         base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0}
-        configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": mm, "PERSISTENT": 0}
+        configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": mm, "PERSISTENT": 0, "WS": 0}
                    for bm, bn, sk, mm in [(16, 16, 1, 0), (16, 32, 2, 0), (16, 64, 1, 0), (16, 32, 1, 1),
                                           (16, 64, 1, 1), (1, 16, 1, 0), (1, 32, 2, 0)]]  # fmt: skip
         checked = _launch_valid(step, tensors, refs, configs)
@@ -905,7 +905,7 @@ def test_gemm_per_head_rms_norm_before_rotary(tokens):
     ang = _x(tokens, d // 2, seed=3)
     args = [_x(1, tokens, k), torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)]
     base = {"BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "TMA": 0}
-    configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": p, "PERSISTENT": 0}
+    configs = [{**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "MM": mm, "NORM_PASS": p, "PERSISTENT": 0, "WS": 0}
                for bm, bn, sk, mm, p in [(16, 32, 1, 0, 0), (16, 64, 2, 0, 0), (16, 128, 1, 0, 1), (16, 32, 1, 1, 1),
                                          (16, 64, 1, 1, 1), (1, 32, 1, 0, 0), (16, 16, 1, 0, 0), (16, 16, 1, 1, 1)]]  # fmt: skip
     with torch.no_grad():
@@ -1008,7 +1008,7 @@ def test_gemm_one_row_tiles(tokens):
     rotation pairs gathered from both halves of the head), split-K, grouped rows, a partial last K step."""
     cfg = BlockConfig(hidden=256, intermediate=320, heads=4, kv_heads=2, head_dim=64)
     configs = [{"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 8 if tokens > 1 else 1,
-                "num_warps": 4, "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": p, "PERSISTENT": 0}
+                "num_warps": 4, "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": p, "PERSISTENT": 0, "WS": 0}
                for bn, bk, sk in [(16, 64, 1), (32, 32, 2), (64, 128, 1), (16, 128, 1), (128, 32, 2)] for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, tokens, configs)
     assert len({r for r, _, _ in checked}) == 4, checked
@@ -1138,9 +1138,9 @@ def test_gemm_variant_starts_include_the_default_run_persistent():
     from dlblas_compiler.codegen.gemm.space import _variant_starts
 
     default = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 8,
-               "num_stages": 3, "TMA": 1, "MM": 0, "NORM_PASS": 1, "PERSISTENT": 0}  # fmt: skip
+               "num_stages": 3, "TMA": 1, "MM": 0, "NORM_PASS": 1, "PERSISTENT": 0, "WS": 0}  # fmt: skip
     first, *rest = _variant_starts(2048, 2, True, default=default)
-    assert first == {**default, "PERSISTENT": 1} and rest and all(c["MM"] == 1 for c in rest)
+    assert first == {**default, "PERSISTENT": 1, "WS": 0} and rest and all(c["MM"] == 1 for c in rest)
     assert all(c["MM"] == 1 for c in _variant_starts(256, 2, True, default=default))  # (a few tiles: not persistent)
     assert _variant_starts(16, 2, True, default=default) == []
 
@@ -1182,7 +1182,7 @@ def test_gemm_persistent_starts_gain_a_split_last_wave_twin(monkeypatch):
     # Qwen2.5-7B's QKV at 2048 tokens on 132 SMs: 288 tiles of 128 x 256, a last wave of 24 split 4 ways (8 would
     # overfill the wave); Llama-3-8B's: 384 tiles, a last wave of 120 that no split fits
     assert whole_tiles(288, 132, 4) == 264 and whole_tiles(288, 132, 8) == 288 and whole_tiles(384, 132, 2) == 384
-    start = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SPLIT_K": 1, "PERSISTENT": 1}
+    start = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SPLIT_K": 1, "PERSISTENT": 1, "WS": 0}
     for t, k, want in [(288, 3584, [start, {**start, "SPLIT_K": 4}]), (384, 4096, [start])]:
         assert _split_tails([start], lambda c, t=t, k=k: whole_tiles(t, 132, c["SPLIT_K"]) < t
                             and k // c["SPLIT_K"] >= 4 * c["BLOCK_K"]) == want  # fmt: skip

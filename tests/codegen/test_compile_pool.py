@@ -123,14 +123,14 @@ def test_qkv_epilogue_registers_at_the_m2048_tiles(workers):
     stack = {}
     for bn, sk in ((128, 1), (256, 1), (256, 4)):
         c = {"BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 64, "SPLIT_K": sk, "GROUP_M": 8, "num_warps": 8,
-             "num_stages": 3, "TMA": 1, "MM": 0, "NORM_PASS": 1, "PERSISTENT": 1}  # fmt: skip
+             "num_stages": 3, "TMA": 1, "MM": 0, "NORM_PASS": 1, "PERSISTENT": 1, "WS": 0}  # fmt: skip
         stack[bn, sk] = _sm90_build(workers, step, tensors, c)[0]
     assert stack[128, 1] == 0 and stack[256, 1] <= 256 and stack[256, 4] <= 576, stack
 
 
-def _sm90_build(workers, step, tensors, c: dict) -> tuple[int, int]:
+def _sm90_build(workers, step, tensors, c: dict) -> tuple[int, int, str]:
     """Build the region's kernel under config c for sm90 in a compile worker: (bytes of stack a thread, i.e.
-    spills; bytes of shared memory the launch takes), read from the binary with Triton's cuobjdump."""
+    spills; bytes of shared memory the launch takes; its TTGIR), read from the binary with Triton's cuobjdump."""
     before = driver._active
     driver.set_active(compile_pool.Sm90Driver())
     try:
@@ -143,9 +143,11 @@ def _sm90_build(workers, step, tensors, c: dict) -> tuple[int, int]:
                               text=True, check=True).stdout  # fmt: skip
         with open(cubin.removesuffix(".cubin") + ".json") as f:
             shared = json.load(f)["shared"]
+        with open(cubin.removesuffix(".cubin") + ".ttgir") as f:
+            ttgir = f.read()
     finally:
         driver.set_active(before)
-    return int(re.search(r"STACK:(\d+)", text).group(1)), shared
+    return int(re.search(r"STACK:(\d+)", text).group(1)), shared, ttgir
 
 
 def test_persistent_loops_flatten_and_pipeline_across_tiles(workers):
@@ -162,8 +164,8 @@ def test_persistent_loops_flatten_and_pipeline_across_tiles(workers):
     # (the one barrier left: split-K's, between a program's partial-sum stores and its count's release)
     assert "flatten=True" in step.kernel.source and step.kernel.source.count("tl.debug_barrier()") == 1
     c = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 8, "num_stages": 3,
-         "TMA": 1, "MM": 0, "NORM_PASS": 0, "PERSISTENT": 1}  # fmt: skip
-    stack, shared = _sm90_build(workers, step, tensors, c)
+         "TMA": 1, "MM": 0, "NORM_PASS": 0, "PERSISTENT": 1, "WS": 0}  # fmt: skip
+    stack, shared, _ = _sm90_build(workers, step, tensors, c)
     assert stack == 0 and shared > 3 * (128 + 256) * 64 * 2 + 16384, (stack, shared)
 
 

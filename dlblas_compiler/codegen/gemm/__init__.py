@@ -5,6 +5,8 @@ region's reference):
   tiled.py     tensor-core tiles (tl.dot), loaded by pointer or through TMA descriptors (sm90+)
   gemv.py      one-row tiles on CUDA cores for a few rows (decode): the weight streamed along K
   cublas.py    MM: cuBLAS computes the product and the kernel is the prologue's scaling and the epilogue
+  warp_specialized.py  WS (sm90): a second kernel in the same source, in Gluon: a TMA loader warp feeding the MMA
+               warps, persistent, the same epilogue (regions without rotary or per-head norms)
 and the parts they share:
   plan.py      what a region computes (`analyze`: the linear, its norm, each epilogue value's view of the tile)
   emitter.py   the kernel's skeleton: one tile per program or (PERSISTENT) one program per SM looping over the

@@ -5,8 +5,8 @@ tensor-core tiles by pointer or TMA), chosen at run time by the config's constex
 from __future__ import annotations
 
 from ...dialects import ConstantOp, IndexCopyOp
-from ..source import PDL_ARG, Writer, chained_start
-from . import cublas, gemv, tiled
+from ..source import PDL_ARG, Writer, chained_start, wrapped
+from . import cublas, gemv, tiled, warp_specialized
 from .epilogue import EpilogueEmitter
 
 
@@ -39,7 +39,7 @@ class GemmEmitter(EpilogueEmitter):
             args += [f"o{k}_s{d}" for d in range(len(p.info[r].perm))]
         self._kernel(w, args)
         w("@triton.jit")
-        _wrapped(w, "def _tile(", [*args, "pid", "pid_k", "slot0", *(f"{c}: tl.constexpr" for c in CONSTS),
+        wrapped(w, "def _tile(", [*args, "pid", "pid_k", "slot0", *(f"{c}: tl.constexpr" for c in CONSTS),
                                    "RELEASE: tl.constexpr"], "):")  # fmt: skip
         w.indent()
         w('"""One output tile: its rows and columns, the K loop of the config\'s variant, the epilogue."""')
@@ -85,7 +85,17 @@ class GemmEmitter(EpilogueEmitter):
         self._release(w)
         self.emit(w)
         w.dedent()
-        return w.text()
+        if not self.warp_specialized:
+            return w.text()
+        w("")
+        w("")
+        warp_specialized.emit(self, w, args, CONSTS)
+        return warp_specialized.HEADER + "\n" + w.text()
+
+    @property
+    def warp_specialized(self) -> bool:
+        """Whether the source also holds the warp-specialized Gluon kernel (`<name>_ws`, warp_specialized.py)."""
+        return warp_specialized.offered(self.plan)
 
     @staticmethod
     def _release(w: Writer) -> None:
@@ -107,7 +117,7 @@ class GemmEmitter(EpilogueEmitter):
         specialization of the loop, `tl.range(..., warp_specialize=True)`, gave non-finite rows that varied
         between runs on the H100 for the dual GEMM with 4 warps: not offered, NOTES 59.)"""
         w('@triton.jit(do_not_specialize=["DP_TILES"])  # (a count that changes with M: one binary for all)')
-        _wrapped(w, f"def {self.name}(", [*args, "DP_TILES", *(f"{c}: tl.constexpr" for c in CONSTS),
+        wrapped(w, f"def {self.name}(", [*args, "DP_TILES", *(f"{c}: tl.constexpr" for c in CONSTS),
                                           "PERSISTENT: tl.constexpr", PDL_ARG.rstrip(",")], "):")  # fmt: skip
         w.indent()
         chained_start(w, release=False)  # (released after the K loop: `_release`)
@@ -116,7 +126,7 @@ class GemmEmitter(EpilogueEmitter):
         def tile(depth: int, pid: str, pid_k: str, slot0: str, consts=CONSTS, release: str = "False") -> None:
             """A call of the tile's work `depth` levels in."""
             w.depth += depth
-            _wrapped(w, "_tile(", [*args, pid, pid_k, slot0, *consts, release], ")")
+            wrapped(w, "_tile(", [*args, pid, pid_k, slot0, *consts, release], ")")
             w.depth -= depth
 
         w("if PERSISTENT:")
@@ -140,17 +150,3 @@ class GemmEmitter(EpilogueEmitter):
         w.dedent()
         w("")
         w("")
-
-
-def _wrapped(w: Writer, opening: str, items: list[str], closing: str) -> None:
-    """`opening`, the comma-separated items wrapped over lines of at most ~110 characters, then `closing`: a
-    signature or a call."""
-    w(opening)
-    width, line = 110 - 4 * w.depth - 4, ""
-    for item in items:  # (whole items per line: an annotation is not split)
-        if line and len(line) + len(item) + 2 > width:
-            w("    " + line.rstrip())
-            line = ""
-        line += item + ", "
-    w("    " + line.rstrip())
-    w(closing)

@@ -37,20 +37,22 @@ class EpilogueEmitter:
         self.spaces: dict[tuple, str] = {}
         self.dot = device.dot_args(dtype_of(plan.linear.weight))  # IEEE fp32 unless torch allows TF32
 
-    def emit(self, w: Writer) -> None:
-        """Everything after the K loop: split-K's partial sums and their reduction by the tile's last program, the
-        norm's row scaling and the bias on each accumulator, the epilogue ops, one store per output."""
+    def emit(self, w: Writer, split_k: bool = True) -> None:
+        """Everything after the K loop: split-K's partial sums and their reduction by the tile's last program
+        (`split_k`: a kernel whose config may split K), the norm's row scaling and the bias on each accumulator, the
+        epilogue ops, one store per output."""
         p = self.plan
         lin = p.linear
         has_bias = lin.bias is not None
         nrow = len(p.rows)
-        self._split_k(w)
-        w("if last:")
-        w.indent()
-        w("if SPLIT_K > 1:")
-        w.indent()
-        self._reduce_partials(w)
-        w.dedent()
+        if split_k:
+            self._split_k(w)
+            w("if last:")
+            w.indent()
+            w("if SPLIT_K > 1:")
+            w.indent()
+            self._reduce_partials(w)
+            w.dedent()
         if p.rms is not None:  # the norm prologue's row statistics (see prologue.row_scale)
             row_scale(self, w)
         for s, off in enumerate(p.streams):
@@ -95,8 +97,8 @@ class EpilogueEmitter:
                         self._epilogue(w, o)
                 self._store(w, k)
                 w.dedent()
-        w.dedent()
-        w.dedent()
+        if split_k:
+            w.dedent()
 
     def _cones(self) -> list[set[Operation]] | None:
         """Per output, the epilogue ops it depends on; None where the epilogue is emitted whole (one output, or

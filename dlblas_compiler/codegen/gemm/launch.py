@@ -14,6 +14,7 @@ from ..interpreter import launch as launch_lib
 from ..kernel import Kernel
 from ..source import cdiv
 from ..views import Layout, view_chain
+from . import warp_specialized
 from .emitter import GemmEmitter
 from .norms import row_layer_norm, row_norm, row_rms
 from .plan import Cols, GemmPlan, input_view, whole_tiles
@@ -118,15 +119,20 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         tma = config["TMA"] and all(t.data_ptr() % 16 == 0 for t in ins[:2])
         if tma:
             device.descriptor_scratch()
+        args = (*ins, *[tensors[i] for i in ext_args], *outs, *[tensors[i] for i in ix_args], *ix_sizes, prod, ws, cnt,
+                rs, m, *row_sizes, *ext_strides, *out_strides, dp_tiles)  # fmt: skip
+        consts = dict(K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
+                      K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
+                      RS_BLOCK=max(64, min(2048 // bm, k_pow2)), MM=mm, NORMED=bool(normed))  # fmt: skip
+        warps = config["num_warps"]
+        if config.get("WS"):  # the warp-specialized Gluon kernel (warp_specialized.py): persistent, TMA tiles
+            if not tma or not hasattr(kernel, "variant"):
+                raise ValueError(f"{name}: a warp-specialized (WS) config needs TMA-aligned operands on an sm90 GPU")
+            regs = {"maxnreg": warp_specialized.MAXNREG} if warps == 8 else {}
+            kernel.variant("ws")[(programs,)](*args, **consts, STAGES=config["num_stages"], num_warps=warps, **regs)
+            return outs
         grid = (programs, 1) if persistent else (tiles, sk)
-        kernel[grid](
-            *ins, *[tensors[i] for i in ext_args], *outs, *[tensors[i] for i in ix_args], *ix_sizes, prod, ws, cnt, rs, m,
-            *row_sizes, *ext_strides, *out_strides, dp_tiles,
-            K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
-            K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
-            RS_BLOCK=max(64, min(2048 // bm, k_pow2)), MM=mm, NORMED=bool(normed), PERSISTENT=bool(persistent),
-            num_warps=config["num_warps"], num_stages=config["num_stages"],
-        )  # fmt: skip
+        kernel[grid](*args, **consts, PERSISTENT=bool(persistent), num_warps=warps, num_stages=config["num_stages"])
         return outs
 
     flops = 2.0 * m * k * gn * ns

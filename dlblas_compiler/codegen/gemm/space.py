@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 
 from ...dialects import LayerNormOp
@@ -13,6 +14,8 @@ from ...dialects.types import dtype_of, numel
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import cdiv
+from . import warp_specialized
+from .launch import RS_INLINE_ROWS
 from .plan import GEMV_ROWS, GemmPlan, whole_tiles
 
 PARAMS = {
@@ -27,6 +30,7 @@ PARAMS = {
     "MM": [0, 1],  # 1: cuBLAS computes x @ W^T, the kernel is the prologue's scaling and the epilogue
     "NORM_PASS": [0, 1],  # 1: a row pass writes the normalized x (the K loop reads it unscaled, no row statistics)
     "PERSISTENT": [0, 1],  # 1: one program per SM looping over the tiles (TMA tiles only)
+    "WS": [0, 1],  # 1: the warp-specialized Gluon kernel (a TMA loader warp feeding the MMA warps; sm90)
 }
 
 
@@ -46,6 +50,7 @@ def space(plan: GemmPlan) -> SearchSpace:
     smem_limit, sms, tma_ok = device.smem_limit(), device.sm_count(), device.has_tma()
     has_norm, ln = plan.norm is not None, isinstance(plan.norm, LayerNormOp)
     norm_w = plan.rms is not None and plan.rms.weight is not None  # (a norm weight not folded into W)
+    ws_ok = warp_specialized.offered(plan) and torch.cuda.is_available() and device.capability()[0] == 9
 
     def tiles(c: dict) -> int:
         return cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"])
@@ -66,8 +71,9 @@ def space(plan: GemmPlan) -> SearchSpace:
         " its last wave's tiles, only where they leave most SMs idle": lambda c: c["SPLIT_K"] == 1
         or (k // c["SPLIT_K"] >= 4 * c["BLOCK_K"] and (tiles(c) < 2 * sms if not c["PERSISTENT"]
                                                          else whole_tiles(tiles(c), sms, c["SPLIT_K"]) < tiles(c))),
-        "shared memory": lambda c: c["BLOCK_M"] == 1
-        or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"] <= smem_limit,
+        "shared memory (a warp-specialized kernel's epilogue also takes the tile's layout change)": lambda c:
+        c["BLOCK_M"] == 1 or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"]
+        + c["WS"] * 2 * c["BLOCK_M"] * c["BLOCK_N"] <= smem_limit,
         "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
         and (c["BLOCK_M"] > 1 or ns * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * c["num_warps"] * 32),
         "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
@@ -79,14 +85,36 @@ def space(plan: GemmPlan) -> SearchSpace:
         not c["PERSISTENT"] or (c["BLOCK_M"] > 1 and tiles(c) > sms),
         "no norm weight on TMA tiles in the K loop (Triton 3.6 on H100: wrong rows that vary between runs)":
         lambda c: not (norm_w and c["TMA"] and not c["NORM_PASS"] and not c["MM"] and c["BLOCK_M"] > 1),
+        "warp specialization (a Gluon kernel for sm90 GPUs, regions whose epilogue it takes) runs persistent TMA"
+        " tiles over the whole K range, a warpgroup per 64 rows at most, with the norm's statistics from a pass":
+        lambda c: not c["WS"] or (ws_ok and c["PERSISTENT"] and c["TMA"] and c["SPLIT_K"] == 1 and not c["MM"]
+                                  and c["BLOCK_M"] >= 16 * c["num_warps"] and c["BLOCK_N"] >= 32
+                                  and not (norm_w and not c["NORM_PASS"]) and m > RS_INLINE_ROWS),
     }
     default = _default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
                               has_norm, ln, plan.rotary_from_product)
     starts = ((_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [])
               + _variant_starts(m, ns, has_norm, ln, default))  # fmt: skip
-    space = SearchSpace(PARAMS, constraints, default=default,
-                        seeds=_split_tails(starts, lambda c: all(rule(c) for rule in constraints.values())))
+    starts = [{**c, "WS": 0} for c in [default, *starts]]
+
+    def valid(c: dict) -> bool:
+        return all(rule(c) for rule in constraints.values())
+
+    space = SearchSpace(PARAMS, constraints, default=starts[0], seeds=_split_tails(_ws_twins(starts[1:], valid), valid))
     return space.narrow(TMA=0) if os.environ.get(TMA_ENV) == "0" else space
+
+
+def _ws_twins(starts: list[dict], valid) -> list[dict]:
+    """`starts`, each persistent TMA one followed by its warp-specialized twin (WS) where the space has it: the
+    same tiles and stages, the main loop in Gluon (warp_specialized.py). The tuner times the twin against its start
+    (on an H200 within 2% of it either way, bench/NOTES.md 144)."""
+    out = []
+    for c in starts:
+        out.append(c)
+        twin = {**c, "WS": 1}
+        if c["PERSISTENT"] and not c["WS"] and valid(twin):
+            out.append(twin)
+    return out
 
 
 def _split_tails(starts: list[dict], valid) -> list[dict]:
@@ -98,7 +126,7 @@ def _split_tails(starts: list[dict], valid) -> list[dict]:
     out = []
     for c in starts:
         out.append(c)
-        if c["PERSISTENT"] and c["SPLIT_K"] == 1:
+        if c["PERSISTENT"] and c["SPLIT_K"] == 1 and not c["WS"]:
             twins = [{**c, "SPLIT_K": s} for s in reversed(PARAMS["SPLIT_K"]) if s > 1]
             out += [t for t in twins if valid(t)][:1]
     return out

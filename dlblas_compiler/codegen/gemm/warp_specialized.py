@@ -1,0 +1,214 @@
+"""The warp-specialized variant (WS, sm90): the tiled GEMM's main loop written in Gluon, Triton's lower-level
+dialect, where Triton 3.6 does not specialize our `tl.range` loops at 8 warps (bench/NOTES.md 135, 143).
+
+One program per SM loops over the output tiles, grouped along M as `_tile` orders them. Two partitions share a ring
+of STAGES shared-memory buffers for the A and W tiles, each stage with a "ready" and an "empty" mbarrier:
+  `_ws_loads`  one warp: for every K step of every tile of the program, waits until the stage is free and copies
+               the A tile and each stream's W tile into it by TMA (the copies signal "ready"), running ahead across
+               tiles, so the next tile's loads overlap this tile's epilogue;
+  `_ws_tiles`  the kernel's warps (warpgroups of 64 rows): each K step's products issued asynchronously on the
+               tensor cores (wgmma), one step in flight, the stage before freed; then the accumulators moved to rows
+               of 8 values a thread (`_epilogue_layout`: coalesced loads and stores) and the shared epilogue
+               (epilogue.py), stored by pointer.
+The epilogue's text is the Triton variant's, its `tl.` names taken from Gluon (`gluon_text`): its index vectors
+have no stated layout and Gluon resolves them to the accumulators'.
+
+Offered where that epilogue needs nothing Gluon lacks (no rotary, no per-head norm: their reshapes need explicit
+layouts), for 16-bit operands, one tile's K range a program (no split-K), the norm prologue as a row pass. Measured
+on an H200 (bench/NOTES.md 144): as fast as the Triton variant's persistent loop at the same tiles (-2% to +2%),
+not faster; the tuner may pick it, quick tuning has not.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+import torch
+
+from ...dialects import RMSNormOp, RotaryOp
+from ...dialects.types import dtype_of
+from ..exprs import Names
+from ..source import Writer, wrapped
+
+HEADER = ("from triton.experimental import gluon\n"
+          "from triton.experimental.gluon import language as gl\n"
+          "from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,\n"
+          "                                                              warpgroup_mma_wait)\n")
+LOADER_REGS = 40  # the loader warp's registers (it holds addresses and counters only)
+MAXNREG = 168  # with 8 MMA warps: 12 warps (the loader's warpgroup padded) x 32 x 168 <= 64K registers
+
+
+@cache
+def available() -> bool:
+    """Whether this Triton has Gluon's Hopper pieces."""
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def offered(plan) -> bool:
+    """Whether the region gets the Gluon kernel: 16-bit operands, and an epilogue needing nothing Gluon lacks (see
+    the module docstring)."""
+    if not available() or dtype_of(plan.linear.input) not in (torch.float16, torch.bfloat16):
+        return False
+    return not plan.rotary_dims and not plan.head_norm and not any(isinstance(o, (RotaryOp, RMSNormOp))
+                                                                   for o in plan.epilogue)
+
+
+def gluon_text(lines: list[str]) -> list[str]:
+    """Triton lines as Gluon lines: `tl.` names from Gluon's language, `tl.sigmoid` from `_sigmoid` (Gluon has
+    none); `tl.PropagateNan` stays Triton's (a constant)."""
+    out = []
+    for line in lines:
+        line = re.sub(r"\btl\.sigmoid\b", "_sigmoid", line)
+        out.append(re.sub(r"\btl\.(?!PropagateNan\b)", "gl.", line))
+    return out
+
+
+def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
+    """The Gluon kernel `<name>_ws` and its two partitions, after the Triton kernel in the same source."""
+    p, name = em.plan, em.name
+    ns = len(p.streams)
+    ws = [f"w{s}_bufs" for s in range(ns)]
+    const_params = [f"{c}: gl.constexpr" for c in consts]
+    tiles = Writer()
+    _tiles(em, tiles, args, ws, const_params)
+    if any("_sigmoid(" in line for line in tiles.lines):  # (Gluon has no sigmoid: Triton's, in Gluon)
+        w("@gluon.jit")
+        w("def _sigmoid(x):")
+        w("    return 1.0 / (1.0 + gl.exp(-x))")
+        w("")
+        w("")
+    w("@gluon.constexpr_function")
+    w("def _epilogue_layout(block_n, warps):")
+    w('    """Rows of 8 consecutive values a thread, a warp\'s threads along the columns first."""')
+    w("    across = min(32, block_n // 8)")
+    w("    return gl.BlockedLayout([1, 8], [32 // across, across], [warps, 1], [1, 0])")
+    w("")
+    w("")
+    _loads(em, w, ws)
+    w.lines += tiles.lines
+    w("@gluon.jit")
+    wrapped(w, f"def {name}_ws(", [*args, "DP_TILES", *const_params, "STAGES: gl.constexpr",
+                                  "num_warps: gl.constexpr"], "):")  # fmt: skip
+    w.indent()
+    w('"""The shared-memory ring and its barriers, then the two partitions (see the module docstring)."""')
+    w("dt: gl.constexpr = x_ptr.dtype.element_ty")
+    w("a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], dt)")
+    w("w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dt)")
+    w("a_desc = tma.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K],")
+    w("                                    layout=a_layout)")
+    for s, off in enumerate(p.streams):  # (each stream's rows of W: GRID_N of them from row `off`)
+        w(f"w{s}_desc = tma.make_tensor_descriptor(w_ptr + {off} * K, shape=[GRID_N, K], strides=[K, 1],")
+        w("                                     block_shape=[BLOCK_N, BLOCK_K], layout=w_layout)")
+    w("a_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_M, BLOCK_K], a_layout)")
+    for b in ws:
+        w(f"{b} = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_K], w_layout)")
+    w("ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())")
+    w("empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())")
+    w("for i in gl.static_range(STAGES):")
+    w("    mbarrier.init(ready.index(i), count=1)")
+    w("    mbarrier.init(empty.index(i), count=1)")
+    descs = ", ".join(f"w{s}_desc" for s in range(ns))
+    shared = f"a_bufs, {', '.join(ws)}, ready, empty"
+    w("gl.warp_specialize([")
+    w.indent()
+    wrapped(w, "(_ws_tiles, (", [*args, shared, *consts, "STAGES", "num_warps"], ")),")
+    wrapped(w, "(_ws_loads, (", ["a_desc", descs, shared, "M", "K", "GRID_N", "BLOCK_M", "BLOCK_N", "BLOCK_K",
+                                 "GROUP_M", "STAGES"], ")),")  # fmt: skip
+    w.dedent()
+    w(f"], [1], [{LOADER_REGS}])  # (the loader: one warp)")
+    w.dedent()
+    w("")
+    w("")
+
+
+def _loads(em, w: Writer, ws: list[str]) -> None:
+    ns = len(ws)
+    descs = ", ".join(f"w{s}_desc" for s in range(ns))
+    w("@gluon.jit")
+    wrapped(w, "def _ws_loads(", ["a_desc", descs, "a_bufs", *ws, "ready", "empty", "M", "K: gl.constexpr",
+                                             "GRID_N: gl.constexpr", "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
+                                             "BLOCK_K: gl.constexpr", "GROUP_M: gl.constexpr",
+                                             "STAGES: gl.constexpr"], "):")  # fmt: skip
+    w.indent()
+    w('"""The loader warp: each K step of each tile copied into the next free stage (see the module docstring)."""')
+    _tile_loop(w)
+    w("for k0 in range(0, K, BLOCK_K):")
+    w.indent()
+    w("s = it % STAGES")
+    w("mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (a new barrier's phase 1 counts as complete)")
+    nbytes = " + ".join(["a_desc.block_type.nbytes"] + [f"w{s}_desc.block_type.nbytes" for s in range(ns)])
+    w(f"mbarrier.expect(ready.index(s), {nbytes})")
+    w("tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, k0], ready.index(s), a_bufs.index(s))")
+    for s in range(ns):
+        w(f"tma.async_copy_global_to_shared(w{s}_desc, [pid_n * BLOCK_N, k0], ready.index(s), {ws[s]}.index(s))")
+    w("it += 1")
+    w.dedent()
+    w.dedent()
+    w.dedent()
+    w("")
+    w("")
+
+
+def _tiles(em, w: Writer, args: list[str], ws: list[str], const_params: list[str]) -> None:
+    ns = len(ws)
+    accs = [f"acc{s}" for s in range(ns)]
+    w("@gluon.jit")
+    wrapped(w, "def _ws_tiles(", [*args, "a_bufs", *ws, "ready", "empty", *const_params, "STAGES: gl.constexpr",
+                                  "num_warps: gl.constexpr"], "):")  # fmt: skip
+    w.indent()
+    w('"""The MMA warps: each tile\'s products as its stages arrive, then its epilogue (see the module docstring)."""')
+    w("layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],")
+    w("                                                 instr_shape=[16, BLOCK_N, 16])")
+    _tile_loop(w)
+    for a in accs:
+        w(f"{a} = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)")
+    w("for k0 in range(0, K, BLOCK_K):")
+    w.indent()
+    w("s = it % STAGES")
+    w("mbarrier.wait(ready.index(s), (it // STAGES) & 1)")
+    for a, b in zip(accs, ws, strict=True):
+        w(f"{a} = warpgroup_mma(a_bufs.index(s), {b}.index(s).permute((1, 0)), {a}, use_acc=k0 > 0, is_async=True)")
+    deps = ", ".join([*accs, "a_bufs.index(s)", *(f"{b}.index(s)" for b in ws)])
+    got = ", ".join([*accs] + ["_"] * (1 + ns))
+    w(f"{got} = warpgroup_mma_wait(num_outstanding={ns}, deps=({deps}))  # (this step's products in flight)")
+    w("if k0 > 0:  # the step before has finished reading its stage")
+    w("    mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)")
+    w("it += 1")
+    w.dedent()
+    w(f"{', '.join(accs)} = warpgroup_mma_wait(num_outstanding=0, deps=({', '.join(accs)}{',' if ns == 1 else ''}))")
+    w("mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)")
+    for a in accs:  # (the epilogue's loads and stores in rows of 16 bytes a thread)
+        w(f"{a} = gl.convert_layout({a}, _epilogue_layout(BLOCK_N, num_warps))")
+    w("rm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M)")
+    w("rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N)")
+    w("mmask = rm < M")
+    w("nmask = rn < GRID_N")
+    epi = Writer()
+    epi.depth = w.depth
+    em.names, em.spaces = Names(), {}  # (the epilogue emitted afresh: its index spaces defined again)
+    em.emit(epi, split_k=False)
+    w.lines += gluon_text(epi.lines)
+    w.dedent()
+    w.dedent()
+    w("")
+    w("")
+
+
+def _tile_loop(w: Writer) -> None:
+    """The loop over this program's tiles (both partitions walk the same ones, counting K steps in `it`), opened,
+    with pid_m and pid_n of tile `pid`, grouped along M as `_tile` orders them."""
+    w("num_m = gl.cdiv(M, BLOCK_M)")
+    w("num_n = gl.cdiv(GRID_N, BLOCK_N)")
+    w("it = 0")
+    w("for pid in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):")
+    w.indent()
+    w("group = GROUP_M * num_n")
+    w("first_m = (pid // group) * GROUP_M")
+    w("size_m = min(num_m - first_m, GROUP_M)")
+    w("pid_m = first_m + (pid % group) % size_m")
+    w("pid_n = (pid % group) // size_m")

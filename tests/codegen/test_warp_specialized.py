@@ -1,0 +1,151 @@
+"""The warp-specialized GEMM kernel (WS: `codegen/gemm/warp_specialized.py`): the tiled GEMM's main loop in Gluon,
+a TMA loader warp feeding the MMA warps through a ring of shared-memory stages, the shared epilogue after it.
+
+Gluon kernels do not run in Triton's interpreter: on the CPU the kernels are built for sm90 by the compile workers
+(as `test_compile_pool` builds the Triton ones) and their resources read from the binaries; on the GPU they run
+against float64."""
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+import dlblas_compiler as dc
+from dlblas_compiler.codegen import device
+from dlblas_compiler.codegen.gemm import warp_specialized
+from dlblas_compiler.codegen.gemm.plan import analyze
+from dlblas_compiler.codegen.gemm.space import space as gemm_space
+from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
+from dlblas_compiler.numerics import rel_error, tolerance
+from dlblas_compiler.runtime.program import RegionStep
+
+from .test_compile_pool import _sm90_build, workers  # noqa: F401 - (its fixture: two workers, a fresh cache)
+
+pytestmark = pytest.mark.skipif(not warp_specialized.available(), reason="this Triton has no Gluon for Hopper")
+
+CFG = BlockConfig(hidden=512, intermediate=1024, heads=8, kv_heads=2, head_dim=64)
+
+
+def ws(bm: int, bn: int, bk: int, warps: int, stages: int) -> dict:
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": warps,
+            "num_stages": stages, "TMA": 1, "MM": 0, "NORM_PASS": 1, "PERSISTENT": 1, "WS": 1}  # fmt: skip
+
+
+def _steps(model, inputs, backend: str):
+    """(step, inputs, float64 references on the GPU) of each GEMM region, the program stepped along between them."""
+    cm = dc.compile(model, backend=backend, cuda_graphs=False, tune="none")
+    with torch.no_grad():
+        cm(*inputs)
+        program = cm._spec().executor
+        env = program._env(list(inputs))
+        for step in program.steps:
+            if isinstance(step, RegionStep) and step.kernel is not None and step.choice.pattern == "gemm":
+                tensors = step.inputs(env)
+                gpu = backend == "triton"
+                yield step, tensors, step.reference([t.double() if t.is_floating_point() else t for t in tensors]) if gpu else None
+            step(env)
+
+
+def _block(device_: str, dtype=torch.bfloat16, tokens: int = 40):
+    model = randomize_(LlamaBlock(CFG)).to(device_, dtype).eval()
+    return model, llama_block_inputs(CFG, 1, tokens, dtype, device_)
+
+
+class BiasGelu(nn.Module):
+    """Linear(bias) → GELU (erf) on a shape no tile divides: K = 200 (a ragged last K step, zero-filled by TMA) and
+    N = 300 columns."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(200, 300)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.proj(x))
+
+
+def test_offered_where_the_epilogue_needs_nothing_gluon_lacks():
+    """o-proj and down (+ residual) and the dual gate/up GEMM (norm, SiLU · up) get the Gluon kernel `<name>_ws` in
+    their source; the QKV GEMM (rotary) does not. Without a GPU the space has no WS config."""
+    model, inputs = _block("cpu")
+    got = {}
+    for step, _, _ in _steps(model, inputs, "interpret"):
+        ops = {o.name for o in step.kernel.region.body_ops}
+        got[frozenset(ops)] = f"def {step.kernel.name}_ws(" in step.kernel.source
+        assert not any(c.get("WS") for c in step.kernel.space.starts())
+    assert sorted(got.values()) == [False, True, True], got  # (o-proj and down are one kernel)
+    assert not next(v for ops, v in got.items() if "dl.rotary" in ops)
+    assert next(v for ops, v in got.items() if "dl.glu" in ops)
+
+
+def test_twins_follow_the_persistent_starts_on_sm90(monkeypatch):
+    """On an sm90 GPU the quick search's starts hold each persistent TMA start's WS twin right after it, and the
+    space rejects WS configs it cannot run (split K, one tile per program, 8 warps on 64 rows, a norm weight in
+    the K loop)."""
+    model, inputs = _block("cpu")
+    steps = [s for s, _, _ in _steps(model, inputs, "interpret") if f"{s.kernel.name}_ws(" in s.kernel.source]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(device, "capability", lambda: (9, 0))
+    monkeypatch.setattr(device, "smem_limit", lambda: 232448)
+    monkeypatch.setattr(device, "sm_count", lambda: 132)
+    for step in steps:
+        fused = step.kernel.region
+        plan = analyze(list(fused.body_ops), list(fused.block.args))
+        plan = dataclasses.replace(plan, rows=(1, 8192))  # (8192 tokens: more tiles than SMs)
+        space = gemm_space(plan)
+        starts = space.starts()
+        twins = [i for i, c in enumerate(starts) if c["WS"]]
+        assert twins, step.kernel.name
+        for i in twins:
+            assert {**starts[i - 1], "WS": 1} == starts[i]
+        base = starts[twins[0]]
+        assert space.is_valid(base)
+        for bad in ({"SPLIT_K": 2}, {"PERSISTENT": 0}, {"BLOCK_M": 64, "num_warps": 8}, {"MM": 1}, {"TMA": 0}):
+            assert not space.is_valid({**base, **bad}), bad
+
+
+def test_builds_warp_specialized_for_sm90_without_spills(workers):  # noqa: F811 - (the fixture)
+    """Built for sm90 by a compile worker (Gluon's own compile path): the o-proj kernel at 128x128 (4 stages) and the
+    dual gate/up one at 128x128 a stream are warp-specialized (a loader partition beside the MMA warps) and spill
+    nothing; the o-proj at 128x256 with 3 stages spills at most 64 bytes (48 with Triton 3.6)."""
+    model, inputs = _block("cpu")
+    found = {}
+    for step, tensors, _ in _steps(model, inputs, "interpret"):
+        if f"{step.kernel.name}_ws(" in step.kernel.source:
+            found["glu" if "dl.glu" in step.kernel.region_ir else "add"] = (step, tensors)
+    for name, c, most in (("add", ws(128, 128, 64, 8, 4), 0), ("glu", ws(128, 128, 64, 8, 4), 0),
+                          ("add", ws(128, 256, 64, 8, 3), 64)):  # fmt: skip
+        stack, _, ttgir = _sm90_build(workers, *found[name], c)
+        assert "ttg.warp_specialize" in ttgir and "ttng.warp_group_dot" in ttgir, name
+        assert stack <= most, (name, c, stack)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ws_configs_are_right_and_repeatable_on_the_gpu(dtype, monkeypatch):
+    """Every WS region of a Llama block at 333 and 2100 tokens (ragged last row tiles) and a Linear(bias)+GELU with
+    K = 200 and N = 300 (ragged K step and columns), with 7 programs so that each loops over many tiles and the
+    loader runs ahead across them: each config launched three times, every output within tolerance of float64 and
+    the three runs equal bit for bit."""
+    monkeypatch.setattr(device, "sm_count", lambda: 7)
+    configs = [ws(128, 128, 64, 8, 4), ws(128, 256, 64, 8, 3), ws(64, 128, 64, 4, 4), ws(128, 64, 32, 4, 5),
+               ws(128, 128, 32, 8, 5)]  # fmt: skip
+    cases = [_block("cuda", dtype, 333), _block("cuda", dtype, 2100)]
+    lin = randomize_(BiasGelu()).to("cuda", dtype).eval()
+    cases.append((lin, (torch.randn(1, 517, 200, device="cuda", dtype=dtype),)))
+    checked = set()
+    with torch.no_grad():
+        for model, inputs in cases:
+            for step, tensors, refs in _steps(model, inputs, "triton"):
+                if f"{step.kernel.name}_ws(" not in step.kernel.source:
+                    continue
+                for c in configs:
+                    if step.kernel.shape_key["streams"] * c["BLOCK_M"] * c["BLOCK_N"] > 128 * 32 * c["num_warps"]:
+                        continue  # (the accumulators would not fit the registers: the space's rule)
+                    runs = [step.launch(step.private(tensors, every=True), c) for _ in range(3)]
+                    for o, r in zip(runs[0], refs, strict=True):
+                        assert rel_error(o, r) <= tolerance(dtype), (step.kernel.region_ir, c)
+                    for outs in runs[1:]:
+                        assert all(torch.equal(a, b) for a, b in zip(outs, runs[0])), ("runs differ", c)
+                    checked.add((step.kernel.name, tuple(c.values())))
+    assert len(checked) >= 12, checked
