@@ -45,11 +45,7 @@ class GemmEmitter(EpilogueEmitter):
         w('"""One output tile: its rows and columns, the K loop of the config\'s variant, the epilogue."""')
         w("num_m = tl.cdiv(M, BLOCK_M)")
         w("num_n = tl.cdiv(GRID_N, BLOCK_N)")
-        w("group = GROUP_M * num_n")
-        w("first_m = (pid // group) * GROUP_M")
-        w("size_m = min(num_m - first_m, GROUP_M)")
-        w("pid_m = first_m + (pid % group) % size_m")
-        w("pid_n = (pid % group) // size_m")
+        tiled.tile_position(w)
         w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
         if p.narrow_rotary == "half":  # a tile narrower than a head takes matching parts of its two halves,
             d = max(p.rotary_dims)  # so each rotation pair (j, j + D/2) stays inside the tile

@@ -13,6 +13,17 @@ from ..source import Writer
 from .prologue import a_tile
 
 
+def tile_position(w: Writer) -> None:
+    """pid_m and pid_n of output tile `pid` (of num_m x num_n), taken GROUP_M rows of tiles at a time so that
+    consecutive tiles reuse W's tiles from L2; every variant's kernel (Triton's `_tile`, the warp-specialized
+    partitions) orders its tiles this way."""
+    w("group = GROUP_M * num_n")
+    w("first_m = (pid // group) * GROUP_M")
+    w("size_m = min(num_m - first_m, GROUP_M)")
+    w("pid_m = first_m + (pid % group) % size_m")
+    w("pid_n = (pid % group) // size_m")
+
+
 def k_loop(em, w: Writer, norm_w: bool) -> None:
     """acc0 (and acc1 for the dual GEMM) += A tile @ W tile^T over this program's K range: one product per K step
     into one accumulator, from a [BLOCK_N, BLOCK_K] weight tile, or for the dual GEMM a [2 * BLOCK_N, BLOCK_K] one

@@ -30,6 +30,7 @@ from ...dialects import RMSNormOp, RotaryOp
 from ...dialects.types import dtype_of
 from ..exprs import Names
 from ..source import Writer, wrapped
+from .tiled import tile_position
 
 HEADER = ("from triton.experimental import gluon\n"
           "from triton.experimental.gluon import language as gl\n"
@@ -201,14 +202,10 @@ def _tiles(em, w: Writer, args: list[str], ws: list[str], const_params: list[str
 
 def _tile_loop(w: Writer) -> None:
     """The loop over this program's tiles (both partitions walk the same ones, counting K steps in `it`), opened,
-    with pid_m and pid_n of tile `pid`, grouped along M as `_tile` orders them."""
+    with pid_m and pid_n of tile `pid` (`tiled.tile_position`)."""
     w("num_m = gl.cdiv(M, BLOCK_M)")
     w("num_n = gl.cdiv(GRID_N, BLOCK_N)")
     w("it = 0")
     w("for pid in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):")
     w.indent()
-    w("group = GROUP_M * num_n")
-    w("first_m = (pid // group) * GROUP_M")
-    w("size_m = min(num_m - first_m, GROUP_M)")
-    w("pid_m = first_m + (pid % group) % size_m")
-    w("pid_n = (pid % group) // size_m")
+    tile_position(w)
