@@ -1218,6 +1218,11 @@ def gemm_ran(r: dict) -> str:
     return kern if r["impl"] == "kernel" else f"reference (cuBLAS, torch ops); timed: {kern}"
 
 
+def _date(doc: dict, name: str) -> str | None:
+    """A result file's date: its own, else the one its name begins with (`2026-12-02-h200-...`)."""
+    return doc.get("date") or (name[:10] if re.match(r"\d{4}-\d{2}-\d{2}-", name) else None)
+
+
 def gemms_section(name: str) -> str:
     """bench/gemms.py: every fused GEMM kernel of each layer against cuBLAS on the same GEMM shape."""
     doc = _load(name)
@@ -1227,7 +1232,7 @@ def gemms_section(name: str) -> str:
         region = GEMM_REGION.get(r["region"], r["region"])
         out.append(f"| {r['layer']} | {region} | {r['M']} × {r['N']} × {r['K']} | {gemm_ran(r)} | {r['kernel_us']:.1f} | "
                    f"{r['cublas_us']:.1f} | {r['ratio']:.2f}x | {r['kernel_tflops']:.0f} |")  # fmt: skip
-    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch")}
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
 
 
@@ -1363,8 +1368,8 @@ def ws_twins_section(*names: str) -> str:
     worst = 0.0
     for run, name in enumerate(names):
         doc = _load(name)
-        entries.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")},
-                        f"run {'abcdef'[run]}"))  # fmt: skip
+        entries.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"),
+                               "date": _date(doc, name)}, f"run {'abcdef'[run]}"))  # fmt: skip
         for r in doc["layers"]:
             plain = {json.dumps({**c, "WS": 0}, sort_keys=True): t for c, t, _ in r["sweep"] if not c.get("WS")}
             for c, t, e in r["sweep"]:
@@ -1394,7 +1399,7 @@ def gluon_probe_section(name: str) -> str:
             bm, bn, bk, st = v["variant"]
             out.append(f"| {r['shape']} | {r['M']} × {r['N']} × {r['K']} | {bm} × {bn} × {bk}, {st} | {v['us']:.1f} | "
                        f"{r['cublas_us']:.1f} | {r['cublas_us'] / v['us']:.3f}x | {v['rel_err']:.1e} |")  # fmt: skip
-    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton")}
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"), "date": _date(doc, name)}
     return "\n".join(out) + "\n\n" + source_line([(name, env, "do_bench medians")]) + "\n"
 
 
