@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import re
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -1357,6 +1358,69 @@ def split_twins_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
 
 
+def tuner_power_section(name: str) -> str:
+    """bench/tuner_power.py: each GEMM region's candidates timed by the tuner before item 146 (`spun`: an idle spin
+    before every call), by quick and full tuning after it, and replayed from a CUDA graph; two rounds, "a / b"."""
+    doc = _load(name)
+    rows: dict[tuple, list[dict]] = {}
+    for r in doc["rows"]:
+        rows.setdefault((r["layer"], r["region"], r["candidate"]), []).append(r)
+    pair = lambda rs, k: " / ".join(f"{r[k]:.1f}" for r in rs)  # noqa: E731
+    ratio = lambda rs, k: " / ".join(f"{r[k] / r['graph_us']:.2f}" for r in rs)  # noqa: E731
+    out = ["| layer | region | candidate | before: spun µs | quick µs | full µs | graph replay µs | spun / graph "
+           "| quick / graph | full / graph |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (layer, region, cand), rs in rows.items():
+        out.append(f"| {layer} | {GEMM_REGION.get(region, region)} | {cand} | {pair(rs, 'spun_us')} | {pair(rs, 'quick_us')} "
+                   f"| {pair(rs, 'full_us')} | {pair(rs, 'graph_us')} | {ratio(rs, 'spun_us')} | {ratio(rs, 'quick_us')} "
+                   f"| {ratio(rs, 'full_us')} |")  # fmt: skip
+    out.append("")
+    for key in ("spun", "quick", "full"):
+        r = sorted(x[f"{key}_us"] / x["graph_us"] for x in doc["rows"])
+        out.append(f"*{key} / graph over all {len(r)} rows:* median {statistics.median(r):.3f}, {r[0]:.3f}–{r[-1]:.3f}.")
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M = {doc['tokens']}, triton {doc.get('triton')}")]) + "\n"
+
+
+def tuner_clocks_section(name: str) -> str:
+    """.dbg clocks run (the tuner before item 146): for the long GEMMs, each measure's time with the SM clock and
+    power nvidia-smi read over its window; two rounds, "a / b"."""
+    doc = _load(name)
+    rows: dict[tuple, list[dict]] = {}
+    for r in doc["rows"]:
+        if r["region"] in ("gemm_2", "gemm_3"):
+            rows.setdefault((r["layer"], r["region"], r["candidate"]), []).append(r)
+
+    def cell(rs: list[dict], k: str) -> str:
+        return " / ".join(f"{r[k + '_us']:.0f} @ {r[k + '_smi'].get('sm_mhz') or 0:.0f}" for r in rs)
+
+    out = ["| layer | region | candidate | spun (the tuner before) µs @ MHz | direct µs @ MHz | graph replay µs @ MHz "
+           "| gap-sized spin µs @ MHz |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (layer, region, cand), rs in rows.items():
+        out.append(f"| {layer} | {GEMM_REGION.get(region, region)} | {cand} | {cell(rs, 'spun')} | {cell(rs, 'direct')} "
+                   f"| {cell(rs, 'graph')} | {cell(rs, 'gap_spin')} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M = {doc['tokens']}")]) + "\n"
+
+
+def layer_ab_section(name: str) -> str:
+    """One process: a layer compiled twice (two tuning caches) beside torch.compile default and max-autotune,
+    call time (do_bench median) in five alternating rounds."""
+    doc = _load(name)
+    out = ["| layer | ours, cache a µs | ours, cache b µs | inductor µs | max-autotune µs | a / b | best torch / a "
+           "| best torch / b | rel. err a, b, inductor |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    def rng(r: dict, k: str) -> str:
+        return f"{r['median'][k]:.1f} ({min(r['times'][k]):.0f}–{max(r['times'][k]):.0f})"
+
+    for r in doc:
+        m, e = r["median"], r["rel_err_vs_eager"]
+        best = min(m["inductor"], m["max-autotune"])
+        out.append(f"| {r['layer']} | {rng(r, 'old')} | {rng(r, 'new')} | {rng(r, 'inductor')} | {rng(r, 'max-autotune')} "
+                   f"| {m['old'] / m['new']:.3f} | {best / m['old']:.3f}x | {best / m['new']:.3f}x "
+                   f"| {e['old']:.1e}, {e['new']:.1e}, {e['inductor']:.1e} |")  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line([(name, {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "date": "2026-12-02"},
+                                                      "M = 2048, bf16, tuned quick, triton 3.6.0")]) + "\n"  # fmt: skip
+
+
 def ws_twins_section(*names: str) -> str:
     """bench/gemms.py --tune none --sweep --sweep-ws, one or more runs: each persistent config of the fixed sweep
     against its warp-specialized twin (the Gluon kernel, `codegen/gemm/warp_specialized.py`: the same tiles and
@@ -1676,6 +1740,13 @@ def gemv_study_section(name: str, ceilings: str) -> str:
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
+    "tuner-clocks-s43": functools.partial(tuner_clocks_section, "2026-12-02-h200-s43-tuner-clocks.json"),
+    "tuner-power-s43": functools.partial(tuner_power_section, "2026-12-02-h200-s43-tuner-power.json"),
+    "gemms-quick-s43-a": functools.partial(gemms_section, "2026-12-02-h200-s43-gemms-quick-a.json"),
+    "gemms-quick-s43-b": functools.partial(gemms_section, "2026-12-02-h200-s43-gemms-quick-b.json"),
+    "layer-llama3-8b-s43": functools.partial(layer_section, "2026-12-02-h200-s43-layers-m2048.json", "layer_llama3_8b"),
+    "layer-qwen25-7b-s43": functools.partial(layer_section, "2026-12-02-h200-s43-layers-m2048.json", "layer_qwen25_7b"),
+    "layer-ab-s43": functools.partial(layer_ab_section, "2026-12-02-h200-s43-layer-ab.json"),
     "warm-start-s27": functools.partial(warm_start_section, "2026-11-28-h200-s27-generate.json"),
     "generation-s27": functools.partial(generation_section, "2026-11-28-h200-s27-generate.json"),
     "warm-start-s26": functools.partial(warm_start_section, "2026-11-28-h200-s26-generate-keep-traces.json"),

@@ -75,11 +75,17 @@ SPIN_HZ = 2.0e9  # cycles per second the spin is reckoned at: no card clocks fas
 def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float) -> float:
     """Median GPU seconds of `call`, as `triton.testing.do_bench` times it (L2 cleared before each call, events
     around it, repetitions for `rep_ms`) but with the host's launch path hidden: before each timed call the GPU
-    spins (`torch.cuda._sleep`) for longer than the call takes to enqueue, so its kernels are queued when the
-    start event is reached. A generated kernel's launch costs 25-80 µs of host time (H200 host, a GEMM region of
-    44 arguments), the L2 clear ~60 µs of GPU time: timed without the spin, a 15 µs decode GEMV measured 38-121
-    µs, by the host, and its configs ranked as noise (bench/NOTES.md 108). A program replays its kernels from CUDA
-    graphs, where only their GPU time counts; this is that time."""
+    spins (`torch.cuda._sleep`) for as long as the call takes the host to enqueue, less what the GPU is busy with
+    the clear and the call before it, so its kernels are queued when the start event is reached. A generated
+    kernel's launch costs 25-80 µs of host time (H200 host, a GEMM region of 44 arguments), the L2 clear ~60 µs of
+    GPU time: timed without the spin, a 15 µs decode GEMV measured 38-121 µs, by the host, and its configs ranked
+    as noise (bench/NOTES.md 108). A program replays its kernels from CUDA graphs, where only their GPU time counts;
+    this is that time.
+
+    A call longer than its host path runs back to back with no spin, as a graph replays it: a long compute-bound
+    GEMM holds the card at its power limit, where its clock drops (an H200 at 700 W: 1.5-1.7 GHz against 1.98), and
+    a spin of idle GPU between calls let it run cooler and faster, up to 14-18% below its replay, by amounts that
+    differ between configs (bench/NOTES.md 145, 146)."""
     from triton import runtime
 
     driver = runtime.driver.active
@@ -90,17 +96,20 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float) -> f
     for _ in range(3):
         call()
     host = (time.perf_counter() - t0) / 3
-    spin = int(min(MAX_HIDDEN_S, 1.5 * host + 20e-6) * SPIN_HZ)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    hidden = min(MAX_HIDDEN_S, 1.5 * host + 20e-6)  # seconds of GPU work that keep the host ahead
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
     torch.cuda.synchronize()
-    start.record()
-    for _ in range(5):
+    for i in range(5):  # the GPU time of a clear and a call, each queued behind a full spin
+        torch.cuda._sleep(int(hidden * SPIN_HZ))
+        starts[i].record()
         driver.clear_cache(cache)
-        torch.cuda._sleep(spin)
         call()
-    end.record()
+        ends[i].record()
     torch.cuda.synchronize()
-    estimate_ms = start.elapsed_time(end) / 5  # (a call with its clear and spin)
+    busy = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
+    spin = max(0.0, hidden - busy)
+    estimate_ms = (busy + spin) * 1e3
     for _ in range(max(1, int(warmup_ms / estimate_ms))):
         call()
     n = max(5, int(rep_ms / estimate_ms))
@@ -108,7 +117,8 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float) -> f
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
         driver.clear_cache(cache)
-        torch.cuda._sleep(spin)
+        if spin:
+            torch.cuda._sleep(int(spin * SPIN_HZ))
         starts[i].record()
         call()
         ends[i].record()
