@@ -1421,6 +1421,28 @@ def layer_ab_section(name: str) -> str:
                                                       "M = 2048, bf16, tuned quick, triton 3.6.0")]) + "\n"  # fmt: skip
 
 
+def heat_section(name: str) -> str:
+    """A long GEMM's candidates timed as quick tuning does, after 200 ms of heat, and replayed from a CUDA graph
+    for 200 ms and for 500 ms after 500 ms of warm-up (the card settled at its power limit); two rounds, "a / b"."""
+    doc = _load(name)
+    rows: dict[tuple, list[dict]] = {}
+    for r in doc["rows"]:
+        rows.setdefault((r["region"], r["candidate"]), []).append(r)
+    keys = ("quick", "heated", "graph", "long_graph")
+    out = ["| region | candidate | quick µs | heated µs | graph µs | long graph µs | quick / long | heated / long "
+           "| graph / long |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (region, cand), rs in rows.items():
+        times = " | ".join(" / ".join(f"{r[k + '_us']:.1f}" for r in rs) for k in keys)
+        ratios = " | ".join(" / ".join(f"{r[k + '_us'] / r['long_graph_us']:.2f}" for r in rs) for k in keys[:3])
+        out.append(f"| {GEMM_REGION.get(region, region)} | {cand} | {times} | {ratios} |")
+    out.append("")
+    for k in keys[:3]:
+        r = sorted(x[f"{k}_us"] / x["long_graph_us"] for x in doc["rows"])
+        out.append(f"*{k} / long graph over {len(r)} rows:* median {statistics.median(r):.3f}, {r[0]:.3f}–{r[-1]:.3f}.")
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"{doc['layer']}, M = {doc['tokens']}")]) + "\n"
+
+
 def ws_twins_section(*names: str) -> str:
     """bench/gemms.py --tune none --sweep --sweep-ws, one or more runs: each persistent config of the fixed sweep
     against its warp-specialized twin (the Gluon kernel, `codegen/gemm/warp_specialized.py`: the same tiles and
@@ -1747,6 +1769,7 @@ SECTIONS = {
     "layer-llama3-8b-s43": functools.partial(layer_section, "2026-12-02-h200-s43-layers-m2048.json", "layer_llama3_8b"),
     "layer-qwen25-7b-s43": functools.partial(layer_section, "2026-12-02-h200-s43-layers-m2048.json", "layer_qwen25_7b"),
     "layer-ab-s43": functools.partial(layer_ab_section, "2026-12-02-h200-s43-layer-ab.json"),
+    "heat-s43": functools.partial(heat_section, "2026-12-02-h200-s43-heat.json"),
     "warm-start-s27": functools.partial(warm_start_section, "2026-11-28-h200-s27-generate.json"),
     "generation-s27": functools.partial(generation_section, "2026-11-28-h200-s27-generate.json"),
     "warm-start-s26": functools.partial(warm_start_section, "2026-11-28-h200-s26-generate-keep-traces.json"),
