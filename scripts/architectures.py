@@ -30,7 +30,9 @@ NAMES = {
     "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma2",
     "phi3": "Phi-3", "phi": "Phi", "gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "opt": "OPT", "falcon": "Falcon",
     "falcon-gqa": "Falcon (new decoder, GQA)", "stablelm": "StableLM", "bert": "BERT", "t5_encoder": "T5 encoder",
-    "mixtral": "Mixtral", "deepseek_v2": "DeepSeek-V2", "deepseek_v3": "DeepSeek-V3",
+    "mixtral": "Mixtral", "deepseek_v2": "DeepSeek-V2", "deepseek_v3": "DeepSeek-V3", "gemma3": "Gemma3",
+    "cohere": "Cohere (Command-R)", "granite": "Granite", "olmo2": "OLMo2", "starcoder2": "StarCoder2",
+    "qwen3_moe": "Qwen3-MoE", "gpt_bigcode": "GPT-BigCode (StarCoder)", "bloom": "BLOOM (eager attention, ALiBi)",
 }  # fmt: skip
 
 

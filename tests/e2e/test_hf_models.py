@@ -70,7 +70,26 @@ MORE_REGIONS = {
     # torch ops (group-limited top-k in V3) over GEMM regions
     "deepseek_v2": Counter({"row": 17, "gemm": 12, "attention": 2}),
     "deepseek_v3": Counter({"row": 16, "gemm": 14, "attention": 2}),
+    # (forty-third session: architectures no test named, each checked against eager first with a left-padded batch)
+    # Gemma3: Gemma2's four norms a layer plus Qwen3's q/k norms, local and global rotary tables
+    "gemma3": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
+    # Cohere: LayerNorm without bias, interleaved rotary pairs, attention and MLP in parallel from one norm
+    "cohere": Counter({"row": 7, "gemm": 3 * 2 + 1, "attention": 2}),
+    # Granite: the embedding, residual, attention and logits scaled by constants
+    "granite": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
+    # OLMo2: norms after attention and MLP (not before), q/k RMSNorms over all heads' columns
+    "olmo2": Counter({"row": 13, "gemm": 4 * 2 + 1, "attention": 2}),
+    # Starcoder2: LayerNorm with bias, biases on every projection, a GELU MLP, a sliding window
+    "starcoder2": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
+    # Qwen3-MoE: Qwen3's attention, a routed MoE MLP (softmax top-k) in both layers
+    "qwen3_moe": Counter({"row": 11, "gemm": 7, "attention": 2}),
+    # GPT-BigCode (StarCoder): multi-query attention, learned positions, LayerNorm, GELU
+    "gpt_bigcode": Counter({"row": 5, "gemm": 4 * 2 + 1, "attention": 2}),
+    # BLOOM: ALiBi in HF's eager attention (baddbmm of the bias and the scaled scores): no attention region, the
+    # scores and softmax run as GEMM and row kernels
+    "bloom": Counter({"row": 9, "gemm": 4 * 2 + 1}),
 }
+EAGER_ATTENTION = ("bloom",)  # (HF has no SDPA path for it)
 ENCODERS = ("bert", "t5_encoder")  # outputs last_hidden_state; the others are causal LMs (logits)
 
 
@@ -97,7 +116,7 @@ def causal_lm(name: str) -> torch.nn.Module:
         shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128)
         cfg = transformers.FalconConfig(**shape, **heads)
         cls = transformers.FalconForCausalLM
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = "eager" if name in EAGER_ATTENTION else "sdpa"
     model = randomize_(cls(cfg)).eval()
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = 0
@@ -135,6 +154,25 @@ def _more_config(name: str) -> tuple:
             return t.DeepseekV2Config(**BASE, **mla, q_lora_rank=None), t.DeepseekV2ForCausalLM
         mla["v_head_dim"] = 32  # value heads wider than q/k's 16, as V3's are narrower (128 against 192)
         return t.DeepseekV3Config(**BASE, **mla, q_lora_rank=24, n_group=1, topk_group=1), t.DeepseekV3ForCausalLM
+    if name == "gemma3":
+        return t.Gemma3TextConfig(**BASE, **kv, head_dim=16, sliding_window=4), t.Gemma3ForCausalLM
+    if name == "cohere":
+        return t.CohereConfig(**BASE, **kv, pad_token_id=0, bos_token_id=0, eos_token_id=0), t.CohereForCausalLM
+    if name == "granite":
+        scales = dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=4.0)
+        return t.GraniteConfig(**BASE, **kv, **scales), t.GraniteForCausalLM
+    if name == "olmo2":
+        return t.Olmo2Config(**BASE, **kv, pad_token_id=0, eos_token_id=0), t.Olmo2ForCausalLM
+    if name == "starcoder2":
+        return t.Starcoder2Config(**BASE, **kv, sliding_window=4, bos_token_id=0, eos_token_id=0), t.Starcoder2ForCausalLM
+    if name == "qwen3_moe":
+        moe = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+        return t.Qwen3MoeConfig(**BASE, **kv, head_dim=16, **moe), t.Qwen3MoeForCausalLM
+    if name == "gpt_bigcode":
+        shape = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256, bos_token_id=0, eos_token_id=0)
+        return t.GPTBigCodeConfig(**shape, multi_query=True), t.GPTBigCodeForCausalLM
+    if name == "bloom":
+        return t.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=128), t.BloomForCausalLM
     # mixtral: sparse MoE MLP captured as dl.moe (topk_gating + fused_moe)
     return t.MixtralConfig(**BASE, **kv, num_local_experts=4, num_experts_per_tok=2), t.MixtralForCausalLM
 
