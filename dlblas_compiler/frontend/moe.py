@@ -4,9 +4,12 @@ A Hugging Face MoE block routes tokens with data-dependent Python loops (`for ex
 `torch.where`), which no tracer can follow. While the frontend captures a model, each recognized MoE block's
 forward is swapped for the same computation written with one op, `torch.ops.dlblas.moe` (a torch custom op
 whose eager implementation is the torch reference), so the captured graph holds a single node that the
-importer turns into `dl.moe`. Recognized: `MixtralSparseMoeBlock` and `Qwen2MoeSparseMoeBlock` (its shared
-expert and gate stay ordinary ops, which the compiler fuses like any SwiGLU MLP); anything else with
-`register_moe_block`.
+importer turns into `dl.moe`. Recognized: `MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock` (its shared
+expert and gate stay ordinary ops, which the compiler fuses like any SwiGLU MLP), `Qwen3MoeSparseMoeBlock` and
+`OlmoeSparseMoeBlock` (Qwen2-MoE's router and experts without the shared expert); anything else with
+`register_moe_block`. Each adapter first checks that the instance has the form `dl.moe` computes (SiLU experts
+with 3-d `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I], a softmax top-k router with a `weight` [E, H]);
+another form keeps the block's own forward, which the capture runs as ordinary ops.
 """
 
 from __future__ import annotations
@@ -47,13 +50,23 @@ def _silu_experts(experts: torch.nn.Module) -> bool:
     return isinstance(act, torch.nn.SiLU) or act is F.silu or type(act).__name__ == "SiLUActivation"
 
 
+def _standard_experts(block: torch.nn.Module) -> bool:
+    """The block's router and experts have the shapes and the activation `dl.moe` computes with."""
+    gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
+    gu, down, w = (getattr(m, n, None) for m, n in ((experts, "gate_up_proj"), (experts, "down_proj"), (gate, "weight")))
+    if not all(isinstance(t, torch.Tensor) for t in (gu, down, w)) or not isinstance(getattr(gate, "top_k", None), int):
+        return False
+    e, i2, h = gu.shape if gu.dim() == 3 else (0, 0, 0)
+    return _silu_experts(experts) and i2 % 2 == 0 and tuple(down.shape) == (e, h, i2 // 2) and tuple(w.shape) == (e, h)
+
+
 def _hf_routed(block: torch.nn.Module, flat: torch.Tensor, renormalize: bool) -> torch.Tensor:
     gate, experts = block.gate, block.experts
     return torch.ops.dlblas.moe(flat, gate.weight, experts.gate_up_proj, experts.down_proj, gate.top_k, renormalize)
 
 
 def _mixtral(block: torch.nn.Module) -> MoEForward | None:
-    if not _silu_experts(block.experts) or (block.training and block.jitter_noise > 0):
+    if not _standard_experts(block) or (block.training and block.jitter_noise > 0):
         return None
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
@@ -64,7 +77,7 @@ def _mixtral(block: torch.nn.Module) -> MoEForward | None:
 
 
 def _qwen2_moe(block: torch.nn.Module) -> MoEForward | None:
-    if not _silu_experts(block.experts):
+    if not _standard_experts(block):
         return None
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
@@ -77,8 +90,23 @@ def _qwen2_moe(block: torch.nn.Module) -> MoEForward | None:
     return forward
 
 
+def _routed_only(block: torch.nn.Module) -> MoEForward | None:
+    """Qwen3-MoE, OLMoE: Qwen2-MoE's router (softmax in float32, top-k, renormalized if `norm_topk_prob`) and
+    experts, no shared expert."""
+    if not _standard_experts(block) or not hasattr(block.gate, "norm_topk_prob"):
+        return None
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        b, s, h = hidden_states.shape
+        return _hf_routed(block, hidden_states.reshape(-1, h), bool(block.gate.norm_topk_prob)).reshape(b, s, h)
+
+    return forward
+
+
 register_moe_block("MixtralSparseMoeBlock", _mixtral)
 register_moe_block("Qwen2MoeSparseMoeBlock", _qwen2_moe)
+register_moe_block("Qwen3MoeSparseMoeBlock", _routed_only)
+register_moe_block("OlmoeSparseMoeBlock", _routed_only)
 
 
 @contextlib.contextmanager

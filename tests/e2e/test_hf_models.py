@@ -81,8 +81,8 @@ MORE_REGIONS = {
     "olmo2": Counter({"row": 13, "gemm": 4 * 2 + 1, "attention": 2}),
     # Starcoder2: LayerNorm with bias, biases on every projection, a GELU MLP, a sliding window
     "starcoder2": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
-    # Qwen3-MoE: Qwen3's attention, a routed MoE MLP (softmax top-k) in both layers
-    "qwen3_moe": Counter({"row": 11, "gemm": 7, "attention": 2}),
+    # Qwen3-MoE: Qwen3's attention, its routed MoE MLP captured as dl.moe (library kernels) in both layers, as Mixtral's
+    "qwen3_moe": Counter({"row": 5, "gemm": 2 * 2 + 1, "attention": 2}),
     # GPT-BigCode (StarCoder): multi-query attention, learned positions, LayerNorm, GELU
     "gpt_bigcode": Counter({"row": 5, "gemm": 4 * 2 + 1, "attention": 2}),
     # BLOOM: ALiBi in HF's eager attention (baddbmm of the bias and the scaled scores): no attention region, the

@@ -72,6 +72,12 @@ def _tiny_causal_lm(kind: str):
         from transformers import MixtralConfig, MixtralForCausalLM
 
         return MixtralForCausalLM(MixtralConfig(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **common))
+    if kind in ("qwen3_moe", "olmoe"):  # the router renormalizes (norm_topk_prob), no shared expert
+        cls = transformers.Qwen3MoeForCausalLM if kind == "qwen3_moe" else transformers.OlmoeForCausalLM
+        config = transformers.Qwen3MoeConfig if kind == "qwen3_moe" else transformers.OlmoeConfig
+        extra = dict(head_dim=8) if kind == "qwen3_moe" else dict(pad_token_id=0, eos_token_id=0)
+        return cls(config(intermediate_size=48, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                          norm_topk_prob=True, **extra, **common))  # fmt: skip
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
     cfg = Qwen2MoeConfig(
@@ -81,7 +87,8 @@ def _tiny_causal_lm(kind: str):
     return Qwen2MoeForCausalLM(cfg)
 
 
-@pytest.mark.parametrize("kind,backend", [("mixtral", "interpret"), ("qwen2_moe", "reference"), ("qwen2_moe", "interpret")])
+@pytest.mark.parametrize("kind,backend", [("mixtral", "interpret"), ("qwen2_moe", "reference"), ("qwen2_moe", "interpret"),
+                                          ("qwen3_moe", "interpret"), ("olmoe", "reference")])  # fmt: skip
 def test_hf_moe_causal_lm_logits(kind, backend):
     model = _randomize(_tiny_causal_lm(kind), seed=2)
     ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(3))
@@ -90,8 +97,26 @@ def test_hf_moe_causal_lm_logits(kind, backend):
     cm, out = _run(model, (ids,), backend, {"use_cache": False})
     assert rel_error(out.logits, ref) < 1e-5
     assert cm.ir().count("= dl.moe ") == 2  # one per layer; Qwen2-MoE's shared expert stays ordinary ops
-    if kind == "qwen2_moe":
+    if kind != "mixtral":
         assert "MoE blocks captured as dl.moe: model.layers.0.mlp, model.layers.1.mlp" in cm.report()
+
+
+def test_a_block_of_another_form_keeps_its_own_forward():
+    """A recognized class whose experts are not `dl.moe`'s form (here GELU) is not swapped: the capture runs its
+    own forward as ordinary ops, and the logits still equal eager's."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    common = dict(vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    cfg = Qwen3MoeConfig(intermediate_size=48, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2, head_dim=8,
+                         hidden_act="gelu", **common)  # fmt: skip
+    model = _randomize(Qwen3MoeForCausalLM(cfg), seed=5)
+    ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        ref = model(ids, use_cache=False).logits
+        cm = dc.compile(model, backend="reference", cuda_graphs=False)
+        out = cm(ids, use_cache=False).logits
+    assert rel_error(out, ref) < 1e-5
+    assert "dl.moe" not in cm.ir()
 
 
 class LoopMoE(nn.Module):
