@@ -256,34 +256,28 @@ def test_generate_with_kv_cache_matches_eager(fresh_dynamo):
 
 
 # Architectures no issue names (tiny random configs): each compiles on interpret with logits equal to eager's and
-# every region run by a generated kernel. BLOOM, GPT-J and CodeGen have no SDPA path in transformers: eager
-# attention (its softmax(q k^T) v is recognized for GPT-J; BLOOM's ALiBi and CodeGen's run as their ops' kernels).
+# every region run by a generated kernel (those with region counts and a row in docs/architectures.md are in
+# MORE_REGIONS). GPT-J and CodeGen have no SDPA path in transformers: eager attention (its softmax(q k^T) v is
+# recognized for GPT-J; CodeGen's runs as its ops' kernels).
 def _other(name: str):
-    t, base, kv = transformers, BASE, dict(num_key_value_heads=2)
+    t, base = transformers, BASE
     small = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128)
     return {
         "falcon-classic": lambda: (t.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                                   vocab_size=128, multi_query=False), t.FalconForCausalLM),
         "falcon-alibi": lambda: (t.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                                 vocab_size=128, multi_query=False, alibi=True), t.FalconForCausalLM),
-        "bloom": lambda: (t.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=128), t.BloomForCausalLM),
         "gptj": lambda: (t.GPTJConfig(**small, rotary_dim=8, n_positions=256), t.GPTJForCausalLM),
         "codegen": lambda: (t.CodeGenConfig(**small, rotary_dim=8, n_positions=256, n_ctx=256), t.CodeGenForCausalLM),
-        "gpt_bigcode": lambda: (t.GPTBigCodeConfig(**small, n_positions=256), t.GPTBigCodeForCausalLM),
         "persimmon": lambda: (t.PersimmonConfig(**base), t.PersimmonForCausalLM),
         "olmo": lambda: (t.OlmoConfig(**base), t.OlmoForCausalLM),
-        "cohere": lambda: (t.CohereConfig(**base), t.CohereForCausalLM),
-        "starcoder2": lambda: (t.Starcoder2Config(**base, **kv), t.Starcoder2ForCausalLM),
-        "granite": lambda: (t.GraniteConfig(**base, **kv), t.GraniteForCausalLM),
-        "gemma3": lambda: (t.Gemma3TextConfig(**base, **kv, head_dim=16, sliding_window=4), t.Gemma3ForCausalLM),
     }[name]()  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["falcon-classic", "falcon-alibi", "bloom", "gptj", "codegen", "gpt_bigcode",
-                                  "persimmon", "olmo", "cohere", "starcoder2", "granite", "gemma3"])  # fmt: skip
+@pytest.mark.parametrize("name", ["falcon-classic", "falcon-alibi", "gptj", "codegen", "persimmon", "olmo"])
 def test_architectures_no_issue_names_equal_eager_on_interpret(name):
     cfg, cls = _other(name)
-    cfg._attn_implementation = "eager" if name in ("bloom", "gptj", "codegen") else "sdpa"
+    cfg._attn_implementation = "eager" if name in ("gptj", "codegen") else "sdpa"
     model, ids = randomize_(cls(cfg)).eval(), _ids()
     cm = dc.compile(model, backend="interpret")
     with torch.no_grad(), warnings.catch_warnings():
