@@ -31,7 +31,7 @@ FAMILIES = {
 # sliding-window layers with per-head q/k norms (Gemma-3), norms after the attention and MLP and over the whole
 # q and k projections (OLMo-2), one LayerNorm feeding a parallel attention and MLP with a logit scale (Cohere),
 # partial rotary and a parallel residual (GPT-NeoX, which takes no k/v head count), latent attention and routed
-# experts (DeepSeek-V3)
+# experts (DeepSeek-V3), routed SiLU experts captured as one dl.moe per layer (Qwen3-MoE)
 MORE_FAMILIES = {
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
     "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM, {"head_dim": 16, "sliding_window": 4}),
@@ -45,6 +45,8 @@ MORE_FAMILIES = {
         "num_key_value_heads": 4, "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
         "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24,
         "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 32, "n_group": 1, "topk_group": 1}),
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, {
+        "head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True}),
 }
 
 
