@@ -70,6 +70,11 @@ def benchmark(
 # the longest host path per call that `_gpu_seconds` hides behind a spin of the GPU (longer ones are timed with it)
 MAX_HIDDEN_S = 2e-3
 SPIN_HZ = 2.0e9  # cycles per second the spin is reckoned at: no card clocks faster, so it never ends too soon
+# a call whose clear and call keep the GPU busy this long (a prefill GEMM, not a decode GEMV: ~75 µs with the clear)
+# warms for at least LONG_WARMUP_MS, so that a compute-bound one nears its clock at the card's power limit
+# (quick tuning's 10 ms left such GEMMs up to 13% fast; 25 ms, up to 9%: bench/NOTES.md 146)
+LONG_CALL_S = 100e-6
+LONG_WARMUP_MS = 25.0
 
 
 def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float) -> float:
@@ -110,6 +115,8 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float) -> f
     busy = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
     spin = max(0.0, hidden - busy)
     estimate_ms = (busy + spin) * 1e3
+    if busy >= LONG_CALL_S:
+        warmup_ms = max(warmup_ms, LONG_WARMUP_MS)
     for _ in range(max(1, int(warmup_ms / estimate_ms))):
         call()
     n = max(5, int(rep_ms / estimate_ms))

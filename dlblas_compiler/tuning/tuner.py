@@ -131,9 +131,8 @@ class TuneMode:
 
 TUNE_MODES: dict[str, TuneMode | None] = {
     "none": None,  # the space's default config, no timing
-    # (25 ms of warm-up, as "full": a long GEMM needs that long at its power limit before its clock settles; after
-    # 10 ms it still timed up to 13% below its graph replay, bench/NOTES.md 146)
-    "quick": TuneMode("bayes", fraction=0.12, cap=24, floor=8, patience=8, warmup_ms=25.0, rep_ms=30.0,
+    # (a long call warms for at least profiler.LONG_WARMUP_MS whatever the mode says: bench/NOTES.md 146)
+    "quick": TuneMode("bayes", fraction=0.12, cap=24, floor=8, patience=8, warmup_ms=10.0, rep_ms=30.0,
                       race=1.2),
     "full": TuneMode("grid", fraction=1.0, cap=None, floor=0, patience=None),
 }
