@@ -39,8 +39,9 @@ from dlblas_compiler.codegen.kernel import compile_configs  # noqa: E402
 from dlblas_compiler.tuning import TUNE_MODES, benchmark, profiler  # noqa: E402
 
 
-def spun_seconds(call, warmup_ms: float = 10.0, rep_ms: float = 30.0) -> float:
-    """The tuner's GPU time before item 146: every call behind an idle spin of 1.5x its host time."""
+def spun_seconds(call, warmup_ms: float = 10.0, rep_ms: float = 30.0, settle: bool = False) -> float:
+    """The tuner's GPU time before item 146: every call behind an idle spin of 1.5x its host time (`settle` is
+    ignored: the old measure warmed every call for `warmup_ms` alone)."""
     driver = triton.runtime.driver.active
     cache = driver.get_empty_cache_for_benchmark()
     call()

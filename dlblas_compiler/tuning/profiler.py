@@ -38,13 +38,15 @@ def benchmark(
     warmup_ms: float = 25.0,
     rep_ms: float = 100.0,
     device: str | torch.device | None = None,
+    settle: bool = True,
 ) -> float:
     """Median seconds of one call of `fn`, calling it in turn with each argument tuple of `arg_sets` (or with
     no arguments) so that several input buffers rotate and the L2 cache does not flatter small shapes.
 
     On CUDA (`device` None means "if available") this is `_gpu_seconds`: the GPU's time, L2 cleared before each
-    call; elsewhere (CPU, the Triton interpreter) a `time.perf_counter` loop: warm-up for `warmup_ms`,
-    then time single calls for `rep_ms` (at least 3) and take the median.
+    call (`settle`: a long call warms for at least LONG_WARMUP_MS; off for a brief probe); elsewhere (CPU, the
+    Triton interpreter) a `time.perf_counter` loop: warm-up for `warmup_ms`, then time single calls for `rep_ms`
+    (at least 3) and take the median.
     """
     calls = itertools.cycle(list(arg_sets) if arg_sets else [()])
 
@@ -52,7 +54,7 @@ def benchmark(
         fn(*next(calls))
 
     if _is_cuda(device):
-        return _gpu_seconds(call, warmup_ms, rep_ms)
+        return _gpu_seconds(call, warmup_ms, rep_ms, settle)
     clock = time.perf_counter
     call()
     end = clock() + warmup_ms / 1e3
@@ -77,7 +79,7 @@ LONG_CALL_S = 100e-6
 LONG_WARMUP_MS = 25.0
 
 
-def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float) -> float:
+def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, settle: bool = True) -> float:
     """Median GPU seconds of `call`, as `triton.testing.do_bench` times it (L2 cleared before each call, events
     around it, repetitions for `rep_ms`) but with the host's launch path hidden: before each timed call the GPU
     spins (`torch.cuda._sleep`) for as long as the call takes the host to enqueue, less what the GPU is busy with
@@ -90,7 +92,8 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float) -> f
     A call longer than its host path runs back to back with no spin, as a graph replays it: a long compute-bound
     GEMM holds the card at its power limit, where its clock drops (an H200 at 700 W: 1.5-1.7 GHz against 1.98), and
     a spin of idle GPU between calls let it run cooler and faster, up to 14-18% below its replay, by amounts that
-    differ between configs (bench/NOTES.md 145, 146)."""
+    differ between configs (bench/NOTES.md 145, 146). With `settle`, such a call (the clear and it busy for
+    LONG_CALL_S or more) warms for at least LONG_WARMUP_MS."""
     from triton import runtime
 
     driver = runtime.driver.active
@@ -115,7 +118,7 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float) -> f
     busy = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
     spin = max(0.0, hidden - busy)
     estimate_ms = (busy + spin) * 1e3
-    if busy >= LONG_CALL_S:
+    if settle and busy >= LONG_CALL_S:
         warmup_ms = max(warmup_ms, LONG_WARMUP_MS)
     for _ in range(max(1, int(warmup_ms / estimate_ms))):
         call()
@@ -169,7 +172,7 @@ def make_objective(
             if problem is not None:
                 raise TuningCheckError(f"outputs differ from the reference: {problem}")
         if race is not None and best < math.inf:
-            probe = benchmark(run, arg_sets, *PROBE_MS, device)
+            probe = benchmark(run, arg_sets, *PROBE_MS, device, settle=False)  # (brief by design)
             if probe > race * best:
                 return probe
         seconds = benchmark(run, arg_sets, warmup_ms, rep_ms, device)

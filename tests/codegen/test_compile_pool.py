@@ -280,7 +280,7 @@ def _tune_with_fake_timings(monkeypatch, regions, together: bool) -> tuple[list,
     monkeypatch.setattr(selection, "TOGETHER", together)
     last: list = [None]
 
-    def fake_benchmark(fn, arg_sets=None, warmup_ms=0.0, rep_ms=0.0, device=None):
+    def fake_benchmark(fn, arg_sets=None, warmup_ms=0.0, rep_ms=0.0, device=None, settle=True):
         fn()
         return 1e-6 * (1 + zlib.crc32(repr(sorted(last[0].items())).encode()) % 1000)
 

@@ -131,7 +131,7 @@ def test_a_first_call_runs_references_then_tunes_its_regions_together(monkeypatc
     monkeypatch.setitem(TUNE_MODES, "small", TuneMode("bayes", fraction=0.0, cap=3, floor=3, patience=None))
     launched: list = []
 
-    def fake_benchmark(fn, arg_sets=None, warmup_ms=0.0, rep_ms=0.0, device=None):
+    def fake_benchmark(fn, arg_sets=None, warmup_ms=0.0, rep_ms=0.0, device=None, settle=True):
         n = len(launched)
         fn()
         config = launched[-1] if len(launched) > n else {}

@@ -349,9 +349,11 @@ def test_a_raced_candidate_far_slower_than_the_best_is_timed_briefly(monkeypatch
     truth = {"a": 1.0, "slow": 1.5, "close": 1.1, "fast": 0.9}
     timings: list[tuple[str, bool]] = []
 
-    def timing(fn, arg_sets, warmup_ms, rep_ms, device):
+    def timing(fn, arg_sets, warmup_ms, rep_ms, device, settle=True):
         name = fn()
-        timings.append((name, (warmup_ms, rep_ms) == profiler.PROBE_MS))
+        probe = (warmup_ms, rep_ms) == profiler.PROBE_MS
+        assert settle != probe  # (a probe is brief: no long warm-up; a full timing settles)
+        timings.append((name, probe))
         return truth[name]
 
     monkeypatch.setattr(profiler, "benchmark", timing)
