@@ -1358,13 +1358,19 @@ def split_twins_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
 
 
+def _rounds(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
+    """Rows measured in several rounds, grouped by `keys` in first-seen order (their cells show "a / b")."""
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return out
+
+
 def tuner_power_section(name: str) -> str:
     """bench/tuner_power.py: each GEMM region's candidates timed by the tuner before item 146 (`spun`: an idle spin
     before every call), by quick and full tuning after it, and replayed from a CUDA graph; two rounds, "a / b"."""
     doc = _load(name)
-    rows: dict[tuple, list[dict]] = {}
-    for r in doc["rows"]:
-        rows.setdefault((r["layer"], r["region"], r["candidate"]), []).append(r)
+    rows = _rounds(doc["rows"], "layer", "region", "candidate")
     pair = lambda rs, k: " / ".join(f"{r[k]:.1f}" for r in rs)  # noqa: E731
     ratio = lambda rs, k: " / ".join(f"{r[k] / r['graph_us']:.2f}" for r in rs)  # noqa: E731
     out = ["| layer | region | candidate | before: spun µs | quick µs | full µs | graph replay µs | spun / graph "
@@ -1385,10 +1391,7 @@ def tuner_clocks_section(name: str) -> str:
     """.dbg clocks run (the tuner before item 146): for the long GEMMs, each measure's time with the SM clock and
     power nvidia-smi read over its window; two rounds, "a / b"."""
     doc = _load(name)
-    rows: dict[tuple, list[dict]] = {}
-    for r in doc["rows"]:
-        if r["region"] in ("gemm_2", "gemm_3"):
-            rows.setdefault((r["layer"], r["region"], r["candidate"]), []).append(r)
+    rows = _rounds([r for r in doc["rows"] if r["region"] in ("gemm_2", "gemm_3")], "layer", "region", "candidate")
 
     def cell(rs: list[dict], k: str) -> str:
         return " / ".join(f"{r[k + '_us']:.0f} @ {r[k + '_smi'].get('sm_mhz') or 0:.0f}" for r in rs)
@@ -1425,9 +1428,7 @@ def heat_section(name: str) -> str:
     """A long GEMM's candidates timed as quick tuning does, after 200 ms of heat, and replayed from a CUDA graph
     for 200 ms and for 500 ms after 500 ms of warm-up (the card settled at its power limit); two rounds, "a / b"."""
     doc = _load(name)
-    rows: dict[tuple, list[dict]] = {}
-    for r in doc["rows"]:
-        rows.setdefault((r["region"], r["candidate"]), []).append(r)
+    rows = _rounds(doc["rows"], "region", "candidate")
     keys = ("quick", "heated", "graph", "long_graph")
     out = ["| region | candidate | quick µs | heated µs | graph µs | long graph µs | quick / long | heated / long "
            "| graph / long |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
