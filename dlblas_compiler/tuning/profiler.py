@@ -136,6 +136,48 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, sett
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
 
 
+# the confirmation round (`confirm`): after a search, the finalists (up to TuneMode.confirm of them, each within
+# CONFIRM_WITHIN of the best search time) are timed again in turn, CONFIRM_ROUNDS blocks of CONFIRM_MS (warm-up,
+# repetition ms) each, the order reversed every other round, and the one with the lowest median wins. Only on a GPU
+# and for calls of CONFIRM_MIN_S or more: a long GEMM at the card's power limit reads +-3-4% from one brief timing to
+# the next (bench/NOTES.md 146) while its best configs lie within a few % of each other, so one timing each chose
+# configs 0.90x and 0.97x cuBLAS for one region in two tunings; short calls time within ~1-2% and are not re-timed
+CONFIRM_WITHIN = 1.08
+CONFIRM_MIN_S = 50e-6
+CONFIRM_ROUNDS = 3
+CONFIRM_MS = (25.0, 100.0)
+
+
+def confirms(device: str | torch.device | None, seconds: float) -> bool:
+    """Whether a search whose best time is `seconds` on `device` gets a confirmation round."""
+    return _is_cuda(device) and seconds >= CONFIRM_MIN_S
+
+
+def finalists(trials: Sequence[tuple[Config, float]], count: int) -> list[tuple[Config, float]]:
+    """The (config, seconds) a confirmation round re-times: the `count` fastest of `trials`, those within
+    CONFIRM_WITHIN of the fastest."""
+    ranked = sorted(trials, key=lambda t: t[1])[:count]
+    return [(c, s) for c, s in ranked if s <= CONFIRM_WITHIN * ranked[0][1]]
+
+
+def confirm(
+    build: Callable[[Config], Callable[..., Any]],
+    configs: Sequence[Config],
+    arg_sets: Sequence[tuple] | None = None,
+    device: str | torch.device | None = None,
+) -> list[float]:
+    """The median seconds of each of `configs` over CONFIRM_ROUNDS timings taken in turn (configs in order, then
+    reversed, ...), each `benchmark`ed for CONFIRM_MS: a drift of the card's clock during the round falls on every
+    config alike, and each block starts on a card the previous one kept at its power limit, as a model's replay
+    does. The candidates are built once (each was checked against the reference in the search)."""
+    runs = [build(c) for c in configs]
+    times: list[list[float]] = [[] for _ in runs]
+    for r in range(CONFIRM_ROUNDS):
+        for i in range(len(runs)) if r % 2 == 0 else reversed(range(len(runs))):
+            times[i].append(benchmark(runs[i], arg_sets, *CONFIRM_MS, device))
+    return [statistics.median(t) for t in times]
+
+
 def as_outputs(value: Any) -> tuple[Any, ...]:
     """A candidate's or reference's result as a tuple of outputs (a lone tensor becomes a 1-tuple)."""
     return tuple(value) if isinstance(value, list | tuple) else (value,)

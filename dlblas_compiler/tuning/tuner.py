@@ -18,6 +18,7 @@ import torch
 from ..errors import DeviceFault, DLError, is_device_fault
 from .cache import CacheEntry, CacheKey, TuneCache, default_path
 from .policies import POLICIES, Progress, SearchStop, TuneResult
+from . import profiler
 from .profiler import make_objective
 from .space import Config, SearchSpace
 
@@ -104,7 +105,9 @@ class TuneMode:
     """How hard to search: a policy, a budget of `fraction` of the valid space clamped to [floor, cap], how
     long each candidate is timed (`profiler.benchmark`'s warm-up and repetition milliseconds), and `race`:
     a candidate whose brief first timing is more than `race` times the best so far is not timed in full
-    (`profiler.make_objective`; None: every candidate timed in full, as an exhaustive study wants)."""
+    (`profiler.make_objective`; None: every candidate timed in full, as an exhaustive study wants), and `confirm`:
+    how many of the search's fastest configs a confirmation round times again in turn before one is chosen
+    (`profiler.confirm`; long calls on a GPU only; 0: none)."""
 
     policy: str
     fraction: float
@@ -114,6 +117,7 @@ class TuneMode:
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
     race: float | None = None
+    confirm: int = 3
 
     def budget(self, size: int) -> int:
         n = math.ceil(self.fraction * size)
@@ -141,7 +145,9 @@ TUNE_MODES: dict[str, TuneMode | None] = {
 @dataclass(frozen=True)
 class TuneOutcome:
     """The chosen config and its time, the default config's time (seconds; None when not timed), the number
-    of trials behind the choice, whether it came from the cache, and the search itself when one ran."""
+    of trials behind the choice, whether it came from the cache, the search itself when one ran, and the
+    confirmation round's finalists when one ran: (config, search seconds, confirmed seconds) each, fastest
+    confirmed first."""
 
     config: Config
     time: float | None
@@ -149,6 +155,7 @@ class TuneOutcome:
     trials: int
     from_cache: bool
     result: TuneResult | None = None
+    finalists: tuple[tuple[Config, float, float], ...] = ()
 
 
 _caches: dict[Path, TuneCache] = {}
@@ -313,6 +320,8 @@ def tune(
         errors = sorted({t.error for t in result.failures if t.error})
         raise TuningError(f"{name}: all {result.evaluations} candidate configs failed: " + "; ".join(errors[:3]))
 
+    best, best_time, finals = _confirmed(job, result, settings.confirm)
+
     default = space.default()
     timed = next((t for t in result.trials if t.config == default), None)
     if timed is not None:
@@ -324,8 +333,22 @@ def tune(
             raise
         except Exception:  # the default failing is reported as "no default time", not an error
             default_time = None
-    cache.put(plan.key, CacheEntry(result.best_config, result.best_time, default_time, result.evaluations))
-    log.info("%s %s: %s, %s (searched %d configs; default %s)", name, dict(job.shape), result.best_config,
-             _format_seconds(result.best_time), result.evaluations,
+    cache.put(plan.key, CacheEntry(best, best_time, default_time, result.evaluations))
+    log.info("%s %s: %s, %s (searched %d configs%s; default %s)", name, dict(job.shape), best,
+             _format_seconds(best_time), result.evaluations, f", {len(finals)} confirmed" if finals else "",
              "-" if default_time is None else _format_seconds(default_time))  # fmt: skip
-    return TuneOutcome(result.best_config, result.best_time, default_time, result.evaluations, False, result)
+    return TuneOutcome(best, best_time, default_time, result.evaluations, False, result, finals)
+
+
+def _confirmed(job: TuneJob, result: TuneResult, count: int) -> tuple[Config, float, tuple]:
+    """The search's best config and time, or, where a confirmation round applies (`profiler.confirms`) and finds
+    more than one finalist, the finalist fastest in it, its confirmed time, and the finalists' (config, search
+    seconds, confirmed seconds), fastest confirmed first."""
+    if count < 2 or not profiler.confirms(job.device, result.best_time):
+        return result.best_config, result.best_time, ()
+    ranked = profiler.finalists([(t.config, t.time) for t in result.trials if t.error is None], count)
+    if len(ranked) < 2:
+        return result.best_config, result.best_time, ()
+    times = profiler.confirm(job.build, [c for c, _ in ranked], job.arg_sets, job.device)
+    finals = tuple(sorted(((c, s, t) for (c, s), t in zip(ranked, times)), key=lambda f: f[2]))
+    return finals[0][0], finals[0][2], finals
