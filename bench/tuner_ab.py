@@ -11,9 +11,11 @@ spin of 1.5x the host time before every timed call), quick tuning's former 10 ms
 `new`: item 146's timing, no confirmation round; `confirm`: the tree as it is. Each (variant, repetition) tunes with
 `tune="quick"` into its own empty cache directory, so nothing is shared but Triton's compiled kernels. Then every
 compiled layer is called in `--rounds` rounds, the order reversed every other round, call time (do_bench median,
-CUDA graphs). Writes OUT/tuner_ab.json: per compilation its variant, repetition, the config each GEMM region chose,
-the confirmation rounds' finalists (config, search µs, confirmed µs) and the call times; per variant the median of
-its compilations' medians.
+CUDA graphs). Right after each tuning, each GEMM region's tuned kernel and `torch.matmul` of its shape are timed as
+graph replays (bench/gemms.time_regions: the issue's fused-GEMM-against-cuBLAS ratio). Writes OUT/tuner_ab.json: per
+compilation its variant, repetition, the config each GEMM region chose, the confirmation rounds' finalists (config,
+search µs, confirmed µs), the regions' times and the call times; per variant the median of its compilations'
+medians.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
 from blocks import BLOCKS  # noqa: E402
-from gemms import region_inputs  # noqa: E402
+from gemms import region_inputs, time_regions  # noqa: E402
 from tuner_power import spun_seconds  # noqa: E402
 
 import dlblas_compiler as dc  # noqa: E402
@@ -94,11 +96,13 @@ def main() -> None:
                 with torch.no_grad():
                     chosen = {s.choice.region: s.choice.config | {"impl": s.choice.impl}
                               for s, _ in region_inputs(cm, args, kwargs)}  # fmt: skip
+                regions = [{k: r[k] for k in ("region", "impl", "M", "N", "K", "kernel_us", "cublas_us", "ratio")}
+                           for r in time_regions(cm, args, kwargs, sweep=False)]  # fmt: skip
                 changed = sum(f[0][1] != min(s for _, s, _ in f) for f in finals.values())
                 print(f"{name} {variant} {rep}: tuned in {time.time() - t0:.1f} s; {len(finals)} confirmation "
                       f"round(s), {changed} chose other than the search's fastest", flush=True)  # fmt: skip
-                runs.append({"variant": variant, "rep": rep, "configs": chosen, "finalists": finals, "cm": cm,
-                             "call_us": []})
+                runs.append({"variant": variant, "rep": rep, "configs": chosen, "finalists": finals, "regions": regions,
+                             "cm": cm, "call_us": []})
         with torch.no_grad():
             for rnd in range(a.rounds):
                 for r in runs if rnd % 2 == 0 else runs[::-1]:

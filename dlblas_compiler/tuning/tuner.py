@@ -117,7 +117,7 @@ class TuneMode:
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
     race: float | None = None
-    confirm: int = 3
+    confirm: int = 4
 
     def budget(self, size: int) -> int:
         n = math.ceil(self.fraction * size)
