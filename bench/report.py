@@ -1760,9 +1760,91 @@ def gemv_study_section(name: str, ceilings: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"M=1, fresh quick tuning, {n} configs timed")]) + "\n"
 
 
+def _short_config(c: dict) -> str:
+    """A GEMM config in a few characters: tile, stages, and how the product is made (MM: cuBLAS + the epilogue
+    kernel; TMA or pointer K loop; p: persistent)."""
+    how = "MM" if c.get("MM") else ("TMA" if c.get("TMA") else "ptr")
+    return f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} s{c['num_stages']} {how}{' p' if c.get('PERSISTENT') else ''}"
+
+
+def tuner_ab_section(name: str) -> str:
+    """bench/tuner_ab.py: a layer tuned (quick, from an empty cache) several times by each variant of the tuner, all
+    compilations replayed in one process in alternating rounds (call time). Where the run timed the regions, each
+    GEMM region's tuned kernel against cuBLAS on its shape (graph replays, right after its tuning)."""
+    doc = _load(name)
+    timed = all(r.get("regions") for lay in doc["layers"] for r in lay["runs"])
+    head = "| layer | variant | tuning | layer µs (range) | confirmation rounds: chose other than the search |"
+    if timed:
+        head += " QKV | o-proj | gate/up | down | GEMMs µs, ours / cuBLAS | cuBLAS / ours, sum |"
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    sums: dict[str, list[float]] = {}
+    per_region: dict[tuple[str, str], list[float]] = {}
+    for lay in doc["layers"]:
+        for r in sorted(lay["runs"], key=lambda r: (r["variant"], r["rep"])):
+            finals = r.get("finalists", {})
+            changed = sum(f[0][1] != min(x[1] for x in f) for f in finals.values())
+            row = (f"| {lay['layer']} | {r['variant']} | {r['rep']} | {r['median_us']:.1f} ({min(r['call_us']):.0f}–"
+                   f"{max(r['call_us']):.0f}) | {f'{changed} of {len(finals)}' if finals else '–'} |")  # fmt: skip
+            if timed:
+                by = {x["region"]: x for x in r["regions"]}
+                for g in ("gemm_0", "gemm_1", "gemm_2", "gemm_3"):
+                    x = by[g]
+                    row += f" {x['ratio']:.2f}{'†' if x['impl'] != 'kernel' else ''} |"
+                    per_region.setdefault((r["variant"], g), []).append(x["ratio"])
+                ours, cub = sum(x["kernel_us"] for x in r["regions"]), sum(x["cublas_us"] for x in r["regions"])
+                sums.setdefault(r["variant"], []).append(cub / ours)
+                row += f" {ours:.0f} / {cub:.0f} | {cub / ours:.3f} |"
+            out.append(row)
+    out.append("")
+    for lay in doc["layers"]:
+        meds = lay["median_us"]
+        first = next(iter(meds))
+        line = f"*{lay['layer']}, median of each variant's tunings:* " + ", ".join(
+            f"{v} {t:.1f} µs ({t / meds[first]:.3f})" for v, t in meds.items())  # fmt: skip
+        if timed:
+            gemms = {v: statistics.mean(sum(x["kernel_us"] for x in r["regions"]) for r in lay["runs"] if r["variant"] == v)
+                     for v in meds}  # fmt: skip
+            line += "; the four GEMM kernels' sum, mean of the tunings: " + ", ".join(
+                f"{v} {t:.1f} µs ({t / gemms[first]:.3f})" for v, t in gemms.items())  # fmt: skip
+        out.append(line + ".")
+    if timed:
+        out.append("")
+        for v, ratios in sums.items():
+            regions = ", ".join(f"{GEMM_REGION[g].split('+')[1] if g in ('gemm_0', 'gemm_2') else GEMM_REGION[g].split('+')[0]} "
+                                f"{statistics.mean(x):.3f} ({min(x):.2f}–{max(x):.2f}; {sum(t >= 0.97 for t in x)} ≥ 0.97)"
+                                for (vv, g), x in per_region.items() if vv == v)  # fmt: skip
+            out.append(f"*{v}, cuBLAS / ours over {len(ratios)} tunings:* the four GEMMs' sum {statistics.mean(ratios):.3f} "
+                       f"({min(ratios):.3f}–{max(ratios):.3f}); per region, mean (range; at or above 0.97x): {regions}.")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"), "date": _date(doc, name)}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M = {doc['tokens']}, bf16, quick tuning")]) + "\n"
+
+
+def in_layer_section(name: str) -> str:
+    """bench/in_layer.py: each GEMM region's candidate configs timed as the search times them (iso), as the
+    confirmation round does (held), as a graph replay (graph), and by the whole layer's call time with the candidate
+    in the region (three rounds in turn: the median and range)."""
+    doc = _load(name)
+    out = ["| layer | region | candidate | iso µs | held µs | graph µs | layer µs (range) |", "|" + "---|" * 7]
+    for lay in doc["layers"]:
+        for reg in lay["regions"]:
+            for r in reg["rows"]:
+                cand = "reference (cuBLAS, torch ops)" if r["config"] == "reference" else _short_config(json.loads(r["config"]))
+                if r["config"] == reg["tuned"]:
+                    cand += " (tuned)"
+                out.append(f"| {lay['layer']} | {GEMM_REGION.get(reg['region'], reg['region'])} | {cand} | {r['iso_us']:.1f} "
+                           f"| {r['held_us']:.1f} | {r['graph_us']:.1f} | {r['layer_us']:.0f} ({min(r['layer_all_us']):.0f}–"
+                           f"{max(r['layer_all_us']):.0f}) |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"), "date": _date(doc, name)}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M = {doc['tokens']}, bf16")]) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
+    "tuner-ab-s44-a": functools.partial(tuner_ab_section, "2026-12-02-h200-s44-tuner-ab-a.json"),
+    "tuner-ab-s44-b": functools.partial(tuner_ab_section, "2026-12-02-h200-s44-tuner-ab-b.json"),
+    "tuner-ab-s44-c": functools.partial(tuner_ab_section, "2026-12-02-h200-s44-tuner-ab-c.json"),
+    "in-layer-s44": functools.partial(in_layer_section, "2026-12-02-h200-s44-in-layer.json"),
     "tuner-clocks-s43": functools.partial(tuner_clocks_section, "2026-12-02-h200-s43-tuner-clocks.json"),
     "tuner-power-s43": functools.partial(tuner_power_section, "2026-12-02-h200-s43-tuner-power.json"),
     "gemms-quick-s43-a": functools.partial(gemms_section, "2026-12-02-h200-s43-gemms-quick-a.json"),
