@@ -137,8 +137,9 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, sett
 
 
 # the confirmation round (`confirm`): after a search, the finalists (up to TuneMode.confirm of them, each within
-# CONFIRM_WITHIN of the best search time) are timed again in turn, CONFIRM_ROUNDS blocks of CONFIRM_MS (warm-up,
-# repetition ms) each, the order reversed every other round, and the one with the lowest median wins. Only on a GPU
+# CONFIRM_WITHIN of the best search time, and the default config: tuner._confirmed) are timed again in turn,
+# CONFIRM_ROUNDS blocks of CONFIRM_MS (warm-up, repetition ms) each, the order reversed every other round, and the
+# one with the lowest median wins. Only on a GPU
 # and for calls of CONFIRM_MIN_S or more: a long GEMM at the card's power limit reads +-3-4% from one brief timing to
 # the next (bench/NOTES.md 146), and a candidate timed on a card that cooled while the search waited for compiles
 # reads up to 13% fast (bench/NOTES.md 147: a cuBLAS-product config of a gate/up GEMM, 669 µs in the search's measure,

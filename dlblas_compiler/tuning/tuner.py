@@ -320,11 +320,14 @@ def tune(
         errors = sorted({t.error for t in result.failures if t.error})
         raise TuningError(f"{name}: all {result.evaluations} candidate configs failed: " + "; ".join(errors[:3]))
 
-    best, best_time, finals = _confirmed(job, result, settings.confirm)
-
     default = space.default()
+    best, best_time, finals = _confirmed(job, result, settings.confirm, default)
+
     timed = next((t for t in result.trials if t.config == default), None)
-    if timed is not None:
+    held = next((t for c, _, t in finals if c == default), None)  # (timed as the chosen config was)
+    if held is not None:
+        default_time = held
+    elif timed is not None:
         default_time = timed.time
     else:
         try:
@@ -340,15 +343,19 @@ def tune(
     return TuneOutcome(best, best_time, default_time, result.evaluations, False, result, finals)
 
 
-def _confirmed(job: TuneJob, result: TuneResult, count: int) -> tuple[Config, float, tuple]:
+def _confirmed(job: TuneJob, result: TuneResult, count: int, default: Config) -> tuple[Config, float, tuple]:
     """The search's best config and time, or, where a confirmation round applies (`profiler.confirms`) and finds
-    more than one finalist, the finalist fastest in it, its confirmed time, and the finalists' (config, search
-    seconds, confirmed seconds), fastest confirmed first."""
+    more than one finalist, the config fastest in it, its confirmed time, and the (config, search seconds, confirmed
+    seconds) of each config the round timed, fastest confirmed first. The round also times the default config
+    when the search timed it (it may win too), so that the report's "default" is timed as the choice is."""
     if count < 2 or not profiler.confirms(job.device, result.best_time):
         return result.best_config, result.best_time, ()
-    ranked = profiler.finalists([(t.config, t.time) for t in result.trials if t.error is None], count)
+    timed = [(t.config, t.time) for t in result.trials if t.error is None]
+    ranked = profiler.finalists(timed, count)
     if len(ranked) < 2:
         return result.best_config, result.best_time, ()
+    if all(c != default for c, _ in ranked):
+        ranked += [(c, s) for c, s in timed if c == default]
     times = profiler.confirm(job.build, [c for c, _ in ranked], job.arg_sets, job.device)
     finals = tuple(sorted(((c, s, t) for (c, s), t in zip(ranked, times)), key=lambda f: f[2]))
     return finals[0][0], finals[0][2], finals

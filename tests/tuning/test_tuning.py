@@ -493,11 +493,13 @@ def test_a_confirmation_round_re_times_the_finalists_in_turn_and_keeps_the_faste
     """After a search, the fastest configs within `CONFIRM_WITHIN` of the best (up to `TuneMode.confirm`) are timed
     again in turn, the order reversed every other round, and the lowest median wins: here the search's timing reads
     "b" 2% fast, as a brief timing on a cooler card can; the round sees it 4% slow and keeps "a". A config 22%
-    slower is not re-timed, and a search whose best is shorter than `CONFIRM_MIN_S` gets no round."""
+    slower is not a finalist, but the default joins the round (timed as the choice is, for the report), and a search
+    whose best is shorter than `CONFIRM_MIN_S` gets no round."""
     from dlblas_compiler.tuning import profiler
 
     searched = {"a": 100e-6, "b": 98e-6, "c": 99e-6, "far": 120e-6}
-    confirmed = {"a": [101e-6, 99e-6, 100e-6], "b": [103e-6, 105e-6, 104e-6], "c": [102e-6, 101e-6, 300e-6]}
+    confirmed = {"a": [101e-6, 99e-6, 100e-6], "b": [103e-6, 105e-6, 104e-6], "c": [102e-6, 101e-6, 300e-6],
+                 "far": [125e-6, 124e-6, 126e-6]}
     order: list[str] = []
 
     def timing(fn, arg_sets, warmup_ms, rep_ms, device, settle=True):
@@ -522,6 +524,13 @@ def test_a_confirmation_round_re_times_the_finalists_in_turn_and_keeps_the_faste
     scale, order[:] = 0.1, []  # a short call: the search's best stands
     out = tune(job, "full", cache=TuneCache(tmp_path / "d.sqlite"), progress=False)
     assert out.config == {"name": "b"} and order == [] and out.finalists == ()
+    scale = 1.0  # the default, "far", outside the finalists: it joins the round and gives the default time
+    with_far = SearchSpace({"name": ["a", "b", "c", "far"]}, default={"name": "far"})
+    far_job = dataclasses.replace(job, space=with_far)
+    out = tune(far_job, "full", cache=TuneCache(tmp_path / "f.sqlite"), progress=False)
+    assert order == ["b", "c", "a", "far", "far", "a", "c", "b", "b", "c", "a", "far"]
+    assert out.config == {"name": "a"} and out.default_time == 125e-6 and len(out.finalists) == 4
+    order[:] = []
     no_round = dataclasses.replace(TUNE_MODES["full"], confirm=0)
     monkeypatch.setitem(TUNE_MODES, "full", no_round)
     scale = 1.0
