@@ -356,6 +356,13 @@ def _confirmed(job: TuneJob, result: TuneResult, count: int, default: Config) ->
         return result.best_config, result.best_time, ()
     if all(c != default for c, _ in ranked):
         ranked += [(c, s) for c, s in timed if c == default]
-    times = profiler.confirm(job.build, [c for c, _ in ranked], job.arg_sets, job.device)
+    try:
+        times = profiler.confirm(job.build, [c for c, _ in ranked], job.arg_sets, job.device)
+    except Exception as e:  # (every config ran in the search; a failure now must not cost the region its kernel)
+        if is_device_fault(e):
+            raise
+        log.warning("%s %s: the confirmation round failed (%s: %s); keeping the search's choice", job.name,
+                    dict(job.shape), type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])  # fmt: skip
+        return result.best_config, result.best_time, ()
     finals = tuple(sorted(((c, s, t) for (c, s), t in zip(ranked, times)), key=lambda f: f[2]))
     return finals[0][0], finals[0][2], finals
