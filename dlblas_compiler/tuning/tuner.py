@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from ..errors import DeviceFault, DLError, is_device_fault
+from . import profiler
 from .cache import CacheEntry, CacheKey, TuneCache, default_path
 from .policies import POLICIES, Progress, SearchStop, TuneResult
-from . import profiler
 from .profiler import make_objective
 from .space import Config, SearchSpace
 
@@ -364,5 +364,5 @@ def _confirmed(job: TuneJob, result: TuneResult, count: int, default: Config) ->
         log.warning("%s %s: the confirmation round failed (%s: %s); keeping the search's choice", job.name,
                     dict(job.shape), type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])  # fmt: skip
         return result.best_config, result.best_time, ()
-    finals = tuple(sorted(((c, s, t) for (c, s), t in zip(ranked, times)), key=lambda f: f[2]))
+    finals = tuple(sorted(((c, s, t) for (c, s), t in zip(ranked, times, strict=True)), key=lambda f: f[2]))
     return finals[0][0], finals[0][2], finals
