@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -25,7 +24,18 @@ import torch
 from ..codegen.compile_pool import build
 from ..codegen.kernel import compile_configs
 from ..errors import DeviceFault, is_device_fault
-from ..tuning import CacheEntry, CacheKey, Lockstep, TuneJob, benchmark, default_cache, progress_bar, searches, tune
+from ..tuning import (
+    CacheEntry,
+    CacheKey,
+    Lockstep,
+    TuneJob,
+    benchmark,
+    default_cache,
+    in_turn,
+    progress_bar,
+    searches,
+    tune,
+)
 from .steps import KernelChoice, RegionStep, first_line
 
 log = logging.getLogger("dlblas_compiler.tuning")
@@ -223,12 +233,9 @@ def select(step: RegionStep, tensors: list) -> None:
         times = {"kernel": searched or benchmark(sides["kernel"], warmup_ms=warmup, rep_ms=rep, device=device),
                  "reference": benchmark(sides["reference"], warmup_ms=warmup, rep_ms=rep, device=device)}  # fmt: skip
         if max(times.values()) < SELECT_CLEAR * min(times.values()):  # close: time them in turn
-            samples: dict[str, list[float]] = {name: [] for name in sides}
-            for i in range(SELECT_ROUNDS):
-                for name in ("kernel", "reference") if i % 2 == 0 else ("reference", "kernel"):
-                    samples[name].append(benchmark(sides[name], warmup_ms=25.0 if i == 0 else 5.0, rep_ms=40.0,
-                                                   device=device))  # fmt: skip
-            times = {name: statistics.median(ts) for name, ts in samples.items()}
+            medians = in_turn(list(sides.values()), rounds=SELECT_ROUNDS, warmup_ms=25.0, rep_ms=40.0,
+                              later_warmup_ms=5.0, device=device)  # fmt: skip
+            times = dict(zip(sides, medians, strict=True))
         impl = min(times, key=times.get)
         hit = CacheEntry({"impl": impl}, times[impl], times["kernel"], 2)
         cache.put(key, hit)

@@ -137,14 +137,13 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, sett
 
 
 # the confirmation round (`confirm`): after a search, the finalists (up to TuneMode.confirm of them, each within
-# CONFIRM_WITHIN of the best search time, and the default config: tuner._confirmed) are timed again in turn,
-# CONFIRM_ROUNDS blocks of CONFIRM_MS (warm-up, repetition ms) each, the order reversed every other round, and the
-# one with the lowest median wins. Only on a GPU
-# and for calls of CONFIRM_MIN_S or more: a long GEMM at the card's power limit reads +-3-4% from one brief timing to
-# the next (bench/NOTES.md 146), and a candidate timed on a card that cooled while the search waited for compiles
-# reads up to 13% fast (bench/NOTES.md 147: a cuBLAS-product config of a gate/up GEMM, 669 µs in the search's measure,
-# 770 µs held and as a graph replays it, the layer 2-3% slower with it); short calls time within ~1-2% and are not
-# re-timed. The margin is wide so that the configs such a fast reading pushed down are among the finalists.
+# CONFIRM_WITHIN of the best search time, and the default config: tuner._confirmed) are timed again `in_turn`,
+# CONFIRM_ROUNDS blocks of CONFIRM_MS (warm-up, repetition ms) each, and the one with the lowest median wins. Only on
+# a GPU and for calls of CONFIRM_MIN_S or more: a long GEMM at the card's power limit reads +-3-4% from one brief
+# timing to the next (bench/NOTES.md 146), and some candidates read 7-15% fast in the search (NOTES 147: a
+# cuBLAS-product config of a gate/up GEMM 669 µs there, 770 µs held and as a graph replays it, the layer 2-3% slower
+# with it; our reading: timed on a card that cooled while the search waited for compiles); short calls time within
+# ~1-2% and are not re-timed. The margin is wide so that the configs such a fast reading pushed down are finalists.
 CONFIRM_WITHIN = 1.15
 CONFIRM_MIN_S = 50e-6
 CONFIRM_ROUNDS = 3
@@ -163,22 +162,40 @@ def finalists(trials: Sequence[tuple[Config, float]], count: int) -> list[tuple[
     return [(c, s) for c, s in ranked if s <= CONFIRM_WITHIN * ranked[0][1]]
 
 
+def in_turn(
+    calls: Sequence[Callable[..., Any]],
+    *,
+    rounds: int,
+    warmup_ms: float,
+    rep_ms: float,
+    later_warmup_ms: float | None = None,
+    arg_sets: Sequence[tuple] | None = None,
+    device: str | torch.device | None = None,
+) -> list[float]:
+    """The median seconds of each of `calls` over `rounds` `benchmark`s taken in turn (in order, then reversed,
+    ...; `later_warmup_ms` is the warm-up after the first round, where given): a drift of the card's clock over the
+    rounds falls on every call alike, and each block starts on a card the block before kept busy, as a model's
+    replay does."""
+    times: list[list[float]] = [[] for _ in calls]
+    for r in range(rounds):
+        warm = warmup_ms if r == 0 or later_warmup_ms is None else later_warmup_ms
+        for i in range(len(calls)) if r % 2 == 0 else reversed(range(len(calls))):
+            kw = {"arg_sets": arg_sets} if arg_sets else {}
+            times[i].append(benchmark(calls[i], warmup_ms=warm, rep_ms=rep_ms, device=device, **kw))
+    return [statistics.median(t) for t in times]
+
+
 def confirm(
     build: Callable[[Config], Callable[..., Any]],
     configs: Sequence[Config],
     arg_sets: Sequence[tuple] | None = None,
     device: str | torch.device | None = None,
 ) -> list[float]:
-    """The median seconds of each of `configs` over CONFIRM_ROUNDS timings taken in turn (configs in order, then
-    reversed, ...), each `benchmark`ed for CONFIRM_MS: a drift of the card's clock during the round falls on every
-    config alike, and each block starts on a card the previous one kept at its power limit, as a model's replay
-    does. The candidates are built once (each was checked against the reference in the search)."""
-    runs = [build(c) for c in configs]
-    times: list[list[float]] = [[] for _ in runs]
-    for r in range(CONFIRM_ROUNDS):
-        for i in range(len(runs)) if r % 2 == 0 else reversed(range(len(runs))):
-            times[i].append(benchmark(runs[i], arg_sets, *CONFIRM_MS, device))
-    return [statistics.median(t) for t in times]
+    """The confirmation round: the median seconds of each of `configs`, timed `in_turn` for CONFIRM_ROUNDS rounds
+    of CONFIRM_MS. The candidates are built once (each was checked against the reference in the search)."""
+    warmup_ms, rep_ms = CONFIRM_MS
+    return in_turn([build(c) for c in configs], rounds=CONFIRM_ROUNDS, warmup_ms=warmup_ms, rep_ms=rep_ms,
+                   arg_sets=arg_sets, device=device)  # fmt: skip
 
 
 def as_outputs(value: Any) -> tuple[Any, ...]:

@@ -9,7 +9,7 @@ import torch
 
 from dlblas_compiler.runtime import selection
 from dlblas_compiler.runtime.steps import KernelChoice
-from dlblas_compiler.tuning import TuneCache
+from dlblas_compiler.tuning import TuneCache, profiler
 
 
 class FakeStep:
@@ -42,6 +42,7 @@ def test_a_drifting_clock_does_not_decide(monkeypatch, tmp_path, rounds, kept):
         return truth[step.calls[-1]] * 1.05 ** len(step.calls)
 
     monkeypatch.setattr(selection, "benchmark", drifting)
+    monkeypatch.setattr(profiler, "benchmark", drifting)  # (the rounds in turn: `profiler.in_turn`)
     monkeypatch.setattr(selection, "SELECT_ROUNDS", rounds)
     monkeypatch.setattr(selection, "default_cache", lambda c=TuneCache(tmp_path / "tune.sqlite"): c)
     selection.select(step, [torch.zeros(1)])
@@ -93,6 +94,7 @@ def test_the_first_comparison_takes_the_kernels_time_from_its_search(monkeypatch
         return truth[step.calls[-1]]
 
     monkeypatch.setattr(selection, "benchmark", timing)
+    monkeypatch.setattr(profiler, "benchmark", timing)  # (the rounds in turn: `profiler.in_turn`)
     monkeypatch.setattr(selection, "default_cache", lambda c=TuneCache(tmp_path / "tune.sqlite"): c)
     selection.select(step, [torch.zeros(1)])
     assert step.calls == calls

@@ -502,7 +502,7 @@ def test_a_confirmation_round_re_times_the_finalists_in_turn_and_keeps_the_faste
                  "far": [125e-6, 124e-6, 126e-6]}
     order: list[str] = []
 
-    def timing(fn, arg_sets, warmup_ms, rep_ms, device, settle=True):
+    def timing(fn, arg_sets=None, warmup_ms=25.0, rep_ms=100.0, device=None, settle=True):
         name = fn()
         if (warmup_ms, rep_ms) != profiler.CONFIRM_MS:
             return scale * searched[name]
