@@ -16,6 +16,8 @@ search / held ratio of the candidates timed right after a compile batch and of t
 from __future__ import annotations
 
 import argparse
+import bisect
+import datetime
 import json
 import os
 import statistics
@@ -91,53 +93,90 @@ class Recorder:
         selection.tune, tuner.make_objective, selection.build = self._saved
 
 
+class Windows:
+    """Smi.window over samples parsed once (a layer's search times hundreds of candidates)."""
+
+    def __init__(self, path: str) -> None:
+        self.rows = []
+        for line in open(path):
+            f = [x.strip() for x in line.split(",")]
+            try:
+                ts = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                self.rows.append((ts, float(f[1]), float(f[2]), int(f[3], 16)))
+            except (ValueError, IndexError):
+                continue
+        self.times = [r[0] for r in self.rows]
+
+    def __call__(self, t0: float, t1: float) -> dict:
+        rows = self.rows[bisect.bisect_left(self.times, t0):bisect.bisect_right(self.times, t1)]
+        if not rows:
+            return {}
+        return {"sm_mhz": statistics.mean(r[1] for r in rows), "watts": statistics.mean(r[2] for r in rows),
+                "power_capped": sum(bool(r[3] & 0x4) for r in rows) / len(rows)}  # fmt: skip
+
+
+def tune_layer(a, smi: Smi, name: str, settle: float) -> dict:
+    """One layer compiled and quick-tuned from an empty cache with profiler.SETTLE_MAX_MS = `settle`: every
+    candidate its searches timed, the long searches' fastest held."""
+    profiler.SETTLE_MAX_MS = settle
+    mod, args, kwargs, _, _ = BLOCKS[f"layer_{name}"](a.tokens, torch.bfloat16, "cuda")
+    os.environ["DLBLAS_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"search_heat-{name}-")
+    t_tune = time.time()
+    with Recorder() as rec, torch.no_grad():
+        cm = dc.compile(mod, backend="triton", tune="quick")
+        cm(*args, **kwargs)
+    t_tune = time.time() - t_tune
+    print(f"{name} settle {settle:g} ms: first call (tuning) {t_tune:.1f} s", flush=True)
+    windows = Windows(smi.path)
+    for r in rec.rows:
+        r.update(windows(r["t0"], r["t1"]))
+    for key, job in rec.jobs.items():  # the fastest candidates of each long search, held
+        rows = sorted((r for r in rec.rows if r["job"] == key and r["search_us"] < float("inf")),
+                      key=lambda r: r["search_us"])[: a.held]  # fmt: skip
+        if not rows or rows[0]["search_us"] < profiler.CONFIRM_MIN_S * 1e6:
+            continue
+        held = profiler.confirm(job["build"], [r["config"] for r in rows], job["arg_sets"], job["device"])
+        for r, t in zip(rows, held, strict=True):
+            r["held_us"] = t * 1e6
+            r["search_over_held"] = r["search_us"] / r["held_us"]
+    lay = {"layer": name, "settle_max_ms": settle, "first_call_s": t_tune, "batches": rec.batches, "rows": rec.rows}
+    for after in (True, False):
+        ratios = [r["search_over_held"] for r in rec.rows if "held_us" in r and r["after_compile"] == after]
+        if ratios:
+            lay[f"search_over_held_{'after' if after else 'not_after'}_compile"] = {
+                "n": len(ratios), "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+            print(f"{name} settle {settle:g}: candidates {'right after' if after else 'not right after'} a compile "
+                  f"batch: search / held median {statistics.median(ratios):.3f} ({min(ratios):.3f}-"
+                  f"{max(ratios):.3f}, n={len(ratios)})", flush=True)  # fmt: skip
+    for r in (r for r in rec.rows if "held_us" in r):
+        print(f"  {r['job'][:60]:60s} search {r['search_us']:7.1f} held {r['held_us']:7.1f} "
+              f"gap {r['gap_s']:5.2f} s{' (compiles)' if r['after_compile'] else ''} "
+              f"{r.get('sm_mhz', 0):.0f} MHz {r.get('watts', 0):.0f} W", flush=True)  # fmt: skip
+    del cm, mod, rec
+    torch.cuda.empty_cache()
+    return lay
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", default="llama3_8b,qwen25_7b")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--held", type=int, default=6)
+    ap.add_argument("--settle", default=f"0,{profiler.SETTLE_MAX_MS:g}",
+                    help="profiler.SETTLE_MAX_MS values, each a tuning of every layer (0: a fixed warm-up)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     smi = Smi(os.path.join(tempfile.mkdtemp(prefix="search_heat-"), "smi.csv"))
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d"), "tokens": a.tokens, "layers": []}  # fmt: skip
+    settles = [float(v) for v in a.settle.split(",")]
     try:
-        for name in a.layers.split(","):
-            mod, args, kwargs, _, _ = BLOCKS[f"layer_{name}"](a.tokens, torch.bfloat16, "cuda")
-            os.environ["DLBLAS_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"search_heat-{name}-")
-            with Recorder() as rec, torch.no_grad():
-                cm = dc.compile(mod, backend="triton", tune="quick")
-                cm(*args, **kwargs)
-            for r in rec.rows:
-                r.update(smi.window(r["t0"], r["t1"]))
-            for key, job in rec.jobs.items():  # the fastest candidates of each long search, held
-                rows = sorted((r for r in rec.rows if r["job"] == key and r["search_us"] < float("inf")),
-                              key=lambda r: r["search_us"])[: a.held]  # fmt: skip
-                if not rows or rows[0]["search_us"] < profiler.CONFIRM_MIN_S * 1e6:
-                    continue
-                held = profiler.confirm(job["build"], [r["config"] for r in rows], job["arg_sets"], job["device"])
-                for r, t in zip(rows, held, strict=True):
-                    r["held_us"] = t * 1e6
-                    r["search_over_held"] = r["search_us"] / r["held_us"]
-            lay = {"layer": name, "batches": rec.batches, "rows": rec.rows}
-            for after in (True, False):
-                ratios = [r["search_over_held"] for r in rec.rows if "held_us" in r and r["after_compile"] == after]
-                if ratios:
-                    lay[f"search_over_held_{'after' if after else 'not_after'}_compile"] = {
-                        "n": len(ratios), "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-                    print(f"{name}: candidates {'right after' if after else 'not right after'} a compile batch: "
-                          f"search / held median {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}, "
-                          f"n={len(ratios)})", flush=True)  # fmt: skip
-            for r in (r for r in rec.rows if "held_us" in r):
-                print(f"  {r['job'][:60]:60s} search {r['search_us']:7.1f} held {r['held_us']:7.1f} "
-                      f"gap {r['gap_s']:5.2f} s{' (compiles)' if r['after_compile'] else ''} "
-                      f"{r.get('sm_mhz', 0):.0f} MHz {r.get('watts', 0):.0f} W", flush=True)  # fmt: skip
-            res["layers"].append(lay)
-            with open(os.path.join(a.out, "search_heat.json"), "w") as fh:
-                json.dump(res, fh, indent=1, default=str)
-            del cm, mod, rec
-            torch.cuda.empty_cache()
+        for li, name in enumerate(a.layers.split(",")):
+            for settle in settles if li % 2 == 0 else settles[::-1]:  # (which goes first alternates)
+                res["layers"].append(tune_layer(a, smi, name, settle))
+                with open(os.path.join(a.out, "search_heat.json"), "w") as fh:
+                    json.dump(res, fh, indent=1, default=str)
     finally:
         smi.stop()
 
