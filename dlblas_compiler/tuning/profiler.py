@@ -79,6 +79,8 @@ SPIN_HZ = 2.0e9  # cycles per second the spin is reckoned at: no card clocks fas
 # that stood idle a moment (the search's host work between candidates, a batch of compiles) starts cool and fast, and
 # its limiter takes ~0.1-0.2 s to pull the clock down to where a model's replay runs (bench/NOTES.md 148). 0 turns
 # the blocks off.
+LONG_CALL_S = 100e-6
+LONG_WARMUP_MS = 25.0
 SETTLE_BLOCK_MS = 10.0
 SETTLE_MAX_MS = 300.0
 SETTLE_STEADY = 1.005
