@@ -1,5 +1,6 @@
 """Does a quick search time candidates on a card that cooled while it waited for compiles? (bench/NOTES.md 147's
-reading, not yet measured.)
+reading; measured in NOTES 148: in part. The results of that session's runs also hold tunings with the warm-up
+in blocks NOTES 148 describes, which the tree no longer has.)
 
     python bench/search_heat.py --out OUT [--layers llama3_8b,qwen25_7b] [--tokens 2048] [--held 6]
 
@@ -115,10 +116,9 @@ class Windows:
                 "power_capped": sum(bool(r[3] & 0x4) for r in rows) / len(rows)}  # fmt: skip
 
 
-def tune_layer(a, smi: Smi, name: str, settle: float) -> dict:
-    """One layer compiled and quick-tuned from an empty cache with profiler.SETTLE_MAX_MS = `settle`: every
-    candidate its searches timed, the long searches' fastest held."""
-    profiler.SETTLE_MAX_MS = settle
+def tune_layer(a, smi: Smi, name: str) -> dict:
+    """One layer compiled and quick-tuned from an empty cache: every candidate its searches timed, the long
+    searches' fastest held."""
     mod, args, kwargs, _, _ = BLOCKS[f"layer_{name}"](a.tokens, torch.bfloat16, "cuda")
     os.environ["DLBLAS_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"search_heat-{name}-")
     t_tune = time.time()
@@ -126,7 +126,7 @@ def tune_layer(a, smi: Smi, name: str, settle: float) -> dict:
         cm = dc.compile(mod, backend="triton", tune="quick")
         cm(*args, **kwargs)
     t_tune = time.time() - t_tune
-    print(f"{name} settle {settle:g} ms: first call (tuning) {t_tune:.1f} s", flush=True)
+    print(f"{name}: first call (tuning) {t_tune:.1f} s", flush=True)
     windows = Windows(smi.path)
     for r in rec.rows:
         r.update(windows(r["t0"], r["t1"]))
@@ -139,13 +139,13 @@ def tune_layer(a, smi: Smi, name: str, settle: float) -> dict:
         for r, t in zip(rows, held, strict=True):
             r["held_us"] = t * 1e6
             r["search_over_held"] = r["search_us"] / r["held_us"]
-    lay = {"layer": name, "settle_max_ms": settle, "first_call_s": t_tune, "batches": rec.batches, "rows": rec.rows}
+    lay = {"layer": name, "first_call_s": t_tune, "batches": rec.batches, "rows": rec.rows}
     for after in (True, False):
         ratios = [r["search_over_held"] for r in rec.rows if "held_us" in r and r["after_compile"] == after]
         if ratios:
             lay[f"search_over_held_{'after' if after else 'not_after'}_compile"] = {
                 "n": len(ratios), "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-            print(f"{name} settle {settle:g}: candidates {'right after' if after else 'not right after'} a compile "
+            print(f"{name}: candidates {'right after' if after else 'not right after'} a compile "
                   f"batch: search / held median {statistics.median(ratios):.3f} ({min(ratios):.3f}-"
                   f"{max(ratios):.3f}, n={len(ratios)})", flush=True)  # fmt: skip
     for r in (r for r in rec.rows if "held_us" in r):
@@ -163,20 +163,16 @@ def main() -> None:
     ap.add_argument("--layers", default="llama3_8b,qwen25_7b")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--held", type=int, default=6)
-    ap.add_argument("--settle", default=f"0,{profiler.SETTLE_MAX_MS:g}",
-                    help="profiler.SETTLE_MAX_MS values, each a tuning of every layer (0: a fixed warm-up)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     smi = Smi(os.path.join(tempfile.mkdtemp(prefix="search_heat-"), "smi.csv"))
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d"), "tokens": a.tokens, "layers": []}  # fmt: skip
-    settles = [float(v) for v in a.settle.split(",")]
     try:
-        for li, name in enumerate(a.layers.split(",")):
-            for settle in settles if li % 2 == 0 else settles[::-1]:  # (which goes first alternates)
-                res["layers"].append(tune_layer(a, smi, name, settle))
-                with open(os.path.join(a.out, "search_heat.json"), "w") as fh:
-                    json.dump(res, fh, indent=1, default=str)
+        for name in a.layers.split(","):
+            res["layers"].append(tune_layer(a, smi, name))
+            with open(os.path.join(a.out, "search_heat.json"), "w") as fh:
+                json.dump(res, fh, indent=1, default=str)
     finally:
         smi.stop()
 

@@ -74,16 +74,10 @@ MAX_HIDDEN_S = 2e-3
 SPIN_HZ = 2.0e9  # cycles per second the spin is reckoned at: no card clocks faster, so it never ends too soon
 # a call whose clear and call keep the GPU busy this long (a prefill GEMM, not a decode GEMV: ~75 µs with the clear)
 # warms for at least LONG_WARMUP_MS, so that a compute-bound one nears its clock at the card's power limit
-# (quick tuning's 10 ms left such GEMMs up to 13% fast; 25 ms, up to 9%: bench/NOTES.md 146), and first in blocks of
-# SETTLE_BLOCK_MS until a block runs no slower than SETTLE_STEADY times the one before (at most SETTLE_MAX_MS): a card
-# that stood idle a moment (the search's host work between candidates, a batch of compiles) starts cool and fast, and
-# its limiter takes ~0.1-0.2 s to pull the clock down to where a model's replay runs (bench/NOTES.md 148). 0 turns
-# the blocks off.
+# (quick tuning's 10 ms left such GEMMs up to 13% fast; 25 ms, up to 9%: bench/NOTES.md 146). (Warming on in blocks
+# until the card's clock stopped falling was measured and not kept: bench/NOTES.md 148.)
 LONG_CALL_S = 100e-6
 LONG_WARMUP_MS = 25.0
-SETTLE_BLOCK_MS = 10.0
-SETTLE_MAX_MS = 300.0
-SETTLE_STEADY = 1.005
 
 
 def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, settle: bool = True) -> float:
@@ -126,7 +120,7 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, sett
     spin = max(0.0, hidden - busy)
     estimate_ms = (busy + spin) * 1e3
     if settle and busy >= LONG_CALL_S:
-        warmup_ms = max(warmup_ms, LONG_WARMUP_MS) - _settled_ms(call, lambda: driver.clear_cache(cache), busy)
+        warmup_ms = max(warmup_ms, LONG_WARMUP_MS)
     for _ in range(max(1, int(warmup_ms / estimate_ms))):
         call()
     n = max(5, int(rep_ms / estimate_ms))
@@ -141,38 +135,6 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, sett
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
-
-
-def _settled_ms(call: Callable[[], None], clear: Callable[[], None], busy_s: float) -> float:
-    """Run `clear` and `call` back to back in blocks of about SETTLE_BLOCK_MS until the card's clock has settled
-    (`until_steady`). The ms spent."""
-    per_block = max(1, int(SETTLE_BLOCK_MS / (busy_s * 1e3)))
-
-    def block() -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(per_block):
-            clear()
-            call()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
-    return until_steady(block)
-
-
-def until_steady(block: Callable[[], float]) -> float:
-    """Time `block()` (ms) again and again until one runs no slower than SETTLE_STEADY times the one before: at
-    least two, for at most SETTLE_MAX_MS in all (none with SETTLE_MAX_MS 0). A card held at its power limit passes
-    after two blocks; one that cooled while idle runs until its clock has come down. The ms spent."""
-    spent, before = 0.0, None
-    while spent < SETTLE_MAX_MS:
-        ms = block()
-        spent += ms
-        if before is not None and ms <= SETTLE_STEADY * before:
-            break
-        before = ms
-    return spent
 
 
 # the confirmation round (`confirm`): after a search, the finalists (up to TuneMode.confirm of them, each within

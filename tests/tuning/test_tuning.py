@@ -717,31 +717,3 @@ def test_a_call_longer_than_its_host_path_is_timed_back_to_back(monkeypatch):
 
     benchmark(slow_host, warmup_ms=5, rep_ms=30)
     assert len(spins) > 10, len(spins)  # (every timed call behind a spin)
-
-
-def test_a_long_call_warms_until_its_blocks_stop_slowing(monkeypatch):
-    """`profiler.until_steady`: a card that stood idle runs fast at first and slows as its limiter pulls the clock
-    down (bench/NOTES.md 148); blocks are run until one is no slower than SETTLE_STEADY times the one before, at
-    least two, at most SETTLE_MAX_MS in all, and none when the settling is off."""
-    from dlblas_compiler.tuning import profiler
-
-    def blocks(times):
-        it = iter(times)
-        ran = []
-
-        def block():
-            ran.append(next(it))
-            return ran[-1]
-
-        return block, ran
-
-    block, ran = blocks([10.0, 10.02, 99.0])  # a hot card: two blocks
-    assert profiler.until_steady(block) == pytest.approx(20.02) and ran == [10.0, 10.02]
-    block, ran = blocks([10.0, 10.4, 10.8, 11.0, 11.01, 99.0])  # a cool one: until the slowing stops
-    assert profiler.until_steady(block) == pytest.approx(53.21) and len(ran) == 5
-    block, ran = blocks([10.0 * 1.02**i for i in range(100)])  # never steady: bounded
-    spent = profiler.until_steady(block)
-    assert profiler.SETTLE_MAX_MS <= spent < profiler.SETTLE_MAX_MS + 20 and len(ran) < 100
-    monkeypatch.setattr(profiler, "SETTLE_MAX_MS", 0.0)
-    block, ran = blocks([10.0])
-    assert profiler.until_steady(block) == 0.0 and ran == []
