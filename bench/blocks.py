@@ -166,6 +166,14 @@ HF_LAYERS = {
                                num_key_value_heads=32, rms_norm_eps=1e-5, rope_theta=10000.0)),
     "qwen3_8b": ("qwen3", dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
                                num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0)),
+    # LayerNorm models: the norm joins the GEMM after it (a few rows normalized in its K loop, NOTES 150).
+    # StableLM-2-1.6B: Llama's layout with LayerNorms, q/k/v biases and a quarter of each head rotated
+    "stablelm2_1_6b": ("stablelm", dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=32,
+                                        num_key_value_heads=32, partial_rotary_factor=0.25, layer_norm_eps=1e-5,
+                                        rope_theta=10000.0, use_qkv_bias=True)),
+    # Phi-2: one LayerNorm read by the attention and the MLP in parallel, 80-dim heads (32 rotated), a GELU MLP
+    "phi2": ("phi", dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=32, num_key_value_heads=32,
+                         partial_rotary_factor=0.4, layer_norm_eps=1e-5, rope_theta=10000.0)),
     # DeepSeek-V3's first (dense) layer: multi-head latent attention (q through a rank-1536 projection, keys and
     # values expanded from a rank-512 latent, 64 rotary dims per head rotated as pairs), a dense SwiGLU MLP
     "deepseek_v3_dense": ("deepseek_v3", dict(hidden_size=7168, intermediate_size=18432, num_attention_heads=128,

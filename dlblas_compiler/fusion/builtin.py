@@ -1,6 +1,6 @@
 """The built-in fusion patterns, registered through the same public API users have.
 
-  gemm       (100)  [rms_norm →] linear → epilogue (bias, residual, glu of two column halves, rotary on
+  gemm       (100)  [rms_norm | layer_norm →] linear → epilogue (bias, residual, glu of two column halves, rotary on
                     head columns, slices, head reshapes/permutes, casts, k/v stored into a cache at
                     their positions), as far as the gemm template takes it           → gemm template
   attention   (50)  sdpa with the views that produce q/k/v and consume its output   → attention template
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from xdsl.ir import Operation, SSAValue
 
-from ..dialects import VIEW_OPS, ConstantOp, LinearOp, RMSNormOp, SDPAOp
+from ..dialects import VIEW_OPS, ConstantOp, LayerNormOp, LinearOp, RMSNormOp, SDPAOp
 from ..dialects.traits import kind_of
 from .patterns import Match, register_fusion_pattern
 from .planner import Plan, ask, rule
@@ -58,12 +58,14 @@ def row_pattern(op: Operation, plan: Plan):
 
 
 def gemm_pattern(op: Operation, plan: Plan):
-    """[rms_norm →] linear → epilogue ops, as far as the GEMM template can take them."""
+    """[rms_norm | layer_norm →] linear → epilogue ops, as far as the GEMM template can take them (the norm when
+    the linear is its only reader)."""
     if not isinstance(op, LinearOp) or not plan.free(op):
         return None
     region = [op]
     norm = op.input.owner
-    if isinstance(norm, RMSNormOp) and plan.free(norm) and all(u.operation is op for u in norm.result.uses):
+    only_reader = isinstance(norm, Operation) and all(u.operation is op for u in norm.results[0].uses)
+    if isinstance(norm, (RMSNormOp, LayerNormOp)) and plan.free(norm) and only_reader:
         if _takes("gemm", [norm, op]):
             region = [norm, op]
     grown = True

@@ -40,7 +40,10 @@ def test_every_generated_kernel_waits_for_its_predecessor_under_pdl_only():
         if s.kernel.name.startswith("gemm"):  # a GEMM releases the next kernel once its K loop has read its operands
             assert "gdc_launch_dependents()" not in head[2]
             kernel, tile = src.split("def _tile(", 1)
-            assert tile.rindex("for k0 in range(") < tile.index("gdc_launch_dependents()") < tile.index("tl.store(")
+            tile, products = tile.split("\n\n@triton.jit", 1)  # (each variant's product follows the tile's work)
+            assert "for k0 in range(" in products and "gdc_launch_dependents()" not in products
+            calls = max(tile.index(f"{p}(") for p in ("_product_cublas", "_product_one_row", "_product_tiled"))
+            assert calls < tile.index("gdc_launch_dependents()") < tile.index("tl.store(")
             release = next(line for line in tile.splitlines() if line.strip().startswith("if RELEASE:"))
             variants = next(line for line in tile.splitlines() if line.strip() == "if MM:")
             assert release.index("if") == variants.index("if")  # (after every variant's K loop, not inside one)

@@ -347,6 +347,72 @@ def test_dual_gemm_one_accumulator_over_both_streams():
         assert checked == 6
 
 
+class NormLinearGelu(nn.Module):
+    """LayerNorm → Linear(bias) → GELU, the LayerNorm's weight and bias random (not 1 and 0)."""
+
+    def __init__(self, h, n):
+        super().__init__()
+        self.ln = nn.LayerNorm(h)
+        self.fc = nn.Linear(h, n)
+        with torch.no_grad():
+            self.ln.weight.normal_(1.0, 0.5)
+            self.ln.bias.normal_(0.0, 0.5)
+
+    def forward(self, x):
+        return F.gelu(self.fc(self.ln(x)))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_layer_norm_prologue_of_a_few_rows_in_the_k_loop(rows, dtype):
+    """A LayerNorm before a linear is the GEMM's prologue (the built-in pattern takes it); up to 16 rows each
+    program computes its rows' statistics and normalizes the A tiles it loads (no row pass: `NORM_PASS` 0), one-row
+    and tensor-core tiles, split-K, a partial last K step (K = 80), each config as close to the float64 reference
+    as eager is, and the same as the config with the pass within rounding."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    model = NormLinearGelu(80, 48).eval()
+    x = _x(rows, 80) * 3 + 0.5  # (a mean well away from 0)
+    cm = dc.compile(model.to(dtype), backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        cm(x.to(dtype))
+        prog = cm._spec().executor
+        (step,) = [s for s in prog.steps if isinstance(s, RegionStep)]
+        assert step.choice.pattern == "gemm" and "dl.layer_norm" in step.kernel.region_ir
+        assert step.choice.config["NORM_PASS"] == 0
+        tensors = step.inputs(prog._env([x.to(dtype)]))
+        ref = model.double()(x.double())
+        eager = rel_error(model.to(dtype)(x.to(dtype)), ref)
+        configs = [(16, 16, 32, 1), (16, 32, 16, 2), (32, 16, 64, 1)]
+        configs += [(1, 16, 32, 1), (1, 32, 16, 4)] if rows <= 4 else []  # (one-row tiles for a few rows)
+        for bm, bn, bk, sk in configs:
+            outs = []
+            for normed in (0, 1):
+                cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4,
+                       "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": normed, "PERSISTENT": 0, "WS": 0}  # fmt: skip
+                (out,) = step.launch(tensors, cfg)
+                assert rel_error(out, ref) <= 1.05 * eager + tolerance(torch.float32), cfg
+                outs.append(out.float())
+            torch.testing.assert_close(outs[0], outs[1], rtol=tolerance(dtype), atol=tolerance(dtype))
+
+
+def test_gemm_layer_norm_above_sixteen_rows_or_through_tma_is_a_row_pass():
+    """The K loop normalizes A tiles itself only for a few rows loaded by pointer; otherwise the space keeps the
+    LayerNorm as a row pass (the A tile scaled in registers inside a pipelined TMA loop raced, NOTES 59)."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    for rows in (5, 40):
+        cm = dc.compile(NormLinearGelu(64, 32).eval(), backend="interpret", cuda_graphs=False)
+        with torch.no_grad():
+            cm(_x(rows, 64))
+        (step,) = [s for s in cm._spec().executor.steps if isinstance(s, RegionStep)]
+        base = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4,
+                "num_stages": 2, "TMA": 0, "MM": 0, "PERSISTENT": 0, "WS": 0}  # fmt: skip
+        assert step.kernel.space.is_valid({**base, "NORM_PASS": 0}) == (rows <= 16)
+        assert step.kernel.space.is_valid({**base, "NORM_PASS": 1})
+        assert not step.kernel.space.is_valid({**base, "NORM_PASS": 0, "TMA": 1})
+
+
 @pytest.mark.parametrize("k", [128, 160])  # 160: the last K step is partial for BLOCK_K * SPLIT_K = 64 / 128
 def test_gemm_configs_split_k_and_ragged_tiles(k):
     """Several tile configs of one norm+dual-GEMM region (rows and columns past the end wrap in the loads,

@@ -24,13 +24,15 @@ BASE = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_hi
             max_position_embeddings=256)  # fmt: skip
 
 # per layer: norm+QKV+rotary, attention, o-proj+residual, norm+gate/up+SiLU, down+residual; then final norm+lm_head.
-# The rotary embedding's cos and sin are one row kernel (with the cat(freqs, freqs) before them). Phi: LayerNorm is a row kernel, the MLP's GELU
+# The rotary embedding's cos and sin are one row kernel (with the cat(freqs, freqs) before them). Phi: the LayerNorm is
+# the prologue of the GEMM after it (forty-fifth session, bench/NOTES.md 150; before, a row kernel), the MLP's GELU
 # rides in the QKV GEMM's epilogue slot (attention and MLP read the same normed input), one residual GEMM adds both.
 LLAMA_LIKE = Counter({"row": 1, "gemm": 4 * 2 + 1, "attention": 2})
-# GPT-2: LayerNorms are row kernels (the first with the position embedding's add); per layer c_attn (+ bias and the
-# head split), attention, c_proj + residual, c_fc + GELU, c_proj + residual: the Conv1D addmm's are linears.
-# Falcon: cos/sin and LayerNorm(s) are row kernels; q/k/v share one GEMM (with the MLP's up-projection and GELU
-# where attention and MLP read one norm), the down-projection adds both residuals; multi-query attention (1 k/v
+# GPT-2: LayerNorms are the prologues of the GEMMs after them (the position embedding's add a row kernel); per layer
+# c_attn (+ bias and the head split), attention, c_proj + residual, c_fc + GELU, c_proj + residual: the Conv1D
+# addmm's are linears.
+# Falcon: cos/sin is a row kernel, the LayerNorm(s) the GEMMs' prologues; q/k/v share one GEMM (with the MLP's
+# up-projection and GELU where attention and MLP read one norm), the down-projection adds both residuals; multi-query attention (1 k/v
 # head) and grouped attention (k/v broadcast per group, rotary applied after) run as GQA. Multi-query: the q, k and
 # v heads sliced from the fused projection's [.., heads + 2, D] view are slices of its columns (`algebraic`), so
 # the q/k rotary rides in the GEMM; the new decoder architecture interleaves q, k and v per group (slices of a
@@ -39,27 +41,28 @@ REGIONS = {
     "llama": LLAMA_LIKE,
     "qwen2": LLAMA_LIKE,
     "mistral": LLAMA_LIKE,
-    "phi": Counter({"row": 1 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
-    "gpt2": Counter({"row": 2 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
-    "falcon": Counter({"row": 1 + 2 + 1, "gemm": 3 * 2 + 1, "attention": 2}),
-    "falcon-gqa": Counter({"row": 1 + 2 * 2 + 1, "gemm": 4 * 2 + 1, "attention": 2}),
+    "phi": Counter({"row": 1, "gemm": 3 * 2 + 1, "attention": 2}),
+    "gpt2": Counter({"row": 1, "gemm": 4 * 2 + 1, "attention": 2}),
+    "falcon": Counter({"row": 1, "gemm": 3 * 2 + 1, "attention": 2}),
+    "falcon-gqa": Counter({"row": 1, "gemm": 4 * 2 + 1, "attention": 2}),
 }
 MODELS = list(REGIONS)
 
 # More architectures, compiled once (dc.compile, interpret backend: the generated kernels). Rows beyond the rotary
 # embedding's cos and sin (1): Gemma's embedding scale (Qwen3's per-head q/k RMSNorms and the rotary after them ride
 # in the QKV GEMM's epilogue, as Llama's rotary does); Gemma2's post-attention and
-# post-MLP norms and its soft-capped logits; GPT-NeoX's and StableLM's LayerNorms; OPT's and BERT's
-# LayerNorms (and the embedding sums); Mixtral's router softmax and top-k run inside dl.moe (library kernels), its
+# post-MLP norms and its soft-capped logits; OPT's embedding sum (its LayerNorms, GPT-NeoX's, StableLM's,
+# Starcoder2's and GPT-BigCode's are the prologues of the GEMMs after them: bench/NOTES.md 150); BERT's LayerNorms
+# (after the residual adds) and the embedding sums; Mixtral's router softmax and top-k run inside dl.moe (library kernels), its
 # attention as Llama's. docs/architectures.md (scripts/architectures.py) lists each model's regions and what stays out.
 MORE_REGIONS = {
     "qwen3": LLAMA_LIKE,
     "gemma": Counter({"row": 2, "gemm": 4 * 2 + 1, "attention": 2}),
     "gemma2": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
     "phi3": LLAMA_LIKE,
-    "gpt_neox": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),  # (q/k slices and rotary in the QKV GEMM)
-    "opt": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
-    "stablelm": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
+    "gpt_neox": Counter({"row": 1, "gemm": 4 * 2 + 1, "attention": 2}),  # (q/k slices and rotary in the QKV GEMM)
+    "opt": Counter({"row": 2, "gemm": 4 * 2 + 1, "attention": 2}),
+    "stablelm": Counter({"row": 1, "gemm": 4 * 2 + 1, "attention": 2}),
     "bert": Counter({"row": 5, "gemm": 4 * 2 + 1, "attention": 2}),
     "t5_encoder": Counter({"row": 2, "gemm": 4 * 2, "attention": 2}),
     "mixtral": Counter({"row": 5, "gemm": 2 * 2 + 1, "attention": 2}),
@@ -80,14 +83,14 @@ MORE_REGIONS = {
     # OLMo2: norms after attention and MLP (not before), q/k RMSNorms over all heads' columns
     "olmo2": Counter({"row": 13, "gemm": 4 * 2 + 1, "attention": 2}),
     # Starcoder2: LayerNorm with bias, biases on every projection, a GELU MLP, a sliding window
-    "starcoder2": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),
+    "starcoder2": Counter({"row": 1, "gemm": 4 * 2 + 1, "attention": 2}),
     # Qwen3-MoE: Qwen3's attention, its routed MoE MLP captured as dl.moe (library kernels) in both layers, as Mixtral's
     "qwen3_moe": Counter({"row": 5, "gemm": 2 * 2 + 1, "attention": 2}),
     # GPT-BigCode (StarCoder): multi-query attention, learned positions, LayerNorm, GELU
-    "gpt_bigcode": Counter({"row": 5, "gemm": 4 * 2 + 1, "attention": 2}),
+    "gpt_bigcode": Counter({"row": 1, "gemm": 4 * 2 + 1, "attention": 2}),
     # BLOOM: ALiBi in HF's eager attention (baddbmm of the bias and the scaled scores): no attention region, the
-    # scores and softmax run as GEMM and row kernels
-    "bloom": Counter({"row": 9, "gemm": 4 * 2 + 1}),
+    # scores and softmax run as GEMM and row kernels (its LayerNorms the GEMMs' prologues)
+    "bloom": Counter({"row": 5, "gemm": 4 * 2 + 1}),
 }
 EAGER_ATTENTION = ("bloom",)  # (HF has no SDPA path for it)
 ENCODERS = ("bert", "t5_encoder")  # outputs last_hidden_state; the others are causal LMs (logits)

@@ -80,18 +80,32 @@ def test_layernorm_linear_gelu_lowers_to_one_generated_gemm_kernel(pattern, bias
     assert rel_error(out, ref) <= 1.05 * rel_error(eager, ref) + 1e-6
 
 
-@pytest.mark.parametrize("pattern_name", ["gemm", None], ids=["ln-prologue", "ln-row-kernel"])
-def test_constant_rows_normalize_to_the_bias_exactly(pattern, pattern_name):
-    """Rows whose values are all equal (here an expanded input) have deviations of exactly 0, as in eager: both
-    LayerNorm kernels (the GEMM's prologue pass and the row kernel) shift the mean by the row's first element,
-    where sum / n alone leaves an ulp that the rsqrt of a zero variance magnifies ~300x."""
-    if pattern_name:
-        pattern(pattern_name)
-    model = Block(True, hidden=18).eval()  # 18: a sum of equal values rounds (of 32 it would not)
-    x = (torch.randn(9, 1) * 3 + 0.7).expand(9, 18)
+class NormGelu(nn.Module):  # a LayerNorm no linear reads: a row kernel
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+
+    def forward(self, x):
+        return F.gelu(self.ln(x))
+
+
+@pytest.mark.parametrize("kernel,rows", [("gemm", 9), ("gemm", 40), ("row", 9)],
+                         ids=["ln-in-the-k-loop", "ln-prologue-pass", "ln-row-kernel"])  # fmt: skip
+def test_constant_rows_normalize_to_the_bias_exactly(kernel, rows):
+    """Rows whose values are all equal (here an expanded input) have deviations of exactly 0, as in eager: every
+    LayerNorm kernel (a GEMM's K loop normalizing a few rows itself, its prologue pass, the row kernel) corrects the
+    mean once by the mean of the deviations from it, where sum / n alone leaves an ulp that the rsqrt of a zero
+    variance magnifies ~300x."""
+    model = (Block(True, hidden=18) if kernel == "gemm" else NormGelu(18)).eval()  # 18: a sum of equal values rounds
+    x = (torch.randn(rows, 1) * 3 + 0.7).expand(rows, 18)
+    cm = dc.compile(model, backend="interpret")
     with torch.no_grad():
-        out, eager = dc.compile(model, backend="interpret")(x), model(x)
+        out, eager = cm(x), model(x)
     torch.testing.assert_close(out, eager, rtol=1e-6, atol=1e-6)
+    (step,) = [s for s in cm._spec().executor.steps if getattr(s, "kernel", None) is not None]
+    assert step.kernel.name.startswith(kernel)
+    if kernel == "gemm":  # (a few rows: no pass)
+        assert step.choice.config["NORM_PASS"] == (rows > 16)
 
 
 def test_a_pattern_without_the_bias_does_not_match_a_linear_with_one():
@@ -100,16 +114,16 @@ def test_a_pattern_without_the_bias_does_not_match_a_linear_with_one():
         rep = _compile(Block(True))
     finally:
         dc.unregister_fusion_pattern("no_bias")
-    assert sorted(rep.patterns) == ["gemm", "row"]
+    assert rep.patterns == ["gemm"]  # (the built-in GEMM pattern takes the LayerNorm as its prologue)
     assert "pattern 'no_bias' matched nothing" in str(rep)
 
 
 def test_a_failing_lowering_leaves_the_ops_to_the_builtin_patterns(pattern):
-    """Without the user pattern: LayerNorm is a row kernel, linear + GELU a GEMM kernel. A lowering that cannot
-    take the region's arguments is found while planning, and the same two kernels run."""
+    """Without the user pattern, the built-in GEMM pattern takes LayerNorm → linear → GELU too. A lowering that
+    cannot take the region's arguments is found while planning, and the built-in pattern's kernel runs."""
     pattern(missing_attr)
     rep = _compile(Block(True))
-    assert sorted(rep.patterns) == ["gemm", "row"]
+    assert rep.patterns == ["gemm"]
     assert set(rep.impls().values()) == {"kernel"}
     text = str(rep)
     assert "ln_linear_gelu at dl.gelu %gelu: lowering failed (TypeError: the lowering 'missing_attr'" in text
@@ -132,7 +146,7 @@ def test_a_failing_template_lowering_leaves_the_ops_too(pattern):
         rep = _compile(Block(False))
     finally:
         dc.unregister_template("broken")
-    assert sorted(rep.patterns) == ["gemm", "row"]
+    assert rep.patterns == ["gemm"]
     assert "lowering failed (NotImplementedError: emit is missing)" in str(rep)
 
 

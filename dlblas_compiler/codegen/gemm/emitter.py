@@ -1,12 +1,13 @@
-"""The GEMM kernel's skeleton: its arguments, the program's tile (grouped ordering, split-K slice), then one of
-the variants' main loops (`cublas`: the product from cuBLAS; `gemv`: one row per program on CUDA cores; `tiled`:
-tensor-core tiles by pointer or TMA), chosen at run time by the config's constexprs, then the shared epilogue."""
+"""The GEMM kernel's skeleton: its arguments, the program's tile (grouped ordering, split-K slice), then the product
+of the config's variant, each its own jitted function (`_product_tiled`: tensor-core tiles by pointer or TMA;
+`_product_one_row`: one row per program on CUDA cores; `_product_cublas`: cuBLAS's product read back), chosen by the
+config's constexprs, then the shared epilogue."""
 
 from __future__ import annotations
 
 from ...dialects import ConstantOp, IndexCopyOp
 from ..source import PDL_ARG, Writer, chained_start, wrapped
-from . import cublas, gemv, tiled, warp_specialized
+from . import cublas, gemv, prologue, tiled, warp_specialized
 from .epilogue import EpilogueEmitter
 
 
@@ -21,14 +22,13 @@ class GemmEmitter(EpilogueEmitter):
         p, w = self.plan, Writer()
         nrow = len(p.rows)
         has_bias = p.linear.bias is not None
-        norm_w = p.rms is not None and p.rms.weight is not None
         for o in p.epilogue:  # external operands, each read through the view of its reader's result
             if isinstance(o, IndexCopyOp):  # (its destination is an output, its index read per row: `_store`)
                 continue
             for v in o.operands:
                 if v not in p.info and not isinstance(v.owner, ConstantOp):
                     self.ext.append((v, p.info[o.results[0]], o.results[0]))
-        args = ["x_ptr", "w_ptr"] + (["bias_ptr"] if has_bias else []) + (["nw_ptr"] if norm_w else [])
+        args = ["x_ptr", "w_ptr"] + (["bias_ptr"] if has_bias else []) + prologue.pointers(p)
         args += [f"e{j}_ptr" for j in range(len(self.ext))] + [f"out{k}_ptr" for k in range(len(self.outputs))]
         args += [f"ix{k}_ptr" for k, r in enumerate(self.outputs) if r in p.scatters]
         args += [f"ix{k}_n" for k, r in enumerate(self.outputs) if r in p.scatters]  # (the destination's size there)
@@ -42,7 +42,7 @@ class GemmEmitter(EpilogueEmitter):
         wrapped(w, "def _tile(", [*args, "pid", "pid_k", "slot0", *(f"{c}: tl.constexpr" for c in CONSTS),
                                    "RELEASE: tl.constexpr"], "):")  # fmt: skip
         w.indent()
-        w('"""One output tile: its rows and columns, the K loop of the config\'s variant, the epilogue."""')
+        w('"""One output tile: its rows and columns, the product by the config\'s variant, the epilogue."""')
         w("num_m = tl.cdiv(M, BLOCK_M)")
         w("num_n = tl.cdiv(GRID_N, BLOCK_N)")
         tiled.tile_position(w)
@@ -56,31 +56,30 @@ class GemmEmitter(EpilogueEmitter):
             w("    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
         else:
             w("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
-        w("rk = tl.arange(0, BLOCK_K)")
         w("mmask = rm < M")
         w("nmask = rn < GRID_N")
-        w("k_lo = pid_k * K_SPLIT")
-        # Loads wrap rows and columns past the end (modulo) instead of masking them: the extra rows and
-        # columns are never stored, and with EVEN_K (K splits into whole BLOCK_K steps) the K loop's
-        # loads carry no mask at all.
-        # With TMA the tiles come through tensor descriptors (bounds handled by the copy engine, W tiles
-        # [BLOCK_N, BLOCK_K] K-major); otherwise through pointer loads.
-        w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
-        w("if MM:")  # the product x @ W^T came from cuBLAS (mm_ptr, [M, N of W]): this kernel is the epilogue
-        w.indent()
-        cublas.accumulators(self, w)
-        w.dedent()
-        w("elif BLOCK_M == 1:")  # one row per program, CUDA cores: W tiles [BLOCK_N, BLOCK_K] read along K,
-        w.indent()  # products kept per column and K position, summed over K once after the loop
-        gemv.k_loop(self, w, norm_w)
-        w.dedent()
+        accs = ", ".join(f"acc{i}" for i in range(len(p.streams)))
+        nw = prologue.pointers(p)
+        w("if MM:")
+        w(f"    {accs} = _product_cublas(mm_ptr, M, rm, rn, GRID_N)")
+        w("elif BLOCK_M == 1:")
+        w.depth += 1
+        wrapped(w, f"{accs} = _product_one_row(", ["x_ptr", "w_ptr", *nw, "M", "rm", "rn", "pid_k", *gemv.consts(p)],
+                ")")
+        w.depth -= 1
         w("else:")
-        w.indent()
-        tiled.k_loop(self, w, norm_w)
-        w.dedent()
+        w.depth += 1
+        wrapped(w, f"{accs} = _product_tiled(", ["x_ptr", "w_ptr", *nw, "M", "rm", "rn", "pid_m", "pid_n", "pid_k",
+                                                 *tiled.consts(p)], ")")  # fmt: skip
+        w.depth -= 1
         self._release(w)
         self.emit(w)
         w.dedent()
+        w("")
+        w("")
+        tiled.product(self, w)
+        gemv.product(self, w)
+        cublas.product(self, w)
         if not self.warp_specialized:
             return w.text()
         w("")

@@ -5,10 +5,22 @@ no padding rows: at decode every loaded weight byte is used once)."""
 from __future__ import annotations
 
 from ..source import Writer
+from . import prologue
 from .prologue import a_tile
 
 
-def k_loop(em, w: Writer, norm_w: bool) -> None:
+def consts(plan) -> list[str]:
+    """The compile-time parameters `_product_one_row` takes (the prologue's: `prologue.consts`)."""
+    return ["K", "GRID_N", "BLOCK_N", "BLOCK_K", "K_SPLIT", "EVEN_K", *prologue.consts(plan)]
+
+
+def product(em, w: Writer) -> None:
+    """`_product_one_row`: the jitted function returning the row's products (`k_loop`), each [1, BLOCK_N]."""
+    prologue.product_function(em, w, "_product_one_row", ["pid_k"], consts(em.plan), "for one row on CUDA cores", "1",
+                              k_loop)
+
+
+def k_loop(em, w: Writer) -> None:
     """The K loop for one row: a [1, BLOCK_K] slice of x times [BLOCK_N, BLOCK_K] weight tiles,
     accumulated elementwise in fp32 and reduced over K after the loop (no tensor cores, no padding rows:
     at decode every loaded weight byte is used once)."""
@@ -18,7 +30,7 @@ def k_loop(em, w: Writer, norm_w: bool) -> None:
         w(f"acc{s} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)")
     w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
     w.indent()
-    a_tile(em, w, norm_w, tma=False)
+    a_tile(em, w, tma=False)
     for s in range(len(p.streams)):
         w("if EVEN_K:")
         w(f"    b{s} = tl.load(b{s}_ptrs)")

@@ -63,6 +63,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         pre.append(args.index(lin.bias))
     if plan.rms is not None and plan.rms.weight is not None:
         pre.append(args.index(plan.rms.weight))
+    if plan.ln is not None:  # (read by the K loop where it normalizes a few rows itself: prologue.py)
+        pre += [args.index(plan.ln.weight), args.index(plan.ln.bias)]
     row_sizes = list(plan.rows[1:])
     ns = len(plan.streams)
     gn, k = plan.grid_n, plan.k
@@ -111,7 +113,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         # MM: cuBLAS computes the product and the kernel is the epilogue
         prod = torch.matmul(ins[0].reshape(m, k), ins[1].t()) if mm else outs[0]
         rs_inline = has_norm and m <= RS_INLINE_ROWS and not normed
-        if has_norm and not rs_inline and not normed:  # (an RMSNorm: a LayerNorm is always a pass)  # the norm's row statistics: one pass over x, read by the GEMM's epilogue
+        if has_norm and not rs_inline and not normed:  # an RMSNorm's row statistics: one pass over x, read by the
+            # GEMM's epilogue (a LayerNorm without a pass has few rows, whose statistics the K loop computes)
             rs = torch.empty(m, dtype=torch.float32, device=dev)
             launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, k_pow2), ROWS=RMS_ROWS)
         else:

@@ -61,7 +61,7 @@ class Cols:
 @dataclass
 class GemmPlan:
     linear: LinearOp
-    norm: RMSNormOp | LayerNormOp | None  # a LayerNorm always runs as a row pass (NORM_PASS)
+    norm: RMSNormOp | LayerNormOp | None  # a LayerNorm runs as a row pass (NORM_PASS) above a few rows
     rows: tuple[int, ...]
     k: int
     n: int  # columns of W
@@ -82,6 +82,11 @@ class GemmPlan:
     def rms(self) -> RMSNormOp | None:
         """The RMSNorm prologue, which the K loop and epilogue can also apply themselves (NORM_PASS=0)."""
         return self.norm if isinstance(self.norm, RMSNormOp) else None
+
+    @property
+    def ln(self) -> LayerNormOp | None:
+        """The LayerNorm prologue, which the K loop can also apply itself for a few rows (NORM_PASS=0)."""
+        return self.norm if isinstance(self.norm, LayerNormOp) else None
 
 
 def input_view(v: SSAValue, inside: set, inputs: list[SSAValue]) -> tuple[SSAValue, list[Operation]] | None:

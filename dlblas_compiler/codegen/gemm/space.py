@@ -79,8 +79,9 @@ def space(plan: GemmPlan) -> SearchSpace:
         "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
         "a cuBLAS product (MM) has tensor-core-sized tiles and no K-loop parameters": lambda c: not c["MM"]
         or (c["BLOCK_M"] > 1 and c["SPLIT_K"] == 1 and not c["TMA"] and c["BLOCK_K"] == 32 and c["num_stages"] == 2),
-        "a norm pass only with a norm prologue, always under a cuBLAS product and for a LayerNorm": lambda c:
-        c["NORM_PASS"] == (has_norm and (c["MM"] or c["NORM_PASS"] or ln)),
+        "a norm pass only with a norm prologue, always under a cuBLAS product, and for a LayerNorm unless a few rows"
+        " are loaded by pointer (each program normalizes its A tiles: prologue.py)": lambda c:
+        c["NORM_PASS"] == (has_norm and (c["MM"] or c["NORM_PASS"] or (ln and (m > RS_INLINE_ROWS or c["TMA"])))),
         "persistent programs only for tensor-core tiles, more of them than SMs": lambda c:
         not c["PERSISTENT"] or (c["BLOCK_M"] > 1 and tiles(c) > sms),
         "no norm weight on TMA tiles in the K loop (Triton 3.6 on H100: wrong rows that vary between runs)":
@@ -92,9 +93,9 @@ def space(plan: GemmPlan) -> SearchSpace:
                                   and not (norm_w and not c["NORM_PASS"]) and m > RS_INLINE_ROWS),
     }
     default = _default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
-                              has_norm, ln, plan.rotary_from_product)
-    starts = ((_seed_configs(m, ns, has_norm, ln) if device.capability()[0] == SEEDED_ON else [])
-              + _variant_starts(m, ns, has_norm, ln, default))  # fmt: skip
+                              has_norm, plan.rotary_from_product)
+    starts = ((_seed_configs(m, ns, has_norm) if device.capability()[0] == SEEDED_ON else [])
+              + _variant_starts(m, ns, has_norm, default))  # fmt: skip
     starts = [{**c, "WS": 0} for c in [default, *starts]]
 
     def valid(c: dict) -> bool:
@@ -133,7 +134,7 @@ def _split_tails(starts: list[dict], valid) -> list[dict]:
 
 
 def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms: int, tma: bool, smem_elems: int,
-                    has_norm: bool, ln: bool = False, from_product: bool = False) -> dict:
+                    has_norm: bool, from_product: bool = False) -> dict:
     """A reasonable untuned config, after the exhaustive sweeps on H200 (bench/NOTES.md): one row streams
     the weight through CUDA cores in narrow tiles; other decode shapes stream it with more programs
     (split-K) up to about 3/4 of a wave; above 256 rows, 128x128 tiles (also for the dual GEMM) loaded
@@ -142,7 +143,8 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
     8 warps' registers; on an H100 at M=2048 128x256 beat 128x128 by 10-25% on every single-stream GEMM of five
     layers, bench/NOTES.md 71). Above 16 rows a norm prologue is a row
     pass: scaling the A tile by the norm weight inside the K loop takes it out of the tensor cores' pipeline (H100,
-    M=2048: 171 vs 148 µs for the QKV GEMM, NOTES 36). Heads whose width is not a power of two never fill whole
+    M=2048: 171 vs 148 µs for the QKV GEMM, NOTES 36); up to 16 rows the K loop applies it (a LayerNorm too), which
+    saves the pass's launch. Heads whose width is not a power of two never fill whole
     tiles: above 16 rows the rotary then runs over cuBLAS's product (MM, where it rotates a view of the product),
     otherwise in tiles of part of a head, the widest power of two dividing it (NOTES 105)."""
     if rot & (rot - 1):  # (one row and tiles of part of a head: the one-row default below, 16 columns wide)
@@ -156,7 +158,7 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
             bk = 128 if m <= 16 and k >= 512 else 64 if k >= 64 else 32
             return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": 8 if m > bm else 1,
                     "num_warps": 4, "num_stages": 3 if m > 16 else 4, "TMA": 0, "MM": 0,
-                    "NORM_PASS": int(ln or (has_norm and m > 16)), "PERSISTENT": 0}  # fmt: skip
+                    "NORM_PASS": int(has_norm and m > 16), "PERSISTENT": 0}  # fmt: skip
     if m == 1:  # about 8 programs per SM, each streaming 16 weight rows 128 wide (M=1 sweeps, NOTES 19)
         bn = 16 if narrow or rot <= 16 else rot
         bk = max(32, min(128, 8192 // (ns * bn), triton.next_power_of_2(k)))
@@ -164,7 +166,7 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
         while tiles * split * 2 <= 8 * sms and k // (split * 2) >= 4 * bk and split < 16:
             split *= 2
         return {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 1, "num_warps": 4,
-                "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": int(ln), "PERSISTENT": 0}  # fmt: skip
+                "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": 0, "PERSISTENT": 0}  # fmt: skip
     bm = 16 if m <= 16 else 64 if m <= 256 else 128
     bn = min(max(rot, 128), max(16, rot, triton.next_power_of_2(n)))  # no wider than N
     wide = max(bn, 256 // ns)  # 128 x 256 accumulators over all streams: 8 warps' register budget
@@ -181,14 +183,14 @@ def _default_config(m: int, n: int, k: int, rot: int, narrow: bool, ns: int, sms
     return {"BLOCK_M": bm, "BLOCK_N": min(bn, 256), "BLOCK_K": bk, "SPLIT_K": split,
             "GROUP_M": 8 if m > bm else 1,
             "num_warps": 4 if bm * bn * ns <= 8192 else 8, "num_stages": stages,
-            "TMA": int(tma and bm == 128), "MM": 0, "NORM_PASS": int(ln or (has_norm and m > 16)),
+            "TMA": int(tma and bm == 128), "MM": 0, "NORM_PASS": int(has_norm and m > 16),
             "PERSISTENT": 0}  # fmt: skip
 
 
 EPILOGUE_TILE = 8192  # elements (all streams) per program of an epilogue pass over a cuBLAS product
 
 
-def _variant_starts(m: int, ns: int, has_norm: bool, ln: bool = False, default: dict | None = None) -> list[dict]:
+def _variant_starts(m: int, ns: int, has_norm: bool, default: dict | None = None) -> list[dict]:
     """Starts for the quick search on every device, from a variant's own rule rather than a sweep's table: above
     256 rows, the default's tile run persistent (one program per SM looping over the tiles; 0-4% faster than the
     same tile launched per tile on an H100 at M = 2048, bench/NOTES.md 59, and the whole space's best for
@@ -202,7 +204,7 @@ def _variant_starts(m: int, ns: int, has_norm: bool, ln: bool = False, default: 
     needs more tiles than SMs."""
     if m <= 16:
         return []
-    pas = int(ln or has_norm)
+    pas = int(has_norm)
     starts = [{**default, "PERSISTENT": 1}] if default is not None and m > 256 and default["BLOCK_M"] > 1 else []
     for warps in (4, 8):
         for bn in (64, 128, 256):
@@ -213,7 +215,7 @@ def _variant_starts(m: int, ns: int, has_norm: bool, ln: bool = False, default: 
     return starts
 
 
-def _seed_configs(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dict]:
+def _seed_configs(m: int, ns: int, has_norm: bool) -> list[dict]:
     """The best configs of the exhaustive sweeps on H200 and H100 (bench/NOTES.md) for this row count's class
     (offered on sm90 cards only, `SEEDED_ON`),
     then (above 16 rows) the cuBLAS product with this kernel as its epilogue: the quick search tries them after
@@ -229,7 +231,7 @@ def _seed_configs(m: int, ns: int, has_norm: bool, ln: bool = False) -> list[dic
     else:  # QKV, gate/up at 2048 (H200); every plain GEMM of five layers at 2048 (H100, NOTES 36)
         tiles = [(128, 128, 64, 1, 8, 4, 1), (128, 256, 64, 1, 8, 4, 1), (128, 256, 64, 1, 8, 3, 1)]
     keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages", "TMA")
-    pas = int(ln or (has_norm and m > 16))
+    pas = int(has_norm and m > 16)
     seeds = [{**dict(zip(keys, t)), "GROUP_M": 8 if m > t[0] else 1, "MM": 0, "NORM_PASS": pas, "PERSISTENT": p}
              for p in ((0,) if m <= 256 else (0, 1)) for t in tiles]  # fmt: skip
     if m > 16:  # an epilogue pass over the product: wide tiles, one per 8 warps

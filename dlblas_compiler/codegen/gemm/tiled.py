@@ -10,7 +10,13 @@ descriptor [GRID_N, 2, K] with the streams' distance as the middle stride makes 
 from __future__ import annotations
 
 from ..source import Writer
+from . import prologue
 from .prologue import a_tile
+
+
+def consts(plan) -> list[str]:
+    """The compile-time parameters `_product_tiled` takes (the prologue's: `prologue.consts`)."""
+    return ["K", "GRID_N", "BLOCK_M", "BLOCK_N", "BLOCK_K", "K_SPLIT", "EVEN_K", "TMA", *prologue.consts(plan)]
 
 
 def tile_position(w: Writer) -> None:
@@ -24,7 +30,14 @@ def tile_position(w: Writer) -> None:
     w("pid_n = (pid % group) // size_m")
 
 
-def k_loop(em, w: Writer, norm_w: bool) -> None:
+def product(em, w: Writer) -> None:
+    """`_product_tiled`: the jitted function returning the tile's accumulators (`k_loop`; with TMA the tiles come
+    through tensor descriptors, bounds handled by the copy engine, W tiles [BLOCK_N, BLOCK_K] K-major)."""
+    prologue.product_function(em, w, "_product_tiled", ["pid_m", "pid_n", "pid_k"], consts(em.plan),
+                              "on the tensor cores", "BLOCK_M", k_loop)
+
+
+def k_loop(em, w: Writer) -> None:
     """acc0 (and acc1 for the dual GEMM) += A tile @ W tile^T over this program's K range: one product per K step
     into one accumulator, from a [BLOCK_N, BLOCK_K] weight tile, or for the dual GEMM a [2 * BLOCK_N, BLOCK_K] one
     of both streams' rows in turn, its accumulator split after the loop (see the module docstring)."""
@@ -52,7 +65,7 @@ def k_loop(em, w: Writer, norm_w: bool) -> None:
     w(f"{acc} = tl.zeros((BLOCK_M, {width}), dtype=tl.float32)")
     w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
     w.indent()
-    a_tile(em, w, norm_w, tma=True)
+    a_tile(em, w, tma=True)
     w("if TMA:")
     for line in tma_tile[:-1]:  # (the dual GEMM's box reshaped into its tile first)
         w("    " + line)
