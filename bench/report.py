@@ -23,6 +23,7 @@ for attention) from the `kernels` each "ours" row of bench/run.py records.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import functools
 import json
@@ -1838,9 +1839,75 @@ def in_layer_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"M = {doc['tokens']}, bf16")]) + "\n"
 
 
+def search_heat_section(*names: str) -> str:
+    """bench/search_heat.py: per quick tuning of a layer (each with the warm-up it ran: 25 ms, or blocks until the
+    clock stopped falling, SETTLE_MAX_MS / SETTLE_BLOCK_MS, NOTES 148), per search whose fastest candidates were
+    held (≥ 300 µs): each candidate's search time over its held time (below 1: the search read it fast), and those
+    timed after ≥ 0.2 s with the GPU idle."""
+    out = ["| run | layer | warm-up before each timing | first call s | search time a long candidate, ms | GEMM M × N × K "
+           "(streams) | held | search / held: median (min) | after ≥ 0.2 s idle: median (n) |", "|" + "---|" * 9]
+    envs = []
+    for run, name in zip("abcdefgh", names):
+        doc = _load(name)
+        blocks = {400.0: "blocks of 20 ms, ≤ 400 ms", 300.0: "blocks of 10 ms, ≤ 300 ms", 0.0: "25 ms"}
+        for lay in doc["layers"]:
+            long = [r for r in lay["rows"] if 100 <= r["search_us"] < 1e9]
+            per = statistics.mean(r["t1"] - r["t0"] for r in long) * 1e3
+            jobs: dict[str, list[dict]] = {}
+            for r in lay["rows"]:
+                if "held_us" in r and r["held_us"] >= 300:
+                    jobs.setdefault(r["job"], []).append(r)
+            for job, rows in jobs.items():
+                shape = ast.literal_eval(job[job.index("{"):])
+                ratios = [r["search_over_held"] for r in rows]
+                idle = [r["search_over_held"] for r in rows if r["gap_s"] >= 0.2]
+                out.append(f"| {run} | {lay['layer']} | {blocks[lay.get('settle_max_ms', 0.0)]} | {lay['first_call_s']:.1f} "
+                           f"| {per:.0f} | {shape['M']} × {shape['N']} × {shape['K']} ({shape['streams']}) | {len(rows)} "
+                           f"| {statistics.median(ratios):.3f} ({min(ratios):.3f}) | "
+                           + (f"{statistics.median(idle):.3f} ({len(idle)})" if idle else "–") + " |")  # fmt: skip
+        envs.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"),
+                            "date": _date(doc, name)}, f"run {run}, M = {doc['tokens']}, bf16"))  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
+
+
+def ln_check_section(name: str) -> str:
+    """bench/ln_check.py: the LayerNorm prologue on the GPU (NOTES 150): each LayerNorm layer compiled (tune none) against
+    float64, eager's error beside it, and how its LayerNorm regions ran (the K loop normalizing: NORM_PASS 0)."""
+    rows = json.load(open(os.path.join(RESULTS, name)))
+    out = ["| layer | M | kernels | LayerNorm regions: norm | ours rel. err | eager rel. err |", "|" + "---|" * 6]
+    for r in rows:
+        how = ", ".join(f"{k}: {'row pass' if p else 'in the K loop'}" for k, _, p, _ in r["ln_regions"])
+        out.append(f"| {r['layer']} | {r['M']} | {r['kernels']} | {how} | {r['ours_err']:.2e} | {r['eager_err']:.2e} |")
+    env = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": _date({}, name)}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "bf16, tune none")]) + "\n"
+
+
+def tree_ab_section(*names: str) -> str:
+    """bench/compare_trees.py: the tree before and after a change, each (tree, M, tune) in its own process, rounds
+    alternating: GPU time of the compiled call replayed from a CUDA graph (median over rounds), and the kernels."""
+    out = ["| run | block | M | tune | kernels before / after | GPU µs before (rounds) | after (rounds) | after / before |",
+           "|" + "---|" * 8]  # fmt: skip
+    envs = []
+    for run, name in zip("abcdefgh", names):
+        doc = _load(name)
+        for r in doc["rows"]:
+            o, n = r["old"], r["new"]
+            rounds = lambda x: ", ".join(f"{v:.1f}" for v in x["gpu_us_rounds"] if v)  # noqa: E731
+            out.append(f"| {run} | {r['block']} | {r['M']} | {r['tune']} | {len(o['impls'])} / {len(n['impls'])} | "
+                       f"{o['gpu_us']:.1f} ({rounds(o)}) | {n['gpu_us']:.1f} ({rounds(n)}) | {r['new_over_old_gpu']:.3f} |")
+        envs.append((name, {"gpu": doc.get("gpu"), "torch": "2.11.0+cu130", "triton": "3.6.0", "date": _date(doc, name)},
+                     f"run {run}, bf16"))  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
+    "ln-check-s45": functools.partial(ln_check_section, "2026-12-02-h200-s45-ln-check.json"),
+    "ln-ab-s45": functools.partial(tree_ab_section, "2026-12-02-h200-s45-ln-ab-a.json",
+                                   "2026-12-02-h200-s45-ln-ab-b.json"),
+    "search-heat-s45": functools.partial(search_heat_section, "2026-12-02-h200-s45-search-heat-a.json",
+                                         "2026-12-02-h200-s45-search-heat-b.json"),
     "tuner-ab-s44-a": functools.partial(tuner_ab_section, "2026-12-02-h200-s44-tuner-ab-a.json"),
     "tuner-ab-s44-b": functools.partial(tuner_ab_section, "2026-12-02-h200-s44-tuner-ab-b.json"),
     "tuner-ab-s44-c": functools.partial(tuner_ab_section, "2026-12-02-h200-s44-tuner-ab-c.json"),
