@@ -383,17 +383,50 @@ def test_gemm_layer_norm_prologue_of_a_few_rows_in_the_k_loop(rows, dtype):
         tensors = step.inputs(prog._env([x.to(dtype)]))
         ref = model.double()(x.double())
         eager = rel_error(model.to(dtype)(x.to(dtype)), ref)
-        configs = [(16, 16, 32, 1), (16, 32, 16, 2), (32, 16, 64, 1)]
-        configs += [(1, 16, 32, 1), (1, 32, 16, 4)] if rows <= 4 else []  # (one-row tiles for a few rows)
-        for bm, bn, bk, sk in configs:
+        configs = [(16, 16, 32, 1, 0), (16, 32, 16, 2, 0), (32, 16, 64, 1, 0), (16, 16, 32, 1, 1)]  # (persistent last)
+        configs += [(1, 16, 32, 1, 0), (1, 32, 16, 4, 0)] if rows <= 4 else []  # (one-row tiles for a few rows)
+        for bm, bn, bk, sk, pers in configs:
             outs = []
             for normed in (0, 1):
                 cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4,
-                       "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": normed, "PERSISTENT": 0, "WS": 0}  # fmt: skip
+                       "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": normed, "PERSISTENT": pers, "WS": 0}  # fmt: skip
                 (out,) = step.launch(tensors, cfg)
                 assert rel_error(out, ref) <= 1.05 * eager + tolerance(torch.float32), cfg
                 outs.append(out.float())
             torch.testing.assert_close(outs[0], outs[1], rtol=tolerance(dtype), atol=tolerance(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8, 40])
+def test_layer_norm_gemm_space_samples_are_right_and_repeatable(tokens):
+    """As `test_gemm_space_samples_are_right_and_repeatable`, for a LayerNorm → Linear(bias) → GELU region in bf16:
+    configs drawn from its space (up to 16 rows the K loop normalizes the A tiles itself, NOTES 150; above, a row
+    pass), each launched three times, within tolerance of float64 and equal bit for bit."""
+    import random
+
+    from dlblas_compiler.codegen.kernel import compile_configs
+    from dlblas_compiler.runtime.program import RegionStep
+
+    model = NormLinearGelu(512, 1536).eval()
+    x = _x(tokens, 512, seed=tokens).cuda() * 2 + 0.5
+    cm = dc.compile(model.cuda().to(torch.bfloat16), backend="triton", tune="none", cuda_graphs=False)
+    rng, checked, in_loop = random.Random(tokens), 0, 0
+    with torch.no_grad():
+        cm(x.bfloat16())
+        prog = cm._spec().executor
+        (step,) = [s for s in prog.steps if isinstance(s, RegionStep)]
+        tensors = step.inputs(prog._env([x.bfloat16()]))
+        ref = model.double()(x.double())
+        space, seen = step.kernel.space, set()
+        configs = [c for c in (space.sample(rng, seen) for _ in range(16)) if c is not None and not seen.add(space.key(c))]
+        compile_configs(step.kernel, step.compiled, tensors, configs)
+        for c in configs:
+            runs = [step.launch(tensors, c)[0] for _ in range(3)]
+            assert rel_error(runs[0], ref) <= tolerance(torch.bfloat16), c
+            assert all(torch.equal(r, runs[0]) for r in runs[1:]), ("runs differ", c)
+            checked += 1
+            in_loop += not c["NORM_PASS"]
+    assert checked >= 8 and (in_loop > 0) == (tokens <= 16)
 
 
 def test_gemm_layer_norm_above_sixteen_rows_or_through_tma_is_a_row_pass():
