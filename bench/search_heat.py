@@ -17,8 +17,6 @@ search / held ratio of the candidates timed right after a compile batch and of t
 from __future__ import annotations
 
 import argparse
-import bisect
-import datetime
 import json
 import os
 import statistics
@@ -94,28 +92,6 @@ class Recorder:
         selection.tune, tuner.make_objective, selection.build = self._saved
 
 
-class Windows:
-    """Smi.window over samples parsed once (a layer's search times hundreds of candidates)."""
-
-    def __init__(self, path: str) -> None:
-        self.rows = []
-        for line in open(path):
-            f = [x.strip() for x in line.split(",")]
-            try:
-                ts = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                self.rows.append((ts, float(f[1]), float(f[2]), int(f[3], 16)))
-            except (ValueError, IndexError):
-                continue
-        self.times = [r[0] for r in self.rows]
-
-    def __call__(self, t0: float, t1: float) -> dict:
-        rows = self.rows[bisect.bisect_left(self.times, t0):bisect.bisect_right(self.times, t1)]
-        if not rows:
-            return {}
-        return {"sm_mhz": statistics.mean(r[1] for r in rows), "watts": statistics.mean(r[2] for r in rows),
-                "power_capped": sum(bool(r[3] & 0x4) for r in rows) / len(rows)}  # fmt: skip
-
-
 def tune_layer(a, smi: Smi, name: str) -> dict:
     """One layer compiled and quick-tuned from an empty cache: every candidate its searches timed, the long
     searches' fastest held."""
@@ -127,9 +103,8 @@ def tune_layer(a, smi: Smi, name: str) -> dict:
         cm(*args, **kwargs)
     t_tune = time.time() - t_tune
     print(f"{name}: first call (tuning) {t_tune:.1f} s", flush=True)
-    windows = Windows(smi.path)
     for r in rec.rows:
-        r.update(windows(r["t0"], r["t1"]))
+        r.update(smi.window(r["t0"], r["t1"]))
     for key, job in rec.jobs.items():  # the fastest candidates of each long search, held
         rows = sorted((r for r in rec.rows if r["job"] == key and r["search_us"] < float("inf")),
                       key=lambda r: r["search_us"])[: a.held]  # fmt: skip

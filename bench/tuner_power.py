@@ -17,6 +17,7 @@ power are recorded with it. Writes OUT/tuner_power.json.
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime
 import json
 import os
@@ -79,25 +80,32 @@ class Smi:
     """nvidia-smi sampling clock, power and throttle reasons every 20 ms into a file; `window(t0, t1)` summarises."""
 
     def __init__(self, path: str):
-        self.path = path
+        self.path, self._read, self._rows = path, 0, []
         query = "timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active"
         self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "20"],
                                      stdout=open(path, "w"))  # fmt: skip
 
     def window(self, t0: float, t1: float) -> dict:
-        rows = []
-        for line in open(self.path):
+        """Mean clock, power and share of power-capped samples between t0 and t1 (the file's lines are parsed once:
+        a search's hundreds of candidates each ask)."""
+        with open(self.path) as fh:
+            fh.seek(self._read)
+            text = fh.read()
+        whole = text[: text.rfind("\n") + 1]  # (a line nvidia-smi is still writing waits for the next call)
+        self._read += len(whole.encode())
+        for line in whole.splitlines():
             f = [x.strip() for x in line.split(",")]
             try:
                 ts = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                if t0 <= ts <= t1:
-                    rows.append((float(f[1]), float(f[2]), int(f[3], 16)))
+                self._rows.append((ts, float(f[1]), float(f[2]), int(f[3], 16)))
             except (ValueError, IndexError):
                 continue
+        times = [r[0] for r in self._rows]
+        rows = self._rows[bisect.bisect_left(times, t0):bisect.bisect_right(times, t1)]
         if not rows:
             return {}
-        return {"sm_mhz": statistics.mean(r[0] for r in rows), "watts": statistics.mean(r[1] for r in rows),
-                "power_capped": sum(bool(r[2] & 0x4) for r in rows) / len(rows)}  # fmt: skip
+        return {"sm_mhz": statistics.mean(r[1] for r in rows), "watts": statistics.mean(r[2] for r in rows),
+                "power_capped": sum(bool(r[3] & 0x4) for r in rows) / len(rows)}  # fmt: skip
 
     def stop(self) -> None:
         self.proc.terminate()

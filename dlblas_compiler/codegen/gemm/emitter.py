@@ -59,19 +59,14 @@ class GemmEmitter(EpilogueEmitter):
         w("mmask = rm < M")
         w("nmask = rn < GRID_N")
         accs = ", ".join(f"acc{i}" for i in range(len(p.streams)))
-        nw = prologue.pointers(p)
         w("if MM:")
         w(f"    {accs} = _product_cublas(mm_ptr, M, rm, rn, GRID_N)")
-        w("elif BLOCK_M == 1:")
-        w.depth += 1
-        wrapped(w, f"{accs} = _product_one_row(", ["x_ptr", "w_ptr", *nw, "M", "rm", "rn", "pid_k", *gemv.consts(p)],
-                ")")
-        w.depth -= 1
-        w("else:")
-        w.depth += 1
-        wrapped(w, f"{accs} = _product_tiled(", ["x_ptr", "w_ptr", *nw, "M", "rm", "rn", "pid_m", "pid_n", "pid_k",
-                                                 *tiled.consts(p)], ")")  # fmt: skip
-        w.depth -= 1
+        variants = (("elif BLOCK_M == 1:", "_product_one_row", gemv), ("else:", "_product_tiled", tiled))
+        for cond, name, variant in variants:
+            w(cond)
+            w.depth += 1
+            wrapped(w, f"{accs} = {name}(", [*prologue.product_params(p, variant.TILE), *variant.consts(p)], ")")
+            w.depth -= 1
         self._release(w)
         self.emit(w)
         w.dedent()

@@ -9,6 +9,9 @@ from . import prologue
 from .prologue import a_tile
 
 
+TILE = ["pid_k"]  # the tile's indices `_product_one_row` takes (its part of K)
+
+
 def consts(plan) -> list[str]:
     """The compile-time parameters `_product_one_row` takes (the prologue's: `prologue.consts`)."""
     return ["K", "GRID_N", "BLOCK_N", "BLOCK_K", "K_SPLIT", "EVEN_K", *prologue.consts(plan)]
@@ -16,7 +19,7 @@ def consts(plan) -> list[str]:
 
 def product(em, w: Writer) -> None:
     """`_product_one_row`: the jitted function returning the row's products (`k_loop`), each [1, BLOCK_N]."""
-    prologue.product_function(em, w, "_product_one_row", ["pid_k"], consts(em.plan), "for one row on CUDA cores", "1",
+    prologue.product_function(em, w, "_product_one_row", TILE, consts(em.plan), "for one row on CUDA cores", "1",
                               k_loop)
 
 

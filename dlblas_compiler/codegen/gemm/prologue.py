@@ -98,15 +98,20 @@ def row_scale(em, w: Writer) -> None:
     w("    rs = tl.load(rs_ptr + rm, mask=mmask, other=0.0)")
 
 
-def product_function(em, w: Writer, name: str, tile: list[str], consts: list[str], doc: str, rows: str,
+def product_params(plan, tile: list[str]) -> list[str]:
+    """A product function's runtime parameters (its constexprs follow them), as `_tile` passes them: the operands,
+    the prologue's (`pointers`), the rows and the tile's indices `tile` (its variant's `TILE`)."""
+    return ["x_ptr", "w_ptr", *pointers(plan), "M", "rm", "rn", *tile]
+
+
+def product_function(em, w: Writer, name: str, tile: list[str], constexprs: list[str], doc: str, rows: str,
                      k_loop: Callable) -> None:
     """A variant's product as a jitted function `name` returning acc0 (acc1): its K slice's indices and A pointers
     (rows and columns past the end wrap, modulo, instead of being masked: they are never stored; with EVEN_K the
     loop's loads carry no mask), the LayerNorm's statistics of its `rows` rows (`statistics`), then `k_loop`."""
     accs = ", ".join(f"acc{s}" for s in range(len(em.plan.streams)))
     w("@triton.jit")
-    wrapped(w, f"def {name}(", ["x_ptr", "w_ptr", *pointers(em.plan), "M", "rm", "rn", *tile,
-                                *(f"{c}: tl.constexpr" for c in consts)], "):")  # fmt: skip
+    wrapped(w, f"def {name}(", [*product_params(em.plan, tile), *(f"{c}: tl.constexpr" for c in constexprs)], "):")
     w.indent()
     w(f'"""x[rm, K slice] @ W[rn, K slice]^T {doc}, in fp32: {accs} (the K slice: part pid_k of K)."""')
     w("rk = tl.arange(0, BLOCK_K)")

@@ -14,6 +14,9 @@ from . import prologue
 from .prologue import a_tile
 
 
+TILE = ["pid_m", "pid_n", "pid_k"]  # the tile's indices `_product_tiled` takes
+
+
 def consts(plan) -> list[str]:
     """The compile-time parameters `_product_tiled` takes (the prologue's: `prologue.consts`)."""
     return ["K", "GRID_N", "BLOCK_M", "BLOCK_N", "BLOCK_K", "K_SPLIT", "EVEN_K", "TMA", *prologue.consts(plan)]
@@ -33,8 +36,7 @@ def tile_position(w: Writer) -> None:
 def product(em, w: Writer) -> None:
     """`_product_tiled`: the jitted function returning the tile's accumulators (`k_loop`; with TMA the tiles come
     through tensor descriptors, bounds handled by the copy engine, W tiles [BLOCK_N, BLOCK_K] K-major)."""
-    prologue.product_function(em, w, "_product_tiled", ["pid_m", "pid_n", "pid_k"], consts(em.plan),
-                              "on the tensor cores", "BLOCK_M", k_loop)
+    prologue.product_function(em, w, "_product_tiled", TILE, consts(em.plan), "on the tensor cores", "BLOCK_M", k_loop)
 
 
 def k_loop(em, w: Writer) -> None:
