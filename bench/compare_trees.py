@@ -105,13 +105,20 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
             with open(os.path.join(args.out, "compare_trees.json"), "w") as f:
-                json.dump({"gpu": _gpu(), "rows": rows}, f, indent=1)
+                json.dump({"gpu": _gpu(), **_versions(), "rows": rows}, f, indent=1)
     print("\nblock M tune: old GPU µs -> new GPU µs (ratio); call µs old -> new")
     for row in rows:
         o, n = row["old"], row["new"]
         print(f"{row['block']} M={row['M']} tune={row['tune']}: {o['gpu_us']} -> {n['gpu_us']} "
               f"({row.get('new_over_old_gpu', float('nan')):.3f}); call {o['call_us']} -> {n['call_us']}")
     return 0
+
+
+def _versions() -> dict:
+    import torch
+    import triton
+
+    return {"torch": torch.__version__, "triton": triton.__version__}
 
 
 def _gpu() -> str:

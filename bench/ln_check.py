@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -54,8 +55,12 @@ def main() -> None:
                 rows.append(check(name, m, tune))
                 print(json.dumps(rows[-1]), flush=True)
                 assert rows[-1]["ours_err"] <= 1.5 * rows[-1]["eager_err"] + 1e-3, rows[-1]
+    import triton
+
+    doc = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__,
+           "triton": triton.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}  # fmt: skip
     with open(os.path.join(os.environ.get("OUT", "."), "ln_check.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+        json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1873,19 +1873,29 @@ def search_heat_section(*names: str) -> str:
 def ln_check_section(name: str) -> str:
     """bench/ln_check.py: the LayerNorm prologue on the GPU (NOTES 150): each LayerNorm layer compiled (tune none) against
     float64, eager's error beside it, and how its LayerNorm regions ran (the K loop normalizing: NORM_PASS 0)."""
-    rows = json.load(open(os.path.join(RESULTS, name)))
+    doc = _load(name)
+    rows = doc["rows"] if isinstance(doc, dict) else doc  # (the forty-fifth session's file: the rows alone)
     out = ["| layer | M | kernels | LayerNorm regions: norm | ours rel. err | eager rel. err |", "|" + "---|" * 6]
     for r in rows:
         how = ", ".join(f"{k}: {'row pass' if p else 'in the K loop'}" for k, _, p, _ in r["ln_regions"])
         out.append(f"| {r['layer']} | {r['M']} | {r['kernels']} | {how} | {r['ours_err']:.2e} | {r['eager_err']:.2e} |")
-    env = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": _date({}, name)}
+    if isinstance(doc, dict):
+        env = {k: doc.get(k) for k in ("gpu", "torch", "triton")}
+    else:
+        env = {"gpu": "NVIDIA H200", "run": "torch 2.11.0+cu130, triton 3.6.0 (the device call's card and image; not "
+               "recorded in the file)"}  # fmt: skip
+    env["date"] = _date(doc if isinstance(doc, dict) else {}, name)
     return "\n".join(out) + "\n\n" + source_line([(name, env, "bf16, tune none")]) + "\n"
 
 
 def tree_ab_section(*names: str) -> str:
     """bench/compare_trees.py: the tree before and after a change, each (tree, M, tune) in its own process, rounds
     alternating: GPU time of the compiled call replayed from a CUDA graph (median over rounds), and the kernels."""
-    out = ["| run | block | M | tune | kernels before / after | GPU µs before (rounds) | after (rounds) | after / before |",
+    def ran(impls: dict) -> str:  # (each region: our generated kernel, or its reference: cuBLAS, SDPA, torch ops)
+        kinds = collections.Counter("our kernels" if v == "kernel" else f"reference ({v})" for v in impls.values())
+        return ", ".join(f"{n} {k}" for k, n in kinds.items())
+
+    out = ["| run | block | M | tune | regions before / after: what ran | GPU µs before (rounds) | after (rounds) | after / before |",
            "|" + "---|" * 8]  # fmt: skip
     envs = []
     for run, name in zip("abcdefgh", names):
@@ -1893,10 +1903,12 @@ def tree_ab_section(*names: str) -> str:
         for r in doc["rows"]:
             o, n = r["old"], r["new"]
             rounds = lambda x: ", ".join(f"{v:.1f}" for v in x["gpu_us_rounds"] if v)  # noqa: E731
-            out.append(f"| {run} | {r['block']} | {r['M']} | {r['tune']} | {len(o['impls'])} / {len(n['impls'])} | "
+            out.append(f"| {run} | {r['block']} | {r['M']} | {r['tune']} | {ran(o['impls'])} / {ran(n['impls'])} | "
                        f"{o['gpu_us']:.1f} ({rounds(o)}) | {n['gpu_us']:.1f} ({rounds(n)}) | {r['new_over_old_gpu']:.3f} |")
-        envs.append((name, {"gpu": doc.get("gpu"), "torch": "2.11.0+cu130", "triton": "3.6.0", "date": _date(doc, name)},
-                     f"run {run}, bf16"))  # fmt: skip
+        env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"), "date": _date(doc, name)}
+        if not doc.get("torch"):
+            env["run"] = "torch 2.11.0+cu130, triton 3.6.0 (the device image; not recorded in the file)"
+        envs.append((name, env, f"run {run}, bf16"))
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
