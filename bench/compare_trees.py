@@ -7,7 +7,8 @@ Each (tree, M, tune) runs in its own process with that tree first on sys.path (t
 the new tree's bench/blocks.py, so both compile the identical module); the processes alternate old/new for
 `--rounds` rounds and each figure is the median over rounds. GPU time: the compiled call without CUDA graphs,
 captured in a CUDA graph and replayed (do_bench median, L2 cleared); call time: one Python call with the
-compiled module's own CUDA graph, as a user makes it, right after its first call and again 3 s later. Both trees
+compiled module's own CUDA graph, as a user makes it, right after its first call and again 3 s later; enqueue time:
+the host's time for one such call, starting with the GPU idle (the median of 300). Both trees
 share one tuning cache, old first: kernels whose source did not change get the same configs, so search luck does not
 count as a regression.
 """
@@ -50,11 +51,19 @@ with torch.no_grad():
     call_us = do_bench(lambda: graphed(*args, **kwargs), warmup=25, rep=100, return_mode="median") * 1e3
     time.sleep(3)  # (work the first calls left behind, compiles and threads, done: the call time again)
     call_later_us = do_bench(lambda: graphed(*args, **kwargs), warmup=25, rep=100, return_mode="median") * 1e3
+    enqueue = []  # the host's time to make one call, the GPU idle when it starts (nothing to wait for)
+    for _ in range(300):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graphed(*args, **kwargs)
+        enqueue.append(time.perf_counter() - t0)
+    enqueue_us = sorted(enqueue)[len(enqueue) // 2] * 1e6
     impls = {{}}
     for k in (plain.report().kernels if hasattr(plain.report(), "kernels") else []):
         impls[getattr(k, "region", "?")] = getattr(k, "impl", "?")
     note = getattr(graphed._spec().executor, "graph_note", "")
-print("RESULT " + json.dumps(dict(gpu_us=gpu_us, call_us=call_us, call_later_us=call_later_us, compile_s=compile_s,
+print("RESULT " + json.dumps(dict(gpu_us=gpu_us, call_us=call_us, call_later_us=call_later_us, enqueue_us=enqueue_us,
+                                  compile_s=compile_s,
                                   impls=impls, graph_note=note)))
 """
 
@@ -97,6 +106,8 @@ def main(argv=None) -> int:
                     "impls": ok[-1]["impls"] if ok else {},
                     "call_us_rounds": [x.get("call_us") for x in results],
                     "call_later_us_rounds": [x.get("call_later_us") for x in results],
+                    "enqueue_us": statistics.median(x["enqueue_us"] for x in ok) if ok else None,
+                    "enqueue_us_rounds": [x.get("enqueue_us") for x in results],
                     "graph_notes": [x.get("graph_note") for x in results],
                 }
             if row["old"]["gpu_us"] and row["new"]["gpu_us"]:
@@ -110,7 +121,8 @@ def main(argv=None) -> int:
     for row in rows:
         o, n = row["old"], row["new"]
         print(f"{row['block']} M={row['M']} tune={row['tune']}: {o['gpu_us']} -> {n['gpu_us']} "
-              f"({row.get('new_over_old_gpu', float('nan')):.3f}); call {o['call_us']} -> {n['call_us']}")
+              f"({row.get('new_over_old_gpu', float('nan')):.3f}); call {o['call_us']} -> {n['call_us']}; "
+              f"enqueue {o['enqueue_us']} -> {n['enqueue_us']}")
     return 0
 
 

@@ -1912,9 +1912,54 @@ def tree_ab_section(*names: str) -> str:
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
+def call_goal_section(*runs: tuple[str, str, str]) -> str:
+    """bench/run.py's call times against issue 19's goal at few tokens (ours ≥ 1.1x the best torch.compile mode's
+    call), per (run label, tree, file): one row per layer and M, the modes each run timed."""
+    out = ["| run | tree | layer | M | floor µs | ours call µs | max-autotune call µs | inductor call µs "
+           "| best torch mode / ours | goal ≥ 1.1x |", "|" + "---|" * 10]
+    envs = []
+    for label, tree, name in runs:
+        table = load_runs([name])
+        for (block, m), t in table.items():
+            modes = t["modes"]
+            ours, best = call_of(modes, "ours"), best_inductor(modes, "call")
+            ratio = best / ours if ours and best else None
+            floor = next(iter(modes.values()))["floor_us"]
+            calls = " | ".join(_fmt(x) for x in (ours, call_of(modes, "max-autotune"), call_of(modes, "inductor")))
+            out.append(f"| {label} | {tree} | {block.removeprefix('layer_')} | {m} | {_fmt(floor)} | {calls} "
+                       f"| {_num(ratio, '.3f')}x | {'met' if ratio and ratio >= 1.1 else 'missed'} |")
+        meta = dict(next(iter(table.values()))["meta"])
+        meta["run"] = (f"run {label}: {meta.get('dtype')}, ours tuned `{meta.get('tune')}`, "
+                       f"{meta.get('rounds')} rounds (medians)")
+        envs.append((name, meta, f"run {label}"))
+    return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
+
+
+def host_ab_section(name: str) -> str:
+    """bench/compare_trees.py with call and enqueue times: the tree before and after a change of the call path
+    (GPU time of the replayed call, call time as do_bench gives it, the host's time to make one call)."""
+    doc = _load(name)
+    out = ["| block | M | tune | tree | GPU µs (rounds) | call µs (rounds) | call 3 s later µs (rounds) "
+           "| enqueue µs (rounds) |", "|" + "---|" * 8]  # fmt: skip
+    for r in doc["rows"]:
+        for tree in ("old", "new"):
+            x = r[tree]
+            cells = [", ".join(f"{v:.1f}" for v in x[k]) for k in ("gpu_us_rounds", "call_us_rounds",
+                                                                    "call_later_us_rounds", "enqueue_us_rounds")]
+            out.append(f"| {r['block']} | {r['M']} | {r['tune']} | {'before' if tree == 'old' else 'after'} | "
+                       + " | ".join(cells) + " |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"), "date": _date(doc, name)}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "bf16, each tree and round its own process")]) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
+    "call-goal-s46": functools.partial(
+        call_goal_section, ("b", "before (2e497fe)", "2026-12-02-h200-s46-layers-m1-m128-b.json"),
+        ("c", "after (NOTES 151)", "2026-12-02-h200-s46-layers-m1-c.json"),
+        ("d", "after (NOTES 151)", "2026-12-02-h200-s46-layers-m1-d.json")),
+    "host-ab-s46": functools.partial(host_ab_section, "2026-12-02-h200-s46-host-ab.json"),
     "ln-check-s45": functools.partial(ln_check_section, "2026-12-02-h200-s45-ln-check.json"),
     "ln-ab-s45": functools.partial(tree_ab_section, "2026-12-02-h200-s45-ln-ab-a.json",
                                    "2026-12-02-h200-s45-ln-ab-b.json"),

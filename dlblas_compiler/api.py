@@ -52,16 +52,54 @@ from .tuning.cache import bucket, default_path
 
 log = get_logger("compile")
 _FLAT = (torch.Tensor, torch.nn.Parameter, int, float, bool, type(None))
+_LEAF = (torch.Tensor, torch.nn.Parameter, int, float, bool)  # (pytree's leaves: None is a node without any)
 
 
-def signature_of(args: tuple, kwargs: dict, unread: frozenset[int] = frozenset()) -> tuple:
+def call_leaves(args: tuple, kwargs: dict) -> tuple[list, tuple] | None:
+    """The call's leaves (None among them, as in dynamo's input spec) in pytree's order and a hashable key of its
+    structure, made without pytree, for the calls modules usually get: tensors, numbers and None, positional or by
+    keyword, alone or in flat tuples and lists (a decoder layer's `position_embeddings=(cos, sin)`). None for
+    anything else, which pytree flattens. (pytree's flatten and its spec's text took ~20 of the ~40 µs our side of
+    a Hugging Face layer's call costs on the host, NOTES 151.)"""
+    leaves: list = []
+    shape: list = []
+    for part in (args, kwargs.values()):
+        for v in part:
+            kind = type(v)
+            if kind in _LEAF:
+                leaves.append(v)
+                shape.append(1)
+            elif v is None:
+                leaves.append(None)
+                shape.append(0)
+            elif kind is tuple or kind is list:
+                inner = []
+                for x in v:
+                    if type(x) in _LEAF:
+                        leaves.append(x)
+                        inner.append(1)
+                    elif x is None:
+                        leaves.append(None)
+                        inner.append(0)
+                    else:
+                        return None
+                shape.append((kind is list, tuple(inner)))
+            else:
+                return None
+    return leaves, ("call", len(args), tuple(kwargs), tuple(shape))
+
+
+def signature_of(args: tuple, kwargs: dict, unread: frozenset[int] = frozenset(),
+                 flat: tuple[list, tuple] | None = None) -> tuple:  # fmt: skip
     """Hashable description of a call's inputs: what a specialization is keyed by (shapes, dtypes, devices,
     non-tensor values, which tensors share storage, and the identity of each parameter passed as an input: dynamo
     passes a module's parameters as graph inputs and one graph serves every instance of the module class, while a
     specialization reads the parameters it was compiled with). The positional ints at `unread` are left out: no
-    op reads them (`importer.unread_ints`)."""
+    op reads them (`importer.unread_ints`). `flat`: the call's `call_leaves`, where it has them."""
     if not kwargs and all(type(a) in _FLAT for a in args):  # the common case (dynamo's calls), without pytree
         leaves, spec = args, len(args)
+    elif flat is not None:
+        leaves, spec = flat
     else:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         spec = str(spec)
@@ -149,8 +187,12 @@ def _finish(spec: Specialization, args: tuple, kwargs: dict, flat: list) -> Spec
     spec.direct = (not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
                    and not imported.complex_inputs)  # fmt: skip
     spec.direct = spec.direct and all(f is a for f, a in zip(flat, args))
-    spec.single = imported.out_leaves == [("value", 0)] and captured.out_spec is None
-    spec.single = spec.single and imported.out_spec == pytree.tree_flatten(object())[1]
+    # (flattening depends on the structure alone, which the specialization's key fixes: one call decides)
+    leaves = call_leaves(args, kwargs)
+    spec.same_leaves = (leaves is not None and len(leaves[0]) == len(flat)
+                        and all(a is b for a, b in zip(leaves[0], flat)))  # fmt: skip
+    marker = object()  # (the output is that one value itself, whatever specs wrap it: a leaf, dynamo's [*] then *)
+    spec.single = imported.out_leaves == [("value", 0)] and captured.unflatten([marker], imported.out_spec) is marker
     return spec
 
 
@@ -169,18 +211,20 @@ class Specialization:
     debug_dir: str | None = None  # this specialization's debug folder (see `report.debug`)
 
     direct: bool = False  # the graph's inputs are exactly the call's positional arguments
+    same_leaves: bool = False  # the graph's inputs are exactly the call's `call_leaves` (a call by keyword)
     single: bool = False  # the output is one tensor
     skeleton: tuple = ()  # the signature with its sizes blanked (`sizes_of`)
     sizes: tuple[int, ...] = ()  # its sizes
     family: Family | None = None  # the shape family it was instantiated from (None: compiled in full)
     key: Any = None  # its key in the compiled module's specializations
 
-    def __call__(self, args: tuple, kwargs: dict) -> Any:
+    def __call__(self, args: tuple, kwargs: dict, leaves: tuple[list, tuple] | None = None) -> Any:
+        """Run on a call's arguments; `leaves`: their `call_leaves`, the graph's inputs where `same_leaves`."""
         if self.direct and not kwargs:
             flat = args
             inputs = list(args)
         else:
-            flat = self.captured.flatten(args, kwargs)
+            flat = leaves[0] if self.same_leaves and leaves is not None else self.captured.flatten(args, kwargs)
             inputs = self.imported.program_inputs(flat)
         outs = self.executor(inputs)
         if self.guard is not None:
@@ -241,10 +285,12 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self._needs_grad(args, kwargs):
             return self._eager(args, kwargs)
-        key = _Key((signature_of(args, kwargs, self._unread), tuple(m.training for m in self._submodules), _precision_mode()))
+        flat = call_leaves(args, kwargs) if kwargs or any(type(a) not in _FLAT for a in args) else None
+        key = _Key((signature_of(args, kwargs, self._unread, flat), tuple(m.training for m in self._submodules),
+                    _precision_mode()))  # fmt: skip
         spec = self._specs.get(key)
         if spec is not None:
-            return self._hit(key, spec, args, kwargs)
+            return self._hit(key, spec, args, kwargs, flat)
         skeleton, sizes = sizes_of(key.value)
         # (no cyclic collections while the IR is built: each one walks every object of the IRs already kept,
         # which costs more than an instance, and ~8% of a 32-layer dc.compile, capture included, on the CPU)
@@ -261,17 +307,17 @@ class CompiledModule(torch.nn.Module):
         while len(self._specs) > self.options.max_specializations:
             self._evict(spec)
         self._last = spec
-        out = spec(args, kwargs)
+        out = spec(args, kwargs, flat)
         if spec.debug_dir:  # (after the first call: it tunes, and the choices are known)
             self._write_debug(spec)
         return out
 
-    def _hit(self, key: _Key, spec: Specialization, args: tuple, kwargs: dict):
+    def _hit(self, key: _Key, spec: Specialization, args: tuple, kwargs: dict, flat: tuple | None = None):
         self._specs.move_to_end(key)
         if spec is not self._last:  # (a program is captured from its second call in a row: see Program.__call__)
             spec.executor.repeats = 0
-        self._last = spec
-        return spec(args, kwargs)
+            object.__setattr__(self, "_last", spec)  # (a plain attribute: nn.Module's __setattr__ costs ~1 µs)
+        return spec(args, kwargs, flat)
 
     def guarded(self, args: tuple):
         """A call from the frame dynamo compiled this graph for (see `DynamoBackend`): dynamo's guards have already

@@ -12,6 +12,7 @@ compiler compiles their kernels in parallel there, so the objective's first call
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import random as _random
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .space import Config, SearchSpace
+
+log = logging.getLogger("dlblas_compiler.tuning")
 
 Objective = Callable[[Config], float]
 Prepare = Callable[[list[Config]], None]
@@ -110,6 +113,7 @@ class _Search:
             raise
         except Exception as e:  # a failing candidate is a result, not a crash
             trial = Trial(dict(config), None, f"{type(e).__name__}: {e}")
+            log.debug("candidate %s failed", dict(config), exc_info=True)  # (where: the result keeps the message)
         self.memo[key] = trial
         self.trials.append(trial)
         if trial.time is not None and (self.best is None or trial.time < self.best.time):
