@@ -114,6 +114,8 @@ def signature_of(args: tuple, kwargs: dict, unread: frozenset[int] = frozenset()
         elif kind is torch.Tensor or isinstance(v, torch.Tensor):
             sig.append((v.shape, v.dtype, v.device))
             tensors.append(v)
+        elif kind is float:  # (as text: -0.0 == 0.0, and a model may divide by it; NaN != NaN)
+            sig.append(("V", "float", v.hex()))
         else:
             try:
                 hash(v)
@@ -125,11 +127,14 @@ def signature_of(args: tuple, kwargs: dict, unread: frozenset[int] = frozenset()
 
 def _alias_pattern(tensors) -> tuple | None:
     """Which input tensors share storage, and how (None when none do): `cm(x, x)` is not `cm(x, y)` for a
-    model that writes an input in place."""
-    ptrs = [t.untyped_storage().data_ptr() if t.numel() else -i - 1 for i, t in enumerate(tensors)]
+    model that writes an input in place, nor is `cm(c.imag, c.conj().imag)` (one view negated by its bit). An
+    empty tensor has no memory to share, but passed twice it is one input of the graph dynamo traces: its identity
+    counts."""
+    ptrs = [t.untyped_storage().data_ptr() if t.numel() else ("empty", id(t)) for t in tensors]
     if len(set(ptrs)) == len(ptrs):
         return None
-    return tuple((ptrs.index(p), t.storage_offset(), t.stride()) for p, t in zip(ptrs, tensors))
+    return tuple((ptrs.index(p), t.storage_offset(), t.stride(), t.is_neg(), t.is_conj())
+                 for p, t in zip(ptrs, tensors))
 
 
 class _Key:
@@ -187,9 +192,11 @@ def _finish(spec: Specialization, args: tuple, kwargs: dict, flat: list) -> Spec
     spec.direct = (not kwargs and len(flat) == len(args) and imported.arg_positions == list(range(len(args)))
                    and not imported.complex_inputs)  # fmt: skip
     spec.direct = spec.direct and all(f is a for f, a in zip(flat, args))
-    # (flattening depends on the structure alone, which the specialization's key fixes: one call decides)
+    # (flattening depends on the structure alone, which the specialization's key fixes: one call decides, if
+    # no tensor sits at two places in it: the key does not tell apart two empty tensors from one passed twice)
     leaves = call_leaves(args, kwargs)
-    spec.same_leaves = (leaves is not None and len(leaves[0]) == len(flat)
+    tensors = [id(x) for x in leaves[0] if isinstance(x, torch.Tensor)] if leaves is not None else []
+    spec.same_leaves = (leaves is not None and len(leaves[0]) == len(flat) and len(set(tensors)) == len(tensors)
                         and all(a is b for a, b in zip(leaves[0], flat)))  # fmt: skip
     marker = object()  # (the output is that one value itself, whatever specs wrap it: a leaf, dynamo's [*] then *)
     spec.single = imported.out_leaves == [("value", 0)] and captured.unflatten([marker], imported.out_spec) is marker
@@ -330,7 +337,8 @@ class CompiledModule(torch.nn.Module):
         if picks is None or torch.is_grad_enabled():
             return self.forward(*args)
         params, tensors, values = picks
-        key = (tuple(map(id, params(args))), values(args), _alias_pattern(tensors(args)),
+        key = (tuple(map(id, params(args))), tuple(v.hex() if type(v) is float else v for v in values(args)),
+               _alias_pattern(tensors(args)),
                tuple(m.training for m in self._submodules), _precision_mode())  # fmt: skip
         spec = self._guarded.get(key)
         if spec is None:

@@ -281,6 +281,8 @@ class ConstantOp(IRDLOperation):
             return 'float("nan")'
         if math.isinf(v):
             return 'float("inf")' if v > 0 else 'float("-inf")'
+        if v == 0.0 and math.copysign(1.0, v) < 0:  # (Triton makes every scalar equal to 0 a +0.0: its bits then)
+            return "tl.full([], -2147483648, tl.int32).to(tl.float32, bitcast=True)"
         return repr(v)
 
 

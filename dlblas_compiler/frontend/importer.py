@@ -772,14 +772,15 @@ class Importer:
 
 def _same_view(a: Any, b: Any) -> bool:
     """Two tensors that are the same view of one storage (`cm(x, x)`; `x.to(x.device)` in a graph): real
-    tensors compared by address, fake ones (a graph's example values) by their shared fake storage."""
+    tensors compared by address, fake ones (a graph's example values) by their shared fake storage. A view that
+    negates or conjugates by its bit (`c.conj().imag`) is another value."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
     if a is b:
         return True
     if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype or a.numel() == 0:
         return False
-    if a.storage_offset() != b.storage_offset():
+    if a.storage_offset() != b.storage_offset() or a.is_neg() != b.is_neg() or a.is_conj() != b.is_conj():
         return False
     sa, sb = _storage(a), _storage(b)
     if sa is not None and isinstance(a, FakeTensor):
