@@ -24,7 +24,8 @@ Besides fresh dense tensors, specs hold the inputs and outputs everyday models s
   in any order (`"positions"`: a static KV cache's update, which the GEMM epilogue and the row kernel store);
 - outputs eager returns as fresh tensors where the IR sees one value: x.clone(), x * 1.0, x + 0.0, a
   parameter's clone, the same expression twice, y beside y.clone(); one value returned twice;
-- outputs wrapped in a namedtuple, a dataclass, a dict or a list (`"structure"`).
+- outputs wrapped in a namedtuple, a dataclass, a dict or a list (`"structure"`);
+- calls passing the inputs by keyword, in any order (`"call"`), an input passed twice then by two keywords.
 
 The oracle: float64 eager on the same (dtype-rounded) inputs and weights is the truth (specs where eager
 in the dtype puts NaN or inf elsewhere than the truth are out of range). An output passes when it has
@@ -914,7 +915,8 @@ def random_spec(rng: random.Random, dtype: str | None = None, max_ops: int = 7) 
             outs.append(rng.choice(outs))
         structure = rng.choices(STRUCTURES, weights=[6, 1, 1, 1, 1])[0]
         spec = d.spec(seed, dt, outs, structure)
-        if valid(spec):
+        if valid(spec):  # (how the call passes the inputs: drawn apart, so the graphs of a seed stay as they were)
+            spec["call"] = random.Random(f"{seed}-call").choice(["positional", "keywords"])
             return spec
 
 
@@ -1065,6 +1067,18 @@ def _value_diff(outs: list, eager: list, truth: list, bounds: list[float], xs: l
     return None
 
 
+def call(fn, spec: dict, xs: list):
+    """`fn(*xs)`, or by keyword (`a0=...`, in an order drawn from the spec's seed, the first input sometimes
+    positional) where the spec says so: a compiled module keys and feeds keyword calls its own way."""
+    if spec.get("call") != "keywords":
+        return fn(*xs)
+    rng = random.Random(f"{spec['seed']}-order")
+    lead = 1 if len(xs) > 1 and rng.random() < 0.5 else 0
+    order = list(range(lead, len(xs)))
+    rng.shuffle(order)
+    return fn(*xs[:lead], **{f"a{i}": xs[i] for i in order})
+
+
 def _check_backend(spec: dict, backend: str, model: nn.Module, eager_out, eager_xs: list, truth: list,
                    bounds: list[float], written: list) -> Outcome:  # fmt: skip
     """Compile and call under no_grad, then compare with eager: structure, values, aliasing, writes into
@@ -1086,14 +1100,14 @@ def _check_backend(spec: dict, backend: str, model: nn.Module, eager_out, eager_
         cm = dc.compile(m, backend=backend, cuda_graphs=False)
         with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            out = cm(*xs)
+            out = call(cm, spec, xs)
             res.kernels.update(k.pattern for k in cm.report().kernels if k.impl == "kernel")
             outs, eager = leaves(out), leaves(eager_out)
             why = (
                 _structure_diff(out, eager_out)
                 or _value_diff(outs, eager, truth, bounds, xs, eager_xs, written, contiguous)
                 or _alias_diff(outs, eager, xs, eager_xs, params, eager_params)
-                or _write_diff(lambda: cm(*make_inputs(spec, dtype, dev)), outs, eager, xs, eager_xs, params,
+                or _write_diff(lambda: call(cm, spec, make_inputs(spec, dtype, dev)), outs, eager, xs, eager_xs, params,
                                eager_params)
             )  # fmt: skip
             res.fallbacks = _fallbacks(cm, backend, caught)
@@ -1299,4 +1313,6 @@ def features(spec: dict) -> set[str]:
             f.add(f"{op['op']} with {inputs[op['args'][3]]['kind']}")
     if len(set(spec["outputs"])) < len(spec["outputs"]):
         f.add("a value returned twice")
+    if spec.get("call") == "keywords":
+        f.add("call by keyword")
     return f
