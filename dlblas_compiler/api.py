@@ -89,20 +89,26 @@ def call_leaves(args: tuple, kwargs: dict) -> tuple[list, tuple] | None:
     return leaves, ("call", len(args), tuple(kwargs), tuple(shape))
 
 
+def call_structure(args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """(the call's leaves, a hashable key of its structure): the positional arguments themselves where each is a
+    tensor, a number or None (dynamo's calls); else `call_leaves`; else pytree's leaves and its spec's text."""
+    if not kwargs and all(type(a) in _FLAT for a in args):
+        return args, len(args)
+    flat = call_leaves(args, kwargs)
+    if flat is not None:
+        return flat
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    return leaves, str(spec)
+
+
 def signature_of(args: tuple, kwargs: dict, unread: frozenset[int] = frozenset(),
-                 flat: tuple[list, tuple] | None = None) -> tuple:  # fmt: skip
+                 flat: tuple[Any, Any] | None = None) -> tuple:  # fmt: skip
     """Hashable description of a call's inputs: what a specialization is keyed by (shapes, dtypes, devices,
     non-tensor values, which tensors share storage, and the identity of each parameter passed as an input: dynamo
     passes a module's parameters as graph inputs and one graph serves every instance of the module class, while a
     specialization reads the parameters it was compiled with). The positional ints at `unread` are left out: no
-    op reads them (`importer.unread_ints`). `flat`: the call's `call_leaves`, where it has them."""
-    if not kwargs and all(type(a) in _FLAT for a in args):  # the common case (dynamo's calls), without pytree
-        leaves, spec = args, len(args)
-    elif flat is not None:
-        leaves, spec = flat
-    else:
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        spec = str(spec)
+    op reads them (`importer.unread_ints`). `flat`: the call's `call_structure`, where the caller has it."""
+    leaves, spec = call_structure(args, kwargs) if flat is None else flat
     sig, tensors = [], []
     for i, v in enumerate(leaves):
         if i in unread and leaves is args:  # (an int no op reads: `importer.unread_ints`)
@@ -225,8 +231,8 @@ class Specialization:
     family: Family | None = None  # the shape family it was instantiated from (None: compiled in full)
     key: Any = None  # its key in the compiled module's specializations
 
-    def __call__(self, args: tuple, kwargs: dict, leaves: tuple[list, tuple] | None = None) -> Any:
-        """Run on a call's arguments; `leaves`: their `call_leaves`, the graph's inputs where `same_leaves`."""
+    def __call__(self, args: tuple, kwargs: dict, leaves: tuple[Any, Any] | None = None) -> Any:
+        """Run on a call's arguments; `leaves`: their `call_structure`, the graph's inputs where `same_leaves`."""
         if self.direct and not kwargs:
             flat = args
             inputs = list(args)
@@ -292,7 +298,7 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self._needs_grad(args, kwargs):
             return self._eager(args, kwargs)
-        flat = call_leaves(args, kwargs) if kwargs or any(type(a) not in _FLAT for a in args) else None
+        flat = call_structure(args, kwargs)
         key = _Key((signature_of(args, kwargs, self._unread, flat), tuple(m.training for m in self._submodules),
                     _precision_mode()))  # fmt: skip
         spec = self._specs.get(key)
