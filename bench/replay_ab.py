@@ -7,9 +7,8 @@ carries the host's drift between processes and rounds (BENCHMARKS.md, thirty-six
                               [--prompt 128] [--layers 32] [--model llama3_8b|qwen3_8b|...]
 
 Modes (each its own copy of the model, the same random weights): plain (`dc.compile(model.forward,
-chained_launches=False)`), chained (`chained_launches=True`: programmatic dependent launch, `early_weights=False`)
-and early (both: decode GEMMs load their first weight tiles before their wait, bench/NOTES.md 152). The kernels'
-sources and so their tuning are the same in all.
+chained_launches=False)`) and chained (`chained_launches=True`: programmatic dependent launch). The kernels' sources
+and so their tuning are the same in both.
 Each mode runs generate() (prefill, then decode steps: the decode program's graph captured), then its decode graph
 is found among the CUDA graphs made and replayed `reps` times a block, its small static inputs (the caches' length
 counters) put back before each block so every block writes the same cache positions. Results: OUT/replay_ab.json
@@ -83,12 +82,12 @@ def main(argv=None) -> int:
            "versions": {"torch": torch.__version__, "triton": __import__("triton").__version__}}  # fmt: skip
     graphs, models, seen = {}, {}, set()
     for mode in modes:
-        if mode not in ("plain", "chained", "early"):
+        if mode not in ("plain", "chained"):
             raise SystemExit(f"unknown mode {mode!r}")
         torch.manual_seed(0)
         model = build_model(args.model, args.layers, torch.bfloat16, "cuda")
         model.forward = dc.compile(model.forward, backend="triton", tune=args.tune,
-                                   chained_launches=mode != "plain", early_weights=mode == "early")  # fmt: skip
+                                   chained_launches=mode == "chained")  # fmt: skip
         # the cache holds the prompt, this generate()'s tokens, then each block's replays from its end and a margin
         # (sized to this call's tokens alone, the replays wrote past its end: torch's index_copy_ asserted on
         # Qwen3-8B, whose cache writes are not in our kernels, where ours write nothing out of range)

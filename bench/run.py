@@ -3,8 +3,7 @@
     python bench/run.py --out OUT [--blocks a,b] [--tokens 1,16,128,2048] [--modes ...] [--tune quick]
 
 Modes: eager, inductor (torch.compile default), max-autotune (with CUDA graphs), max-autotune-no-cudagraphs,
-ours (dlblas_compiler, tuned, CUDA graphs), ours-nocg (same kernels, no CUDA graphs), ours-no-early (ours with
-`early_weights=False`: decode GEMMs wait before loading any weight, bench/NOTES.md 152; the same kernels and configs).
+ours (dlblas_compiler, tuned, CUDA graphs), ours-nocg (same kernels, no CUDA graphs).
 GPU time: the call captured in a CUDA graph and replayed, L2 cleared before each replay (do_bench median):
 what the GPU spends. Call time: one Python call as a user makes it (do_bench median). All modes of a block
 and M are compiled first, then timed in `--rounds` rounds (order rotating); figures are medians over rounds.
@@ -40,7 +39,7 @@ from blocks import BLOCKS, floor_us  # noqa: E402
 from ceilings import measure as measure_ceilings  # noqa: E402
 from dlblas_compiler.numerics import rel_error  # noqa: E402
 
-MODES = ["eager", "inductor", "max-autotune", "max-autotune-no-cudagraphs", "ours", "ours-nocg", "ours-no-early"]
+MODES = ["eager", "inductor", "max-autotune", "max-autotune-no-cudagraphs", "ours", "ours-nocg"]
 
 
 def leaves(out):
@@ -80,8 +79,7 @@ def make_fn(mode: str, mod, args, kwargs, tune: str):
     if mode == "eager":
         return (lambda: mod(*args, **kwargs)), 0.0, None
     if mode.startswith("ours"):
-        cm = dc.compile(mod, backend="triton", tune=tune, cuda_graphs=(mode != "ours-nocg"),
-                        early_weights=(mode != "ours-no-early"))  # fmt: skip
+        cm = dc.compile(mod, backend="triton", tune=tune, cuda_graphs=(mode == "ours"))
         cm(*args, **kwargs)
         torch.cuda.synchronize()
         return (lambda: cm(*args, **kwargs)), time.perf_counter() - t0, cm
@@ -124,7 +122,7 @@ def bench_one(
                 row["compile_s"] = compile_s
                 # max-autotune and ours replay their own CUDA graphs: their GPU time is that of the same
                 # kernels without them (the -no-cudagraphs / -nocg mode)
-                graph = graphed(fn) if mode not in ("max-autotune", "ours", "ours-no-early") else None
+                graph = graphed(fn) if mode not in ("max-autotune", "ours") else None
                 if mode.startswith("ours"):  # what ran each region: our kernel or its torch reference
                     rep = obj.report()
                     ops = {getattr(r, "kernel", None): list(r.ops) for r in rep.regions}

@@ -893,10 +893,10 @@ def traced_class() -> str | None:
 
 def compile(model, backend: str | None = None, **options):  # noqa: A001
     """Compile `model`; compilation happens on the first call of each input signature. `backend` and the other
-    keyword options are the fields of `Options` (see there): tune, dump_ir, cuda_graphs, chained_launches,
-    early_weights, pipeline, check_each_pass, strict, check, expert_parallel, expert_parallel_tokens,
-    prefer_kernels, max_specializations, shape_families, keep_traces (a module's forward: dynamo's traces kept on
-    disk for the next process, see `TracedForward`).
+    keyword options are the fields of `Options` (see there): tune, dump_ir, cuda_graphs, chained_launches, pipeline,
+    check_each_pass, strict, check, expert_parallel, expert_parallel_tokens, prefer_kernels, max_specializations,
+    shape_families, keep_traces (a module's forward: dynamo's traces kept on disk for the next process, see
+    `TracedForward`).
 
     An nn.Module (or fx.GraphModule) becomes a `CompiledModule`, captured whole (symbolic_trace, else dynamo's
     export). Any other callable, such as `model.forward` of a Hugging Face causal LM for `generate()`, is compiled

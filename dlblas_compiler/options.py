@@ -35,10 +35,6 @@ class Options:
     inside CUDA graphs); a GEMM lets the next kernel start once its K loop has read its operands. On an H200 the
     32-layer decode graph replayed 0.6-1.3% faster with it (bench/NOTES.md 124). No effect on GPUs before sm90,
     with a CUDA driver before 12.3 (it would not capture such launches into CUDA graphs), or on the interpreter.
-    early_weights: with chained_launches, a decode GEMM (one-row tiles) whose weight is a parameter no kernel of
-    the program writes, and whose input another region of the program makes, loads its first weight tiles before
-    waiting for the kernel before it: its programs, scheduled during that kernel's tail, stream their weight
-    while it drains (bench/NOTES.md 152).
     share_weights: where the compiler concatenates parameters into one GEMM weight (q/k/v, gate/up), the
     parameters become slices of that buffer at the first call (`p.data` is re-pointed; values, the model's own
     forward and later updates are unchanged), so the model holds those weights once — except while a CUDA graph
@@ -85,7 +81,6 @@ class Options:
     dump_ir: str | None = None
     cuda_graphs: bool = True
     chained_launches: bool = True
-    early_weights: bool = True
     share_weights: bool = True
     pipeline: str = DEFAULT_PIPELINE
     check_each_pass: bool = False

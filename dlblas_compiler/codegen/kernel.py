@@ -113,12 +113,11 @@ class Kernel:
         kind, digest = self.tuning_key
         return f"{kind}_{digest[:8]}"
 
-    def compiled(self, interpret: bool, chained: bool = False, early: bool = False) -> Callable:
+    def compiled(self, interpret: bool, chained: bool = False) -> Callable:
         """The jitted function, shared by every region whose kernel differs only in its name: Triton compiles
         it once per config for all of them (not once per layer). On CUDA it comes as a `Launcher` (each
         specialization's binary launched directly after its first launch); `chained`: with programmatic dependent
-        launch (`Chained`; sm90+), `early`: a GEMM's weight read before its wait where that is safe
-        (`ChainedEarly`)."""
+        launch (`Chained`; sm90+)."""
         fn = self._fns.get(interpret)
         if fn is None:
             name = self.shared_name
@@ -126,7 +125,7 @@ class Kernel:
             fn = self._fns[interpret] = compile_source(source, name, interpret)
         if interpret:
             return fn
-        return launcher(fn, chained, early)
+        return launcher(fn, chained)
 
 
 def _renamed(source: str, old: str, new: str) -> str:
@@ -140,7 +139,6 @@ class _Warmup:
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
-        self.early = getattr(fn, "early", False)  # (compiles the binaries its launcher launches: `Launcher.early`)
 
     def __getitem__(self, grid: Any) -> Callable:
         return lambda *args, **kwargs: self.fn.run(*args, grid=grid, warmup=True, **kwargs)

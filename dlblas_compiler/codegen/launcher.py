@@ -51,7 +51,6 @@ class Launcher:
     (`Chained`'s programmatic dependent launch)."""
 
     extra: dict[str, Any] = {}
-    early = False  # a GEMM's one-row tiles may load their weight before the wait for the kernel before (`Chained`)
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
@@ -119,23 +118,13 @@ class Chained(Launcher):
     extra = {"PDL": True, "launch_pdl": True}
 
 
-class ChainedEarly(Chained):
-    """A chained launch whose GEMM (one-row tiles, a weight no kernel of the program writes: `gemm.launch`) loads
-    its first weight tiles before its wait (`gemm.gemv.early`)."""
-
-    early = True
+_LAUNCHERS: dict[tuple[Any, bool], Launcher] = {}
 
 
-_LAUNCHERS: dict[tuple[Any, bool, bool], Launcher] = {}
-
-
-def launcher(fn: Any, chained: bool = False, early: bool = False) -> Launcher:
-    """The one Launcher of a jitted function (`Chained` with `chained`, `ChainedEarly` with `early` too), shared by
-    every launch of it: each layer's region and each length's copy of a region launch the same compiled function,
-    and find its binaries."""
-    early = early and chained
-    found = _LAUNCHERS.get((fn, chained, early))
+def launcher(fn: Any, chained: bool = False) -> Launcher:
+    """The one Launcher of a jitted function (`Chained` with `chained`), shared by every launch of it: each layer's
+    region and each length's copy of a region launch the same compiled function, and find its binaries."""
+    found = _LAUNCHERS.get((fn, chained))
     if found is None:
-        kind = ChainedEarly if early else Chained if chained else Launcher
-        found = _LAUNCHERS[fn, chained, early] = kind(fn)
+        found = _LAUNCHERS[fn, chained] = Chained(fn) if chained else Launcher(fn)
     return found

@@ -410,8 +410,7 @@ class Builder:
         step.kernel = low.kernel
         try:
             config = low.space.default()
-            step.compiled = low.kernel.compiled(self.interpret, chained=opts.chained_launches and not self.interpret and has_pdl(),
-                                                early=opts.early_weights)  # fmt: skip
+            step.compiled = low.kernel.compiled(self.interpret, chained=opts.chained_launches and not self.interpret and has_pdl())
         except Exception as e:  # noqa: BLE001
             step.fall_back(f"region {fused.label}: kernel source does not compile ({type(e).__name__}: {first_line(e)})", e)
             return step

@@ -11,7 +11,6 @@ import torch
 
 import dlblas_compiler as dc
 from dlblas_compiler.codegen.kernel import Chained
-from dlblas_compiler.codegen.launcher import ChainedEarly
 from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
 from dlblas_compiler.numerics import rel_error, tolerance
 
@@ -37,17 +36,9 @@ def test_every_generated_kernel_waits_for_its_predecessor_under_pdl_only():
         src = s.kernel.source
         assert "PDL: tl.constexpr = False" in src, s.kernel.name
         head = src.split("):\n", 1)[1].splitlines()[:3]  # the body's first statements: nothing is read before the wait
-        if s.kernel.name.startswith("gemm"):  # (unless EARLY: the one-row product waits after its first weight tile)
-            assert head[0].strip().startswith("tl.static_assert(not EARLY or (BLOCK_M == 1 and not PERSISTENT")
-            assert head[1].strip() == "if not EARLY:"
-            head = [line.removeprefix("    ") for line in src.split("):\n", 1)[1].splitlines()[2:5]]
         assert head[0].strip().startswith("if PDL:") and "gdc_wait()" in head[1]
         if s.kernel.name.startswith("gemm"):  # a GEMM releases the next kernel once its K loop has read its operands
             assert "gdc_launch_dependents()" not in head[2]
-            one_row = src.split("def _product_one_row(", 1)[1].split("\n\n@triton.jit", 1)[0]
-            before = one_row.split("gdc_wait()", 1)[0]  # (EARLY: only weight tiles are read before the wait)
-            loads, streams = re.findall(r"tl\.load\((\w+)", before), re.findall(r"(b\d+)_ptrs = w_ptr", before)
-            assert "if EARLY:" in before and sorted(loads) == sorted(f"{b}_ptrs" for b in streams * 2)
             kernel, tile = src.split("def _tile(", 1)
             tile, products = tile.split("\n\n@triton.jit", 1)  # (each variant's product follows the tile's work)
             assert "for k0 in range(" in products and "gdc_launch_dependents()" not in products
@@ -61,9 +52,7 @@ def test_every_generated_kernel_waits_for_its_predecessor_under_pdl_only():
             loops = [persistent.index("for pid in tl.range("), persistent.index("for u in range(")]  # (whole, split tiles)
             assert max(loops) < persistent.index("gdc_launch_dependents()")
             calls = [re.split(r"\n\s*\)", c, maxsplit=1)[0] for c in persistent.split("_tile(")[1:]]
-            # (its tiles release nothing and never read before the wait)
-            assert len(calls) == 3 and all(c.rstrip().endswith("False,\nFalse,\nPDL,") or
-                                           re.sub(r"\s+", "", c).endswith("False,False,PDL,") for c in calls)
+            assert len(calls) == 3 and all(c.rstrip().endswith("False,") for c in calls)  # (its tiles release nothing)
         else:
             assert "gdc_launch_dependents()" in head[2]
         assert not isinstance(s.compiled, Chained)  # the interpreter (and GPUs before sm90) launch plainly
@@ -119,8 +108,8 @@ def test_chained_launches_give_the_same_results_direct_and_in_cuda_graphs():
         pytest.skip("programmatic dependent launch needs sm90+ and a CUDA 12.3+ driver")
     model = randomize_(LlamaBlock(CFG)).cuda().to(torch.bfloat16).eval()
     outs = {}
-    for chained, early in ((False, False), (True, False), (True, True)):
-        cm = dc.compile(model, backend="triton", chained_launches=chained, early_weights=early)
+    for chained in (False, True):
+        cm = dc.compile(model, backend="triton", chained_launches=chained)
         runs = []
         for tokens in (1, 1, 1, 37, 37, 37):  # third calls replay a CUDA graph
             args = llama_block_inputs(CFG, 2, tokens, dtype=torch.bfloat16, device="cuda", seed=tokens)
@@ -128,30 +117,23 @@ def test_chained_launches_give_the_same_results_direct_and_in_cuda_graphs():
                 runs.append(cm(*args).float())
         torch.cuda.synchronize()
         assert all(isinstance(s.compiled, Chained) == chained for s in _kernels(cm))
-        assert all(isinstance(s.compiled, ChainedEarly) == early for s in _kernels(cm))
-        outs[chained, early] = runs
+        outs[chained] = runs
     with torch.no_grad():
         ref = model.float()(*llama_block_inputs(CFG, 2, 37, dtype=torch.float32, device="cuda", seed=37))
-    for a, b, c in zip(outs[False, False], outs[True, False], outs[True, True]):
-        # same kernels, same configs: PDL and early weight tiles change when programs start, not what they compute
-        assert torch.equal(a, b) and torch.equal(a, c)
-    assert rel_error(outs[True, True][-1], ref) < tolerance(torch.bfloat16)
+    for a, b in zip(outs[False], outs[True]):
+        assert torch.equal(a, b)  # same kernels, same configs: PDL changes when programs start, not what they compute
+    assert rel_error(outs[True][-1], ref) < tolerance(torch.bfloat16)
 
 
 class _WithPDL:
     """A jitted function launched with PDL=True (on the interpreter, with the grid-dependency instructions as
-    no-ops: the chained branches' arithmetic, not their timing); `early`: as `ChainedEarly`, each launch's EARLY
-    recorded in `seen`."""
+    no-ops: the chained branches' arithmetic, not their timing)."""
 
-    def __init__(self, fn, early=False):
-        self.fn, self.early, self.seen = fn, early, []
+    def __init__(self, fn):
+        self.fn = fn
 
     def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.seen.append(kwargs.get("EARLY", False))
-            return self.fn[grid](*args, PDL=True, **kwargs)
-
-        return launch
+        return lambda *args, **kwargs: self.fn[grid](*args, PDL=True, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.fn, name)
@@ -174,23 +156,15 @@ def test_the_chained_branches_compute_what_the_plain_ones_do(monkeypatch):
             steps = _kernels(cm)
             if tokens == 1:
                 assert {s.choice.config["BLOCK_M"] for s in steps if s.kernel.name.startswith("gemm")} == {1}
-            runs = {}
-            for early in (False, True):
+            for s in steps:
+                s.compiled = _WithPDL(s.compiled)
+            try:
+                chained = cm(*args)
+            finally:
                 for s in steps:
-                    s.compiled = _WithPDL(s.compiled, early)
-                try:
-                    runs[early] = cm(*args)
-                    seen = {s.kernel.name: s.compiled.seen for s in steps}
-                finally:
-                    for s in steps:
-                        s.compiled = s.compiled.fn
+                    s.compiled = s.compiled.fn
         assert all(s.choice.impl == "kernel" for s in steps)
-        assert torch.equal(plain, runs[False])
-        assert torch.equal(plain, runs[True])
-        gemms = [s.kernel.name for s in steps if s.kernel.name.startswith("gemm")]
-        # one-row tiles load their weight before the wait, except where x is the call's own input (the q/k/v GEMM:
-        # nothing of this program ran before it), tiles of several rows never
-        assert [seen[g] for g in gemms] == ([[False], [True], [True], [True]] if tokens == 1 else [[False]] * 4)
+        assert torch.equal(plain, chained)
 
 
 @pytest.mark.parametrize("capability, cuda, driver, expected", [((9, 0), "12.4", 12040, True), ((10, 0), "13.0", 13000, True),
@@ -207,49 +181,3 @@ def test_pdl_needs_hopper_and_a_driver_that_captures_it(monkeypatch, capability,
     monkeypatch.setattr(torch.version, "cuda", cuda)
     monkeypatch.setattr(device, "driver_version", lambda: driver)
     assert device.has_pdl() is expected
-
-
-class _Early(torch.nn.Module):
-    """x -> linear -> LayerNorm -> linear (bias) -> GELU -> linear: K = 100 (no whole BLOCK_K steps), the LayerNorm
-    the middle GEMM's prologue (its statistics read after the early weight tile); `reuse`: the last weight is also
-    added to the output as a value (not only multiplied: no early loads for it)."""
-
-    def __init__(self, reuse: bool = False):
-        super().__init__()
-        self.a, self.ln = torch.nn.Linear(100, 100, bias=False), torch.nn.LayerNorm(100)
-        self.b, self.c = torch.nn.Linear(100, 72), torch.nn.Linear(72, 100, bias=False)
-        self.reuse = reuse
-
-    def forward(self, x):
-        y = self.c(torch.nn.functional.gelu(self.b(self.ln(self.a(x)))))
-        return y + self.c.weight[:, 0] if self.reuse else y
-
-
-@pytest.mark.parametrize("reuse", [False, True])
-def test_early_weight_tiles_compute_what_the_waiting_product_does(monkeypatch, reuse):
-    """EARLY (a chained one-row GEMM loading its first weight tiles before its wait) gives the values of the plain
-    launch, with a LayerNorm prologue and a K of no whole BLOCK_K steps; it is used only where x comes from another
-    region and the weight is only ever multiplied by."""
-    import triton.language.extra.cuda as cuda_extra
-
-    monkeypatch.setattr(cuda_extra, "gdc_wait", lambda *a, **k: None)
-    monkeypatch.setattr(cuda_extra, "gdc_launch_dependents", lambda *a, **k: None)
-    model = randomize_(_Early(reuse)).eval()
-    cm = dc.compile(model, backend="interpret")
-    x = torch.randn(1, 100)
-    with torch.no_grad():
-        plain, ref = cm(x), model(x)
-        steps = [s for s in _kernels(cm) if s.kernel.name.startswith("gemm")]
-        assert len(steps) == 3 and all(s.choice.config["BLOCK_M"] == 1 for s in steps)
-        assert "dl.layer_norm" in steps[1].kernel.region_ir
-        for s in steps:
-            s.compiled = _WithPDL(s.compiled, early=True)
-        try:
-            early = cm(x)
-            seen = [s.compiled.seen for s in steps]
-        finally:
-            for s in steps:
-                s.compiled = s.compiled.fn
-    assert torch.equal(plain, early)
-    assert rel_error(early, ref) < tolerance(torch.float32)
-    assert seen == [[False], [True], [not reuse]]

@@ -40,7 +40,7 @@ class GemmEmitter(EpilogueEmitter):
         self._kernel(w, args)
         w("@triton.jit")
         wrapped(w, "def _tile(", [*args, "pid", "pid_k", "slot0", *(f"{c}: tl.constexpr" for c in CONSTS),
-                                   "RELEASE: tl.constexpr", "EARLY: tl.constexpr", "PDL: tl.constexpr"], "):")  # fmt: skip
+                                   "RELEASE: tl.constexpr"], "):")  # fmt: skip
         w.indent()
         w('"""One output tile: its rows and columns, the product by the config\'s variant, the epilogue."""')
         w("num_m = tl.cdiv(M, BLOCK_M)")
@@ -108,22 +108,15 @@ class GemmEmitter(EpilogueEmitter):
         between runs on the H100 for the dual GEMM with 4 warps: not offered, NOTES 59.)"""
         w('@triton.jit(do_not_specialize=["DP_TILES"])  # (a count that changes with M: one binary for all)')
         wrapped(w, f"def {self.name}(", [*args, "DP_TILES", *(f"{c}: tl.constexpr" for c in CONSTS),
-                                          "PERSISTENT: tl.constexpr", PDL_ARG.rstrip(","),
-                                          "EARLY: tl.constexpr = False"], "):")  # fmt: skip
+                                          "PERSISTENT: tl.constexpr", PDL_ARG.rstrip(",")], "):")  # fmt: skip
         w.indent()
-        # (EARLY, one-row tiles only: the product waits once it has loaded its first weight tiles, gemv.early)
-        w("tl.static_assert(not EARLY or (BLOCK_M == 1 and not PERSISTENT and not MM))")
-        w("if not EARLY:")
-        w.depth += 1
         chained_start(w, release=False)  # (released after the K loop: `_release`)
-        w.depth -= 1
         whole = {"SPLIT_K": "1", "K_SPLIT": "(K + BLOCK_K - 1) // BLOCK_K * BLOCK_K", "EVEN_K": "K % BLOCK_K == 0"}
 
-        def tile(depth: int, pid: str, pid_k: str, slot0: str, consts=CONSTS, release: str = "False",
-                 early: str = "False") -> None:
+        def tile(depth: int, pid: str, pid_k: str, slot0: str, consts=CONSTS, release: str = "False") -> None:
             """A call of the tile's work `depth` levels in."""
             w.depth += depth
-            wrapped(w, "_tile(", [*args, pid, pid_k, slot0, *consts, release, early, "PDL"], ")")
+            wrapped(w, "_tile(", [*args, pid, pid_k, slot0, *consts, release], ")")
             w.depth -= depth
 
         w("if PERSISTENT:")
@@ -143,7 +136,7 @@ class GemmEmitter(EpilogueEmitter):
         w("    if PDL:  # chained launch: every tile's operands are read, let the next kernel start")
         w("        tl.extra.cuda.gdc_launch_dependents()")
         w("else:")
-        tile(1, "tl.program_id(0)", "tl.program_id(1)", "0", release="PDL", early="EARLY")
+        tile(1, "tl.program_id(0)", "tl.program_id(1)", "0", release="PDL")
         w.dedent()
         w("")
         w("")

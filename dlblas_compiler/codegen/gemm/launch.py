@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import torch
 import triton
-from xdsl.ir import SSAValue
 
-from ...dialects import VIEW_OPS, FusedOp, LayerNormOp, LinearOp, ParamOp
+from ...dialects import FusedOp, LayerNormOp
 from ...dialects.types import dtype_of, numel, shape_of
-from ...passes.match import is_constant
 from .. import device
 from ..interpreter import launch as launch_lib
 from ..kernel import Kernel
@@ -32,42 +30,6 @@ def _canonical_strides(lay: Layout | tuple[int, ...], c: Cols, logical: tuple[in
     for i, p in enumerate(c.perm):
         canon[p] = lay.strides[i]
     return canon
-
-
-def early_weights(fused: FusedOp, x_arg: int, w_arg: int) -> bool:
-    """Whether the kernel may load its weight before it waits for the kernel before it (EARLY, `gemv.early`). The
-    weight is a parameter or a weight-only value (q/k/v concatenated: the program computes those before its first
-    step) whose parameters every reader in the function only multiplies by, so no kernel of the program writes it;
-    and x (through views) is another region's result, so a kernel of this program, one that waited for all work
-    before it to finish, runs before this one: an optimizer's update of the weight has landed by then. (Between
-    them run kernels of this program, none writing the weight, each releasing the next only after its own wait.)"""
-    w, x = fused.inputs[w_arg], fused.inputs[x_arg]
-    while isinstance(x.owner, VIEW_OPS):
-        x = x.owner.operands[0]
-    if not is_constant(w) or not isinstance(x.owner, FusedOp):
-        return False
-    names, todo = set(), [w]
-    while todo:
-        v = todo.pop()
-        if isinstance(v.owner, ParamOp):
-            names.add(v.owner.pname)
-        todo += [o for o in v.owner.operands]
-    func = fused.parent_op()
-    params = [p.result for p in (func.walk() if func is not None else ()) if isinstance(p, ParamOp) and p.pname in names]
-    return all(_only_multiplied(p) for p in params)
-
-
-def _only_multiplied(v: SSAValue) -> bool:
-    """Every use of weight-only value `v` is a region's linear weight or another weight-only value's operand (whose
-    uses are alike): nothing writes it or a view of it."""
-    for use in v.uses:
-        op = use.operation
-        if isinstance(op, FusedOp):
-            if not all(isinstance(u.operation, LinearOp) and u.index == 1 for u in op.block.args[use.index].uses):
-                return False
-        elif not (op.results and all(is_constant(r) and _only_multiplied(r) for r in op.results)):
-            return False
-    return True
 
 
 def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
@@ -103,7 +65,6 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         pre.append(args.index(plan.rms.weight))
     if plan.ln is not None:  # (read by the K loop where it normalizes a few rows itself: prologue.py)
         pre += [args.index(plan.ln.weight), args.index(plan.ln.bias)]
-    early_ok = early_weights(fused, x_arg, w_arg)
     row_sizes = list(plan.rows[1:])
     ns = len(plan.streams)
     gn, k = plan.grid_n, plan.k
@@ -174,8 +135,6 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             kernel.variant("ws")[(programs,)](*args, **consts, STAGES=config["num_stages"], num_warps=warps, **regs)
             return outs
         grid = (programs, 1) if persistent else (tiles, sk)
-        if early_ok and bm == 1 and not persistent and not mm and getattr(kernel, "early", False):
-            consts["EARLY"] = True  # (one-row tiles under a chained launch: its weight read before the wait)
         kernel[grid](*args, **consts, PERSISTENT=bool(persistent), num_warps=warps, num_stages=config["num_stages"])
         return outs
 

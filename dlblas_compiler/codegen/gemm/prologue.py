@@ -105,11 +105,10 @@ def product_params(plan, tile: list[str]) -> list[str]:
 
 
 def product_function(em, w: Writer, name: str, tile: list[str], constexprs: list[str], doc: str, rows: str,
-                     k_loop: Callable, early: Callable | None = None) -> None:
+                     k_loop: Callable) -> None:
     """A variant's product as a jitted function `name` returning acc0 (acc1): its K slice's indices and A pointers
     (rows and columns past the end wrap, modulo, instead of being masked: they are never stored; with EVEN_K the
-    loop's loads carry no mask), `early` (what the variant reads before the wait for the kernel before: the one-row
-    variant's first weight tiles), the LayerNorm's statistics of its `rows` rows (`statistics`), then `k_loop`."""
+    loop's loads carry no mask), the LayerNorm's statistics of its `rows` rows (`statistics`), then `k_loop`."""
     accs = ", ".join(f"acc{s}" for s in range(len(em.plan.streams)))
     w("@triton.jit")
     wrapped(w, f"def {name}(", [*product_params(em.plan, tile), *(f"{c}: tl.constexpr" for c in constexprs)], "):")
@@ -118,8 +117,6 @@ def product_function(em, w: Writer, name: str, tile: list[str], constexprs: list
     w("rk = tl.arange(0, BLOCK_K)")
     w("k_lo = pid_k * K_SPLIT")
     w("a_ptrs = x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]")
-    if early is not None:
-        early(em, w)
     statistics(em, w, rows)
     k_loop(em, w)
     w(f"return {accs}")
