@@ -2,7 +2,7 @@
 does the GEMM template's space hold a kernel at >= 90% of copy bandwidth (issue 19's decode goal), and does the
 quick search find it? (bench/NOTES.md 115)
 
-    python bench/gemv_study.py --out OUT [--layers phi3_mini,llama3_8b] [--configs 40] [--ahead]
+    python bench/gemv_study.py --out OUT [--layers phi3_mini,llama3_8b] [--configs 40]
 
 For each GEMM region of the layer at M = 1 (compiled with quick tuning): the tuned config, the default and up to
 `--configs` configs drawn from two families — one-row CUDA-core tiles (BLOCK_M = 1: BLOCK_N 16-64, BLOCK_K
@@ -13,9 +13,6 @@ own measure (`tuning.benchmark`); cuBLAS (`torch.matmul` of the same operands) i
 region the tuned, best-per-family and cuBLAS times with their share of the copy bandwidth (OUT/ceilings.json when
 bench/device.sh measured it); writes OUT/gemv_study.json ({gpu, torch, triton, regions: [{layer, region, N, K,
 weight_MB, cublas_us, copy_bytes_per_s, tuned, rows: [{config, family, us, tuner_us}]}]}).
-`--ahead`: one-row configs only, each twice, its K loop plain (2 stages) and loading the next weight tile ahead
-(3 stages: the gemv variant's AHEAD, bench/NOTES.md 152); prints each region's best of each and the median ratio
-of the pairs.
 """
 
 from __future__ import annotations
@@ -79,7 +76,6 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", default="phi3_mini,llama3_8b")
     ap.add_argument("--configs", type=int, default=40)
-    ap.add_argument("--ahead", action="store_true", help="one-row configs in pairs: 2 stages (plain) and 3 (AHEAD)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     copy_bw = None
@@ -105,10 +101,6 @@ def main() -> None:
                 has_norm = "NORM_PASS" in tuned
                 configs = [tuned] + [default] * (default != tuned)
                 configs += [c for c in candidates(space, has_norm, a.configs) if c not in configs]
-                if a.ahead:  # (each one-row tile with the plain K loop and with the look-ahead one, side by side)
-                    tiles = [c for c in configs if c["BLOCK_M"] == 1]
-                    configs = [{**c, "num_stages": st} for c in tiles for st in (2, 3)]
-                    configs = [c for i, c in enumerate(configs) if c not in configs[:i]]
                 compile_configs(step.kernel, step.compiled, tensors, configs)
                 rows = []
                 for c in configs:
@@ -134,22 +126,11 @@ def main() -> None:
                 for r in rows:
                     if r["family"] not in best or r["us"] < best[r["family"]]["us"]:
                         best[r["family"]] = r
-                print(f"{name} {step.choice.region} N={w.shape[0]} K={w.shape[1]} {nbytes / 1e6:.0f} MB: "
-                      f"{'first pair (plain)' if a.ahead else 'tuned'} "
+                print(f"{name} {step.choice.region} N={w.shape[0]} K={w.shape[1]} {nbytes / 1e6:.0f} MB: tuned "
                       f"{rows[0]['us']:.1f} µs ({share(rows[0]['us'])}) cuBLAS {cublas:.1f} ({share(cublas)})",
                       flush=True)  # fmt: skip
                 for f, r in sorted(best.items(), key=lambda kv: kv[1]["us"]):
                     print(f"    best {f}: {r['us']:.1f} µs ({share(r['us'])}) {r['config']}", flush=True)
-                if a.ahead:
-                    by = {json.dumps({**r["config"], "num_stages": 0}, sort_keys=True): {} for r in rows}
-                    for r in rows:
-                        by[json.dumps({**r["config"], "num_stages": 0}, sort_keys=True)][r["config"]["num_stages"] > 2] = r["us"]
-                    ratios = sorted(p[True] / p[False] for p in by.values() if len(p) == 2)
-                    plain = min(r["us"] for r in rows if r["config"]["num_stages"] == 2)
-                    ahead = min(r["us"] for r in rows if r["config"]["num_stages"] > 2)
-                    print(f"    plain best {plain:.1f} µs ({share(plain)}), ahead best {ahead:.1f} µs ({share(ahead)}); "
-                          f"ahead/plain over {len(ratios)} pairs: median {ratios[len(ratios) // 2]:.3f}, "
-                          f"range {ratios[0]:.3f}-{ratios[-1]:.3f}", flush=True)  # fmt: skip
                 res["regions"].append({"layer": name, "region": step.choice.region, "N": w.shape[0],
                                        "K": w.shape[1], "weight_MB": nbytes / 1e6, "cublas_us": cublas,
                                        "copy_bytes_per_s": copy_bw, "tuned": tuned, "rows": rows})  # fmt: skip

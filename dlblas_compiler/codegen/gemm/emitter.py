@@ -13,7 +13,7 @@ from .epilogue import EpilogueEmitter
 
 # the kernel's compile-time parameters, passed on to each tile's work
 CONSTS = ("K", "GRID_N", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "K_SPLIT", "EVEN_K", "TMA", "RS_INLINE",
-          "RS_BLOCK", "MM", "NORMED", "AHEAD")  # fmt: skip
+          "RS_BLOCK", "MM", "NORMED")  # fmt: skip
 
 
 class GemmEmitter(EpilogueEmitter):

@@ -1,11 +1,6 @@
 """The one-row variant (BLOCK_M = 1, decode): each program streams [BLOCK_N, BLOCK_K] weight tiles along K on CUDA
 cores, keeping the products per column and K position and summing over K once after the loop (no tensor cores,
-no padding rows: at decode every loaded weight byte is used once).
-
-AHEAD (num_stages > 2): the next weight tile is loaded before this one's products, so two tiles are in flight and
-the loop does not wait out a memory latency between steps. Triton's pipeliner stages only the loads that feed a
-`tl.dot`: without this, each step's loads are issued after the previous step's products, and a program streams one
-tile per memory latency (bench/NOTES.md 152)."""
+no padding rows: at decode every loaded weight byte is used once)."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ TILE = ["pid_k"]  # the tile's indices `_product_one_row` takes (its part of K)
 
 def consts(plan) -> list[str]:
     """The compile-time parameters `_product_one_row` takes (the prologue's: `prologue.consts`)."""
-    return ["K", "GRID_N", "BLOCK_N", "BLOCK_K", "K_SPLIT", "EVEN_K", *prologue.consts(plan), "AHEAD"]
+    return ["K", "GRID_N", "BLOCK_N", "BLOCK_K", "K_SPLIT", "EVEN_K", *prologue.consts(plan)]
 
 
 def product(em, w: Writer) -> None:
@@ -33,33 +28,13 @@ def k_loop(em, w: Writer) -> None:
     accumulated elementwise in fp32 and reduced over K after the loop (no tensor cores, no padding rows:
     at decode every loaded weight byte is used once)."""
     p = em.plan
-    ns = len(p.streams)
     for s, off in enumerate(p.streams):
         w(f"b{s}_ptrs = w_ptr + ((rn % GRID_N).to(tl.int64) + {off})[:, None] * K + (k_lo + rk)[None, :]")
         w(f"acc{s} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)")
-    w("if AHEAD:  # the next weight tile loads while this one's products are computed (two tiles in flight)")
-    w.indent()
-    w("k_end = tl.minimum(k_lo + K_SPLIT, K)")
-    for s in range(ns):
-        w(f"b{s}_next = tl.load(b{s}_ptrs, mask=((k_lo + rk) < k_end)[None, :], other=0.0)")
-    w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
-    w.indent()
-    for s in range(ns):
-        w(f"b{s} = b{s}_next")
-        w(f"b{s}_ptrs += BLOCK_K")
-        w(f"b{s}_next = tl.load(b{s}_ptrs, mask=((k0 + BLOCK_K + rk) < k_end)[None, :], other=0.0)")
-    a_tile(em, w, tma=False)
-    for s in range(ns):
-        w(f"acc{s} += b{s}.to(tl.float32) * a.to(tl.float32)")
-    w("a_ptrs += BLOCK_K")
-    w.dedent()
-    w.dedent()
-    w("else:")
-    w.indent()
     w("for k0 in range(k_lo, k_lo + K_SPLIT, BLOCK_K):")
     w.indent()
     a_tile(em, w, tma=False)
-    for s in range(ns):
+    for s in range(len(p.streams)):
         w("if EVEN_K:")
         w(f"    b{s} = tl.load(b{s}_ptrs)")
         w("else:")
@@ -67,7 +42,6 @@ def k_loop(em, w: Writer) -> None:
         w(f"acc{s} += b{s}.to(tl.float32) * a.to(tl.float32)")
         w(f"b{s}_ptrs += BLOCK_K")
     w("a_ptrs += BLOCK_K")
-    w.dedent()
     w.dedent()
     for s in range(len(p.streams)):
         w(f"acc{s} = tl.sum(acc{s}, axis=1)[None, :]")

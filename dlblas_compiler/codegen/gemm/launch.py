@@ -126,8 +126,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
                 rs, m, *row_sizes, *ext_strides, *out_strides, dp_tiles)  # fmt: skip
         consts = dict(K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
                       K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
-                      RS_BLOCK=max(64, min(2048 // bm, k_pow2)), MM=mm, NORMED=bool(normed),
-                      AHEAD=bm == 1 and config["num_stages"] > 2)  # (one-row tiles: gemv.py)  # fmt: skip
+                      RS_BLOCK=max(64, min(2048 // bm, k_pow2)), MM=mm, NORMED=bool(normed))  # fmt: skip
         warps = config["num_warps"]
         if config.get("WS"):  # the warp-specialized Gluon kernel (warp_specialized.py): persistent, TMA tiles
             if not tma or not hasattr(kernel, "variant"):
