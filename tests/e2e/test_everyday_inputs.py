@@ -610,3 +610,24 @@ def test_inputs_requiring_grad_with_a_frozen_model_run_eagerly():
         out = dc.compile(model, backend="interpret")(x)
     out.sum().backward()
     assert x.grad is not None and math.isfinite(x.grad.sum().item())
+
+
+class NegativeZero(nn.Module):
+    def forward(self, x):
+        return 1 / (x.abs() * -0.0)
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, pytest.param("triton", marks=pytest.mark.gpu)])
+def test_a_negative_zero_constant_keeps_its_sign_in_a_kernel(backend):
+    """Triton folds a scalar -0.0 to +0.0 (`semantic.scalar_constant`): a kernel constant -0.0 is written as its
+    float32 bits, so x * -0.0 stays -0.0 and its reciprocal -inf, as in eager (item 151's review)."""
+    if backend == "triton" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    device = "cuda" if backend == "triton" else "cpu"
+    m, x = NegativeZero(), _x(4, 64).to(device)
+    cm = dc.compile(m, backend=backend)
+    with torch.no_grad():
+        out, ref = cm(x), m(x)
+    assert torch.equal(out, ref) and bool((out == -float("inf")).all())
+    if backend != "reference":
+        assert [k.impl for k in cm.report().kernels] == ["kernel"]

@@ -62,6 +62,9 @@ def space(plan: GemmPlan) -> SearchSpace:
         or (c["MM"] and plan.rotary_from_product and (not narrow or c["BLOCK_N"] >= rot or rot % c["BLOCK_N"] == 0)),
         "one-row (CUDA-core) tiles only for a few rows": lambda c: c["BLOCK_M"] > 1
         or (m <= GEMV_ROWS and not c["TMA"]),
+        "one-row tiles with one num_stages: their K loop's loads feed no tl.dot, the only loads Triton's pipeliner"
+        " stages (2, 3 and 4 stages compiled to the same code for sm90, bench/NOTES.md 152), so other values would"
+        " only repeat configs the search then times again": lambda c: c["BLOCK_M"] > 1 or c["num_stages"] == 2,
         "K blocks over 128 only for one-row tiles": lambda c: c["BLOCK_K"] <= 128 or c["BLOCK_M"] == 1,
         "no block much larger than M": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(m)),
         "TMA needs sm90+ and 16-byte row strides": lambda c: not c["TMA"] or (tma_ok and k * elem % 16 == 0),
@@ -223,7 +226,7 @@ def _seed_configs(m: int, ns: int, has_norm: bool) -> list[dict]:
     256 rows the sweeps' tiles also come persistent (one program per SM; H100, M=2048: 1–8% faster on 128-row
     tiles, NOTES 59)."""
     if m == 1:  # QKV, down, gate/up at M=1
-        tiles = [(1, 32, 256, 2, 8, 3, 0), (1, 16, 128, 8, 4, 2, 0), (1, 32, 128, 1, 4, 2, 0)]
+        tiles = [(1, 32, 256, 2, 8, 2, 0), (1, 16, 128, 8, 4, 2, 0), (1, 32, 128, 1, 4, 2, 0)]
     elif m <= 16:  # QKV (narrow rotary tiles), o-proj, gate/up
         tiles = [(16, 64, 128, 4, 8, 2, 0), (16, 128, 128, 2, 4, 4, 0), (16, 128, 128, 1, 4, 3, 0)]
     elif m <= 256:  # QKV, gate/up at 128
