@@ -109,6 +109,8 @@ def main(argv=None) -> int:
                     "enqueue_us": statistics.median(x["enqueue_us"] for x in ok) if ok else None,
                     "enqueue_us_rounds": [x.get("enqueue_us") for x in results],
                     "graph_notes": [x.get("graph_note") for x in results],
+                    # (the first call's seconds, tuning included: a tree's first round tunes what its cache lacks)
+                    "compile_s_rounds": [x.get("compile_s") for x in results],
                 }
             if row["old"]["gpu_us"] and row["new"]["gpu_us"]:
                 row["new_over_old_gpu"] = row["new"]["gpu_us"] / row["old"]["gpu_us"]

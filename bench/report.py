@@ -1733,6 +1733,30 @@ def decode_gemms_section(name: str, ceilings: str) -> str:
 
 
 
+def gemv_ahead_section(name: str, ceilings: str) -> str:
+    """bench/gemv_study.py --ahead (in 6f29384..308bc7c, reverted with the variant): each one-row tile of a decode
+    GEMM region timed with its plain K loop (2 stages) and with the next weight tile loaded ahead (3 stages), chained
+    in a CUDA graph over distinct weight copies: the best of each and the ratio of each pair."""
+    doc, ceil = _load(name), _load(ceilings)
+    copy = ceil["copy_bytes_per_s"]
+    out = ["| layer | region | weight MB | plain best µs | of copy BW | ahead best µs | of copy BW | pairs | "
+           "ahead / plain: median (range) |", "|" + "---|" * 9]  # fmt: skip
+    for r in doc["regions"]:
+        pairs: dict[str, dict[bool, float]] = {}
+        for row in r["rows"]:
+            c = row["config"]
+            pairs.setdefault(json.dumps({**c, "num_stages": 0}, sort_keys=True), {})[c["num_stages"] > 2] = row["us"]
+        ratios = sorted(p[True] / p[False] for p in pairs.values() if len(p) == 2)
+        plain = min(x["us"] for x in r["rows"] if x["config"]["num_stages"] == 2)
+        ahead = min(x["us"] for x in r["rows"] if x["config"]["num_stages"] > 2)
+        mb = r["weight_MB"]
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {mb:.0f} | {plain:.1f} | "
+                   f"{mb / plain * 1e12 / copy:.0%} | {ahead:.1f} | {mb / ahead * 1e12 / copy:.0%} | {len(ratios)} | "
+                   f"{ratios[len(ratios) // 2]:.3f} ({ratios[0]:.3f}–{ratios[-1]:.3f}) |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"), "ceilings": ceil}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "bf16, M = 1, layers compiled with quick tuning")]) + "\n"
+
+
 def gemv_study_section(name: str, ceilings: str) -> str:
     """bench/gemv_study.py: each GEMM region at one row (decode), tuned config, the best of the study's configs
     and cuBLAS on the same operands, all chained in a CUDA graph over distinct weight copies (as the decode graph
@@ -1956,6 +1980,14 @@ def host_ab_section(name: str) -> str:
 # ---------------------------------------------------------------------------------------------- sections
 
 SECTIONS = {
+    "replay-ab-s47-early": functools.partial(replay_ab_section, "2026-12-02-h200-s47-replay-ab-early.json", {
+        "chained": "PDL, each kernel waiting first (the tree as committed)",
+        "early": "PDL, decode GEMMs loading their first weight tile before the wait (6f29384, reverted): NOTES 152"}),
+    "gemv-ahead-s47": functools.partial(gemv_ahead_section, "2026-12-02-h200-s47-gemv-ahead.json",
+                                        "2026-12-02-h200-s47-ceilings-b.json"),
+    "tree-ab-s47": functools.partial(tree_ab_section, "2026-12-02-h200-s47-ab-ahead.json",
+                                     "2026-12-02-h200-s47-ab-one-stage-llama32_3b.json",
+                                     "2026-12-02-h200-s47-ab-one-stage-qwen25_7b.json"),
     "call-goal-s46": functools.partial(
         call_goal_section, ("b", "before (2e497fe)", "2026-12-02-h200-s46-layers-m1-m128-b.json"),
         ("c", "after (NOTES 151)", "2026-12-02-h200-s46-layers-m1-c.json"),
