@@ -946,6 +946,18 @@ def reference_values(spec: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]
     with torch.no_grad():
         vals = m64.values(x64 + [None] * (MAX_INPUTS - len(x64)))
     outs = [vals[j] for j in spec["outputs"]]
+    if any(op["op"] == "sdpa" and any(not torch.isfinite(vals[a]).all() for a in op["args"][:3]) for op in spec["ops"]):
+        # torch's own SDPA kernels can disagree on non-finite q, k or v: on the CPU the math kernel gives NaN for a
+        # query row whose scores are all NaN, the flash kernel 0, and which one eager runs depends on the operands'
+        # layout (seed 4702, bench/NOTES.md 152). Where the math kernel alone gives other non-finite values, eager
+        # has no one answer to compare with: out of range
+        again: dict[int, torch.Tensor] = {}
+        x_math = [again.setdefault(id(x), x.double() if x.is_floating_point() else x) for x in make_inputs(spec, dtype)]
+        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+            math = build(spec).to(dtype).to(torch.float64).values(x_math + [None] * (MAX_INPUTS - len(x_math)))
+        if any(v.is_floating_point() and not (torch.equal(v.isnan(), w.isnan()) and torch.equal(v.isinf(), w.isinf()))
+               for v, w in zip(vals, math)):
+            return None
     finite = [v[torch.isfinite(v)] for v in vals if v.is_floating_point()]
     scale = max((f.abs().max().item() for f in finite if f.numel()), default=0.0)
     if scale > MAGNITUDE_LIMIT:
