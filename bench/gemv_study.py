@@ -6,8 +6,8 @@ quick search find it? (bench/NOTES.md 115)
 
 For each GEMM region of the layer at M = 1 (compiled with quick tuning): the tuned config, the default and up to
 `--configs` configs drawn from two families — one-row CUDA-core tiles (BLOCK_M = 1: BLOCK_N 16-64, BLOCK_K
-128-512, split-K 1-4, 4/8 warps, 2-4 stages) and 16-row tensor-core tiles (BLOCK_M = 16, pointer or TMA loads,
-3-8 stages, split-K 1-4) — each timed back to back in a CUDA graph over 16 distinct copies of the weight
+128-512, split-K 1-4, 4/8 warps, 2 stages: more compile to the same code, NOTES 152) and 16-row tensor-core
+tiles (BLOCK_M = 16, pointer or TMA loads, 3-8 stages, split-K 1-4) — each timed back to back in a CUDA graph over 16 distinct copies of the weight
 (`tuner_timing.chain_us`: one layer's weights after another's, as the decode graph runs them) and by the tuner's
 own measure (`tuning.benchmark`); cuBLAS (`torch.matmul` of the same operands) is chained the same way. Prints per
 region the tuned, best-per-family and cuBLAS times with their share of the copy bandwidth (OUT/ceilings.json when

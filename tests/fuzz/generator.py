@@ -934,27 +934,29 @@ class Outcome:
     fallbacks: list[str] = field(default_factory=list)  # unexpected fallbacks and dlblas_compiler warnings
 
 
+def _values64(spec: dict) -> tuple[list, list[torch.Tensor]]:
+    """(the float64 inputs, every value of the graph) of the spec computed in float64."""
+    dtype = DTYPES[spec["dtype"]]
+    m64 = build(spec).to(dtype).to(torch.float64)  # weights rounded to the dtype, computed exactly
+    wide: dict[int, torch.Tensor] = {}  # an input passed twice stays one tensor (a write shows through both)
+    x64 = [wide.setdefault(id(x), x.double() if x.is_floating_point() else x) for x in make_inputs(spec, dtype)]
+    with torch.no_grad():
+        return x64, m64.values(x64 + [None] * (MAX_INPUTS - len(x64)))
+
+
 def reference_values(spec: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], float] | None:
     """(the float64 inputs after the call (a graph may write them), float64 outputs, scale), or None when the graph
     is out of range in float64. The outputs may hold NaN (a fully masked attention row); `scale` is over finite
     values."""
-    dtype = DTYPES[spec["dtype"]]
-    inputs = make_inputs(spec, dtype)
-    m64 = build(spec).to(dtype).to(torch.float64)  # weights rounded to the dtype, computed exactly
-    wide: dict[int, torch.Tensor] = {}  # an input passed twice stays one tensor (a write shows through both)
-    x64 = [wide.setdefault(id(x), x.double() if x.is_floating_point() else x) for x in inputs]
-    with torch.no_grad():
-        vals = m64.values(x64 + [None] * (MAX_INPUTS - len(x64)))
+    x64, vals = _values64(spec)
     outs = [vals[j] for j in spec["outputs"]]
     if any(op["op"] == "sdpa" and any(not torch.isfinite(vals[a]).all() for a in op["args"][:3]) for op in spec["ops"]):
         # torch's own SDPA kernels can disagree on non-finite q, k or v: on the CPU the math kernel gives NaN for a
         # query row whose scores are all NaN, the flash kernel 0, and which one eager runs depends on the operands'
         # layout (seed 4702, bench/NOTES.md 152). Where the math kernel alone gives other non-finite values, eager
         # has no one answer to compare with: out of range
-        again: dict[int, torch.Tensor] = {}
-        x_math = [again.setdefault(id(x), x.double() if x.is_floating_point() else x) for x in make_inputs(spec, dtype)]
-        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
-            math = build(spec).to(dtype).to(torch.float64).values(x_math + [None] * (MAX_INPUTS - len(x_math)))
+        with sdpa_kernel([SDPBackend.MATH]):
+            _, math = _values64(spec)
         if any(v.is_floating_point() and not (torch.equal(v.isnan(), w.isnan()) and torch.equal(v.isinf(), w.isinf()))
                for v, w in zip(vals, math)):
             return None
@@ -1109,14 +1111,14 @@ def _check_backend(spec: dict, backend: str, model: nn.Module, eager_out, eager_
             # (and where torch's memory-efficient kernel rejects q whose data is not 16-byte aligned, "p.query_ptr is
             # not correctly aligned", which its dispatcher does not check, through the math kernel: seed 4701 graph
             # 11, bench/NOTES.md 152; eager's own error, not the backend's)
-            try:
-                with torch.no_grad(), sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-                    on_dev = copy.deepcopy(model).to(dev)(*make_inputs(spec, dtype, dev))
-            except RuntimeError as e:
-                if "not correctly aligned" not in str(e):
-                    raise
-                with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
-                    on_dev = copy.deepcopy(model).to(dev)(*make_inputs(spec, dtype, dev))
+            for kernels in ([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION], [SDPBackend.MATH]):
+                try:
+                    with torch.no_grad(), sdpa_kernel(kernels):
+                        on_dev = copy.deepcopy(model).to(dev)(*make_inputs(spec, dtype, dev))
+                    break
+                except RuntimeError as e:
+                    if "not correctly aligned" not in str(e) or kernels == [SDPBackend.MATH]:
+                        raise
             contiguous = [e.is_contiguous() for e in leaves(on_dev)]
         cm = dc.compile(m, backend=backend, cuda_graphs=False)
         with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
