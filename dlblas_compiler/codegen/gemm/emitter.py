@@ -61,11 +61,13 @@ class GemmEmitter(EpilogueEmitter):
         accs = ", ".join(f"acc{i}" for i in range(len(p.streams)))
         w("if MM:")
         w(f"    {accs} = _product_cublas(mm_ptr, M, rm, rn, GRID_N)")
-        variants = (("elif BLOCK_M == 1:", "_product_one_row", gemv), ("else:", "_product_tiled", tiled))
-        for cond, name, variant in variants:
+        variants = (("elif BLOCK_M == 1:", "_product_one_row", gemv.results(p), gemv),
+                    ("else:", "_product_tiled", [], tiled))
+        for cond, name, more, variant in variants:
             w(cond)
             w.depth += 1
-            wrapped(w, f"{accs} = {name}(", [*prologue.product_params(p, variant.TILE), *variant.consts(p)], ")")
+            wrapped(w, f"{', '.join([accs, *more])} = {name}(",
+                    [*prologue.product_params(p, variant.TILE), *variant.consts(p)], ")")
             w.depth -= 1
         self._release(w)
         self.emit(w)

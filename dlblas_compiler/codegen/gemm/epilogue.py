@@ -164,7 +164,8 @@ class EpilogueEmitter:
 
 
     def _split_k(self, w: Writer) -> None:
-        """Split-K: each of SPLIT_K programs of a tile stores its partial sums; the last to finish
+        """Split-K: each of SPLIT_K programs of a tile stores its partial sums (and a one-row tile's part of the
+        RMSNorm's sum of squares, past every part's sums: `gemv.k_loop`); the last to finish
         (an acq_rel counter per tile) reduces them, resets the counter and runs the epilogue. The tiles from
         `slot0` on split (all of them, or a persistent kernel's last wave): tile pid's workspace slot is pid - slot0."""
         p = self.plan
@@ -176,6 +177,9 @@ class EpilogueEmitter:
         w("offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
         for s in range(ns):
             w(f"tl.store(ws_ptr + ((pid_k * slots + slot) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, acc{s})")
+        if p.rms is not None:  # a one-row tile's part of the norm's sum of squares, after every part's sums
+            w("if RS_INLINE and BLOCK_M == 1:")
+            w(f"    tl.store(ws_ptr + (SPLIT_K * slots * {ns} * BLOCK_N + pid_k * slots + slot) + tl.arange(0, 1), ssq)")
         w("tl.debug_barrier()  # (every thread's partial sums stored before one thread's release of the count)")
         w('last = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel") == SPLIT_K - 1')
         w.dedent()
@@ -194,6 +198,11 @@ class EpilogueEmitter:
         for s in range(ns):
             w(f'acc{s} += tl.load(ws_ptr + ((j * slots + slot) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")')
         w.dedent()
+        if p.rms is not None:
+            w("if RS_INLINE and BLOCK_M == 1:")
+            w("    ssq = tl.zeros((1,), dtype=tl.float32)")
+            w("    for j in range(SPLIT_K):")
+            w(f'        ssq += tl.load(ws_ptr + (SPLIT_K * slots * {ns} * BLOCK_N + j * slots + slot) + tl.arange(0, 1), cache_modifier=".cg")')
         w("tl.atomic_xchg(cnt_ptr + slot, 0)")
 
     def _space(self, w: Writer, c: Cols) -> tuple[list[str], str]:

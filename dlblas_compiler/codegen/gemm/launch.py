@@ -89,8 +89,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         programs = min(tiles, device.sm_count())
         # SPLIT_K > 1 splits every tile over K, or a persistent kernel's last wave (the tiles past `dp_tiles`)
         dp_tiles = whole_tiles(tiles, programs, sk) if persistent and sk > 1 else 0
-        if sk > 1:  # (a workspace slot per split tile and part)
-            ws = torch.empty(max(1, sk * (tiles - dp_tiles) * ns * bm * bn), dtype=torch.float32, device=dev)
+        if sk > 1:  # (a workspace slot per split tile and part; after them a one-row tile's sums of squares)
+            ws = torch.empty(max(1, sk * (tiles - dp_tiles) * (ns * bm * bn + bm)), dtype=torch.float32, device=dev)
             cnt = counters.get(dev)
             if cnt is None or cnt.numel() < tiles:  # zeroed once; the last program of each tile resets its counter
                 cnt = counters[dev] = torch.zeros(max(tiles, cdiv(m, 16) * cdiv(gn, 16)), dtype=torch.int32, device=dev)

@@ -58,9 +58,10 @@ def statistics(em, w: Writer, rows: str) -> None:
     w.dedent()
 
 
-def a_tile(em, w: Writer, tma: bool) -> None:
+def a_tile(em, w: Writer, tma: bool, squares: str | None = None) -> None:
     """`a`: this K step's slice of x (through its descriptor with TMA), times a norm weight not folded into W, or
-    normalized by a LayerNorm (`statistics`)."""
+    normalized by a LayerNorm (`statistics`). With `squares` (an RMSNorm's RS_INLINE), the slice's squares, before
+    the norm weight, are added to that [rows, BLOCK_K] sum (`row_scale`'s statistics gathered in the K loop)."""
     if tma:
         w("if TMA:")
         w("    a = a_desc.load([pid_m * BLOCK_M, k0])")
@@ -68,6 +69,9 @@ def a_tile(em, w: Writer, tma: bool) -> None:
     w("    a = tl.load(a_ptrs)")
     w("else:")
     w("    a = tl.load(a_ptrs, mask=((k0 + rk) < K)[None, :], other=0.0)")
+    if squares is not None and em.plan.rms is not None:
+        w("if RS_INLINE:  # the norm's statistics from the x slices the loop loads anyway")
+        w(f"    {squares} += a.to(tl.float32) * a.to(tl.float32)")
     if em.plan.ln is not None:
         w("if not NORMED:")
         w("    lw = tl.load(lw_ptr + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32)")
@@ -81,9 +85,14 @@ def a_tile(em, w: Writer, tma: bool) -> None:
 
 
 def row_scale(em, w: Writer) -> None:
-    """rs: each row's rsqrt(mean(x^2) + eps), which scales the accumulator (an RMSNorm prologue only)."""
+    """rs: each row's rsqrt(mean(x^2) + eps), which scales the accumulator (an RMSNorm prologue only). With
+    RS_INLINE a one-row tile's K loop summed the squares (`ssq`, its split-K parts summed by `emit`); other tiles
+    read x again here, after their K loop."""
+    eps = em.plan.rms.attrs[0]
     w("if NORMED:")
     w("    rs = tl.full((BLOCK_M,), 1.0, tl.float32)")
+    w("elif RS_INLINE and BLOCK_M == 1:")
+    w(f"    rs = tl.rsqrt(ssq / K + {eps!r})")
     w("elif RS_INLINE:")
     w.indent()
     w("rk2 = tl.arange(0, RS_BLOCK)")
@@ -92,7 +101,7 @@ def row_scale(em, w: Writer) -> None:
     w("    v = tl.load(x_ptr + (rm % M).to(tl.int64)[:, None] * K + (k1 + rk2)[None, :],")
     w("                mask=((k1 + rk2) < K)[None, :], other=0.0).to(tl.float32)")
     w("    ss += v * v")
-    w(f"rs = tl.rsqrt(tl.sum(ss, axis=1) / K + {em.plan.rms.attrs[0]!r})")
+    w(f"rs = tl.rsqrt(tl.sum(ss, axis=1) / K + {eps!r})")
     w.dedent()
     w("else:")
     w("    rs = tl.load(rs_ptr + rm, mask=mmask, other=0.0)")
@@ -105,11 +114,11 @@ def product_params(plan, tile: list[str]) -> list[str]:
 
 
 def product_function(em, w: Writer, name: str, tile: list[str], constexprs: list[str], doc: str, rows: str,
-                     k_loop: Callable) -> None:
+                     k_loop: Callable, results: tuple[str, ...] = ()) -> None:
     """A variant's product as a jitted function `name` returning acc0 (acc1): its K slice's indices and A pointers
     (rows and columns past the end wrap, modulo, instead of being masked: they are never stored; with EVEN_K the
     loop's loads carry no mask), the LayerNorm's statistics of its `rows` rows (`statistics`), then `k_loop`."""
-    accs = ", ".join(f"acc{s}" for s in range(len(em.plan.streams)))
+    accs = ", ".join([*(f"acc{s}" for s in range(len(em.plan.streams))), *results])
     w("@triton.jit")
     wrapped(w, f"def {name}(", [*product_params(em.plan, tile), *(f"{c}: tl.constexpr" for c in constexprs)], "):")
     w.indent()
