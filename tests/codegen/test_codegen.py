@@ -1115,6 +1115,35 @@ def test_gemm_one_row_tiles(tokens):
     assert any(k % (c["BLOCK_K"] * c["SPLIT_K"]) for _, c, k in checked)  # a partial last K step
 
 
+def test_one_row_k_loop_gathers_the_norm_statistics():
+    """At one token an RMSNorm before a GEMM (QKV, gate/up) has its sum of squares gathered by the one-row K loop
+    from the x slices it loads (`ssq`), the split-K parts' sums added through the workspace after their products,
+    instead of the tile's last program reading x again after the loop (bench/NOTES.md 153). Right against the
+    region's float64 reference for 1, 2 and 4 parts, parts past K's end included (they add nothing), a partial
+    last K step (K = 320 in 3 x 128), and the same as the row pass's (NORM_PASS) within rounding."""
+    cfg = BlockConfig(hidden=320, intermediate=384, heads=5, kv_heads=1, head_dim=64)
+    seen = 0
+    with torch.no_grad():
+        for step, tensors, refs in _gemm_regions(cfg, 1):
+            if "dl.rms_norm" not in step.kernel.region_ir:
+                continue
+            seen += 1
+            src = step.kernel.source
+            assert "ssq += a.to(tl.float32) * a.to(tl.float32)" in src, src
+            assert "elif RS_INLINE and BLOCK_M == 1:" in src
+            for bk, sk in [(64, 1), (32, 2), (128, 4), (64, 4)]:
+                outs = {}
+                for normed in (0, 1):
+                    c = {"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": 4,
+                         "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": normed, "PERSISTENT": 0, "WS": 0}  # fmt: skip
+                    outs[normed] = step.launch(step.private(tensors, every=True), c)
+                    for o, r in zip(outs[normed], refs):
+                        assert rel_error(o, r) <= tolerance(torch.float32), (step.choice.region, c)
+                for a, b in zip(outs[0], outs[1]):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert seen == 2
+
+
 @pytest.mark.parametrize("backend,dtype", CASES)
 @pytest.mark.parametrize("tokens", [1, 7, 33])
 def test_llama_block_five_kernels(backend, dtype, tokens):

@@ -20,7 +20,8 @@ and the parts they share:
   space.py     the search space, its default and seeds
 Prologue: RMSNorm or LayerNorm. A norm pass (NORM_PASS; always for a LayerNorm above 16 rows) writes the normalized
 rows first, as eager does. Otherwise, for an RMSNorm, the rows' rsqrt(mean(x^2) + eps) comes from the `row_rms`
-pass, or for a few rows from the tile's last program, and scales the accumulator after the K loop; a norm weight
+pass, or for a few rows from the GEMM itself (a one-row tile's K loop sums the squares of the x slices it loads; a
+tensor-core tile's last program reads x after its loop), and scales the accumulator after the K loop; a norm weight
 that was not folded into W scales the A tile. A LayerNorm of a few rows: each program computes its rows' mean and
 rstd and normalizes the A tiles it loads.
 """

@@ -20,7 +20,7 @@ from .norms import row_layer_norm, row_norm, row_rms
 from .plan import Cols, GemmPlan, input_view, whole_tiles
 
 RMS_ROWS = 4
-RS_INLINE_ROWS = 16  # up to this many rows the GEMM's last programs compute the norm statistics themselves
+RS_INLINE_ROWS = 16  # up to this many rows the GEMM computes the norm statistics itself (prologue.row_scale)
 
 
 def _canonical_strides(lay: Layout | tuple[int, ...], c: Cols, logical: tuple[int, ...]) -> list[int]:

@@ -1,8 +1,9 @@
 """The norm prologue's hooks in the kernel, where x does not arrive normalized (NORMED: a row pass, `row_norm` or
 `row_layer_norm`, wrote it):
   RMSNorm    a norm weight not folded into W scales each A tile in the K loop (`a_tile`), and the rows' statistics
-             scale the accumulator after it (`row_scale`): read from the `row_rms` pass, or computed by the tile's
-             last program for a few rows (RS_INLINE, which saves that launch);
+             scale the accumulator after it (`row_scale`): read from the `row_rms` pass, or for a few rows
+             (RS_INLINE, which saves that launch) gathered by a one-row tile's K loop from the x slices it loads, or
+             computed by a tensor-core tile's last program after its loop;
   LayerNorm  for a few rows (at most launch.RS_INLINE_ROWS, pointer tiles: the space's rule), each program computes
              its rows' mean and rstd before the K loop (`statistics`, as `row_layer_norm` does) and normalizes each
              A tile as it loads it (`a_tile`), rounded to x's dtype as eager's LayerNorm output is: the launch of
@@ -86,8 +87,8 @@ def a_tile(em, w: Writer, tma: bool, squares: str | None = None) -> None:
 
 def row_scale(em, w: Writer) -> None:
     """rs: each row's rsqrt(mean(x^2) + eps), which scales the accumulator (an RMSNorm prologue only). With
-    RS_INLINE a one-row tile's K loop summed the squares (`ssq`, its split-K parts summed by `emit`); other tiles
-    read x again here, after their K loop."""
+    RS_INLINE a one-row tile's K loop summed the squares (`ssq`; split-K parts add theirs through the workspace,
+    `EpilogueEmitter._split_k`); other tiles read x again here, after their K loop."""
     eps = em.plan.rms.attrs[0]
     w("if NORMED:")
     w("    rs = tl.full((BLOCK_M,), 1.0, tl.float32)")
