@@ -8,7 +8,8 @@ the new tree's bench/blocks.py, so both compile the identical module); the proce
 `--rounds` rounds and each figure is the median over rounds. GPU time: the compiled call without CUDA graphs,
 captured in a CUDA graph and replayed (do_bench median, L2 cleared); call time: one Python call with the
 compiled module's own CUDA graph, as a user makes it, right after its first call and again 3 s later; enqueue time:
-the host's time for one such call, starting with the GPU idle (the median of 300). Both trees
+the host's time for one such call, starting with the GPU idle (the median of 300); `--gpu-only` times the GPU time
+alone (no second compile, call timings or 3 s wait: about half of a process). Both trees
 share one tuning cache, old first: kernels whose source did not change get the same configs, so search luck does not
 count as a regression.
 """
@@ -46,6 +47,12 @@ with torch.no_grad():
     with torch.cuda.graph(g):
         plain(*args, **kwargs)
     gpu_us = do_bench(g.replay, warmup=25, rep=100, return_mode="median") * 1e3
+    impls = {{}}
+    for k in (plain.report().kernels if hasattr(plain.report(), "kernels") else []):
+        impls[getattr(k, "region", "?")] = getattr(k, "impl", "?")
+    if {gpu_only!r}:
+        print("RESULT " + json.dumps(dict(gpu_us=gpu_us, compile_s=compile_s, impls=impls)))
+        sys.exit(0)
     graphed = dc.compile(mod, backend="triton", tune={tune!r})
     graphed(*args, **kwargs)
     call_us = do_bench(lambda: graphed(*args, **kwargs), warmup=25, rep=100, return_mode="median") * 1e3
@@ -58,9 +65,6 @@ with torch.no_grad():
         graphed(*args, **kwargs)
         enqueue.append(time.perf_counter() - t0)
     enqueue_us = sorted(enqueue)[len(enqueue) // 2] * 1e6
-    impls = {{}}
-    for k in (plain.report().kernels if hasattr(plain.report(), "kernels") else []):
-        impls[getattr(k, "region", "?")] = getattr(k, "impl", "?")
     note = getattr(graphed._spec().executor, "graph_note", "")
 print("RESULT " + json.dumps(dict(gpu_us=gpu_us, call_us=call_us, call_later_us=call_later_us, enqueue_us=enqueue_us,
                                   compile_s=compile_s,
@@ -68,8 +72,8 @@ print("RESULT " + json.dumps(dict(gpu_us=gpu_us, call_us=call_us, call_later_us=
 """
 
 
-def run_one(tree: str, block: str, m: int, tune: str) -> dict:
-    code = WORKER.format(tree=os.path.abspath(tree), bench=HERE, block=block, m=m, tune=tune)
+def run_one(tree: str, block: str, m: int, tune: str, gpu_only: bool = False) -> dict:
+    code = WORKER.format(tree=os.path.abspath(tree), bench=HERE, block=block, m=m, tune=tune, gpu_only=gpu_only)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
@@ -86,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tune", default="none,quick")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--gpu-only", action="store_true",
+                    help="time only the replayed call's GPU time (no call or enqueue times: about half a process)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     rows = []
@@ -94,19 +100,20 @@ def main(argv=None) -> int:
             runs: dict[str, list[dict]] = {"old": [], "new": []}
             for r in range(args.rounds):
                 for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                    runs[name].append(run_one(getattr(args, name), args.block, m, tune))
+                    runs[name].append(run_one(getattr(args, name), args.block, m, tune, args.gpu_only))
             row = {"block": args.block, "M": m, "tune": tune}
             for name, results in runs.items():
                 ok = [x for x in results if "error" not in x]
+                timed = [x for x in ok if x.get("call_us") is not None]  # (none with --gpu-only)
                 row[name] = {
                     "gpu_us": statistics.median(x["gpu_us"] for x in ok) if ok else None,
-                    "call_us": statistics.median(x["call_us"] for x in ok) if ok else None,
+                    "call_us": statistics.median(x["call_us"] for x in timed) if timed else None,
                     "gpu_us_rounds": [x.get("gpu_us") for x in results],
                     "errors": [x["error"] for x in results if "error" in x],
                     "impls": ok[-1]["impls"] if ok else {},
                     "call_us_rounds": [x.get("call_us") for x in results],
                     "call_later_us_rounds": [x.get("call_later_us") for x in results],
-                    "enqueue_us": statistics.median(x["enqueue_us"] for x in ok) if ok else None,
+                    "enqueue_us": statistics.median(x["enqueue_us"] for x in timed) if timed else None,
                     "enqueue_us_rounds": [x.get("enqueue_us") for x in results],
                     "graph_notes": [x.get("graph_note") for x in results],
                     # (the first call's seconds, tuning included: a tree's first round tunes what its cache lacks)
@@ -114,7 +121,8 @@ def main(argv=None) -> int:
                 }
             if row["old"]["gpu_us"] and row["new"]["gpu_us"]:
                 row["new_over_old_gpu"] = row["new"]["gpu_us"] / row["old"]["gpu_us"]
-                row["new_over_old_call"] = row["new"]["call_us"] / row["old"]["call_us"]
+                if row["old"]["call_us"] and row["new"]["call_us"]:
+                    row["new_over_old_call"] = row["new"]["call_us"] / row["old"]["call_us"]
             rows.append(row)
             print(json.dumps(row), flush=True)
             with open(os.path.join(args.out, "compare_trees.json"), "w") as f:

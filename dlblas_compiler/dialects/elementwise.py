@@ -86,13 +86,22 @@ CosOp = _unary("dl.cos", torch.cos, "tl.cos({x})", (torch.cos, "cos"))
 SigmoidOp = _unary("dl.sigmoid", torch.sigmoid, "tl.sigmoid({x})", (torch.sigmoid, F.sigmoid, "sigmoid"))
 SiluOp = _unary("dl.silu", F.silu, "({x} * tl.sigmoid({x}))", (F.silu,))
 ErfOp = _unary("dl.erf", torch.erf, "tl.erf({x})", (torch.erf, torch.special.erf, "erf"))
-TanhOp = _unary("dl.tanh", torch.tanh, "(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)", (torch.tanh, F.tanh, "tanh"))
+# tanh without libdevice (the interpreter has none): near 0, x (1 + x^2 P(x^2)) with the Cephes single-precision
+# coefficients for |x| < 0.625 (1 - 2 / (e^2x + 1), or 2 sigmoid(2x) - 1, cancels there: tanh(1e-4) came out 1e-3
+# off, relatively); above, 1 - 2 / (e^2|x| + 1) with x's sign. -0.0, NaN and infinities as torch.tanh.
+_TANH_SMALL = ("({x} * (1.0 + {x} * {x} * ((((-5.70498872745e-3 * {x} * {x} + 2.06390887954e-2) * {x} * {x}"
+               " - 5.37397155531e-2) * {x} * {x} + 1.33314422036e-1) * {x} * {x} - 3.33332819422e-1)))")
+TANH_EXPR = (f"tl.where(tl.abs({{x}}) < 0.625, {_TANH_SMALL}, "
+             "tl.where({x} < 0.0, -1.0, 1.0) * (1.0 - 2.0 / (tl.exp(2.0 * tl.abs({x})) + 1.0)))")
+TanhOp = _unary("dl.tanh", torch.tanh, TANH_EXPR, (torch.tanh, F.tanh, "tanh"))
 ReluOp = _unary("dl.relu", torch.relu, "tl.where({x} < 0.0, 0.0, {x})", (torch.relu, F.relu, "relu"))
 
-# GELU's Triton expressions by `approximate` (also the gated activations of dl.glu)
+# GELU's Triton expressions by `approximate` (also the gated activations of dl.glu). The tanh form as
+# x sigmoid(2u), the same function as 0.5 x (1 + tanh(u)) (u = sqrt(2/pi) (x + 0.044715 x^3)): 1 + tanh(u) cancels
+# for x below about -3, where x sigmoid(2u) keeps every digit.
 GELU_EXPR = {
     "none": "(0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476)))",
-    "tanh": "(0.5 * {x} * (1.0 + (2.0 * tl.sigmoid(2.0 * (0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x}))) - 1.0)))",
+    "tanh": "({x} * tl.sigmoid(1.5957691216057308 * ({x} + 0.044715 * {x} * {x} * {x})))",
 }
 
 
