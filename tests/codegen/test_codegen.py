@@ -1101,8 +1101,9 @@ def test_tanh_and_tanh_gelu_keep_their_digits_near_zero(backend):
     """tanh and GELU's tanh form in float32 kernels, element by element against float64, from 1e-6 to 10 in
     magnitude: tanh within 4 float32 epsilons of each value (2 sigmoid(2x) - 1, the formula before, was 1e-3 off at
     tanh(1e-4), relatively: a fuzzed RMSNorm over one element made that 2.6e-5 of its output), GELU no further than
-    eager's float32 plus 4 epsilons (both evaluate its argument in float32); -0.0, NaN and the infinities as eager
-    gives them."""
+    eager's float32 plus (4 + |2u|) epsilons: both evaluate its argument 2u in float32, and on a GPU e^2u is
+    exp2 of 2u log2(e) rounded to float32, an error of about |2u| / 2 epsilons that eager's own rounding on an element
+    need not share; -0.0, NaN and the infinities as eager gives them."""
     g = torch.Generator().manual_seed(5)
     x = torch.cat([torch.randn(512, generator=g) * s for s in (1e-6, 1e-4, 1e-2, 0.3, 0.62, 1.0, 3.0, 10.0)])
     special = torch.tensor([0.0, -0.0, 0.625, -0.625, float("nan"), float("inf"), -float("inf"), 1e-38, 44.0, -44.0])
@@ -1118,7 +1119,8 @@ def test_tanh_and_tanh_gelu_keep_their_digits_near_zero(backend):
         # (GELU's float64 reference itself cancels in 1 + tanh(u) below x = -6: compared above it)
         fine = r.isfinite() & (r.abs() > 1e-30) & (x > -6.0)
         err = ((o.double() - r).abs() / r.abs())[fine]
-        bound = 4 * eps if o is outs[0] else ((eager.double() - r).abs() / r.abs())[fine] + 4 * eps
+        two_u = (1.5957691216057308 * (x.double() + 0.044715 * x.double() ** 3)).abs()[fine]
+        bound = 4 * eps if o is outs[0] else ((eager.double() - r).abs() / r.abs())[fine] + (4 + two_u) * eps
         assert (err <= bound).all(), ((err - bound).max() / eps, x[fine][(err - bound).argmax()])
         e, want = o[0, -len(special):], r[0, -len(special):].float()
         torch.testing.assert_close(e, want, rtol=4 * eps, atol=0.0, equal_nan=True)
@@ -1164,7 +1166,7 @@ def test_one_row_k_loop_gathers_the_norm_statistics():
             seen += 1
             src = step.kernel.source
             assert "ssq += a.to(tl.float32) * a.to(tl.float32)" in src, src
-            assert "elif RS_INLINE and BLOCK_M == 1:" in src
+            assert "elif RS_INLINE and (BLOCK_M == 1 and not MM):" in src
             for bk, sk in [(64, 1), (32, 2), (128, 4), (64, 4)]:
                 outs = {}
                 for normed in (0, 1):

@@ -92,7 +92,7 @@ def row_scale(em, w: Writer) -> None:
     eps = em.plan.rms.attrs[0]
     w("if NORMED:")
     w("    rs = tl.full((BLOCK_M,), 1.0, tl.float32)")
-    w("elif RS_INLINE and BLOCK_M == 1:")
+    w("elif RS_INLINE and (BLOCK_M == 1 and not MM):  # (the one-row product's sums: `gemv.k_loop`)")
     w(f"    rs = tl.rsqrt(ssq / K + {eps!r})")
     w("elif RS_INLINE:")
     w.indent()
