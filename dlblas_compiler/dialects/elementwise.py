@@ -74,7 +74,8 @@ def _unary(op_name: str, ref, expr: str, fns: tuple = (), doc: str = "") -> type
     return irdl_op_definition(_Op)
 
 
-NegOp = _unary("dl.neg", torch.neg, "(-{x})", (torch.neg, operator.neg, "neg", "__neg__"))
+# (Triton's unary minus is 0 - x, which gives +0.0 for +0.0: `1 / -x` came out +inf at 0 where eager gives -inf)
+NegOp = _unary("dl.neg", torch.neg, "({x} * -1.0)", (torch.neg, operator.neg, "neg", "__neg__"))
 ExpOp = _unary("dl.exp", torch.exp, "tl.exp({x})", (torch.exp, "exp"))
 LogOp = _unary("dl.log", torch.log, "tl.log({x})", (torch.log, "log"))
 SqrtOp = _unary("dl.sqrt", torch.sqrt, "tl.sqrt({x})", (torch.sqrt, "sqrt"))
@@ -147,16 +148,24 @@ class PowOp(UnaryOp):
         return torch.pow(x, int(e) if e.is_integer() else e)
 
     def triton(self, x: str) -> str:
+        """As torch computes a scalar power: square roots and products up to the cube as they are; other exponents
+        as e^(e log|x|) in float64 (in float32 that loses |e log x| epsilons: 7^10 came out 1.1e-6 off), with
+        pow's signs: an odd integer power keeps x's sign (-0.0 and -inf too), a fractional power of a finite
+        negative x is NaN, and of -inf or -0.0 what it is of +inf or +0.0. (Taken as e^(e log x) before, every
+        power above 8 of a negative x, x^10 of -2 or x^9 of -3, was NaN.)"""
         e = self.value
         if e == 0.5:
             return f"tl.sqrt({x})"
         if e == -0.5:
             return f"tl.rsqrt({x})"
-        if e.is_integer() and abs(e) <= 8:
+        if e.is_integer() and abs(e) <= 3:
             n = int(abs(e))
             prod = "(" + " * ".join([x] * n) + ")" if n else "1.0"
             return prod if e >= 0 else f"(1.0 / {prod})"
-        return f"tl.exp({e!r} * tl.log({x}))"
+        mag = f"tl.exp({e!r} * tl.log(tl.abs({x}).to(tl.float64))).to(tl.float32)"
+        if e.is_integer():
+            return mag if int(e) % 2 == 0 else f"tl.where({x}.to(tl.int32, bitcast=True) < 0, {mag} * -1.0, {mag})"
+        return f"tl.where(({x} < 0.0) & ({x} > float('-inf')), float('nan'), {mag})"
 
 
 @irdl_op_definition

@@ -617,6 +617,27 @@ class NegativeZero(nn.Module):
         return 1 / (x.abs() * -0.0)
 
 
+class NegatedZero(nn.Module):
+    def forward(self, x):
+        z = x * 0.0
+        return 1.0 / -z, 1.0 / -(-z)
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, pytest.param("triton", marks=pytest.mark.gpu)])
+def test_negating_zero_gives_negative_zero_in_a_kernel(backend):
+    """-x of +0.0 is -0.0, as eager gives: Triton's unary minus is 0 - x, which gives +0.0, so `1 / -z` was +inf
+    where eager gives -inf (found this session beside the scalar powers' signs)."""
+    device = "cuda" if backend == "triton" else "cpu"
+    m, x = NegatedZero(), _x(4, 64).abs().to(device)
+    cm = dc.compile(m, backend=backend)
+    with torch.no_grad():
+        out, ref = cm(x), m(x)
+    assert bool((ref[0] == -float("inf")).all()) and bool((ref[1] == float("inf")).all())
+    assert all(torch.equal(o, r) for o, r in zip(out, ref, strict=True))
+    if backend != "reference":
+        assert [k.impl for k in cm.report().kernels] == ["kernel"]
+
+
 @pytest.mark.parametrize("backend", [*BACKENDS, pytest.param("triton", marks=pytest.mark.gpu)])
 def test_a_negative_zero_constant_keeps_its_sign_in_a_kernel(backend):
     """Triton folds a scalar -0.0 to +0.0 (`semantic.scalar_constant`): a kernel constant -0.0 is written as its

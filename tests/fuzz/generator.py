@@ -120,6 +120,8 @@ UNARY = {
     "log_sq1": lambda x: torch.log(x * x + 1.0),
     "sqrt_abs": lambda x: torch.sqrt(x.abs() + 0.25),
     "square": lambda x: x.pow(2),
+    "pow_odd": lambda x: x.pow(9),  # (a power past the cube: NaN for negative x before NOTES 153)
+    "pow_frac": lambda x: x.abs() ** 1.5,
     "recip": lambda x: 1.0 / (x.abs() + 1.0),
 }
 BINARY = {
