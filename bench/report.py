@@ -1936,54 +1936,53 @@ def tree_ab_section(*names: str) -> str:
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
-def call_goal_section(*runs: tuple[str, str, str]) -> str:
-    """bench/run.py's call times against issue 19's goal at few tokens (ours ≥ 1.1x the best torch.compile mode's
-    call), per (run label, tree, file): one row per layer and M, the modes each run timed."""
-    out = ["| run | tree | layer | M | floor µs | ours call µs | max-autotune call µs | inductor call µs "
-           "| best torch mode / ours | goal ≥ 1.1x | ours ran |", "|" + "---|" * 11]
-    envs = []
+def _goal_runs(runs, row, tree_in_source: bool = False) -> tuple[list[str], list]:
+    """The table rows (`row(label, tree, block, m, modes)`) and source entries of bench/run.py results, per (run
+    label, tree, file) in `runs`: one row per layer and M."""
+    out, envs = [], []
     for label, tree, name in runs:
         table = load_runs([name])
         for (block, m), t in table.items():
-            modes = t["modes"]
-            ours, best = call_of(modes, "ours"), best_inductor(modes, "call")
-            ratio = best / ours if ours and best else None
-            floor = next(iter(modes.values()))["floor_us"]
-            calls = " | ".join(_fmt(x) for x in (ours, call_of(modes, "max-autotune"), call_of(modes, "inductor")))
-            out.append(f"| {label} | {tree} | {block.removeprefix('layer_')} | {m} | {_fmt(floor)} | {calls} "
-                       f"| {_num(ratio, '.3f')}x | {'met' if ratio and ratio >= 1.1 else 'missed'} "
-                       f"| {ours_ran(block, modes)} |")
+            out.append(row(label, tree, block, m, t["modes"]))
         meta = dict(next(iter(table.values()))["meta"])
-        meta["run"] = (f"run {label}: {meta.get('dtype')}, ours tuned `{meta.get('tune')}`, "
-                       f"{meta.get('rounds')} rounds (medians)")
+        meta["run"] = (f"run {label}{f' ({tree})' if tree_in_source else ''}: {meta.get('dtype')}, ours tuned "
+                       f"`{meta.get('tune')}`, {meta.get('rounds')} rounds (medians)")
         envs.append((name, meta, f"run {label}"))
+    return out, envs
+
+
+def _goal_cells(ratio: float | None, block: str, modes: dict) -> str:
+    return f"| {_num(ratio, '.3f')}x | {'met' if ratio and ratio >= 1.1 else 'missed'} | {ours_ran(block, modes)} |"
+
+
+def call_goal_section(*runs: tuple[str, str, str]) -> str:
+    """bench/run.py's call times against issue 19's goal at few tokens (ours ≥ 1.1x the best torch.compile mode's
+    call), per (run label, tree, file): one row per layer and M, the modes each run timed."""
+    def row(label, tree, block, m, modes):
+        ours, best = call_of(modes, "ours"), best_inductor(modes, "call")
+        calls = " | ".join(_fmt(x) for x in (ours, call_of(modes, "max-autotune"), call_of(modes, "inductor")))
+        return (f"| {label} | {tree} | {block.removeprefix('layer_')} | {m} | {_fmt(floor_of(modes))} | {calls} "
+                + _goal_cells(best / ours if ours and best else None, block, modes))
+
+    rows, envs = _goal_runs(runs, row)
+    out = ["| run | tree | layer | M | floor µs | ours call µs | max-autotune call µs | inductor call µs "
+           "| best torch mode / ours | goal ≥ 1.1x | ours ran |", "|" + "---|" * 11, *rows]
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
 def call_rounds_goal_section(*runs: tuple[str, str, str]) -> str:
-    """As `call_goal_section`, with each round's max-autotune call: where a torch mode's call is bound by the host,
-    its rounds differ by far more than its kernels could."""
+    """As `call_goal_section` against max-autotune, with each round's call: where a torch mode's call is bound by
+    the host, its rounds differ by far more than its kernels could."""
+    def row(label, tree, block, m, modes):
+        cells = [f"{_fmt(call_of(modes, mode))} ({_round_list(modes.get(mode, {}), 'call_us_rounds')})"
+                 for mode in ("ours", "max-autotune")]
+        ours, best = call_of(modes, "ours"), call_of(modes, "max-autotune")
+        return (f"| {label} | {block.removeprefix('layer_')} | {m} | {_fmt(floor_of(modes))} | {' | '.join(cells)} "
+                + _goal_cells(best / ours if ours and best else None, block, modes))
+
+    rows, envs = _goal_runs(runs, row, tree_in_source=True)
     out = ["| run | layer | M | floor µs | ours call µs (rounds) | max-autotune call µs (rounds) "
-           "| max-autotune / ours | goal ≥ 1.1x | ours ran |", "|" + "---|" * 9]
-    envs = []
-    for label, tree, name in runs:
-        table = load_runs([name])
-        for (block, m), t in table.items():
-            modes = t["modes"]
-            cells = []
-            for mode in ("ours", "max-autotune"):
-                x = modes.get(mode, {})
-                cells.append(f"{_fmt(x.get('call_us'))} ({', '.join(f'{v:.1f}' for v in x.get('call_us_rounds', []))})")
-            ours, best = call_of(modes, "ours"), call_of(modes, "max-autotune")
-            ratio = best / ours if ours and best else None
-            floor = next(iter(modes.values()))["floor_us"]
-            out.append(f"| {label} | {block.removeprefix('layer_')} | {m} | {_fmt(floor)} | {' | '.join(cells)} "
-                       f"| {_num(ratio, '.3f')}x | {'met' if ratio and ratio >= 1.1 else 'missed'} "
-                       f"| {ours_ran(block, modes)} |")
-        meta = dict(next(iter(table.values()))["meta"])
-        meta["run"] = (f"run {label} ({tree}): {meta.get('dtype')}, ours tuned `{meta.get('tune')}`, "
-                       f"{meta.get('rounds')} rounds (medians)")
-        envs.append((name, meta, f"run {label}"))
+           "| max-autotune / ours | goal ≥ 1.1x | ours ran |", "|" + "---|" * 9, *rows]
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
@@ -1991,22 +1990,26 @@ def kernel_goal_section(label: str, name: str) -> str:
     """bench/run.py with Inductor's max-autotune kernels captured in a CUDA graph and replayed (their GPU time, no
     host in it) against our call as a user makes it (host, input copy and graph launch included): a floor for the
     ratio that no host's speed moves in torch's favour."""
-    out = ["| run | layer | M | floor µs | ours call µs (rounds) | max-autotune kernels GPU µs (rounds) "
-           "| max-autotune GPU / ours call | ours ran |", "|" + "---|" * 8]
-    table = load_runs([name])
-    for (block, m), t in table.items():
-        modes = t["modes"]
+    def row(label, tree, block, m, modes):
         o, i = modes.get("ours", {}), modes.get("max-autotune-no-cudagraphs", {})
         ratio = i.get("gpu_us") / o.get("call_us") if o.get("call_us") and i.get("gpu_us") else None
-        rounds = lambda x, k: ", ".join(f"{v:.1f}" for v in x.get(k, []))  # noqa: E731
-        out.append(f"| {label} | {block.removeprefix('layer_')} | {m} | {_fmt(next(iter(modes.values()))['floor_us'])} "
-                   f"| {_fmt(o.get('call_us'))} ({rounds(o, 'call_us_rounds')}) "
-                   f"| {_fmt(i.get('gpu_us'))} ({rounds(i, 'gpu_us_rounds')}) | {_num(ratio, '.3f')}x "
-                   f"| {ours_ran(block, modes)} |")
-    meta = dict(next(iter(table.values()))["meta"])
-    meta["run"] = (f"run {label}: {meta.get('dtype')}, ours tuned `{meta.get('tune')}`, "
-                   f"{meta.get('rounds')} rounds (medians)")
-    return "\n".join(out) + "\n\n" + source_line([(name, meta, f"run {label}")]) + "\n"
+        return (f"| {label} | {block.removeprefix('layer_')} | {m} | {_fmt(floor_of(modes))} "
+                f"| {_fmt(o.get('call_us'))} ({_round_list(o, 'call_us_rounds')}) "
+                f"| {_fmt(i.get('gpu_us'))} ({_round_list(i, 'gpu_us_rounds')}) | {_num(ratio, '.3f')}x "
+                f"| {ours_ran(block, modes)} |")
+
+    rows, envs = _goal_runs([(label, "", name)], row)
+    out = ["| run | layer | M | floor µs | ours call µs (rounds) | max-autotune kernels GPU µs (rounds) "
+           "| max-autotune GPU / ours call | ours ran |", "|" + "---|" * 8, *rows]
+    return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
+
+
+def floor_of(modes: dict) -> float:
+    return next(iter(modes.values()))["floor_us"]
+
+
+def _round_list(x: dict, key: str) -> str:
+    return ", ".join(f"{v:.1f}" for v in x.get(key, []))
 
 
 def host_ab_section(name: str) -> str:

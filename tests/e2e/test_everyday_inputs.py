@@ -620,7 +620,8 @@ class NegativeZero(nn.Module):
 class NegatedZero(nn.Module):
     def forward(self, x):
         z = x * 0.0
-        return 1.0 / -z, 1.0 / -(-z)
+        neg = -z
+        return 1.0 / neg, 1.0 / -neg
 
 
 @pytest.mark.parametrize("backend", [*BACKENDS, pytest.param("triton", marks=pytest.mark.gpu)])
