@@ -21,7 +21,7 @@ from .. import device
 from ..exprs import Names, emit_pointwise, rotate_in_registers, round_to
 from ..source import TL_DTYPE, Writer, row_indices, wide_indices
 from .plan import Cols, GemmPlan
-from .prologue import row_scale
+from .prologue import ONE_ROW_SQUARES, row_scale
 
 
 class EpilogueEmitter:
@@ -178,7 +178,7 @@ class EpilogueEmitter:
         for s in range(ns):
             w(f"tl.store(ws_ptr + ((pid_k * slots + slot) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, acc{s})")
         if p.rms is not None:  # a one-row tile's part of the norm's sum of squares, after every part's sums
-            w("if RS_INLINE and BLOCK_M == 1:")
+            w(f"if {ONE_ROW_SQUARES}:")
             w(f"    tl.store(ws_ptr + (SPLIT_K * slots * {ns} * BLOCK_N + pid_k * slots + slot) + tl.arange(0, 1), ssq)")
         w("tl.debug_barrier()  # (every thread's partial sums stored before one thread's release of the count)")
         w('last = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel") == SPLIT_K - 1')
@@ -199,7 +199,7 @@ class EpilogueEmitter:
             w(f'acc{s} += tl.load(ws_ptr + ((j * slots + slot) * {ns} + {s}) * BLOCK_M * BLOCK_N + offs, cache_modifier=".cg")')
         w.dedent()
         if p.rms is not None:
-            w("if RS_INLINE and BLOCK_M == 1:")
+            w(f"if {ONE_ROW_SQUARES}:")
             w("    ssq = tl.zeros((1,), dtype=tl.float32)")
             w("    for j in range(SPLIT_K):")
             w(f'        ssq += tl.load(ws_ptr + (SPLIT_K * slots * {ns} * BLOCK_N + j * slots + slot) + tl.arange(0, 1), cache_modifier=".cg")')

@@ -85,6 +85,10 @@ def a_tile(em, w: Writer, tma: bool, squares: str | None = None) -> None:
         w("    a = (a.to(tl.float32) * nw[None, :]).to(a.dtype)")
 
 
+# where a one-row product returned its K slice's sum of squares (`gemv.k_loop`): RS_INLINE one-row tiles, no cuBLAS
+ONE_ROW_SQUARES = "RS_INLINE and (BLOCK_M == 1 and not MM)"
+
+
 def row_scale(em, w: Writer) -> None:
     """rs: each row's rsqrt(mean(x^2) + eps), which scales the accumulator (an RMSNorm prologue only). With
     RS_INLINE a one-row tile's K loop summed the squares (`ssq`; split-K parts add theirs through the workspace,
@@ -92,7 +96,7 @@ def row_scale(em, w: Writer) -> None:
     eps = em.plan.rms.attrs[0]
     w("if NORMED:")
     w("    rs = tl.full((BLOCK_M,), 1.0, tl.float32)")
-    w("elif RS_INLINE and (BLOCK_M == 1 and not MM):  # (the one-row product's sums: `gemv.k_loop`)")
+    w(f"elif {ONE_ROW_SQUARES}:  # (the one-row product's sums: `gemv.k_loop`)")
     w(f"    rs = tl.rsqrt(ssq / K + {eps!r})")
     w("elif RS_INLINE:")
     w.indent()
