@@ -1124,7 +1124,8 @@ def test_tanh_and_tanh_gelu_keep_their_digits_near_zero(backend):
         assert (err <= bound).all(), ((err - bound).max() / eps, x[fine][(err - bound).argmax()])
         e, want = o[0, -len(special):], r[0, -len(special):].float()
         torch.testing.assert_close(e, want, rtol=4 * eps, atol=0.0, equal_nan=True)
-        assert torch.equal(e.signbit(), want.signbit()), (e, want)
+        signed = ~want.isnan()  # (a NaN's sign bit is no part of its value: a GPU's -inf * 0 gives +NaN, a CPU's -NaN)
+        assert torch.equal(e.signbit()[signed], want.signbit()[signed]), (e, want)
 
 
 class ScalarPowers(nn.Module):

@@ -690,7 +690,9 @@ def test_the_gpu_timing_leaves_out_the_hosts_launch_path():
     def fast():
         torch.mul(x, 2.0, out=out)
 
-    as_called = do_bench(slow_host, warmup=5, rep=30, return_mode="median") * 1e-3
+    # (the largest of three: with other pytest workers' kernels on the GPU through the sleep, do_bench's events
+    # once saw no idle time and timed 4 µs, bench/NOTES.md 154)
+    as_called = max(do_bench(slow_host, warmup=5, rep=30, return_mode="median") for _ in range(3)) * 1e-3
     gpu = benchmark(slow_host, warmup_ms=5, rep_ms=30)
     assert as_called > 150e-6 and gpu < 30e-6, (as_called, gpu)
     assert abs(benchmark(fast, warmup_ms=5, rep_ms=30) - gpu) < 5e-6
