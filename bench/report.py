@@ -1951,8 +1951,8 @@ def _goal_runs(runs, row, tree_in_source: bool = False) -> tuple[list[str], list
     return out, envs
 
 
-def _goal_cells(ratio: float | None, block: str, modes: dict) -> str:
-    return f"| {_num(ratio, '.3f')}x | {'met' if ratio and ratio >= 1.1 else 'missed'} | {ours_ran(block, modes)} |"
+def _goal_cells(ratio: float | None, block: str, modes: dict, goal: float = 1.1) -> str:
+    return f"| {_num(ratio, '.3f')}x | {'met' if ratio and ratio >= goal else 'missed'} | {ours_ran(block, modes)} |"
 
 
 def call_goal_section(*runs: tuple[str, str, str]) -> str:
@@ -1983,6 +1983,22 @@ def call_rounds_goal_section(*runs: tuple[str, str, str]) -> str:
     rows, envs = _goal_runs(runs, row, tree_in_source=True)
     out = ["| run | layer | M | floor µs | ours call µs (rounds) | max-autotune call µs (rounds) "
            "| max-autotune / ours | goal ≥ 1.1x | ours ran |", "|" + "---|" * 9, *rows]
+    return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
+
+
+def best_mode_goal_section(goal: float, *runs: tuple[str, str, str]) -> str:
+    """bench/run.py's call times against issue 19's goal for a layer (ours ≥ `goal` x the best torch.compile mode's
+    call): Inductor's default and max-autotune modes with each round's call, per (run label, tree, file)."""
+    def row(label, tree, block, m, modes):
+        cells = [f"{_fmt(call_of(modes, mode))} ({_round_list(modes.get(mode, {}), 'call_us_rounds')})"
+                 for mode in ("ours", "inductor", "max-autotune")]
+        ours, best = call_of(modes, "ours"), best_inductor(modes, "call")
+        return (f"| {label} | {block.removeprefix('layer_')} | {m} | {_fmt(floor_of(modes))} | {' | '.join(cells)} "
+                + _goal_cells(best / ours if ours and best else None, block, modes, goal))
+
+    rows, envs = _goal_runs(runs, row, tree_in_source=True)
+    out = ["| run | layer | M | floor µs | ours call µs (rounds) | inductor call µs (rounds) | max-autotune call µs "
+           f"(rounds) | best torch mode / ours | goal ≥ {goal}x | ours ran |", "|" + "---|" * 10, *rows]
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
@@ -2037,6 +2053,11 @@ SECTIONS = {
         ("c", "3f8f09c", "2026-12-02-h200-s48-layers-m1-c.json"), ("d", "3f8f09c", "2026-12-02-h200-s48-layers-m1-d.json")),
     "kernel-goal-s48": functools.partial(kernel_goal_section, "e", "2026-12-02-h200-s48-layers-m1-e.json"),
     "tree-ab-s48": functools.partial(tree_ab_section, "2026-12-02-h200-s48-ab-rs-in-loop.json"),
+    "tree-ab-s49": functools.partial(tree_ab_section, "2026-12-02-h200-s49-ab-ssq.json",
+                                     "2026-12-02-h200-s49-ab-heads-order-m2048.json",
+                                     "2026-12-02-h200-s49-ab-heads-order-m128.json"),
+    "best-goal-s49": functools.partial(best_mode_goal_section, 1.05,
+                                       ("a", "heads in eager's order", "2026-12-02-h200-s49-layers-m2048.json")),
     "replay-ab-s47-early": functools.partial(replay_ab_section, "2026-12-02-h200-s47-replay-ab-early.json", {
         "chained": "PDL, each kernel waiting first (the tree as committed)",
         "early": "PDL, decode GEMMs loading their first weight tile before the wait (6f29384, reverted): NOTES 152"}),
