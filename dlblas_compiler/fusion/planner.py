@@ -281,18 +281,22 @@ def sink_views(plan: Plan) -> None:
 
 def _permuted_from(v: SSAValue, ops: set) -> tuple[int, ...] | None:
     """The permutation `v` was made by inside `ops`, where eager lays `v` out in the order before it: `v` is a
-    dl.permute, or a rotary or elementwise op of one (shaped as its first operand, whose layout eager's kernels
-    give their result), within `ops`; else None."""
+    dl.permute, or a rotary, elementwise or RMSNorm op of one (shaped as its first operand, whose layout eager's
+    kernels give their result; an RMSNorm only over a last dim the permutation leaves in place: Qwen3's per-head
+    norm), within `ops`; else None."""
+    normed = False
     while True:
         op = v.owner
         if not isinstance(op, Operation) or op not in ops:
             return None
         if isinstance(op, PermuteOp):
-            return op.permutation
+            p = op.permutation
+            return None if normed and p[-1] != len(p) - 1 else p
         if not op.operands or shape_of(op.operands[0]) != shape_of(v):
             return None
-        if not (isinstance(op, RotaryOp) or kind_of(op) == MappingKind.ONE_TO_ONE):
+        if not (isinstance(op, (RotaryOp, RMSNormOp)) or kind_of(op) == MappingKind.ONE_TO_ONE):
             return None
+        normed |= isinstance(op, RMSNormOp)
         v = op.operands[0]
 
 
