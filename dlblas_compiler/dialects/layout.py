@@ -34,6 +34,14 @@ def _ints(values: Sequence[int]) -> DenseArrayBase:
     return DenseArrayBase.from_list(i64, [int(v) for v in values])
 
 
+def inverse_permutation(perm: Sequence[int]) -> list[int]:
+    """The permutation that undoes `perm` (a dl.permute by it, then by this, is the identity)."""
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return inverse
+
+
 @irdl_op_definition
 class ReshapeOp(IRDLOperation):
     """`dl.reshape`: same elements in row-major order, new shape (view, reshape, flatten, (un)squeeze)."""

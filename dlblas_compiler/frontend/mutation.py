@@ -14,7 +14,7 @@ import torch
 import torch.fx
 from xdsl.ir import SSAValue
 
-from ..dialects import CatOp, PermuteOp, ReshapeOp, SliceOp
+from ..dialects import CatOp, PermuteOp, ReshapeOp, SliceOp, inverse_permutation
 from ..dialects.types import shape_of
 
 # `a op= b` as traced by dynamo, and the operator computing the same value out of place
@@ -123,10 +123,7 @@ def put(e, steps: tuple[ViewStep, ...], x: SSAValue, new: SSAValue) -> SSAValue:
     if kind == "reshape":
         return e.emit(ReshapeOp(new, list(shape_of(x)))).results[0]
     if kind == "permute":
-        inverse = [0] * len(first[1])
-        for i, p in enumerate(first[1]):
-            inverse[p] = i
-        return e.emit(PermuteOp(new, inverse)).results[0]
+        return e.emit(PermuteOp(new, inverse_permutation(first[1]))).results[0]
     _, dim, start, end = first
     n = shape_of(x)[dim]
     before = [_part(e, x, dim, 0, start)] if start > 0 else []

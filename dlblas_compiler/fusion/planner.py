@@ -42,6 +42,7 @@ from ..dialects import (
     SDPAOp,
     TorchCallOp,
     YieldOp,
+    inverse_permutation,
 )
 from ..dialects.traits import MappingKind, kind_of
 from ..dialects.types import shape_of
@@ -320,10 +321,7 @@ def yield_in_eager_order(plan: Plan) -> None:
 
 def _yield_unpermuted(plan: Plan, rid: int, y: SSAValue, perm: tuple[int, ...], outside: list, readers: list) -> None:
     """`yield_in_eager_order` for one output `y` of region `rid`, undone unless every template takes it."""
-    inverse = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inverse[p] = i
-    stored = PermuteOp(y, inverse)
+    stored = PermuteOp(y, inverse_permutation(perm))
     set_name(stored.result, y)
     plan.block.insert_op_after(stored, y.owner)
     plan.order[stored] = plan.order[y.owner] + 0.25  # (after y's op, before anything reading y)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from xdsl.ir import Operation, SSAValue
 
-from ...dialects import PermuteOp, ReshapeOp, SDPAOp
+from ...dialects import PermuteOp, ReshapeOp, SDPAOp, inverse_permutation
 from ...dialects.types import shape_of
 from ..views import VIEW_OPS, Layout, view_chain, view_source
 from .dims import MAX_HEAD_DIM, head_parts
@@ -47,10 +47,7 @@ def out_layout(chain: list[Operation], final_shape: tuple[int, ...]) -> Layout |
                 return None
             lay = Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset())
         elif isinstance(op, PermuteOp):
-            inv = [0] * len(op.permutation)
-            for i, p in enumerate(op.permutation):
-                inv[p] = i
-            t = lay.meta().permute(inv)
+            t = lay.meta().permute(inverse_permutation(op.permutation))
             lay = Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset())
         else:
             return None
