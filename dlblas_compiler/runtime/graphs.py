@@ -1,9 +1,12 @@
 """CUDA graphs: a program captured once and replayed while the input signature matches.
 
-A replay saves launch overhead and costs copying the inputs in and cloning the outputs. Where the direct calls
-are GPU-bound (enqueueing them takes under half their time) there is no overhead to save, so the graph goes.
-Otherwise both are timed, alternating (5 rounds of 3 calls, the best round of each: the first direct calls
-after a capture pay allocator growth), and the faster stays. What a call writes into its inputs (a KV cache, its
+A replay saves launch overhead and may cost copying inputs in (those not read where the caller's tensors are) and
+cloning outputs (once the caller has kept one past the next call): `CudaGraph`. Both ways are timed as a caller
+runs them, calls back to back (the host enqueues one while the GPU runs the one before), alternating
+(5 rounds of 4 calls, the best round of each: the first direct calls after a capture pay allocator growth), and
+the faster stays. A call synchronized alone would charge direct launches their whole enqueueing, which calls in
+a row hide while the GPU is busy; a rule that dropped every graph whose direct calls enqueue in under half their
+time (bench/NOTES.md 17) went with that timing (item 155). What a call writes into its inputs (a KV cache, its
 length counter) is put back before every timed call.
 """
 
@@ -15,7 +18,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -54,32 +57,59 @@ def captured(graph: torch.cuda.CUDAGraph, pool: Any = None):
         torch._C._cuda_clearCublasWorkspaces()
 
 
+IN_PLACE_BYTES = 1 << 20  # inputs from this size up are read where the caller's tensor is, when it stays there
+
+
+def input_key(t) -> tuple:
+    """What a capture that reads `t` where it is relies on: its address and layout."""
+    return (t.data_ptr(), tuple(t.shape), t.stride()) if isinstance(t, torch.Tensor) else (id(t),)
+
+
+def _uses(storage) -> int:
+    """How many tensors and storage objects hold `storage` (torch's count: a view adds one)."""
+    return torch._C._storage_Use_Count(storage._cdata)
+
+
 @dataclass
 class CudaGraph:
     """The capture of `run` (a program's direct execution: inputs -> outputs) and its replays.
 
-    Inputs are copied into the graph's own buffers before each replay, except the `static` ones (inputs the
-    program writes in place, such as a KV cache): those are captured at their own address, so a replay writes the
-    caller's tensor directly, and a replay with another tensor there is refused (`matches`). Their contents are
-    put back after the warm-up and timing runs, which would otherwise apply the update more than once."""
+    Inputs reach the graph three ways. The `static` ones (inputs the program writes in place, such as a KV cache)
+    and the `in_place` ones (large inputs the caller passed at one address twice in a row: a benchmark's, or a
+    serving loop's input buffer) are captured where the caller's tensors are, so a replay reads (or writes) them
+    there, and a replay with another tensor there is refused (`matches`): the program then captures again, copying
+    from then on. The rest are copied into the graph's own buffers before each replay. The static inputs' contents
+    are put back after the warm-up and timing runs, which would otherwise apply the update more than once.
+
+    Outputs: with `handout`, a replay returns the graph's own output buffers (no clone). The next replay would
+    overwrite them, so before it the program asks whether the caller still holds any (`held`: a tensor or view of
+    one alive), and if so captures again with `handout` off, cloning each output from then on; the caller keeps
+    the old buffers, and with them the old capture's memory."""
 
     run: Callable[[list], tuple]
     static: tuple[int, ...] = ()
+    in_place: tuple[int, ...] = ()
+    handout: bool = True
     note: str = ""  # the keep-or-drop measurement, for the report
     checked: bool = False  # every parameter the run reads is checked before each replay (`OURS`)
     graph: Any = None
     static_in: list[torch.Tensor] | None = None
     static_out: tuple | None = None
     addresses: tuple[int, ...] = ()  # the static inputs' addresses at the capture
+    keys: tuple = ()  # the in-place inputs' addresses and layouts at the capture
     copied: tuple[int, ...] = ()  # the inputs copied into the graph's buffers before a replay
-    cloned: tuple[bool, ...] = ()  # which outputs a replay clones (those that are not a static input)
+    cloned: tuple[bool, ...] = ()  # which outputs are the graph's own (not an input it reads where it is)
+    storages: list = field(default_factory=list)  # of the graph's own outputs, and their use counts at the capture
+    base: list[int] = field(default_factory=list)
 
     def capture(self, inputs: list) -> bool:
         """Warm up on a side stream (tunes and compiles kernels, settles the allocator), then capture. False
         (with a warning) when the program cannot be captured: it then runs without."""
-        self.static_in = [x if i in self.static else x.detach().clone().contiguous() for i, x in enumerate(inputs)]
+        own = {*self.static, *self.in_place}
+        self.static_in = [x if i in own else x.detach().clone().contiguous() for i, x in enumerate(inputs)]
         self.addresses = tuple(inputs[i].data_ptr() for i in self.static)
-        self.copied = tuple(i for i in range(len(inputs)) if i not in self.static)
+        self.keys = tuple(input_key(inputs[i]) for i in self.in_place)
+        self.copied = tuple(i for i in range(len(inputs)) if i not in own)
         stream = _warmup_stream(torch.cuda.current_device())
         stream.wait_stream(torch.cuda.current_stream())
         try:
@@ -90,8 +120,10 @@ class CudaGraph:
                 graph = torch.cuda.CUDAGraph()
                 with captured(graph):
                     self.static_out = self.run(self.static_in)
-            kept = {id(self.static_in[i]) for i in self.static}
-            self.cloned = tuple(id(o) not in kept for o in self.static_out)
+            kept = {id(self.static_in[i]) for i in own}
+            self.cloned = tuple(isinstance(o, torch.Tensor) and id(o) not in kept for o in self.static_out)
+            self.storages = [o.untyped_storage() for o, c in zip(self.static_out, self.cloned, strict=True) if c]
+            self.base = [_uses(st) for st in self.storages]
             self.graph = graph
             if self.checked:
                 OURS.add(graph)
@@ -103,9 +135,14 @@ class CudaGraph:
             self.graph = None
             return False
 
-    def matches(self, addresses: tuple[int, ...]) -> bool:
-        """Whether the static inputs (at `addresses` now) are where the capture saw them."""
-        return addresses == self.addresses
+    def matches(self, addresses: tuple[int, ...], inputs: list) -> bool:
+        """Whether the static inputs (at `addresses` now) and the in-place ones are where the capture saw them."""
+        return addresses == self.addresses and all(
+            input_key(inputs[i]) == k for i, k in zip(self.in_place, self.keys, strict=True))
+
+    def held(self) -> bool:
+        """Whether the caller still holds an output buffer a replay handed out (a tensor or a view of it alive)."""
+        return self.handout and any(_uses(st) > n for st, n in zip(self.storages, self.base, strict=True))
 
     def replay(self, inputs: list) -> tuple:
         copied = self.copied
@@ -114,6 +151,8 @@ class CudaGraph:
         elif copied:
             self.static_in[copied[0]].copy_(inputs[copied[0]])
         self.graph.replay()
+        if self.handout:  # (a new tensor object on the buffer: what the caller holds shows in the storage's count)
+            return tuple(o.detach() if c else o for o, c in zip(self.static_out, self.cloned, strict=True))
         return tuple(o.clone() if c else o for o, c in zip(self.static_out, self.cloned, strict=True))
 
     def pays(self, inputs: list) -> bool:
@@ -139,28 +178,33 @@ class CudaGraph:
 
 
 def graph_pays(runner: Any, inputs: list, reset: Callable[[], None] = lambda: None) -> bool:
-    """The keep-or-drop rule for anything with `run(inputs)` and `replay(inputs)`; sets `runner.note`. `reset`
-    puts back what a call writes into its inputs; it runs before every call, outside the timed span."""
+    """The keep-or-drop rule for anything with `run(inputs)` and `replay(inputs)`; sets `runner.note`. Each way is
+    timed as a caller runs it: CALLS calls back to back, then one wait for the GPU (the host enqueues a call while
+    the GPU runs the one before, so a call costs the larger of the two, and a replay its input copies and output
+    clones). `reset` puts back what a call writes into its inputs; it runs before every call."""
 
-    def seconds(fn) -> tuple[float, float]:  # (enqueue, enqueue + wait for the GPU) per call
-        enqueue = total = 0.0
-        for _ in range(3):
+    def seconds(fn) -> tuple[float, float]:  # (enqueue, wall time) per call
+        reset()
+        torch.cuda.synchronize()
+        enqueue, t0 = 0.0, time.perf_counter()
+        for _ in range(CALLS):
             reset()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
             t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            enqueue, total = enqueue + t1 - t0, total + time.perf_counter() - t0
-        return enqueue / 3, total / 3
+            fn()
+            enqueue += time.perf_counter() - t1
+        torch.cuda.synchronize()
+        return enqueue / CALLS, (time.perf_counter() - t0) / CALLS
 
     direct_fn, replay_fn = (lambda: runner.run(inputs)), (lambda: runner.replay(inputs))
     for fn in (direct_fn, replay_fn):
         reset()
         fn()
-    rounds = [(seconds(direct_fn), seconds(replay_fn)) for _ in range(5)]
+    rounds = [(seconds(direct_fn), seconds(replay_fn)) for _ in range(ROUNDS)]
     enqueue, direct = min((r[0] for r in rounds), key=lambda t: t[1])  # the fastest direct round
     replay = min(r[1][1] for r in rounds)
     runner.note = (f"CUDA graph replay {replay * 1e6:.0f} µs vs direct launches {direct * 1e6:.0f} µs per call "
-                   f"({enqueue * 1e6:.0f} µs of it enqueueing)")  # fmt: skip
-    return enqueue >= 0.5 * direct and replay < direct
+                   f"back to back ({enqueue * 1e6:.0f} µs of it enqueueing)")  # fmt: skip
+    return replay < direct
+
+
+ROUNDS, CALLS = 5, 4  # the keep-or-drop timing: rounds of back-to-back calls, alternating ways, the best round of each

@@ -28,7 +28,7 @@ from ..codegen.device import has_pdl
 from ..dialects import CatOp, ConstantOp, FusedOp, IndexCopyOp, ParamOp, TorchCallOp
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
-from .graphs import CudaGraph
+from .graphs import IN_PLACE_BYTES, CudaGraph, input_key
 from .inplace import (InPlaceIndexCopy, WriteInput, batched, deferrable, inplace_updates, input_writes, reaches_output,
                       region_writes)
 from .ops import OP_STEPS, op_step
@@ -87,6 +87,9 @@ class Program:
     static_inputs: tuple[int, ...] = ()  # inputs written in place (a KV cache): a graph captures them at their address
     addresses: tuple = ()  # of the static inputs at the last call
     repeats: int = 0  # consecutive calls with those addresses
+    last: list = field(default_factory=list)  # before a capture: the last call's inputs' addresses and layouts
+    copy_inputs: bool = False  # an input a capture read where it was moved: captures copy every input
+    handout: bool = True  # replays hand out the graph's output buffers, until the caller keeps one (`CudaGraph`)
     frees: list[tuple[int, ...]] = field(default_factory=list)  # per step: the slots no later step reads
     moves: tuple[tuple[int, torch.device], ...] = ()  # (input, device): host inputs the program only moves there
     logged: bool = False  # the first run's choices are logged
@@ -165,13 +168,22 @@ class Program:
         self.repeats = self.repeats + 1 if addresses == self.addresses else 1
         self.addresses = addresses
         if self.repeats < 2:
+            self.last = [input_key(x) for x in inputs] if self.graph is None else []
             return self.run(inputs)
         if self.weights.changed():
             self.graph = None  # a capture holds the old weights' buffers
-        if self.graph is not None and not self.graph.matches(addresses):
-            self.graph = None  # a new cache (another generate() call): captured again at its address
+        if self.graph is not None and not self.graph.matches(addresses, inputs):
+            # a new cache (another generate() call): captured again at its address; an input read where it was
+            # has moved: captured again, copying the inputs from now on
+            self.copy_inputs = self.copy_inputs or addresses == self.graph.addresses
+            self.graph = None
+        if self.graph is not None and self.graph.held():
+            self.handout = False  # the caller kept an output: its buffer is the caller's now, later replays clone
+            self.graph = None
         if self.graph is None:
-            graph = CudaGraph(self.run, self.static_inputs, checked=not self._runs_modules())
+            in_place = () if self.copy_inputs else self._in_place(inputs)
+            graph = CudaGraph(self.run, self.static_inputs, in_place=in_place, handout=self.handout,
+                              checked=not self._runs_modules())
             keep = graph.capture(inputs)
             if keep and self.graphs_pay is None:
                 self.graphs_pay = graph.pays(inputs)
@@ -182,6 +194,14 @@ class Program:
                 return self.run(inputs)
             self.graph = graph
         return self.graph.replay(inputs)
+
+    def _in_place(self, inputs: list) -> tuple[int, ...]:
+        """The large inputs not written in place that this call and the one before passed at one address and layout:
+        a capture reads them where they are (`CudaGraph`)."""
+        return tuple(i for i, x in enumerate(inputs)
+                     if i not in self.static_inputs and isinstance(x, torch.Tensor) and x.is_contiguous()
+                     and x.numel() * x.element_size() >= IN_PLACE_BYTES and i < len(self.last)
+                     and self.last[i] == input_key(x))  # fmt: skip
 
     def inherit(self, choices: dict[str, KernelChoice]) -> None:
         """Take another program's choices for the regions they name (a shape family's instance: the first compile

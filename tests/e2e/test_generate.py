@@ -221,7 +221,7 @@ def _recording_graphs(monkeypatch) -> list:
     captured = []
 
     class Recorder:
-        def __init__(self, run, static, checked=False):
+        def __init__(self, run, static, in_place=(), handout=True, checked=False):
             self.run, self.note = run, ""
 
         def capture(self, inputs):
