@@ -1936,6 +1936,21 @@ def tree_ab_section(*names: str) -> str:
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
+def graph_copies_section(name: str) -> str:
+    """bench/graph_copies.py: a compiled layer's call time with the CUDA graph reading its input in place and handing
+    out its output buffers (A) against copying the input in and cloning the outputs (B), alternating rounds."""
+    doc = _load(name)
+    out = ["| layer | M | A: input in place, outputs handed out, µs (rounds) | B: input copied, outputs cloned, µs (rounds) "
+           "| A / B | keep-or-drop timing (back to back) |", "|" + "---|" * 6]  # fmt: skip
+    for r in doc["rows"]:
+        rounds = lambda x: ", ".join(f"{v:.1f}" for v in x)  # noqa: E731
+        out.append(f"| {r['block'].removeprefix('layer_')} | {doc['M']} | {r['A_med']:.1f} ({rounds(r['A'])}) "
+                   f"| {r['B_med']:.1f} ({rounds(r['B'])}) | {r['A_med'] / r['B_med']:.3f} | {r['note']} |")
+    env = {k: doc.get(k) for k in ("gpu", "torch", "triton", "date")}
+    env["run"] = f"bf16, ours tuned `{doc['tune']}`, {len(doc['rows'][0]['A'])} rounds per way (medians)"
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
+
+
 def _goal_runs(runs, row, tree_in_source: bool = False) -> tuple[list[str], list]:
     """The table rows (`row(label, tree, block, m, modes)`) and source entries of bench/run.py results, per (run
     label, tree, file) in `runs`: one row per layer and M."""
@@ -2058,6 +2073,11 @@ SECTIONS = {
                                      "2026-12-02-h200-s49-ab-heads-order-m128.json"),
     "best-goal-s49": functools.partial(best_mode_goal_section, 1.05,
                                        ("a", "heads in eager's order", "2026-12-02-h200-s49-layers-m2048.json")),
+    "graph-copies-s50": functools.partial(graph_copies_section, "2026-12-03-h200-s50-ab-graph-copies.json"),
+    "best-goal-s50": functools.partial(best_mode_goal_section, 1.05,
+                                       ("a", "keep-or-drop timed back to back", "2026-12-03-h200-s50-layers-m2048-a.json"),
+                                       ("b", "and the graph's input copy and output clone gone",
+                                        "2026-12-03-h200-s50-layers-m2048-b.json")),
     "replay-ab-s47-early": functools.partial(replay_ab_section, "2026-12-02-h200-s47-replay-ab-early.json", {
         "chained": "PDL, each kernel waiting first (the tree as committed)",
         "early": "PDL, decode GEMMs loading their first weight tile before the wait (6f29384, reverted): NOTES 152"}),
