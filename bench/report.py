@@ -2017,6 +2017,31 @@ def best_mode_goal_section(goal: float, *runs: tuple[str, str, str]) -> str:
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
+def paired_goal_section(goal: float, *runs: tuple[str, str, str]) -> str:
+    """bench/run.py's paired call times (`--paired`: the modes' calls in turn, call by call) against issue 19's goal
+    for a layer: per mode the median call, the round-based medians beside them; the ratio of the best torch mode's
+    median to ours, and the median of the per-turn ratios (that mode's call over ours in the same turn)."""
+    def row(label, tree, block, m, modes):
+        paired = {md: modes.get(md, {}).get("call_us_paired") for md in ("ours", *INDUCTOR)}
+        torch_modes = [md for md in INDUCTOR if paired.get(md)]
+        best = min(torch_modes, key=lambda md: paired[md]) if torch_modes else None
+        ours = paired.get("ours")
+        turns = None
+        if best and ours:
+            a, b = modes[best]["call_us_paired_calls"], modes["ours"]["call_us_paired_calls"]
+            turns = statistics.median(x / y for x, y in zip(a, b, strict=True))
+        cells = [f"{_fmt(paired.get(md))} ({_fmt(call_of(modes, md))})" for md in ("ours", "inductor", "max-autotune")]
+        return (f"| {label} | {block.removeprefix('layer_')} | {m} | {_fmt(floor_of(modes))} | {' | '.join(cells)} "
+                f"| {best or '–'} | {_num(turns, '.3f')}x "
+                + _goal_cells(paired[best] / ours if best and ours else None, block, modes, goal))
+
+    rows, envs = _goal_runs(runs, row, tree_in_source=True)
+    out = ["| run | layer | M | floor µs | ours call µs paired (rounds) | inductor call µs paired (rounds) "
+           "| max-autotune call µs paired (rounds) | best torch mode | per-turn ratio (median) "
+           f"| best torch mode / ours | goal ≥ {goal}x | ours ran |", "|" + "---|" * 12, *rows]
+    return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
+
+
 def kernel_goal_section(label: str, name: str) -> str:
     """bench/run.py with Inductor's max-autotune kernels captured in a CUDA graph and replayed (their GPU time, no
     host in it) against our call as a user makes it (host, input copy and graph launch included): a floor for the
@@ -2078,6 +2103,9 @@ SECTIONS = {
                                        ("a", "keep-or-drop timed back to back", "2026-12-03-h200-s50-layers-m2048-a.json"),
                                        ("b", "and the graph's input copy and output clone gone",
                                         "2026-12-03-h200-s50-layers-m2048-b.json")),
+    "paired-goal-s51": functools.partial(paired_goal_section, 1.05,
+                                         ("a", "tuned afresh, 100 paired calls",
+                                          "2026-12-03-h200-s51-layers-m2048-paired-a.json")),
     "replay-ab-s47-early": functools.partial(replay_ab_section, "2026-12-02-h200-s47-replay-ab-early.json", {
         "chained": "PDL, each kernel waiting first (the tree as committed)",
         "early": "PDL, decode GEMMs loading their first weight tile before the wait (6f29384, reverted): NOTES 152"}),

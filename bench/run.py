@@ -7,6 +7,8 @@ ours (dlblas_compiler, tuned, CUDA graphs), ours-nocg (same kernels, no CUDA gra
 GPU time: the call captured in a CUDA graph and replayed, L2 cleared before each replay (do_bench median):
 what the GPU spends. Call time: one Python call as a user makes it (do_bench median). All modes of a block
 and M are compiled first, then timed in `--rounds` rounds (order rotating); figures are medians over rounds.
+Paired call time (`--paired N`): then N calls of each mode in turn, call by call, each timed as do_bench times
+one; the modes' calls share the GPU's state, which drifts between do_bench blocks (the power limiter's clock).
 Every mode's output is compared with a float64 reference (relative error ‖out−ref‖/‖ref‖). Each block and M
 runs in its own process (one crash costs one pair); results are appended to OUT/results.json pair by pair,
 so a run cut short keeps what it measured. Each process first measures the GPU's ceilings (bench/ceilings.py:
@@ -52,6 +54,33 @@ def do_bench(fn) -> float:
     return tb(fn, warmup=25, rep=100, return_mode="median") * 1e3  # µs
 
 
+def paired(fns: list, calls: int) -> list[list[float]]:
+    """`calls` calls of each of `fns` taken in turn, one call at a time (the order rotating each time), each timed
+    as do_bench times one (L2 cleared, events around the call, no wait for the GPU): the modes' calls are made
+    under the same GPU state (the power limiter's clock drifts by up to ~10% between do_bench blocks of 0.1 s,
+    bench/NOTES.md 156), so the ratio of two modes' medians, or the median of their per-turn ratios, compares
+    like with like. Per fn its calls' µs, in turn order."""
+    from triton import runtime
+
+    driver = runtime.driver.active
+    cache = driver.get_empty_cache_for_benchmark()
+    n = len(fns)
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+              for _ in fns]  # fmt: skip
+    for fn in fns:  # (a warm call each: a first call after another mode's may re-capture or allocate)
+        fn()
+    torch.cuda.synchronize()
+    for t in range(calls):
+        for i in [(t + j) % n for j in range(n)]:
+            driver.clear_cache(cache)
+            a, b = events[i][t]
+            a.record()
+            fns[i]()
+            b.record()
+    torch.cuda.synchronize()
+    return [[a.elapsed_time(b) * 1e3 for a, b in evs] for evs in events]
+
+
 def graphed(fn):
     """`fn` captured in a CUDA graph (after two warm-up calls on a side stream): its GPU time is the replay's."""
     s = torch.cuda.Stream()
@@ -92,11 +121,13 @@ def make_fn(mode: str, mod, args, kwargs, tune: str):
 
 def bench_one(
     block: str, m: int, modes: list[str], tune: str, dtype, rounds: int, ceilings: dict | None = None,
-    save: Callable[[list[dict]], None] | None = None,
+    save: Callable[[list[dict]], None] | None = None, paired_calls: int = 0,
 ) -> list[dict]:
     """Compile and check every mode, then time them all in `rounds` rounds (the order rotating each round),
     so that drift of the GPU's state over the run lands on every mode alike; each figure is the median over
-    rounds, and the rounds' values are kept. `save(rows)` runs before the compiled modes and their CUDA graphs
+    rounds, and the rounds' values are kept. With `paired_calls`, the modes' calls are then also timed in turn,
+    call by call (`paired`): `call_us_paired` (the median) and `call_us_paired_calls` (each call, in turn order).
+    `save(rows)` runs before the compiled modes and their CUDA graphs
     are released (a process that dies in that teardown has written its rows)."""
     gpu = torch.cuda.get_device_name()
     mod, args, kwargs, nbytes, flops = BLOCKS[block](m, dtype, "cuda")
@@ -148,6 +179,10 @@ def bench_one(
                     row.setdefault("call_us_rounds", []).append(do_bench(fn))
                     if graph is not None:
                         row.setdefault("gpu_us_rounds", []).append(do_bench(graph.replay))
+            if paired_calls and timed:
+                for (row, *_), calls in zip(timed, paired([fn for _, fn, _, _ in timed], paired_calls), strict=True):
+                    row["call_us_paired"] = statistics.median(calls)
+                    row["call_us_paired_calls"] = [round(c, 2) for c in calls]
     except Exception as e:  # noqa: BLE001 - keep the rounds measured so far
         rows[0]["timing_error"] = f"{type(e).__name__}: {str(e)[:400]}"
         traceback.print_exc()
@@ -155,7 +190,8 @@ def bench_one(
         for key in ("call_us", "gpu_us"):
             if row.get(f"{key}_rounds"):
                 row[key] = statistics.median(row[f"{key}_rounds"])
-        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if k != "kernels"}), flush=True)
+        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
+                          if k not in ("kernels", "call_us_paired_calls")}), flush=True)  # fmt: skip
     if save is not None:
         save(rows)
     del timed, mod, args, kwargs
@@ -174,6 +210,8 @@ def main(argv=None) -> int:
     p.add_argument("--tune", default="quick")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--rounds", type=int, default=3, help="timing rounds over all modes (medians reported)")
+    p.add_argument("--paired", type=int, default=100,
+                   help="then time the modes' calls in turn, call by call, this many each (0: not)")
     p.add_argument("--one", action="store_true", help="run the given blocks and M in this process")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -182,7 +220,7 @@ def main(argv=None) -> int:
         failed = []  # a process died while timing, and every later block of that run went unmeasured)
         for b, m in pairs:
             args = ["--one", "--out", a.out, "--blocks", b, "--tokens", str(m), "--modes", a.modes, "--tune", a.tune,
-                    "--dtype", a.dtype, "--rounds", str(a.rounds)]  # fmt: skip
+                    "--dtype", a.dtype, "--rounds", str(a.rounds), "--paired", str(a.paired)]  # fmt: skip
             rc = subprocess.run([sys.executable, os.path.abspath(__file__), *args]).returncode
             if rc:
                 failed.append(f"{b} M={m} (exit {rc})")
@@ -203,6 +241,7 @@ def main(argv=None) -> int:
         "dtype": a.dtype,
         "tune": a.tune,
         "rounds": a.rounds,
+        "paired": a.paired,
     }
     try:  # the ceilings of this card, measured in this process: the floors below divide by them
         meta["ceilings"] = measure_ceilings()
@@ -217,7 +256,8 @@ def main(argv=None) -> int:
             json.dump(results, f, indent=1)
 
     for block, m in pairs:
-        bench_one(block, m, a.modes.split(","), a.tune, getattr(torch, a.dtype), a.rounds, meta.get("ceilings"), save)
+        bench_one(block, m, a.modes.split(","), a.tune, getattr(torch, a.dtype), a.rounds, meta.get("ceilings"), save,
+                  a.paired)
     return 0
 
 
