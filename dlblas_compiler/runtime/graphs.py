@@ -57,7 +57,10 @@ def captured(graph: torch.cuda.CUDAGraph, pool: Any = None):
         torch._C._cuda_clearCublasWorkspaces()
 
 
-IN_PLACE_BYTES = 1 << 20  # inputs from this size up are read where the caller's tensor is, when it stays there
+# inputs from this size up are read where the caller's tensor is, when it stays there; copied (an input that moved),
+# each has its own copy kernel: a foreach copy gives each block 64K elements, walked in ~32 dependent steps, ~15 µs
+# for a 0.5 MB input where a plain copy takes ~2 (bench/NOTES.md 156); smaller ones share one foreach launch
+IN_PLACE_BYTES = 64 << 10
 
 
 def input_key(t) -> tuple:
@@ -98,6 +101,8 @@ class CudaGraph:
     addresses: tuple[int, ...] = ()  # the static inputs' addresses at the capture
     keys: tuple = ()  # the in-place inputs' addresses and layouts at the capture
     copied: tuple[int, ...] = ()  # the inputs copied into the graph's buffers before a replay
+    together: tuple[int, ...] = ()  # of those, the ones copied by one foreach launch (two or more under IN_PLACE_BYTES)
+    alone: tuple[int, ...] = ()  # and the ones copied one by one
     cloned: tuple[bool, ...] = ()  # which outputs are the graph's own (not an input it reads where it is)
     storages: list = field(default_factory=list)  # of the graph's own outputs, and their use counts at the capture
     base: list[int] = field(default_factory=list)
@@ -110,6 +115,9 @@ class CudaGraph:
         self.addresses = tuple(inputs[i].data_ptr() for i in self.static)
         self.keys = tuple(input_key(inputs[i]) for i in self.in_place)
         self.copied = tuple(i for i in range(len(inputs)) if i not in own)
+        small = tuple(i for i in self.copied if inputs[i].numel() * inputs[i].element_size() < IN_PLACE_BYTES)
+        self.together = small if len(small) > 1 else ()
+        self.alone = tuple(i for i in self.copied if i not in self.together)
         stream = _warmup_stream(torch.cuda.current_device())
         stream.wait_stream(torch.cuda.current_stream())
         try:
@@ -145,11 +153,10 @@ class CudaGraph:
         return self.handout and any(_uses(st) > n for st, n in zip(self.storages, self.base, strict=True))
 
     def replay(self, inputs: list) -> tuple:
-        copied = self.copied
-        if len(copied) > 1:  # (one launch for all of them: a torch op's launch costs the host ~5 µs, NOTES 151)
-            torch._foreach_copy_([self.static_in[i] for i in copied], [inputs[i] for i in copied])
-        elif copied:
-            self.static_in[copied[0]].copy_(inputs[copied[0]])
+        if self.together:  # (one launch for the small ones: a torch op's launch costs the host ~5 µs, NOTES 151)
+            torch._foreach_copy_([self.static_in[i] for i in self.together], [inputs[i] for i in self.together])
+        for i in self.alone:
+            self.static_in[i].copy_(inputs[i])
         self.graph.replay()
         if self.handout:  # (a new tensor object on the buffer: what the caller holds shows in the storage's count)
             return tuple(o.detach() if c else o for o, c in zip(self.static_out, self.cloned, strict=True))
