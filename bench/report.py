@@ -2042,6 +2042,20 @@ def paired_goal_section(goal: float, *runs: tuple[str, str, str]) -> str:
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
+def region_ab_section(name: str, labels: dict[str, str]) -> str:
+    """bench/region_ab.py: the whole layer with one region's config forced, the variants' calls paired (median µs,
+    and the median of each turn's ratio to the tuned layer)."""
+    doc = _load(name)
+    out = ["| layer | variant | call µs (paired median) | per-turn ratio to the tuned layer | rel. error vs the first call (bf16) |",
+           "|---|---|---|---|---|"]
+    for layer, r in doc.items():
+        for v, us in r["median_us"].items():
+            out.append(f"| {layer} | {labels.get(v, v)} | {us:.1f} | {r['per_turn_vs_tuned'][v]:.3f} "
+                       f"| {r['rel_err'][v]:.1e} |")
+    return "\n".join(out) + "\n\n" + source_line([(name, {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130",
+        "triton": "3.6.0", "run": "bf16, ours tuned `quick`, 80 paired turns", "date": "2026-12-03"}, "")]) + "\n"
+
+
 def kernel_goal_section(label: str, name: str) -> str:
     """bench/run.py with Inductor's max-autotune kernels captured in a CUDA graph and replayed (their GPU time, no
     host in it) against our call as a user makes it (host, input copy and graph launch included): a floor for the
@@ -2103,9 +2117,16 @@ SECTIONS = {
                                        ("a", "keep-or-drop timed back to back", "2026-12-03-h200-s50-layers-m2048-a.json"),
                                        ("b", "and the graph's input copy and output clone gone",
                                         "2026-12-03-h200-s50-layers-m2048-b.json")),
+    "region-ab-s51": functools.partial(region_ab_section, "2026-12-03-h200-s51-region-ab.json", {
+        "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
+        "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
+        "gu_kloop": "gate/up: our TMA K loop (128×128)",
+        "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)"}),
     "paired-goal-s51": functools.partial(paired_goal_section, 1.05,
-                                         ("a", "tuned afresh, 100 paired calls",
-                                          "2026-12-03-h200-s51-layers-m2048-paired-a.json")),
+                                         ("a", "the tree at the session's start",
+                                          "2026-12-03-h200-s51-layers-m2048-paired-a.json"),
+                                         ("b", "inputs from 64 KiB read in place",
+                                          "2026-12-03-h200-s51-layers-m2048-paired-b.json")),
     "replay-ab-s47-early": functools.partial(replay_ab_section, "2026-12-02-h200-s47-replay-ab-early.json", {
         "chained": "PDL, each kernel waiting first (the tree as committed)",
         "early": "PDL, decode GEMMs loading their first weight tile before the wait (6f29384, reverted): NOTES 152"}),
