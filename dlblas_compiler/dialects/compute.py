@@ -4,12 +4,14 @@ composite ops the `recognize` pass raises decomposed code to (rms_norm, add_rms_
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from xdsl.dialects.builtin import (
     AnyTensorType,
     BoolAttr,
@@ -474,7 +476,10 @@ class SDPAOp(IRDLOperation):
 
     A row whose keys are all masked out (every mask entry False or -inf) has no softmax. `masked_rows`
     says what it gives: "zero" (F.scaled_dot_product_attention, torch >= 2.5) or "nan" (the explicit
-    `softmax(q @ k^T * scale + mask) @ v` that `recognize` raises: softmax of an all -inf row is NaN).
+    `softmax(q @ k^T * scale + mask) @ v` that `recognize` raises: softmax of an all -inf row is NaN). The
+    explicit form's other non-finite rows follow from its math too (a NaN score makes its row NaN), where torch's
+    fused SDPA kernels may give 0 (the CPU's flash kernel for a row whose scores are all NaN: fuzz finding
+    8297d26b99c1): its reference runs torch's math kernel.
     """
 
     name = "dl.sdpa"
@@ -559,9 +564,10 @@ class SDPAOp(IRDLOperation):
             keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
             mask = mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
             causal = False
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale, enable_gqa=self.gqa
-        )
+        with sdpa_kernel([SDPBackend.MATH]) if self.nan_rows else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale, enable_gqa=self.gqa
+            )
         if mask is not None and (self.nan_rows or mask.dtype == torch.bool):
             # a row with every key masked: NaN for the explicit softmax form; for a boolean mask what eager's math
             # (torch's CPU kernel) gives, where torch 2.11's cuDNN kernel on an H200 gave other values (fuzz

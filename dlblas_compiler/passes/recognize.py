@@ -559,9 +559,9 @@ class RecognizeAttention(RewritePattern):
             return
         if math.isnan(scale) or scale <= 0:
             return
-        # softmax of a row that the mask empties is NaN; SDPA's is 0: the op keeps the explicit form's NaN
-        masked_rows = "nan" if mask is not None else "zero"
-        install(rewriter, SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), masked_rows), op.result)
+        # softmax of a row that the mask empties, or whose scores hold NaN (a non-finite q or k), is NaN; SDPA's
+        # kernels may give 0 there: the op keeps the explicit form's NaN, with or without a mask
+        install(rewriter, SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), "nan"), op.result)
 
 
 RECOGNIZERS: list[type[RewritePattern]] = [
