@@ -2042,9 +2042,10 @@ def paired_goal_section(goal: float, *runs: tuple[str, str, str]) -> str:
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
-def region_ab_section(name: str, labels: dict[str, str]) -> str:
+def region_ab_section(name: str, labels: dict[str, str], env: dict) -> str:
     """bench/region_ab.py: the whole layer with one region's config forced, the variants' calls paired (median µs,
-    and the median of each turn's ratio to the tuned layer)."""
+    and the median of each turn's ratio to the tuned layer). `env`: the run's card and versions (the script's file
+    holds the results only)."""
     doc = _load(name)
     out = ["| layer | variant | call µs (paired median) | per-turn ratio to the tuned layer | rel. error vs the first call (bf16) |",
            "|---|---|---|---|---|"]
@@ -2052,8 +2053,7 @@ def region_ab_section(name: str, labels: dict[str, str]) -> str:
         for v, us in r["median_us"].items():
             out.append(f"| {layer} | {labels.get(v, v)} | {us:.1f} | {r['per_turn_vs_tuned'][v]:.3f} "
                        f"| {r['rel_err'][v]:.1e} |")
-    return "\n".join(out) + "\n\n" + source_line([(name, {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130",
-        "triton": "3.6.0", "run": "bf16, ours tuned `quick`, 80 paired turns", "date": "2026-12-03"}, "")]) + "\n"
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
 
 
 def kernel_goal_section(label: str, name: str) -> str:
@@ -2121,7 +2121,9 @@ SECTIONS = {
         "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
         "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
         "gu_kloop": "gate/up: our TMA K loop (128×128)",
-        "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)"}),
+        "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)"},
+        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+         "run": "call 2 of the fifty-first session: bf16, ours tuned `quick`, 80 paired turns"}),
     "paired-goal-s51": functools.partial(paired_goal_section, 1.05,
                                          ("a", "the tree at the session's start",
                                           "2026-12-03-h200-s51-layers-m2048-paired-a.json"),
