@@ -18,6 +18,9 @@ or the reference (cuBLAS and torch ops) where that measured faster).
 only those tiles of it; `--sweep-splits`: also its persistent configs with the last wave split 2, 4 or 8 ways over K
 (those the region's space accepts: where the split parts still fill one wave, bench/NOTES.md 138); `--sweep-ws`: only
 its persistent configs, each with its warp-specialized (Gluon) twin, on the regions that have one (NOTES 144).
+`--sweep-outside '[{"BLOCK_M": 256, "BLOCK_N": 64}, ...]'`: also these configs outside the tuner's space (each a K-loop
+config, persistent through TMA with 8 warps, `OUTSIDE_BASE`, overridden by the given values; the region's NORM_PASS
+kept), launched without the space's check and their violations recorded: to measure a tile before the space offers it.
 `--with-op dl.rotary`: only the regions with that op.
 `--ln`: also the user pattern LayerNorm→Linear(bias)→GELU (Phi-2's MLP dims) lowered to one generated GEMM kernel.
 Writes OUT/gemms.json (appended per layer, so a run cut short keeps what it measured).
@@ -53,6 +56,9 @@ SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1, GROUP_M=8, num_warp
 
 
 TILES: set[str] = set()  # (--sweep-tiles)
+OUTSIDE_BASE = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3, TMA=1, MM=0,
+                    PERSISTENT=1, WS=0)
+OUTSIDE: list[dict] = []  # (--sweep-outside)
 
 
 def graph_time_us(fn) -> float:
@@ -112,6 +118,7 @@ def time_regions(cm, args, kwargs, sweep: bool, with_op: str = "") -> list[dict]
                 want = [o.float() for o in step.launch(tensors, c.config)]
                 valid = [cfg for cfg in SWEEP if step.kernel.space.is_valid(cfg)
                          and (not TILES or f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}" in TILES)]
+                valid += [{**OUTSIDE_BASE, "NORM_PASS": c.config["NORM_PASS"], **o} for o in OUTSIDE]
                 compile_configs(step.kernel, step.compiled, tensors, valid)  # (in parallel, before timing)
                 for cfg in valid:
                     try:
@@ -121,8 +128,11 @@ def time_regions(cm, args, kwargs, sweep: bool, with_op: str = "") -> list[dict]
                     except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
                         print(f"    sweep {cfg}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                         continue
+                    outside = step.kernel.space.violations(cfg)
                     row["sweep"].append((cfg, t, err))
-                    print(f"    sweep {t:8.1f} µs (rel. diff from the tuned config's output {err:.1e}) {cfg}", flush=True)
+                    row.setdefault("sweep_outside", []).append(outside)  # (the space's violations, in step)
+                    print(f"    sweep {t:8.1f} µs (rel. diff from the tuned config's output {err:.1e}) {cfg}"
+                          f"{'  outside the space: ' + '; '.join(outside) if outside else ''}", flush=True)
                     best = min(best, (t, cfg), key=lambda b: b[0])
                 row["sweep_best_us"], row["sweep_best_config"] = best
             print(f"  {c.region:10s} {c.impl:9s} M={row['M']} N={row['N']} K={row['K']}: kernel {kernel:8.1f} µs "
@@ -231,11 +241,15 @@ def main() -> None:
     ap.add_argument("--ln", action="store_true", help="also the user pattern LayerNorm→Linear(bias)→GELU")
     ap.add_argument("--with-op", default="", help="time only the regions with this op (e.g. dl.rotary)")
     ap.add_argument("--sweep-tiles", default="", help="sweep only these tiles (e.g. 256x128,128x256)")
+    ap.add_argument("--sweep-outside", default="", help="JSON list: K-loop configs outside the space (see above)")
     ap.add_argument("--sweep-splits", action="store_true", help="also the persistent configs with the last wave split")
     ap.add_argument("--sweep-ws", action="store_true",
                     help="sweep the persistent configs and their warp-specialized (Gluon) twins, on the regions that have them")
     a = ap.parse_args()
     TILES.update(t for t in a.sweep_tiles.split(",") if t)
+    if a.sweep_outside:
+        OUTSIDE.extend(json.loads(a.sweep_outside))
+        SWEEP.clear()  # (only the given configs, beside the tuned one)
     if a.sweep_ws:  # the persistent configs, each with its warp-specialized twin, and deeper rings for the twins
         persistent = [c for c in SWEEP if c["PERSISTENT"]]
         deeper = [{**c, "num_stages": 5} for c in persistent if (c["BLOCK_N"], c["num_stages"]) == (128, 4)]

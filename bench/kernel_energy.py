@@ -103,7 +103,7 @@ def main() -> int:
                 cfg = step.choice.config
                 key = step.kernel.shape_key  # (K, N a stream, streams; M bucketed: the rows are the call's)
                 k, n = key["K"], key["N"] * key.get("streams", 1)  # (a dual GEMM's product is both streams wide)
-                m = tensors[0].numel() // k
+                m = next(t.numel() // k for t in tensors if isinstance(t, torch.Tensor) and t.shape[-1] == k)
                 x2 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 w2 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
                 ways = {"ours": graphed(lambda s=step, t=tensors, c=cfg: s.launch(t, c)),
