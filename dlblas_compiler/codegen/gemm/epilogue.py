@@ -11,7 +11,6 @@ tile runs the epilogue."""
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 from xdsl.ir import Operation, SSAValue
@@ -23,11 +22,6 @@ from ..exprs import Names, emit_pointwise, rotate_in_registers, round_to
 from ..source import TL_DTYPE, Writer, row_indices, wide_indices
 from .plan import Cols, GemmPlan
 from .prologue import ONE_ROW_SQUARES, row_scale
-
-
-# DLBLAS_GEMM_TMA_STORE: "0" every output stored by pointer, "1" plain outputs of TMA tiles through a descriptor,
-# "2" the same in two halves of the tile (bench/NOTES.md 157's A/B, bench/store_ab.py)
-STORE_MODE = os.environ.get("DLBLAS_GEMM_TMA_STORE", "0")
 
 
 class EpilogueEmitter:
@@ -42,7 +36,6 @@ class EpilogueEmitter:
         self.ext: list[tuple[SSAValue, Cols, SSAValue]] = []  # (region input, view it is read as, reader's value)
         self.spaces: dict[tuple, str] = {}
         self.dot = device.dot_args(dtype_of(plan.linear.weight))  # IEEE fp32 unless torch allows TF32
-        self.gluon = False  # (emitting for the warp-specialized Gluon kernel: stores by pointer only)
 
     def emit(self, w: Writer, split_k: bool = True) -> None:
         """Everything after the K loop: split-K's partial sums and their reduction by the tile's last program
@@ -154,38 +147,7 @@ class EpilogueEmitter:
         for v in loaded:
             names.names.pop(v)
 
-    def tma_store(self, k: int) -> bool:
-        """Whether output k is stored through a tensor descriptor on TMA tiles: a plain [M, GRID_N] row-major
-        output (all of its stream's columns, no head split or permute, not scattered), 16-byte rows."""
-        p, r = self.plan, self.outputs[k]
-        c = p.info[r]
-        return (STORE_MODE != "0" and not self.gluon and r not in p.scatters and c.window is None and len(c.split) == 1
-                and (c.lo, c.hi) == (0, p.grid_n) and c.perm == tuple(range(len(c.perm)))
-                and p.grid_n * dtype_of(r).itemsize % 16 == 0)  # fmt: skip
-
     def _store(self, w: Writer, k: int) -> None:
-        r = self.outputs[k]
-        if self.tma_store(k):  # (TMA tiles: the copy engine stores the tile, clipped at M and N, asynchronously)
-            v, half = f"{self.names[r]}.to({TL_DTYPE[dtype_of(r)]})", STORE_MODE == "2"
-            w("if TMA:")
-            w.indent()
-            w(f"o{k}_desc = tl.make_tensor_descriptor(out{k}_ptr, shape=[M, GRID_N], strides=[GRID_N, 1],")
-            w(f"                                    block_shape=[BLOCK_M, BLOCK_N{' // 2' if half else ''}])")
-            if half:  # two halves of the tile, each staged in half the shared memory
-                w(f"o{k}_a, o{k}_b = tl.split(tl.permute(tl.reshape({v}, [BLOCK_M, 2, BLOCK_N // 2]), [0, 2, 1]))")
-                w(f"o{k}_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], o{k}_a)")
-                w(f"o{k}_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], o{k}_b)")
-            else:
-                w(f"o{k}_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], {v})")
-            w.dedent()
-            w("else:")
-            w.indent()
-            self._store_pointers(w, k)
-            w.dedent()
-            return
-        self._store_pointers(w, k)
-
-    def _store_pointers(self, w: Writer, k: int) -> None:
         r = self.outputs[k]
         idx, member = self._space(w, self.plan.info[r])
         scatter = self.plan.scatters.get(r)

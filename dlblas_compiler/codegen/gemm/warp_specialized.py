@@ -192,9 +192,7 @@ def _tiles(em, w: Writer, args: list[str], ws: list[str], const_params: list[str
     epi = Writer()
     epi.depth = w.depth
     em.names, em.spaces = Names(), {}  # (the epilogue emitted afresh: its index spaces defined again)
-    em.gluon = True
     em.emit(epi, split_k=False)
-    em.gluon = False
     w.lines += gluon_text(epi.lines)
     w.dedent()
     w.dedent()
