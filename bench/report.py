@@ -2056,6 +2056,72 @@ def region_ab_section(name: str, labels: dict[str, str], env: dict) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
 
 
+def kernel_energy_section(name: str, labels: dict[str, str]) -> str:
+    """bench/kernel_energy.py: each GEMM region's tuned launch and cuBLAS's bare product of its shape, replayed back
+    to back for a second in turn (three rounds each): µs a call, nvidia-smi's median power and SM clock, energy a
+    call, and the work done per SM clock (FLOP / (µs x MHz x SMs)) as a share of the tensor cores' dense bf16 peak
+    per clock (4096 FLOP a clock an SM on sm90)."""
+    doc = _load(name)
+    out = ["| region | M×N×K | ran | µs a call | power W | SM MHz | mJ a call | tensor-core busy per clock |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in doc["regions"]:
+        for way, rows in r["rows"].items():
+            us = statistics.median(x["us"] for x in rows)
+            w = statistics.median(x["power_w_median"] for x in rows)
+            mhz = statistics.median(x["sm_mhz_median"] for x in rows)
+            mj = statistics.median(x["mj_per_call"] for x in rows)
+            busy = r["flops"] / (us * 1e-6) / (mhz * 1e6) / 132 / 4096
+            ran = labels.get(r["region"], r["region"]) if way == "ours" else "cuBLAS, the bare product"
+            out.append(f"| {r['layer']} {r['region']} | {r['M']}×{r['N']}×{r['K']} | {ran} | {us:.1f} | {w:.0f} "
+                       f"| {mhz:.0f} | {mj:.1f} | {busy:.1%} |")
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0", "date": "2026-12-03",
+           "run": f"call 1 of the fifty-second session, bf16, {doc['tokens']} tokens, 1 s phases"}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
+
+
+def outside_sweep_section(name: str) -> str:
+    """bench/gemms.py --sweep-outside: K-loop configs beyond the tuner's space (256-row tiles, GROUP_M 16) beside
+    ones inside it, each region's tuned launch and cuBLAS's product of its shape, do_bench in a CUDA graph."""
+    doc = _load(name)
+    out = ["| layer | region | N×K | tuned: ran, µs | cuBLAS µs | 128×128 s3 / s4 | same, GROUP_M 16 | 256×64 s3 / s4 "
+           "| 256×128 s3 (GROUP_M 8 / 16) |", "|" + "---|" * 9]
+    for r in doc["layers"]:
+        t = {(c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c["GROUP_M"]): (us, err) for c, us, err in r["sweep"]}
+
+        def cell(*keys):
+            return " / ".join(f"{t[k][0]:.1f}" + (" (wrong)" if t[k][1] > 0.1 else "") if k in t else "—" for k in keys)
+        c = r["config"]
+        ran = "cuBLAS + our epilogue" if c["MM"] else f"K loop {c['BLOCK_M']}×{c['BLOCK_N']} s{c['num_stages']}"
+        if r["impl"] != "kernel":
+            ran = f"torch (its product and add; our tuned {ran})"
+        out.append(f"| {r['layer']} | {r['region']} | {r['N']}×{r['K']} | {ran}, {r['kernel_us']:.1f} "
+                   f"| {r['cublas_us']:.1f} | {cell((128, 128, 3, 8), (128, 128, 4, 8))} "
+                   f"| {cell((128, 128, 3, 16), (128, 128, 4, 16))} | {cell((256, 64, 3, 8), (256, 64, 4, 8))} "
+                   f"| {cell((256, 128, 3, 8), (256, 128, 3, 16))} |")
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": doc["triton"], "date": doc["date"],
+           "run": "call 1 of the fifty-second session, bf16, M = 2048, tuned `quick` (from the carried cache)"}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
+
+
+def store_ab_section(name: str) -> str:
+    """bench/store_ab.py (commit 5a1beba): the GEMM epilogue's output stored by pointer, through a tensor
+    descriptor, and through one in two halves of the tile, on the same configs, paired (median µs a call; per-turn
+    ratio to the pointer store)."""
+    doc = _load(name)
+    out = ["| layer | region | config | by pointer µs | descriptor µs (per-turn ratio) | two halves µs (ratio) |",
+           "|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        c = r["config"]
+        tuned = " (tuned)" if c == r["tuned"] else ""
+        med, rat = r["median"], r["ratio_per_turn"]
+        out.append(f"| {r['layer']} | {r['region']} | {c['BLOCK_M']}×{c['BLOCK_N']}, {c['num_stages']} stages, "
+                   f"{'persistent' if c['PERSISTENT'] else 'a tile a program'}{tuned} | {med[0]:.1f} "
+                   f"| {med[1]:.1f} ({rat[0]:.3f}) | {med[2]:.1f} ({rat[1]:.3f}) |")
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0", "date": "2026-12-03",
+           "run": "call 2 of the fifty-second session, bf16, M = 2048, 40 paired turns"}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
+
+
 def kernel_goal_section(label: str, name: str) -> str:
     """bench/run.py with Inductor's max-autotune kernels captured in a CUDA graph and replayed (their GPU time, no
     host in it) against our call as a user makes it (host, input copy and graph launch included): a floor for the
@@ -2117,6 +2183,11 @@ SECTIONS = {
                                        ("a", "keep-or-drop timed back to back", "2026-12-03-h200-s50-layers-m2048-a.json"),
                                        ("b", "and the graph's input copy and output clone gone",
                                         "2026-12-03-h200-s50-layers-m2048-b.json")),
+    "kernel-energy-s52": functools.partial(kernel_energy_section, "2026-12-03-h200-s52-kernel-energy-llama3_8b.json", {
+        "gemm_0": "norm pass + our K loop with the rotary", "gemm_1": "cuBLAS + our residual epilogue",
+        "gemm_2": "norm pass + our dual K loop with SiLU·mul", "gemm_3": "cuBLAS + our residual epilogue"}),
+    "outside-sweep-s52": functools.partial(outside_sweep_section, "2026-12-03-h200-s52-gemms-outside-space.json"),
+    "store-ab-s52": functools.partial(store_ab_section, "2026-12-03-h200-s52-store-ab.json"),
     "region-ab-s51": functools.partial(region_ab_section, "2026-12-03-h200-s51-region-ab.json", {
         "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
         "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
