@@ -2088,7 +2088,7 @@ def outside_sweep_section(name: str) -> str:
     for r in doc["layers"]:
         t = {(c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c["GROUP_M"]): (us, err) for c, us, err in r["sweep"]}
 
-        def cell(*keys):
+        def cell(*keys, t=t):
             return " / ".join(f"{t[k][0]:.1f}" + (" (wrong)" if t[k][1] > 0.1 else "") if k in t else "—" for k in keys)
         c = r["config"]
         ran = "cuBLAS + our epilogue" if c["MM"] else f"K loop {c['BLOCK_M']}×{c['BLOCK_N']} s{c['num_stages']}"
