@@ -365,4 +365,7 @@ def _confirmed(job: TuneJob, result: TuneResult, count: int, default: Config) ->
                     dict(job.shape), type(e).__name__, (str(e).strip().splitlines() or [""])[0][:200])  # fmt: skip
         return result.best_config, result.best_time, ()
     finals = tuple(sorted(((c, s, t) for (c, s), t in zip(ranked, times, strict=True)), key=lambda f: f[2]))
+    for c, s, t in finals:
+        log.debug("%s %s: confirmed %s (searched %s) %s", job.name, dict(job.shape), _format_seconds(t),
+                  _format_seconds(s), c)  # fmt: skip
     return finals[0][0], finals[0][2], finals
