@@ -138,16 +138,13 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, sett
 
 
 # the confirmation round (`confirm`): after a search, the finalists (up to TuneMode.confirm of them, each within
-# CONFIRM_WITHIN of the best search time, and the default config: tuner._confirmed) are timed again and the one with
-# the lowest median wins. Only on a GPU and for calls of CONFIRM_MIN_S or more: a long GEMM at the card's power limit
-# reads +-3-4% from one brief timing to the next (bench/NOTES.md 146), and some candidates read 7-15% fast in the
-# search (NOTES 147: a cuBLAS-product config of a gate/up GEMM 669 µs there, 770 µs held and as a graph replays it,
-# the layer 2-3% slower with it; our reading: timed on a card that cooled while the search waited for compiles);
-# short calls time within ~1-2% and are not re-timed. The margin is wide so that the configs such a fast reading
-# pushed down are finalists. The round takes the finalists' calls in turn, one call at a time (`paired`): the
-# card's clock drifts between blocks of calls by several percent at its power limit, and blocks of CONFIRM_MS in
-# turn (the round until the fifty-second session) still chose gate/up configs that the calls in turn, 40 each,
-# measured 2.0% and 4.4% slower than another finalist (NOTES 157).
+# CONFIRM_WITHIN of the best search time, and the default config: tuner._confirmed) are timed again `in_turn`,
+# CONFIRM_ROUNDS blocks of CONFIRM_MS (warm-up, repetition ms) each, and the one with the lowest median wins. Only on
+# a GPU and for calls of CONFIRM_MIN_S or more: a long GEMM at the card's power limit reads +-3-4% from one brief
+# timing to the next (bench/NOTES.md 146), and some candidates read 7-15% fast in the search (NOTES 147: a
+# cuBLAS-product config of a gate/up GEMM 669 µs there, 770 µs held and as a graph replays it, the layer 2-3% slower
+# with it; our reading: timed on a card that cooled while the search waited for compiles); short calls time within
+# ~1-2% and are not re-timed. The margin is wide so that the configs such a fast reading pushed down are finalists.
 CONFIRM_WITHIN = 1.15
 CONFIRM_MIN_S = 50e-6
 CONFIRM_ROUNDS = 3
@@ -195,65 +192,11 @@ def confirm(
     arg_sets: Sequence[tuple] | None = None,
     device: str | torch.device | None = None,
 ) -> list[float]:
-    """The confirmation round: the median seconds of each of `configs`, their calls taken in turn (`paired`) for
-    about CONFIRM_MS each. The candidates are built once (each was checked against the reference in the search)."""
+    """The confirmation round: the median seconds of each of `configs`, timed `in_turn` for CONFIRM_ROUNDS rounds
+    of CONFIRM_MS. The candidates are built once (each was checked against the reference in the search)."""
     warmup_ms, rep_ms = CONFIRM_MS
-    return paired([build(c) for c in configs], warmup_ms=warmup_ms, rep_ms=rep_ms, arg_sets=arg_sets, device=device)
-
-
-# the turns of a paired timing: at least PAIRED_TURNS[0], and at most PAIRED_TURNS[1] (a call of a few µs)
-PAIRED_TURNS = (20, 400)
-
-
-def paired(
-    calls: Sequence[Callable[..., Any]],
-    *,
-    warmup_ms: float,
-    rep_ms: float,
-    arg_sets: Sequence[tuple] | None = None,
-    device: str | torch.device | None = None,
-) -> list[float]:
-    """The median seconds of each of `calls`, their calls taken in turn one at a time, the order rotating every
-    turn, each timed as `_gpu_seconds` times one (L2 cleared before it, events around it), so that every call sees
-    the card's clock as the others do; turns for about `rep_ms` of each call's time, after `warmup_ms` of them
-    untimed (the card warms to its power limit as the search's timings and a graph's replays do). Each call cycles
-    through `arg_sets` as `benchmark` does. The host runs ahead of the GPU: a spin first, then steps of a clear and
-    a call, which keep the GPU busy longer than their launch takes the host (confirmed calls take 50 µs or more,
-    the clear ~60). Elsewhere (CPU, the interpreter): `in_turn`, CONFIRM_ROUNDS rounds."""
-    if not _is_cuda(device):
-        return in_turn(calls, rounds=CONFIRM_ROUNDS, warmup_ms=warmup_ms, rep_ms=rep_ms, arg_sets=arg_sets,
-                       device=device)  # fmt: skip
-    from triton import runtime
-
-    driver = runtime.driver.active
-    cache = driver.get_empty_cache_for_benchmark()
-    cycles = [itertools.cycle(list(arg_sets) if arg_sets else [()]) for _ in calls]
-    n = len(calls)
-
-    def step(i: int, events: tuple | None = None) -> None:
-        driver.clear_cache(cache)
-        if events:
-            events[0].record()
-        calls[i](*next(cycles[i]))
-        if events:
-            events[1].record()
-
-    def turns(count: int, timed: bool) -> list[list[tuple]]:
-        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
-                  for _ in calls] if timed else None  # fmt: skip
-        torch.cuda._sleep(int(2e-3 * SPIN_HZ))  # (the host gets ahead of the GPU)
-        for t in range(count):
-            for i in [(t + j) % n for j in range(n)]:
-                step(i, events[i][t] if events else None)
-        torch.cuda.synchronize()
-        return events or []
-
-    probe = turns(3, True)  # (each call's time, to size the warm-up and the turns)
-    each = max(max(statistics.median(a.elapsed_time(b) for a, b in evs) for evs in probe) / 1e3, 1e-6)
-    turns(max(1, int(warmup_ms / 1e3 / (n * each))), False)
-    lo, hi = PAIRED_TURNS
-    timed = turns(min(hi, max(lo, int(rep_ms / 1e3 / each))), True)
-    return [statistics.median(a.elapsed_time(b) for a, b in evs) / 1e3 for evs in timed]
+    return in_turn([build(c) for c in configs], rounds=CONFIRM_ROUNDS, warmup_ms=warmup_ms, rep_ms=rep_ms,
+                   arg_sets=arg_sets, device=device)  # fmt: skip
 
 
 def as_outputs(value: Any) -> tuple[Any, ...]:

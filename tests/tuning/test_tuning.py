@@ -491,7 +491,7 @@ def test_tune_settles_an_implementation_choice(tmp_path):
 
 def test_a_confirmation_round_re_times_the_finalists_in_turn_and_keeps_the_fastest(monkeypatch, tmp_path):
     """After a search, the fastest configs within `CONFIRM_WITHIN` of the best (up to `TuneMode.confirm`) are timed
-    again in turn (off a GPU: rounds, the order reversed every other round), and the lowest median wins: here the search's timing reads
+    again in turn, the order reversed every other round, and the lowest median wins: here the search's timing reads
     "b" 2% fast, as a brief timing on a cooler card can; the round sees it 4% slow and keeps "a". A config 22%
     slower is not a finalist, but the default joins the round (timed as the choice is, for the report), and a search
     whose best is shorter than `CONFIRM_MIN_S` gets no round."""
@@ -512,10 +512,6 @@ def test_a_confirmation_round_re_times_the_finalists_in_turn_and_keeps_the_faste
     monkeypatch.setattr(profiler, "benchmark", timing)
     monkeypatch.setattr(profiler, "_is_cuda", lambda device: True)
     monkeypatch.setattr(profiler, "CONFIRM_MS", (7.0, 11.0))  # (told apart from the search's timings)
-    # (on a GPU the round takes the finalists' calls in turn one at a time, `profiler.paired`; here its rounds of
-    # `benchmark`s in turn, as it runs off a GPU, so that the fake timings above stand for the card's readings)
-    monkeypatch.setattr(profiler, "paired", lambda calls, **kw: profiler.in_turn(
-        calls, rounds=profiler.CONFIRM_ROUNDS, **{k: v for k, v in kw.items() if k != "device"}))
     space = SearchSpace({"name": ["a", "b", "c", "far"]}, default={"name": "a"})
     job = TuneJob("k", "h", space, lambda c: lambda: c["name"], {"M": 8}, (torch.float32,), "cpu")
     scale = 1.0
@@ -723,32 +719,3 @@ def test_a_call_longer_than_its_host_path_is_timed_back_to_back(monkeypatch):
 
     benchmark(slow_host, warmup_ms=5, rep_ms=30)
     assert len(spins) > 10, len(spins)  # (every timed call behind a spin)
-
-
-@pytest.mark.gpu
-def test_paired_timing_ranks_calls_as_their_own_timings_do():
-    """`profiler.paired` (the confirmation round on a GPU) takes the calls in turn, one at a time, L2 cleared before
-    each: two products of which one does 3/2 the work are ranked, each read within 15% of its own `benchmark`
-    timing, and argument sets rotate per call as `benchmark` rotates them."""
-    from dlblas_compiler.tuning import profiler
-
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(6144, 4096, device="cuda", dtype=torch.bfloat16)
-    out_a, out_b = torch.empty(4096, 4096, device="cuda", dtype=a.dtype), torch.empty(6144, 4096, device="cuda", dtype=a.dtype)
-    seen = []
-
-    def small(x=0):
-        seen.append(x)
-        torch.matmul(a, a, out=out_a)
-
-    def large():
-        torch.matmul(b, a, out=out_b)
-
-    p_small, p_large = profiler.paired([small, large], warmup_ms=10, rep_ms=30, arg_sets=None)
-    assert p_small < p_large, (p_small, p_large)
-    for p, fn in ((p_small, small), (p_large, large)):
-        alone = benchmark(fn, warmup_ms=10, rep_ms=30)
-        assert abs(p / alone - 1) < 0.15, (p, alone)
-    seen.clear()
-    profiler.paired([small, lambda x: large()], warmup_ms=1, rep_ms=1, arg_sets=[(1,), (2,)])
-    assert set(seen) == {1, 2}, seen
