@@ -9,7 +9,7 @@ and its tuned config launched alone (`RegionStep.launch`); beside it `torch.matm
 M, K and N (cuBLAS: the product alone, no prologue or epilogue). Each is captured as a CUDA graph of 10 calls and
 replayed back to back for `--seconds`, ours and cuBLAS in turn, three rounds, with nvidia-smi sampling the SM clock
 and the power every 100 ms. Per phase: µs a call (events), median power and clock; energy a call = power x time.
-Writes OUT/kernel_energy.json. Not run yet (written after the fifty-first session's device time was spent).
+Writes OUT/kernel_energy.json (first run: the fifty-second session, bench/NOTES.md 157).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -91,7 +92,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=1.5)
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": a.tokens, "regions": []}
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": time.strftime("%Y-%m-%d"), "tokens": a.tokens, "regions": []}
     smi = Smi(os.path.join(a.out, "kernel_energy_smi.csv"))
     with torch.no_grad():
         for layer in a.layers.split(","):

@@ -2074,7 +2074,8 @@ def kernel_energy_section(name: str, labels: dict[str, str]) -> str:
             ran = labels.get(r["region"], r["region"]) if way == "ours" else "cuBLAS, the bare product"
             out.append(f"| {r['layer']} {r['region']} | {r['M']}×{r['N']}×{r['K']} | {ran} | {us:.1f} | {w:.0f} "
                        f"| {mhz:.0f} | {mj:.1f} | {busy:.1%} |")
-    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0", "date": "2026-12-03",
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": doc.get("triton", "3.6.0"),  # (the first run's file
+           "date": doc.get("date", "2026-12-03"),  # holds neither; its tree's Triton, its day)
            "run": f"call 1 of the fifty-second session, bf16, {doc['tokens']} tokens, 1 s phases"}
     return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
 
