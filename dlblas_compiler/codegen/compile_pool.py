@@ -236,9 +236,9 @@ def compiles(warm: Callable[[], None]) -> list[tuple]:
     target = driver.active.get_current_target()
     jobs = []
     for fn, data in found:
-        text, name, filename = getattr(fn, "dlblas_source", (None, None, None))
+        text, module, name, filename = getattr(fn, "dlblas_source", (None,) * 4)
         if text is not None:  # (one of our generated kernels; another function compiles here)
-            jobs.append((text, name, filename, data, (target.backend, target.arch, target.warp_size), knobs.cache.dir))
+            jobs.append((text, module, name, filename, data, (target.backend, target.arch, target.warp_size), knobs.cache.dir))
     return jobs
 
 

@@ -2,8 +2,8 @@
 
 Run as a script (`python -P compile_worker.py`), it imports Triton and nothing of this package (no torch: it
 starts in a fraction of a second). It reads jobs from stdin and answers each on stdout, both pickled: a job is
-(kernel file text, function name, file name, Triton's specialization data of one launch, target, cache folder), its
-answer (None or the error's first line, the seconds it took). It compiles the function for that specialization
+(kernel file text, its module name, function name, file name, Triton's specialization data of one launch, target,
+cache folder), its answer (None or the error's first line, the seconds it took). It compiles the function for that specialization
 exactly as the launching process would (`JITFunction.preload`'s reading of the data, then `triton.compile`), so the
 launching process, compiling the same launch afterwards, finds the binary in the cache under the same key; for
 CUDA it also builds the kernel's launcher (a C module) there. It needs no GPU. The process ends when stdin closes.
@@ -25,16 +25,17 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 
 
-def _function(text: str, name: str, filename: str, cache: dict[str, Any]) -> Any:
-    """The jitted function of a kernel file, built as `kernel.compile_source` builds it (the same text, file name
-    and module name: the text and the function's first line enter its cache key, the file name its line info)."""
-    fn = cache.get(text)
-    if fn is None:
+def _function(text: str, module: str, name: str, filename: str, cache: dict[str, Any]) -> Any:
+    """The jitted function `name` of a kernel file, built as `kernel.compile_source` builds it (the same text, file
+    name and module name: the text and the function's first line enter its cache key, the file name its line info).
+    The file is run once; its functions are looked up by name (a GEMM's file holds its Triton kernel and its
+    warp-specialized Gluon twin: a file's first job must not answer for the other function)."""
+    namespace = cache.get(text)
+    if namespace is None:
         linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-        namespace: dict[str, Any] = {"triton": triton, "tl": tl, "__name__": f"dlblas_compiler.generated.{name}"}
+        namespace = cache[text] = {"triton": triton, "tl": tl, "__name__": module}
         exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - the launching process's generated kernel
-        fn = cache[text] = namespace[name]
-    return fn
+    return namespace[name]
 
 
 def _constant(v: Any) -> Any:
@@ -44,10 +45,10 @@ def _constant(v: Any) -> Any:
 
 
 def compile_job(job: tuple, cache: dict[str, Any]) -> None:
-    text, name, filename, data, target, cache_dir = job
+    text, module, name, filename, data, target, cache_dir = job
     if cache_dir:
         triton.knobs.cache.dir = cache_dir
-    fn = _function(text, name, filename, cache)
+    fn = _function(text, module, name, filename, cache)
     spec = json.loads(data)
     constexprs = {tuple(k): _constant(v) for k, v in zip(spec["constant_keys"], spec["constant_vals"], strict=True)}
     attrs = dict(zip(map(tuple, spec["attrs_keys"]), spec["attrs_vals"], strict=True))

@@ -49,7 +49,8 @@ def compile_source(source: str, name: str, interpret: bool) -> Callable:
     # register the text so tracebacks (and Triton, which reads the function's source) can see it
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     # (a module name: Triton's code generator reads it from each @triton.jit function a kernel calls)
-    namespace: dict[str, Any] = {"triton": triton, "tl": tl, "__name__": f"dlblas_compiler.generated.{name}"}
+    module = f"dlblas_compiler.generated.{name}"
+    namespace: dict[str, Any] = {"triton": triton, "tl": tl, "__name__": module}
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     try:
@@ -60,10 +61,10 @@ def compile_source(source: str, name: str, interpret: bool) -> Callable:
         else:
             os.environ["TRITON_INTERPRET"] = old
     fn = namespace[name]
-    fn.dlblas_source = (text, name, filename)  # (what a compile worker builds it from: `compile_pool`)
+    fn.dlblas_source = (text, module, name, filename)  # (what a compile worker builds it from: `compile_pool`)
     ws = namespace.get(f"{name}_ws")  # a GEMM's warp-specialized Gluon kernel (gemm/warp_specialized.py)
     if ws is not None:
-        ws.dlblas_source = (text, f"{name}_ws", filename)
+        ws.dlblas_source = (text, module, f"{name}_ws", filename)
     fn.variants = {"ws": ws} if ws is not None else {}
     _COMPILED[key] = fn
     return fn

@@ -120,6 +120,33 @@ def test_builds_warp_specialized_for_sm90_without_spills(workers):  # noqa: F811
         assert stack <= most, (name, c, stack)
 
 
+def test_one_worker_builds_a_kernel_and_its_ws_twin_from_one_file(workers, monkeypatch):  # noqa: F811
+    """A GEMM's file holds two functions, its Triton kernel and its Gluon twin `<name>_ws`. One worker given jobs of
+    both, in either order, builds each (until the fifty-third session a worker kept the first function it built
+    from a file and answered the other's jobs with it: "'PERSISTENT' is not in list", and the tuner's batches on
+    the GPU compiled those candidates one after another in the launching process instead)."""
+    from triton.runtime.driver import driver
+
+    from dlblas_compiler.codegen import compile_pool
+    from dlblas_compiler.codegen.kernel import _Warmup
+
+    monkeypatch.setenv(compile_pool.WORKERS_ENV, "1")  # (the pool starts at the first batch: one worker)
+    model, inputs = _block("cpu")
+    step, tensors, _ = next((s, t, r) for s, t, r in _steps(model, inputs, "interpret")
+                            if f"{s.kernel.name}_ws(" in s.kernel.source)  # fmt: skip
+    twin = ws(128, 128, 64, 8, 4)
+    before = driver._active
+    driver.set_active(compile_pool.Sm90Driver())
+    try:
+        fn = step.kernel.compiled(False)
+        for order in ((twin, {**twin, "WS": 0}), ({**twin, "num_stages": 3}, {**twin, "num_stages": 3, "WS": 0})[::-1]):
+            failed = compile_pool.STATS.failed
+            assert compile_pool.prebuild(lambda o=order: [step.kernel.launch(_Warmup(fn), tensors, c) for c in o]) == 2
+            assert compile_pool.STATS.failed == failed, order
+    finally:
+        driver.set_active(before)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_ws_configs_are_right_and_repeatable_on_the_gpu(dtype, monkeypatch):
