@@ -238,7 +238,8 @@ def compiles(warm: Callable[[], None]) -> list[tuple]:
     for fn, data in found:
         text, module, name, filename = getattr(fn, "dlblas_source", (None,) * 4)
         if text is not None:  # (one of our generated kernels; another function compiles here)
-            jobs.append((text, module, name, filename, data, (target.backend, target.arch, target.warp_size), knobs.cache.dir))
+            arch = (target.backend, target.arch, target.warp_size)
+            jobs.append((text, module, name, filename, data, arch, knobs.cache.dir))
     return jobs
 
 
