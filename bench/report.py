@@ -2123,6 +2123,58 @@ def store_ab_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
 
 
+def sdpa_backends_section(name: str) -> str:
+    """bench/sdpa_backends.py: each SDPA backend torch has on a layer's prefill attention (causal, one sequence),
+    grouped key/value heads as given or repeated to the query's first (do_bench µs, L2 cleared)."""
+    doc = _load(name)
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    for r in doc["rows"]:
+        row = cells.setdefault((r["layer"], r["heads"]), {})
+        if "error" in r:
+            row[f"{r['backend']}/{r['kv']}"] = "no kernel"
+        else:
+            row[f"{r['backend']}/{r['kv']}"] = f"{r['us']:.1f} ({r['tflops']:.0f})"
+            if "repeat_us" in r:
+                row["repeat"] = f"{r['repeat_us']:.1f}"
+    cols = ["default/grouped", "cudnn/grouped", "flash/grouped", "cudnn/repeated", "efficient/repeated", "repeat"]
+    out = ["| layer | q/kv heads × dim | torch's default µs (TFLOP/s) | cuDNN | flash | cuDNN, kv heads repeated "
+           "| memory-efficient, repeated | the repeat alone µs |", "|" + "---|" * 8]
+    for (layer, heads), row in cells.items():
+        if "flash/grouped" not in row:  # (as many kv heads as q heads: nothing repeated)
+            continue
+        out.append(f"| {layer} | {heads} | " + " | ".join(row.get(c, "—") for c in cols) + " |")
+    meta = doc["meta"]
+    env = {"gpu": meta["gpu"], "torch": meta["torch"], "versions": {"cuDNN": meta["cudnn"]}, "date": "2026-12-03",
+           "run": "call 2 of the fifty-third session, bf16, 2048 tokens, causal"}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
+
+
+def confirm_rounds_section(name: str) -> str:
+    """The confirmation round's finalists of a quick tuning, timed three ways in one process (.dbg's probe over the
+    tuner): the calls in turn one at a time (`paired`, commit b17feb2), the block round as landed (`in_turn`), then
+    paired again (median µs). The tuner kept the first paired round's pick (marked)."""
+    doc = _load(name)
+    out = ["| layer | region (M, N, K, streams) | config | paired µs | blocks µs | paired again µs |",
+           "|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        s, c = r["shape"], r["config"]
+        region = (f"attention S={s['S']}, {s['H']} heads" if r["kernel"] == "attention"
+                  else f"{s['M']}, {s['N']}, {s['K']}, {s['streams']}")  # fmt: skip
+        if r["kernel"] == "attention":
+            what = f"{c['BLOCK_M']}×{c['BLOCK_N']}, {c['num_warps']} warps, {c['num_stages']} stages"
+        elif c["MM"]:
+            what = f"cuBLAS + epilogue {c['BLOCK_M']}×{c['BLOCK_N']}, {c['num_warps']} warps"
+        else:
+            what = (f"K loop {c['BLOCK_M']}×{c['BLOCK_N']}×{c['BLOCK_K']}, {c['num_stages']} stages"
+                    + (", persistent" if c["PERSISTENT"] else "") + (", WS" if c["WS"] else ""))  # fmt: skip
+        mark = "**" if r["chosen"] else ""
+        out.append(f"| {r['layer']} | {region} | {mark}{what}{mark} | {r['paired_us']:.1f} | {r['blocks_us']:.1f} "
+                   f"| {r['paired2_us']:.1f} |")
+    env = {k: doc[k] for k in ("gpu", "torch", "triton", "date")}
+    env["run"] = "call 2 of the fifty-third session, bf16, M = 2048, quick tuning from an empty cache"
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
+
+
 def kernel_goal_section(label: str, name: str) -> str:
     """bench/run.py with Inductor's max-autotune kernels captured in a CUDA graph and replayed (their GPU time, no
     host in it) against our call as a user makes it (host, input copy and graph launch included): a floor for the
@@ -2189,6 +2241,8 @@ SECTIONS = {
         "gemm_2": "norm pass + our dual K loop with SiLU·mul", "gemm_3": "cuBLAS + our residual epilogue"}),
     "outside-sweep-s52": functools.partial(outside_sweep_section, "2026-12-03-h200-s52-gemms-outside-space.json"),
     "store-ab-s52": functools.partial(store_ab_section, "2026-12-03-h200-s52-store-ab.json"),
+    "sdpa-backends-s53": functools.partial(sdpa_backends_section, "2026-12-03-h200-s53-sdpa-backends.json"),
+    "confirm-rounds-s53": functools.partial(confirm_rounds_section, "2026-12-03-h200-s53-confirm-rounds.json"),
     "region-ab-s51": functools.partial(region_ab_section, "2026-12-03-h200-s51-region-ab.json", {
         "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
         "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
