@@ -2243,6 +2243,8 @@ SECTIONS = {
     "store-ab-s52": functools.partial(store_ab_section, "2026-12-03-h200-s52-store-ab.json"),
     "sdpa-backends-s53": functools.partial(sdpa_backends_section, "2026-12-03-h200-s53-sdpa-backends.json"),
     "confirm-rounds-s53": functools.partial(confirm_rounds_section, "2026-12-03-h200-s53-confirm-rounds.json"),
+    "paired-goal-s53": functools.partial(paired_goal_section, 1.1,
+                                         ("a", "the compile workers fixed", "2026-12-03-h200-s53-layers-m1-m128.json")),
     "region-ab-s51": functools.partial(region_ab_section, "2026-12-03-h200-s51-region-ab.json", {
         "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
         "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
