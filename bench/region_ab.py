@@ -3,6 +3,8 @@ cleared before each) and profiled per kernel back to back. Variants: QKV (gemm_0
 rotary epilogue (MM) at three epilogue tiles; gate/up (gemm_2) K loop vs MM.
 
     python bench/region_ab.py OUT llama3_8b,qwen25_7b   (writes OUT/region_ab.json; bench/NOTES.md 156)
+    CHAINED=0 python bench/region_ab.py ...             (every variant without programmatic dependent launch,
+                                                         `chained_launches=False`: NOTES 158's next step 2)
 """
 
 import collections
@@ -23,6 +25,7 @@ from dlblas_compiler.runtime.steps import RegionStep
 
 out = sys.argv[1]
 layers = sys.argv[2].split(",")
+CHAINED = os.environ.get("CHAINED", "1") != "0"
 BASE = {
     "SPLIT_K": 1,
     "GROUP_M": 8,
@@ -76,7 +79,7 @@ res = {}
 for layer in layers:
     mod, args, kwargs, _, _ = BLOCKS[f"layer_{layer}"](2048, torch.bfloat16, "cuda")
     with torch.no_grad():
-        base = dc.compile(mod, backend="triton", tune="quick")
+        base = dc.compile(mod, backend="triton", tune="quick", chained_launches=CHAINED)
         ref = base(*args, **kwargs)
         ref = (ref[0] if isinstance(ref, tuple) else ref).clone()
         _, st = steps_of(base)
@@ -95,7 +98,7 @@ for layer in layers:
         fns, names, errs = [], [], {}
         mods = []
         for name, forced in variants.items():
-            cm = base if name == "tuned" else dc.compile(mod, backend="triton", tune="quick")
+            cm = base if name == "tuned" else dc.compile(mod, backend="triton", tune="quick", chained_launches=CHAINED)
             try:
                 cm(*args, **kwargs)
                 p, st = steps_of(cm)
@@ -134,4 +137,4 @@ for layer in layers:
             )
         del mods, fns, base
         torch.cuda.empty_cache()
-json.dump(res, open(os.path.join(out, "region_ab.json"), "w"), indent=1)
+json.dump(res, open(os.path.join(out, "region_ab.json" if CHAINED else "region_ab_unchained.json"), "w"), indent=1)
