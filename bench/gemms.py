@@ -18,10 +18,10 @@ or the reference (cuBLAS and torch ops) where that measured faster).
 only those tiles of it; `--sweep-splits`: also its persistent configs with the last wave split 2, 4 or 8 ways over K
 (those the region's space accepts: where the split parts still fill one wave, bench/NOTES.md 138); `--sweep-ws`: only
 its persistent configs, each with its warp-specialized (Gluon) twin, on the regions that have one (NOTES 144).
-`--sweep-outside '[{"BLOCK_M": 256, "BLOCK_N": 64}, ...]'` (with `--sweep`): these configs instead of the fixed list, outside
-the tuner's space or not (each a K-loop
-config, persistent through TMA with 8 warps, `OUTSIDE_BASE`, overridden by the given values; the region's NORM_PASS
-kept), launched without the space's check and their violations recorded: to measure a tile before the space offers it.
+`--sweep-outside '[{"BLOCK_M": 256, "BLOCK_N": 64}, ...]'` (with `--sweep`): these configs instead of the fixed
+list, outside the tuner's space or not (each a K-loop config, persistent through TMA with 8 warps, `OUTSIDE_BASE`,
+overridden by the given values; the region's NORM_PASS kept), launched without the space's check and their
+violations recorded: to measure a tile before the space offers it.
 `--with-op dl.rotary`: only the regions with that op.
 `--ln`: also the user pattern LayerNorm→Linear(bias)→GELU (Phi-2's MLP dims) lowered to one generated GEMM kernel.
 Writes OUT/gemms.json (appended per layer, so a run cut short keeps what it measured).

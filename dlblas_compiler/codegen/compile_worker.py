@@ -4,9 +4,10 @@ Run as a script (`python -P compile_worker.py`), it imports Triton and nothing o
 starts in a fraction of a second). It reads jobs from stdin and answers each on stdout, both pickled: a job is
 (kernel file text, its module name, function name, file name, Triton's specialization data of one launch, target,
 cache folder), its answer (None or the error's first line, the seconds it took). It compiles the function for that
-specialization exactly as the launching process would (`JITFunction.preload`'s reading of the data, then `triton.compile`), so the
-launching process, compiling the same launch afterwards, finds the binary in the cache under the same key; for
-CUDA it also builds the kernel's launcher (a C module) there. It needs no GPU. The process ends when stdin closes.
+specialization exactly as the launching process would (`JITFunction.preload`'s reading of the data, then
+`triton.compile`), so the launching process, compiling the same launch afterwards, finds the binary in the cache
+under the same key; for CUDA it also builds the kernel's launcher (a C module) there. It needs no GPU. The process
+ends when stdin closes.
 """
 
 from __future__ import annotations

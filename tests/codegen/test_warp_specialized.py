@@ -121,8 +121,8 @@ def test_builds_warp_specialized_for_sm90_without_spills(workers):  # noqa: F811
 
 
 def test_one_worker_builds_a_kernel_and_its_ws_twin_from_one_file(workers, monkeypatch):  # noqa: F811
-    """A GEMM's file holds two functions, its Triton kernel and its Gluon twin `<name>_ws`. One worker given jobs of
-    both, in either order, builds each (until the fifty-third session a worker kept the first function it built
+    """A GEMM's file holds two functions, its Triton kernel and its Gluon twin `<name>_ws`. A fresh worker given jobs
+    of both, in either order, builds each (until the fifty-third session a worker kept the first function it built
     from a file and answered the other's jobs with it: "'PERSISTENT' is not in list", and the tuner's batches on
     the GPU compiled those candidates one after another in the launching process instead)."""
     from triton.runtime.driver import driver
@@ -139,7 +139,9 @@ def test_one_worker_builds_a_kernel_and_its_ws_twin_from_one_file(workers, monke
     driver.set_active(compile_pool.Sm90Driver())
     try:
         fn = step.kernel.compiled(False)
-        for order in ((twin, {**twin, "WS": 0}), ({**twin, "num_stages": 3}, {**twin, "num_stages": 3, "WS": 0})[::-1]):
+        twin3 = {**twin, "num_stages": 3}
+        for order in ((twin, {**twin, "WS": 0}), ({**twin3, "WS": 0}, twin3)):  # (new configs: nothing cached)
+            compile_pool.shutdown()  # (a fresh worker for each order: it has built nothing from the file yet)
             failed = compile_pool.STATS.failed
             assert compile_pool.prebuild(lambda o=order: [step.kernel.launch(_Warmup(fn), tensors, c) for c in o]) == 2
             assert compile_pool.STATS.failed == failed, order
