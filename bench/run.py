@@ -36,10 +36,12 @@ from torch.utils import _pytree as pytree
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import dlblas_compiler as dc  # noqa: E402
 from blocks import BLOCKS, floor_us  # noqa: E402
 from ceilings import measure as measure_ceilings  # noqa: E402
+
+import dlblas_compiler as dc  # noqa: E402
 from dlblas_compiler.numerics import rel_error  # noqa: E402
+from dlblas_compiler.tuning import profiler  # noqa: E402
 
 MODES = ["eager", "inductor", "max-autotune", "max-autotune-no-cudagraphs", "ours", "ours-nocg"]
 
@@ -55,30 +57,9 @@ def do_bench(fn) -> float:
 
 
 def paired(fns: list, calls: int) -> list[list[float]]:
-    """`calls` calls of each of `fns` taken in turn, one call at a time (the order rotating each time), each timed
-    as do_bench times one (L2 cleared, events around the call, no wait for the GPU): the modes' calls are made
-    under the same GPU state (the power limiter's clock drifts by up to ~10% between do_bench blocks of 0.1 s,
-    bench/NOTES.md 156), so the ratio of two modes' medians, or the median of their per-turn ratios, compares
-    like with like. Per fn its calls' µs, in turn order."""
-    from triton import runtime
-
-    driver = runtime.driver.active
-    cache = driver.get_empty_cache_for_benchmark()
-    n = len(fns)
-    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-              for _ in fns]  # fmt: skip
-    for fn in fns:  # (a warm call each: a first call after another mode's may re-capture or allocate)
-        fn()
-    torch.cuda.synchronize()
-    for t in range(calls):
-        for i in [(t + j) % n for j in range(n)]:
-            driver.clear_cache(cache)
-            a, b = events[i][t]
-            a.record()
-            fns[i]()
-            b.record()
-    torch.cuda.synchronize()
-    return [[a.elapsed_time(b) * 1e3 for a, b in evs] for evs in events]
+    """`calls` calls of each of `fns` in turn, one call at a time (`profiler.paired`): per fn its calls' µs, in turn
+    order."""
+    return [[t * 1e6 for t in ts] for ts in profiler.paired(fns, calls)]
 
 
 def graphed(fn):

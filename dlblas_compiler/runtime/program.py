@@ -4,7 +4,8 @@
 (`runtime.steps`): kernel launches (one per `dl.fused` region), torch references (ops left unfused), torch
 calls, and registered op implementations (`runtime.ops`). Weight-only values are `DerivedWeights`
 (`runtime.weights`). On the first call, with tuning on, each kernel's config is searched and the kernel timed
-against its region's reference (`runtime.selection`); on CUDA the program is then captured as one CUDA graph
+against its region's reference (`runtime.selection`), and where near-ties remain they are decided in the
+program's own CUDA graph (`runtime.in_context`); on CUDA the program is then captured as one CUDA graph
 and replayed while the input signature matches, where that pays (`runtime.graphs`). A region whose kernel fails
 to lower, compile, tune or launch (at any call) falls back to its reference with one warning naming the region
 and the cause (an error under strict=True); a region over empty tensors runs its reference silently.
@@ -26,12 +27,14 @@ from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ..codegen.device import has_pdl
 from ..dialects import CatOp, ConstantOp, FusedOp, IndexCopyOp, ParamOp, TorchCallOp
+from ..errors import DeviceFault, is_device_fault
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
 from .graphs import IN_PLACE_BYTES, CudaGraph, input_key
 from .inplace import (InPlaceIndexCopy, WriteInput, batched, deferrable, inplace_updates, input_writes, reaches_output,
                       region_writes)
 from .ops import OP_STEPS, op_step
+from . import in_context
 from .selection import Together
 from .stacked import stacked
 from .steps import ConstantStep, KernelChoice, ReferenceStep, RegionStep, TorchStep, as_tuple, first_line
@@ -140,6 +143,8 @@ class Program:
                     env[slot] = None
             if together is not None:
                 together.tune()
+                if self.cuda_graphs and in_context.ENABLED:
+                    self._decide_in_context(inputs, together)
         except BaseException:
             if tuning:  # (interrupted, say: regions left without a config; the next call tunes what is not cached)
                 self.tuned = False
@@ -148,6 +153,18 @@ class Program:
             self.logged = True
             _log_choices(self.choices)
         return tuple(env[s] for s in self.outputs)
+
+    def _decide_in_context(self, inputs: list, together: Together) -> None:
+        """The near-ties left by tuning, decided in this program's CUDA graph (`in_context`); a failure keeps the
+        choices made alone, with a warning."""
+        try:
+            in_context.decide(self, inputs, list(together.groups.values()))
+        except Exception as e:  # noqa: BLE001 - an optimisation: the choices made alone stand
+            if is_device_fault(e):
+                raise DeviceFault(f"deciding near-tied kernels in the program's CUDA graph faulted the GPU "
+                                  f"({type(e).__name__}: {first_line(e)}); restart the process") from e  # fmt: skip
+            log.warning("deciding near-tied kernels in the program's CUDA graph failed (%s: %s); keeping the choices "
+                        "measured alone", type(e).__name__, first_line(e))  # fmt: skip
 
     def _written(self, inputs: list) -> set[int]:
         """The storages of the inputs the program writes in place."""

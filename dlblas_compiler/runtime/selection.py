@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,6 +58,11 @@ SELECT_ROUNDS = 3
 # kernel's side of that first comparison is the search's full timing of its config where the search just made one
 # (bench/NOTES.md item 101)
 SELECT_PROBE_MS, SELECT_CLEAR = (5.0, 10.0), 1.5
+# what measured alone within this share of a region's choice (its confirmation round's finalists; the reference
+# against the kernel, or the kernel against the reference) is kept as an alternative, up to MAX_ALTERNATIVES of them,
+# for the program to decide in its own CUDA graph (`runtime.in_context`): the finalists of most long GEMMs lie
+# within 1% of each other and two rounds timed alone order them differently even 2.3% apart (bench/NOTES.md 158)
+NEAR, MAX_ALTERNATIVES = 0.03, 3
 
 
 def tune_region(step: RegionStep, tensors: list, mode: str, progress: bool = True,
@@ -97,6 +103,8 @@ def _search(step: RegionStep, tensors: list, mode: str, progress: bool, wait: Ca
     job = _job(step, tuple(t.dtype for t in tensors), tensors[0].device, make, ref, prepare)
     out = tune(job, mode, progress=progress)
     c.config, c.time, c.default_time, c.trials, c.from_cache = out.config, out.time, out.default_time, out.trials, out.from_cache
+    c.alternatives = [("kernel", cfg, t) for cfg, _, t in out.finalists
+                      if cfg != out.config and t <= (1 + NEAR) * out.time][:MAX_ALTERNATIVES]  # fmt: skip
 
 
 def _job(step: RegionStep, dtypes: tuple, device: torch.device, make: Callable, ref: Any = None,
@@ -104,6 +112,17 @@ def _job(step: RegionStep, dtypes: tuple, device: torch.device, make: Callable, 
     kind, key = step.kernel.tuning_key
     return TuneJob(kind, key, step.kernel.space, make, step.kernel.shape_key, dtypes, device, ref,
                    token_dims=TOKEN_DIMS, prepare=prepare)  # fmt: skip
+
+
+@dataclass
+class Group:
+    """The regions of a program that share one search (the same kernel in every layer): the first of them (whose
+    choice the others take) with its inputs, and all of them."""
+
+    key: Any
+    leader: RegionStep
+    tensors: list
+    members: list[RegionStep]
 
 
 class Together:
@@ -119,13 +138,18 @@ class Together:
         self.followers: list[tuple[RegionStep, Any]] = []  # a region whose search another makes, that search's key
         self.weights: dict[Any, float] = {}  # search key -> the estimated seconds of every region it serves
         self.total = 0.0  # the estimated seconds of every region to tune (searched here or answered by the cache)
+        self.groups: dict[Any, Group] = {}  # search key -> the regions sharing that search (`in_context`)
 
     def defer(self, step: RegionStep, tensors: list) -> bool:
+        job = _job(step, tuple(t.dtype for t in tensors), tensors[0].device, _no_build)
+        key = job.cache_key()
+        if key in self.groups:
+            self.groups[key].members.append(step)
+        else:
+            self.groups[key] = Group(key, step, tensors, [step])
         if not TOGETHER:
             tune_region(step, tensors, self.mode, self.progress)
             return False
-        job = _job(step, tuple(t.dtype for t in tensors), tensors[0].device, _no_build)
-        key = job.cache_key()
         cost = _estimate(step)
         self.total += cost
         if key in self.searches:
@@ -138,6 +162,7 @@ class Together:
         kept = [t.clone() if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self.written else t
                 for t in tensors]  # fmt: skip
         self.searches[key] = (step, kept)
+        self.groups[key].tensors = kept
         self.weights[key] = cost
         return True
 
@@ -239,6 +264,18 @@ def select(step: RegionStep, tensors: list) -> None:
         impl = min(times, key=times.get)
         hit = CacheEntry({"impl": impl}, times[impl], times["kernel"], 2)
         cache.put(key, hit)
+        _near_ties(c, times, impl)
     if hit.config["impl"] == "reference":
         c.impl, c.reference_time = "reference", hit.time
         c.reason = "the reference (torch / cuBLAS) measured faster"
+
+
+def _near_ties(c: KernelChoice, times: dict[str, float], impl: str) -> None:
+    """The alternatives left after `select` chose `impl` by `times`: those within NEAR of its time, with the side
+    not chosen among them where it is (the kernel with its tuned config, or the reference)."""
+    within = (1 + NEAR) * times[impl]
+    other = "reference" if impl == "kernel" else "kernel"
+    alts = [a for a in c.alternatives if a[2] <= within]
+    if times[other] <= within:
+        alts.insert(0, (other, None if other == "reference" else dict(c.config or {}), times[other]))
+    c.alternatives = alts[:MAX_ALTERNATIVES]

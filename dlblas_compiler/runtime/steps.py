@@ -42,6 +42,9 @@ class KernelChoice:
     check_error: float | None = None  # check=True: the worst relative error against the reference so far
     check_tolerance: float = 0.0
     check_calls: int = 0
+    # what measured within `selection.NEAR` of this choice alone (impl, config, seconds): the program decides
+    # between them in its own CUDA graph after its first call is tuned (`runtime.in_context`)
+    alternatives: list[tuple[str, dict | None, float]] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict:
         d = {"name": self.region, "pattern": self.pattern, "impl": self.impl, "config": self.config or {}}

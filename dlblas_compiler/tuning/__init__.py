@@ -2,7 +2,7 @@
 
 from .cache import CacheEntry, CacheKey, DeviceFingerprint, TuneCache, bucket, default_path, device_fingerprint
 from .policies import POLICIES, Progress, Trial, TuneResult, bayes, grid, random
-from .profiler import TuningCheckError, as_outputs, benchmark, in_turn, make_objective
+from .profiler import TuningCheckError, as_outputs, benchmark, in_turn, make_objective, paired
 from .space import Config, SearchSpace, pow2
 from .tuner import (
     TUNE_MODES,
@@ -31,6 +31,7 @@ __all__ = [
     "bayes",
     "benchmark",
     "in_turn",
+    "paired",
     "make_objective",
     "as_outputs",
     "TuningCheckError",

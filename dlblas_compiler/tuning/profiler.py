@@ -137,6 +137,38 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, sett
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
 
 
+def paired(calls: Sequence[Callable[[], Any]], turns: int, before: Callable[[], Any] | None = None) -> list[list[float]]:
+    """`turns` calls of each of `calls` taken in turn, one call at a time (the order rotating each turn), each timed
+    as `triton.testing.do_bench` times one (L2 cleared, events around the call, no wait for the GPU between calls):
+    all of them run under the same state of the card (the power limiter's clock drifts by up to ~10% between
+    blocks of 0.1 s, bench/NOTES.md 156), so the median of their per-turn ratios compares like with like. `before`
+    (optional) runs ahead of each call's clear, outside its events (putting back what a call wrote in place). Per
+    call, its seconds in turn order. GPU only."""
+    from triton import runtime
+
+    driver = runtime.driver.active
+    cache = driver.get_empty_cache_for_benchmark()
+    n = len(calls)
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(turns)]
+              for _ in calls]  # fmt: skip
+    for call in calls:  # (a warm call each: a first call after another's may allocate)
+        if before is not None:
+            before()
+        call()
+    torch.cuda.synchronize()
+    for t in range(turns):
+        for i in [(t + j) % n for j in range(n)]:
+            if before is not None:
+                before()
+            driver.clear_cache(cache)
+            start, end = events[i][t]
+            start.record()
+            calls[i]()
+            end.record()
+    torch.cuda.synchronize()
+    return [[start.elapsed_time(end) / 1e3 for start, end in evs] for evs in events]
+
+
 # the confirmation round (`confirm`): after a search, the finalists (up to TuneMode.confirm of them, each within
 # CONFIRM_WITHIN of the best search time, and the default config: tuner._confirmed) are timed again `in_turn`,
 # CONFIRM_ROUNDS blocks of CONFIRM_MS (warm-up, repetition ms) each, and the one with the lowest median wins. Only on

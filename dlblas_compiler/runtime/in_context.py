@@ -1,0 +1,173 @@
+"""Near-ties decided in the program's own CUDA graph, after its first call is tuned.
+
+A region's search times each candidate alone: L2 cleared, no neighbours, at the clock a lone kernel holds. The
+program runs it between other kernels, its start and end overlapping theirs (programmatic dependent launch), at the
+clock the whole program holds at the card's power limit. Among configs within a few per cent of each other the
+order measured alone is noise against that: two confirmation rounds of the same finalists chose differently in five
+of nine regions, even 2.3% apart, and a cuBLAS-product config that beat our K loop alone by 0.7% made its layer 0.9%
+slower (bench/NOTES.md 156, 158).
+
+So each group of regions sharing a search (the same kernel in every layer: `selection.Group`) whose choice kept
+alternatives (`KernelChoice.alternatives`: what measured within `selection.NEAR` of it alone) is decided here: the
+program is captured as a CUDA graph with the current choice and with each alternative (every region of the group
+alike), the two replays are timed in turn (`tuning.paired`), and the alternative is kept where the median of their
+per-turn ratios is below 1 - MARGIN. Groups go in order of their estimated share of the call. The winner is written
+to the tuning cache in place of the choice made alone (the search's entry, and the kernel-or-reference entry), so a
+later process starts from it and does not decide again. Only where the program replays CUDA graphs (a program run
+by direct launches is timed by its host as much as by its kernels). `DLBLAS_IN_CONTEXT=0` turns it off (to measure
+what it buys).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import is_device_fault
+from ..tuning import CacheEntry, default_cache, paired
+from .graphs import CudaGraph
+from .selection import Group, _estimate, _select_key
+
+log = logging.getLogger("dlblas_compiler.tuning")
+ENABLED = os.environ.get("DLBLAS_IN_CONTEXT", "1") != "0"
+# an alternative is kept where the median of its per-turn time ratios against the current choice is below 1 - MARGIN
+MARGIN = 0.002
+# each comparison takes about BUDGET_S of GPU time (both graphs), in TURNS turns at least and at most
+BUDGET_S, TURNS = 0.3, (10, 60)
+
+Alternative = tuple[str, dict | None, float]  # (impl, config, seconds alone)
+Runner = Callable[[], Callable[[], Any]]  # captures the program as it stands; returns one call of it (a replay)
+
+
+def contested(groups: Sequence[Group]) -> list[Group]:
+    """The groups whose choice kept alternatives, the largest estimated share of the call first."""
+    out = [g for g in groups if g.leader.choice.alternatives and g.leader.choice.impl in ("kernel", "reference")]
+    return sorted(out, key=lambda g: -_estimate(g.leader) * len(g.members))
+
+
+def decide(program: Any, inputs: list, groups: Sequence[Group], runner: Runner | None = None,
+           timer: Callable[..., list[list[float]]] | None = None) -> int:  # fmt: skip
+    """Decide each contested group's choice in the program (see the module docstring); the number of groups whose
+    choice changed. `runner` captures the program and returns a replay (default: a CUDA graph of `program.run` on
+    `inputs`, the inputs it writes in place put back before each timed call); `timer(calls, turns, before)` times
+    calls in turn (`tuning.paired`)."""
+    todo = contested(groups)
+    if not todo:
+        return 0
+    t0 = time.perf_counter()
+    before, timer = None, timer or paired
+    if runner is None:
+        runner, before = _graph_runner(program, inputs)
+    changed = 0
+    current = runner()
+    turns = _turns(current, timer, before)
+    for g in todo:
+        c = g.leader.choice
+        start = (c.impl, dict(c.config or {}))
+        alone = {_key(c.config): c.time}  # (each kernel config's seconds alone)
+        reference = c.reference_time
+        for alt in list(c.alternatives):
+            was: Alternative = (c.impl, dict(c.config or {}), 0.0)
+            _apply(g, alt)
+            try:
+                candidate = runner()
+                ratio = _ratio(timer([current, candidate], turns, before))
+            except Exception as e:  # noqa: BLE001 - the alternative ran in its search; the choice stands
+                if is_device_fault(e):
+                    raise
+                log.warning("region %s: timing %s %s in the program failed (%s: %s); keeping %s %s", c.region,
+                            alt[0], alt[1] or "", type(e).__name__, _first_line(e), was[0], was[1])  # fmt: skip
+                _apply(g, was)
+                continue
+            kept = ratio < 1 - MARGIN and all(m.choice.impl == alt[0] for m in g.members)
+            log.info("region %s (%d regions): %s %s in the program x%.4f against %s %s: %s", c.region,
+                     len(g.members), alt[0], alt[1] or "", ratio, was[0], was[1] if was[0] == "kernel" else "",
+                     "kept" if kept else "not kept")  # fmt: skip
+            if kept:
+                current = candidate
+                if alt[0] == "kernel":
+                    alone[_key(alt[1])] = alt[2]
+                else:
+                    reference = alt[2]
+            else:
+                _apply(g, was)
+        if (c.impl, dict(c.config or {})) != start:
+            _persist(g, start, alone.get(_key(c.config)), reference)
+            changed += 1
+        for m in g.members:
+            m.choice.alternatives = []
+    log.info("decided %d contested region kernels in the program's CUDA graph in %.1f s (%d turns a comparison); "
+             "%d changed", len(todo), time.perf_counter() - t0, turns, changed)  # fmt: skip
+    return changed
+
+
+def _key(config: dict | None) -> str:
+    return str(sorted((config or {}).items()))
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0][:200] if s else type(e).__name__
+
+
+def _apply(g: Group, alt: Alternative) -> None:
+    """Every region of the group runs `alt`: its impl, and its config where it names one (a reference alternative
+    names none: the kernel's config stays, for the report and for putting the kernel back)."""
+    impl, config, _ = alt
+    for m in g.members:
+        m.choice.impl = impl
+        if config is not None:
+            m.choice.config = dict(config)
+
+
+def _persist(g: Group, start: tuple[str, dict], kernel_s: float | None, reference_s: float | None) -> None:
+    """Write the group's choice, changed from `start` (impl, config) in the program, where the tuning cache keeps
+    it: the search's entry (its config) and the kernel-or-reference entry; each region's report says why."""
+    c = g.leader.choice
+    cache = default_cache()
+    config = dict(c.config or {})
+    if config != start[1]:
+        hit = cache.get(g.key)
+        cache.put(g.key, CacheEntry(config, kernel_s, hit.default_time if hit else None, hit.trials if hit else 0))
+    chosen = kernel_s if c.impl == "kernel" else reference_s
+    cache.put(_select_key(g.leader, g.tensors, config), CacheEntry({"impl": c.impl}, chosen, kernel_s, 2))
+    what = "the reference" if start[0] == "reference" else f"the kernel with {start[1]}"
+    why = f"decided in the program's CUDA graph over {what}, measured fastest alone"
+    for m in g.members:
+        m.choice.reason, m.choice.time = why, kernel_s
+        m.choice.reference_time = reference_s if c.impl == "reference" else None
+
+
+def _ratio(times: list[list[float]]) -> float:
+    """The median per-turn ratio of the second call's time to the first's."""
+    return statistics.median(b / a for a, b in zip(times[0], times[1], strict=True))
+
+
+def _turns(call: Callable[[], Any], timer: Callable[..., list[list[float]]], before: Callable | None) -> int:
+    """Turns a comparison takes: about BUDGET_S of GPU time for two calls, within TURNS."""
+    seconds = statistics.median(timer([call], 3, before)[0])
+    return int(min(TURNS[1], max(TURNS[0], BUDGET_S / max(2 * seconds, 1e-9))))
+
+
+def _graph_runner(program: Any, inputs: list) -> tuple[Runner, Callable[[], None] | None]:
+    """Capture `program.run` on `inputs` as a CUDA graph (as the program's own replays run it), and what puts back
+    the inputs it writes in place (a KV cache, a counter) before each timed replay."""
+    saved = [(inputs[i], inputs[i].clone()) for i in program.static_inputs if isinstance(inputs[i], torch.Tensor)]
+
+    def reset() -> None:
+        for t, v in saved:
+            t.copy_(v)
+
+    def runner() -> Callable[[], Any]:
+        graph = CudaGraph(program.run, program.static_inputs, checked=False)
+        if not graph.capture(inputs):
+            raise RuntimeError("the program could not be captured")
+        return graph.replay_captured  # (holding the capture's own inputs: see `CudaGraph.replay_captured`)
+
+    return runner, (reset if saved else None)
