@@ -2056,6 +2056,33 @@ def region_ab_section(name: str, labels: dict[str, str], env: dict) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
 
 
+def in_context_ab_section(name: str, env: dict) -> str:
+    """bench/in_context_ab.py: each layer tuned afresh with the near-tie round on (`runtime.in_context`); per layer
+    the regions whose choice the round changed (from what measured fastest alone to what it kept), and where it
+    changed one, the layer with those regions put back against the layer as the round left it, paired."""
+    doc = _load(name)
+
+    def what(impl: str, config: dict | None) -> str:
+        if impl != "kernel":
+            return "the reference (cuBLAS)"
+        c = config or {}
+        kind = ("cuBLAS product + our epilogue" if c.get("MM") else
+                "our warp-specialized (Gluon) K loop" if c.get("WS") else "our K loop")
+        return (f"{kind} {c.get('BLOCK_M')}×{c.get('BLOCK_N')}, {c.get('num_stages')} stages"
+                + (", persistent" if c.get("PERSISTENT") else ""))
+
+    out = ["| layer | region changed: measured fastest alone → kept in the program | alone µs (paired) "
+           "| in context µs (paired) | per-turn ratio |", "|---|---|---|---|---|"]
+    for layer, r in doc.items():
+        changes = []
+        for names, (impl, config) in r["changed"]:
+            now = r["chosen"][names[0]]
+            changes.append(f"{', '.join(names)}: {what(impl, config)} → {what(now[0], now[1])}")
+        out.append(f"| {layer} | {'; '.join(changes) or 'none'} | {_fmt(r.get('alone_us'))} "
+                   f"| {_fmt(r.get('in_context_us'))} | {_num(r.get('per_turn_ratio'), '.4f')} |")
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
+
+
 def kernel_energy_section(name: str, labels: dict[str, str]) -> str:
     """bench/kernel_energy.py: each GEMM region's tuned launch and cuBLAS's bare product of its shape, replayed back
     to back for a second in turn (three rounds each): µs a call, nvidia-smi's median power and SM clock, energy a
@@ -2241,6 +2268,29 @@ SECTIONS = {
         "gemm_2": "norm pass + our dual K loop with SiLU·mul", "gemm_3": "cuBLAS + our residual epilogue"}),
     "outside-sweep-s52": functools.partial(outside_sweep_section, "2026-12-03-h200-s52-gemms-outside-space.json"),
     "store-ab-s52": functools.partial(store_ab_section, "2026-12-03-h200-s52-store-ab.json"),
+    "in-context-ab-s54": functools.partial(in_context_ab_section, "2026-12-03-h200-s54-in-context-ab.json", {
+        "gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+        "run": "call 4 of the fifty-fourth session: bf16, 2048 tokens, each layer tuned `quick` from an empty cache, "
+               "100 paired turns"}),
+    "region-ab-s54-chained": functools.partial(region_ab_section, "2026-12-03-h200-s54-region-ab-chained.json", {
+        "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
+        "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
+        "gu_kloop": "gate/up: our TMA K loop (128×128)",
+        "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)"},
+        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+         "run": "call 1 of the fifty-fourth session: bf16, ours tuned `quick`, with programmatic dependent launch, "
+                "80 paired turns"}),
+    "region-ab-s54-unchained": functools.partial(region_ab_section, "2026-12-03-h200-s54-region-ab-unchained.json", {
+        "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
+        "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
+        "gu_kloop": "gate/up: our TMA K loop (128×128)",
+        "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)"},
+        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+         "run": "call 1 of the fifty-fourth session: bf16, the same tuning, every variant without programmatic "
+                "dependent launch (`CHAINED=0`), 80 paired turns"}),
+    "paired-goal-s54": functools.partial(paired_goal_section, 1.05,
+                                         ("a", "the near-tie round on",
+                                          "2026-12-03-h200-s54-layer-mistral-m2048-paired.json")),
     "sdpa-backends-s53": functools.partial(sdpa_backends_section, "2026-12-03-h200-s53-sdpa-backends.json"),
     "confirm-rounds-s53": functools.partial(confirm_rounds_section, "2026-12-03-h200-s53-confirm-rounds.json"),
     "paired-goal-s53": functools.partial(paired_goal_section, 1.1,
