@@ -2083,6 +2083,14 @@ def in_context_ab_section(name: str, env: dict) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, "")]) + "\n"
 
 
+# bench/region_ab.py's variants, as its tables name them
+REGION_AB_LABELS = {
+    "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
+    "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
+    "gu_kloop": "gate/up: our TMA K loop (128×128)",
+    "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)"}
+
+
 def kernel_energy_section(name: str, labels: dict[str, str]) -> str:
     """bench/kernel_energy.py: each GEMM region's tuned launch and cuBLAS's bare product of its shape, replayed back
     to back for a second in turn (three rounds each): µs a call, nvidia-smi's median power and SM clock, energy a
@@ -2272,20 +2280,12 @@ SECTIONS = {
         "gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
         "run": "call 4 of the fifty-fourth session: bf16, 2048 tokens, each layer tuned `quick` from an empty cache, "
                "100 paired turns"}),
-    "region-ab-s54-chained": functools.partial(region_ab_section, "2026-12-03-h200-s54-region-ab-chained.json", {
-        "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
-        "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
-        "gu_kloop": "gate/up: our TMA K loop (128×128)",
-        "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)"},
-        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+    "region-ab-s54-chained": functools.partial(region_ab_section, "2026-12-03-h200-s54-region-ab-chained.json",
+                                         REGION_AB_LABELS, {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
          "run": "call 1 of the fifty-fourth session: bf16, ours tuned `quick`, with programmatic dependent launch, "
                 "80 paired turns"}),
-    "region-ab-s54-unchained": functools.partial(region_ab_section, "2026-12-03-h200-s54-region-ab-unchained.json", {
-        "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
-        "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
-        "gu_kloop": "gate/up: our TMA K loop (128×128)",
-        "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)"},
-        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+    "region-ab-s54-unchained": functools.partial(region_ab_section, "2026-12-03-h200-s54-region-ab-unchained.json",
+                                         REGION_AB_LABELS, {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
          "run": "call 1 of the fifty-fourth session: bf16, the same tuning, every variant without programmatic "
                 "dependent launch (`CHAINED=0`), 80 paired turns"}),
     "paired-goal-s54": functools.partial(paired_goal_section, 1.05,
@@ -2295,12 +2295,8 @@ SECTIONS = {
     "confirm-rounds-s53": functools.partial(confirm_rounds_section, "2026-12-03-h200-s53-confirm-rounds.json"),
     "paired-goal-s53": functools.partial(paired_goal_section, 1.1,
                                          ("a", "the compile workers fixed", "2026-12-03-h200-s53-layers-m1-m128.json")),
-    "region-ab-s51": functools.partial(region_ab_section, "2026-12-03-h200-s51-region-ab.json", {
-        "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
-        "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
-        "gu_kloop": "gate/up: our TMA K loop (128×128)",
-        "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)"},
-        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+    "region-ab-s51": functools.partial(region_ab_section, "2026-12-03-h200-s51-region-ab.json",
+                                         REGION_AB_LABELS, {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
          "run": "call 2 of the fifty-first session: bf16, ours tuned `quick`, 80 paired turns"}),
     "paired-goal-s51": functools.partial(paired_goal_section, 1.05,
                                          ("a", "the tree at the session's start",
