@@ -2281,11 +2281,13 @@ SECTIONS = {
         "run": "call 4 of the fifty-fourth session: bf16, 2048 tokens, each layer tuned `quick` from an empty cache, "
                "100 paired turns"}),
     "region-ab-s54-chained": functools.partial(region_ab_section, "2026-12-03-h200-s54-region-ab-chained.json",
-                                         REGION_AB_LABELS, {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+                                         REGION_AB_LABELS,
+        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
          "run": "call 1 of the fifty-fourth session: bf16, ours tuned `quick`, with programmatic dependent launch, "
                 "80 paired turns"}),
     "region-ab-s54-unchained": functools.partial(region_ab_section, "2026-12-03-h200-s54-region-ab-unchained.json",
-                                         REGION_AB_LABELS, {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+                                         REGION_AB_LABELS,
+        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
          "run": "call 1 of the fifty-fourth session: bf16, the same tuning, every variant without programmatic "
                 "dependent launch (`CHAINED=0`), 80 paired turns"}),
     "paired-goal-s54": functools.partial(paired_goal_section, 1.05,
@@ -2296,7 +2298,8 @@ SECTIONS = {
     "paired-goal-s53": functools.partial(paired_goal_section, 1.1,
                                          ("a", "the compile workers fixed", "2026-12-03-h200-s53-layers-m1-m128.json")),
     "region-ab-s51": functools.partial(region_ab_section, "2026-12-03-h200-s51-region-ab.json",
-                                         REGION_AB_LABELS, {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+                                         REGION_AB_LABELS,
+        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
          "run": "call 2 of the fifty-first session: bf16, ours tuned `quick`, 80 paired turns"}),
     "paired-goal-s51": functools.partial(paired_goal_section, 1.05,
                                          ("a", "the tree at the session's start",
