@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-
 _STREAMS: dict[int, torch.cuda.Stream] = {}
 # the graphs our programs captured whose every parameter read is a derived weight's source: each replay follows a
 # check that those have not moved (`Program.__call__`), so building concatenated weights need not keep parameters in
@@ -95,6 +94,7 @@ class CudaGraph:
     handout: bool = True
     note: str = ""  # the keep-or-drop measurement, for the report
     checked: bool = False  # every parameter the run reads is checked before each replay (`OURS`)
+    quiet: bool = False  # a failed capture raises (a timing's capture: the caller says what failed), no warning
     graph: Any = None
     static_in: list[torch.Tensor] | None = None
     static_out: tuple | None = None
@@ -137,6 +137,8 @@ class CudaGraph:
                 OURS.add(graph)
             return True
         except Exception as e:  # noqa: BLE001 - a program that cannot be captured still runs
+            if self.quiet:
+                raise
             logging.getLogger("dlblas_compiler.runtime").warning("CUDA graph capture failed (%s: %s)", type(e).__name__,
                                                                  e)  # fmt: skip
             warnings.warn(f"dlblas_compiler: CUDA graph capture failed ({type(e).__name__}: {e}); running without", stacklevel=4)

@@ -46,8 +46,14 @@ Runner = Callable[[], Callable[[], Any]]  # captures the program as it stands; r
 
 
 def contested(groups: Sequence[Group]) -> list[Group]:
-    """The groups whose choice kept alternatives, the largest estimated share of the call first."""
-    out = [g for g in groups if g.leader.choice.alternatives and g.leader.choice.impl in ("kernel", "reference")]
+    """The groups whose choice kept alternatives, every region of the group running what the first does (a region
+    that fell back alone is left as it is), the largest estimated share of the call first."""
+    def agreed(g: Group) -> bool:
+        c = g.leader.choice
+        return c.impl in ("kernel", "reference") and all((m.choice.impl, m.choice.config) == (c.impl, c.config)
+                                                         for m in g.members)  # fmt: skip
+
+    out = [g for g in groups if g.leader.choice.alternatives and agreed(g)]
     return sorted(out, key=lambda g: -_estimate(g.leader) * len(g.members))
 
 
@@ -55,15 +61,29 @@ def decide(program: Any, inputs: list, groups: Sequence[Group], runner: Runner |
            timer: Callable[..., list[list[float]]] | None = None) -> int:  # fmt: skip
     """Decide each contested group's choice in the program (see the module docstring); the number of groups whose
     choice changed. `runner` captures the program and returns a replay (default: a CUDA graph of `program.run` on
-    `inputs`, the inputs it writes in place put back before each timed call); `timer(calls, turns, before)` times
-    calls in turn (`tuning.paired`)."""
+    `inputs`); `timer(calls, turns, before)` times calls in turn (`tuning.paired`). What the program writes into its
+    inputs (a KV cache, a counter) is put back before each timed call and at the end."""
     todo = contested(groups)
+    for g in groups:  # (decided here or not at all)
+        if all(g is not t for t in todo):
+            for m in g.members:
+                m.choice.alternatives = []
     if not todo:
         return 0
+    timer, reset = timer or paired, _reset_of(program, inputs)
+    try:
+        return _decide(todo, runner or _graph_runner(program, inputs), timer, reset)
+    finally:
+        if reset is not None:
+            reset()
+        for g in todo:
+            for m in g.members:
+                m.choice.alternatives = []
+
+
+def _decide(todo: list[Group], runner: Runner, timer: Callable[..., list[list[float]]],
+            before: Callable[[], None] | None) -> int:  # fmt: skip
     t0 = time.perf_counter()
-    before, timer = None, timer or paired
-    if runner is None:
-        runner, before = _graph_runner(program, inputs)
     changed = 0
     current = runner()
     turns = _turns(current, timer, before)
@@ -74,7 +94,9 @@ def decide(program: Any, inputs: list, groups: Sequence[Group], runner: Runner |
         reference = c.reference_time
         for alt in list(c.alternatives):
             was: Alternative = (c.impl, dict(c.config or {}), 0.0)
+            reasons = [m.choice.reason for m in g.members]  # (a candidate's failed launch rewrites them)
             _apply(g, alt)
+            candidate = None
             try:
                 candidate = runner()
                 ratio = _ratio(timer([current, candidate], turns, before))
@@ -83,12 +105,12 @@ def decide(program: Any, inputs: list, groups: Sequence[Group], runner: Runner |
                     raise
                 log.warning("region %s: timing %s %s in the program failed (%s: %s); keeping %s %s", c.region,
                             alt[0], alt[1] or "", type(e).__name__, _first_line(e), was[0], was[1])  # fmt: skip
-                _apply(g, was)
-                continue
-            kept = ratio < 1 - MARGIN and all(m.choice.impl == alt[0] for m in g.members)
-            log.info("region %s (%d regions): %s %s in the program x%.4f against %s %s: %s", c.region,
-                     len(g.members), alt[0], alt[1] or "", ratio, was[0], was[1] if was[0] == "kernel" else "",
-                     "kept" if kept else "not kept")  # fmt: skip
+                ratio = None
+            kept = ratio is not None and ratio < 1 - MARGIN and all(m.choice.impl == alt[0] for m in g.members)
+            if ratio is not None:
+                log.info("region %s (%d regions): %s %s in the program x%.4f against %s %s: %s", c.region,
+                         len(g.members), alt[0], alt[1] or "", ratio, was[0], was[1] if was[0] == "kernel" else "",
+                         "kept" if kept else "not kept")  # fmt: skip
             if kept:
                 current = candidate
                 if alt[0] == "kernel":
@@ -96,12 +118,13 @@ def decide(program: Any, inputs: list, groups: Sequence[Group], runner: Runner |
                 else:
                     reference = alt[2]
             else:
+                candidate = None  # (its capture's memory goes before the next one is made)
                 _apply(g, was)
+                for m, why in zip(g.members, reasons, strict=True):
+                    m.choice.reason = why
         if (c.impl, dict(c.config or {})) != start:
             _persist(g, start, alone.get(_key(c.config)), reference)
             changed += 1
-        for m in g.members:
-            m.choice.alternatives = []
     log.info("decided %d contested region kernels in the program's CUDA graph in %.1f s (%d turns a comparison); "
              "%d changed", len(todo), time.perf_counter() - t0, turns, changed)  # fmt: skip
     return changed
@@ -136,7 +159,7 @@ def _persist(g: Group, start: tuple[str, dict], kernel_s: float | None, referenc
         hit = cache.get(g.key)
         cache.put(g.key, CacheEntry(config, kernel_s, hit.default_time if hit else None, hit.trials if hit else 0))
     chosen = kernel_s if c.impl == "kernel" else reference_s
-    cache.put(_select_key(g.leader, g.tensors, config), CacheEntry({"impl": c.impl}, chosen, kernel_s, 2))
+    cache.put(_select_key(g.leader, g.dtypes, g.device, config), CacheEntry({"impl": c.impl}, chosen, kernel_s, 2))
     what = "the reference" if start[0] == "reference" else f"the kernel with {start[1]}"
     why = f"decided in the program's CUDA graph over {what}, measured fastest alone"
     for m in g.members:
@@ -155,19 +178,26 @@ def _turns(call: Callable[[], Any], timer: Callable[..., list[list[float]]], bef
     return int(min(TURNS[1], max(TURNS[0], BUDGET_S / max(2 * seconds, 1e-9))))
 
 
-def _graph_runner(program: Any, inputs: list) -> tuple[Runner, Callable[[], None] | None]:
-    """Capture `program.run` on `inputs` as a CUDA graph (as the program's own replays run it), and what puts back
-    the inputs it writes in place (a KV cache, a counter) before each timed replay."""
+def _reset_of(program: Any, inputs: list) -> Callable[[], None] | None:
+    """What puts back the inputs the program writes in place (a KV cache, a counter) as they are now; None when it
+    writes none."""
     saved = [(inputs[i], inputs[i].clone()) for i in program.static_inputs if isinstance(inputs[i], torch.Tensor)]
+    if not saved:
+        return None
 
     def reset() -> None:
         for t, v in saved:
             t.copy_(v)
 
+    return reset
+
+
+def _graph_runner(program: Any, inputs: list) -> Runner:
+    """Captures of `program.run` on `inputs` as CUDA graphs, as the program's own replays run it."""
+
     def runner() -> Callable[[], Any]:
-        graph = CudaGraph(program.run, program.static_inputs, checked=False)
-        if not graph.capture(inputs):
-            raise RuntimeError("the program could not be captured")
+        graph = CudaGraph(program.run, program.static_inputs, checked=False, quiet=True)
+        graph.capture(inputs)
         return graph.replay_captured  # (holding the capture's own inputs: see `CudaGraph.replay_captured`)
 
-    return runner, (reset if saved else None)
+    return runner

@@ -157,6 +157,7 @@ class Program:
     def _decide_in_context(self, inputs: list, together: Together) -> None:
         """The near-ties left by tuning, decided in this program's CUDA graph (`in_context`); a failure keeps the
         choices made alone, with a warning."""
+        logged, self.logged = self.logged, True  # (its runs log nothing: the choices are logged once decided)
         try:
             in_context.decide(self, inputs, list(together.groups.values()))
         except Exception as e:  # noqa: BLE001 - an optimisation: the choices made alone stand
@@ -165,6 +166,8 @@ class Program:
                                   f"({type(e).__name__}: {first_line(e)}); restart the process") from e  # fmt: skip
             log.warning("deciding near-tied kernels in the program's CUDA graph failed (%s: %s); keeping the choices "
                         "measured alone", type(e).__name__, first_line(e))  # fmt: skip
+        finally:
+            self.logged = logged
 
     def _written(self, inputs: list) -> set[int]:
         """The storages of the inputs the program writes in place."""

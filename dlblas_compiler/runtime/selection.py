@@ -116,12 +116,13 @@ def _job(step: RegionStep, dtypes: tuple, device: torch.device, make: Callable, 
 
 @dataclass
 class Group:
-    """The regions of a program that share one search (the same kernel in every layer): the first of them (whose
-    choice the others take) with its inputs, and all of them."""
+    """The regions of a program that share one search (the same kernel in every layer): the search's cache key, the
+    first of them (whose choice the others take), its inputs' dtypes and device, and all of them."""
 
     key: Any
     leader: RegionStep
-    tensors: list
+    dtypes: tuple
+    device: torch.device
     members: list[RegionStep]
 
 
@@ -141,12 +142,13 @@ class Together:
         self.groups: dict[Any, Group] = {}  # search key -> the regions sharing that search (`in_context`)
 
     def defer(self, step: RegionStep, tensors: list) -> bool:
-        job = _job(step, tuple(t.dtype for t in tensors), tensors[0].device, _no_build)
+        dtypes, device = tuple(t.dtype for t in tensors), tensors[0].device
+        job = _job(step, dtypes, device, _no_build)
         key = job.cache_key()
         if key in self.groups:
             self.groups[key].members.append(step)
         else:
-            self.groups[key] = Group(key, step, tensors, [step])
+            self.groups[key] = Group(key, step, dtypes, device, [step])
         if not TOGETHER:
             tune_region(step, tensors, self.mode, self.progress)
             return False
@@ -162,7 +164,6 @@ class Together:
         kept = [t.clone() if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self.written else t
                 for t in tensors]  # fmt: skip
         self.searches[key] = (step, kept)
-        self.groups[key].tensors = kept
         self.weights[key] = cost
         return True
 
@@ -206,7 +207,8 @@ def _keep_default(step: RegionStep, tensors: list, share: float, wait: Callable[
     """A region too small a share of the call to search: its default config (compiled in the lockstep's batch
     unless its selection is remembered), timed against its reference as any choice is."""
     default = step.kernel.space.default()
-    if not step.interpret and default_cache().get(_select_key(step, tensors, default)) is None:
+    key = _select_key(step, [t.dtype for t in tensors], tensors[0].device, default)
+    if not step.interpret and default_cache().get(key) is None:
         try:
             compile_configs(step.kernel, step.compiled, tensors, [default], wait)
         except Exception:  # noqa: BLE001, S110 - an optimisation: the launch compiles it
@@ -232,12 +234,12 @@ def _no_build(config: dict) -> Callable:
     raise RuntimeError("a job made for its cache key builds no candidate")
 
 
-def _select_key(step: RegionStep, tensors: list, config: dict) -> CacheKey:
-    """Where `select` remembers its choice for the kernel with this config."""
+def _select_key(step: RegionStep, dtypes: tuple | list, device: torch.device, config: dict) -> CacheKey:
+    """Where `select` remembers its choice for the kernel with this config, on inputs of these dtypes on `device`."""
     k = step.kernel
     kind, source = k.tuning_key
     return CacheKey.make(f"{kind}:impl", source, {**k.shape_key, "config": str(sorted(config.items()))},
-                         [t.dtype for t in tensors], tensors[0].device, "kernel|reference", TOKEN_DIMS)  # fmt: skip
+                         list(dtypes), device, "kernel|reference", TOKEN_DIMS)  # fmt: skip
 
 
 def select(step: RegionStep, tensors: list) -> None:
@@ -245,7 +247,7 @@ def select(step: RegionStep, tensors: list) -> None:
     where neither is `SELECT_CLEAR` times the other, in turn SELECT_ROUNDS times each; the choice remembered)."""
     c = step.choice
     device = tensors[0].device
-    key = _select_key(step, tensors, c.config)
+    key = _select_key(step, [t.dtype for t in tensors], device, c.config)
     cache = default_cache()
     hit = cache.get(key)
     if hit is None:

@@ -163,6 +163,7 @@ class RegionStep:
                                                              self.choice.region, why)  # fmt: skip
         warnings.warn(f"dlblas_compiler: {why}; using its reference", stacklevel=4)
         self.choice.impl, self.choice.reason = "reference", why
+        self.choice.alternatives = []  # (a kernel that failed is no alternative for `in_context` to try)
 
     def inputs(self, env: list) -> list:
         """The region's input values, made contiguous: kernels index their inputs as dense row-major tensors."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dlblas_compiler as dc
-from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
+from dlblas_compiler.models import BlockConfig, llama_block_inputs, randomize_
 from dlblas_compiler.runtime import in_context, selection
 from dlblas_compiler.runtime.steps import RegionStep
 from dlblas_compiler.tuning import default_cache
@@ -25,13 +25,12 @@ def _groups(program) -> list[selection.Group]:
     groups: dict = {}
     for s in program.steps:
         if isinstance(s, RegionStep) and s.kernel is not None and s.choice.impl == "kernel":
-            tensors = [torch.empty(0)]  # (only the keys' dtypes and device are read from them)
-            job = selection._job(s, (torch.float32,) * 8, torch.device("cpu"), selection._no_build)
-            key = job.cache_key()
+            dtypes, device = (torch.float32,) * len(s.ins), torch.device("cpu")
+            key = selection._job(s, dtypes, device, selection._no_build).cache_key()
             if key in groups:
                 groups[key].members.append(s)
             else:
-                groups[key] = selection.Group(key, s, tensors, [s])
+                groups[key] = selection.Group(key, s, dtypes, device, [s])
     return list(groups.values())
 
 
@@ -104,7 +103,7 @@ def test_an_alternative_config_faster_in_the_program_replaces_the_choice(tmp_pat
     if faster:
         assert hit is not None and hit.config == other and hit.time == 1.01e-4
         assert all("program's CUDA graph" in m.choice.reason for m in g.members)
-        sel = default_cache().get(selection._select_key(g.leader, g.tensors, other))
+        sel = default_cache().get(selection._select_key(g.leader, g.dtypes, g.device, other))
         assert sel is not None and sel.config == {"impl": "kernel"}
     else:
         assert hit is None  # (nothing written: the choice made alone stands)
@@ -125,7 +124,7 @@ def test_the_reference_faster_in_the_program_runs_every_region_of_the_group(tmp_
     runner, timer, _ = _fake(groups, {(len(groups) - 1, "reference", str(sorted(config.items()))): -0.005})
     assert in_context.decide(program, list(inputs), groups, runner, timer) == 1
     assert all(m.choice.impl == "reference" and m.choice.reference_time == 1.02e-4 for m in g.members)
-    sel = default_cache().get(selection._select_key(g.leader, g.tensors, config))
+    sel = default_cache().get(selection._select_key(g.leader, g.dtypes, g.device, config))
     assert sel is not None and sel.config == {"impl": "reference"}
     assert default_cache().get(g.key) is None  # (the config is unchanged)
     with torch.no_grad():
@@ -148,7 +147,72 @@ def test_a_kernel_alternative_not_kept_leaves_a_reference_choice_as_it_was(tmp_p
     assert in_context.decide(program, list(inputs), groups, runner, timer) == 0
     assert all((m.choice.impl, m.choice.config) == ("reference", config) for m in g.members)
     assert default_cache().get(g.key) is None
-    assert default_cache().get(selection._select_key(g.leader, g.tensors, other)) is None
+    assert default_cache().get(selection._select_key(g.leader, g.dtypes, g.device, other)) is None
+
+
+class Counting(torch.nn.Module):
+    """A projection whose call also counts itself in an input it writes in place (as a cache's length does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64, bias=False)
+
+    def forward(self, x, n):
+        n.add_(1)
+        return self.proj(x) * n
+
+
+def test_inputs_written_in_place_are_put_back_after_the_round(tmp_path, monkeypatch):
+    """A program that writes an input in place (a counter): every timed run of the round applies the write again,
+    so the round puts the input back before each timed call and once more at its end, as the first call left it
+    (the program's next call then counts on from there, as eager does)."""
+    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path))
+    model = Counting().eval()
+    x, n = torch.randn(8, 64), torch.zeros(1)
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False, tune="none")
+    with torch.no_grad():
+        cm(x, n)
+    program = cm._spec().executor
+    assert program.static_inputs and float(n) == 1.0
+    groups = _groups(program)
+    g = groups[0]
+    other = next(c for c in g.leader.kernel.space.configs() if c != g.leader.choice.config)
+    g.leader.choice.time, g.leader.choice.alternatives = 1e-4, [("kernel", other, 1e-4)]
+    runs = []
+
+    def runner(program, inputs):
+        return lambda: (lambda: runs.append(float(inputs[1])) or program.run(list(inputs)))
+
+    def timer(fns, turns, before=None):
+        out = []
+        for fn in fns:
+            for _ in range(turns):
+                if before is not None:
+                    before()
+                fn()
+            out.append([1.0] * turns)
+        return out
+
+    monkeypatch.setattr(in_context, "_graph_runner", runner)
+    with torch.no_grad():
+        in_context.decide(program, [x, n], groups, timer=timer)
+        assert runs and all(v == 1.0 for v in runs)  # (each timed run saw the counter as the first call left it)
+        assert float(n) == 1.0
+        out = cm(x, n)
+    assert float(n) == 2.0 and torch.allclose(out, model.proj(x) * 2.0, rtol=1e-4, atol=1e-4)
+
+
+def test_a_group_whose_regions_disagree_is_left_as_it_is(tmp_path, monkeypatch):
+    """A group where one region fell back to its reference alone (its kernel failed) while the first kept its kernel
+    is not decided: trying an alternative would move every region, the one that fell back too."""
+    model, inputs, expected, program, groups = _fixture(tmp_path, monkeypatch)
+    g = groups[0]
+    other = next(c for c in g.leader.kernel.space.configs() if c != g.leader.choice.config)
+    g.members[1].choice.impl = "reference"
+    g.leader.choice.alternatives = [("kernel", other, 1e-4)]
+    runner, timer, calls = _fake(groups, {})
+    assert in_context.decide(program, list(inputs), groups, lambda: pytest.fail("captured"), timer) == 0
+    assert g.members[1].choice.impl == "reference" and g.leader.choice.alternatives == []
 
 
 def test_within_the_margin_and_a_failing_capture_keep_the_choice(tmp_path, monkeypatch):
@@ -179,8 +243,9 @@ def test_within_the_margin_and_a_failing_capture_keep_the_choice(tmp_path, monke
 
 def test_a_first_call_decides_its_near_ties_in_the_program(tmp_path, monkeypatch):
     """`Program.run`'s first call with tuning on, where the program replays CUDA graphs: after its regions are
-    tuned together, the kernel-or-reference timings that came out even leave the reference as an alternative, and
-    the round (graphs and timings faked on the CPU) takes it where the program times it faster."""
+    tuned together (two layers: each search's group holds both layers' regions), the kernel-or-reference timings
+    that came out even leave the reference as an alternative, and the round (graphs and timings faked on the CPU)
+    takes it for every region where the program times it faster."""
     from dlblas_compiler.tuning import TUNE_MODES, TuneMode, profiler
 
     monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path))
@@ -189,17 +254,25 @@ def test_a_first_call_decides_its_near_ties_in_the_program(tmp_path, monkeypatch
     monkeypatch.setattr(profiler, "benchmark", even)
     monkeypatch.setattr(selection, "benchmark", even)
     monkeypatch.setattr(selection, "in_turn", lambda calls, **k: [(fn(), 1e-6)[1] for fn in calls])
-    model = randomize_(LlamaBlock(CFG)).eval()
+    model = randomize_(TwoBlocks(CFG)).eval()
     inputs = llama_block_inputs(CFG, 1, 16)
     cm = dc.compile(model, backend="interpret", cuda_graphs=False)
     seen: list = []
+    decided: list = []
+    real_decide = in_context.decide
+
+    def recording(program, inputs, groups, **kw):
+        decided.extend(groups)
+        return real_decide(program, inputs, groups, **kw)
+
+    monkeypatch.setattr(in_context, "decide", recording)
 
     def fake_runner(program, inputs):
         def runner():
             state = tuple((s.choice.impl, str(s.choice.config)) for s in program.steps if isinstance(s, RegionStep))
             return lambda: seen.append(state) or state
 
-        return runner, None
+        return runner
 
     def timer(fns, turns, before=None):  # (a region on its reference: 1% faster)
         return [[1.0 - 0.01 * sum(impl == "reference" for impl, _ in fn()) for _ in range(turns)] for fn in fns]
@@ -217,6 +290,7 @@ def test_a_first_call_decides_its_near_ties_in_the_program(tmp_path, monkeypatch
         assert all(s.choice.impl == "reference" and "program's CUDA graph" in s.choice.reason
                    for s in regions if not s.prefer_kernel)  # fmt: skip
         assert all(s.choice.alternatives == [] for s in regions)
+        assert decided and all(len(g.members) == 2 for g in decided)  # (each layer's region of a search, one group)
         second = program.run(list(inputs))[0]
     for out in (first, second):
         assert torch.allclose(out, expected, rtol=1e-3, atol=1e-3)
@@ -231,6 +305,7 @@ def test_near_ties_are_decided_in_real_cuda_graphs(tmp_path, monkeypatch):
     import copy
 
     from dlblas_compiler.numerics import rel_error, tolerance
+    from dlblas_compiler.tuning import paired
 
     monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(in_context, "TURNS", (10, 10))
@@ -256,7 +331,10 @@ def test_near_ties_are_decided_in_real_cuda_graphs(tmp_path, monkeypatch):
             for m in g.members:
                 m.choice.time = 1e-4
             g.leader.choice.alternatives = [("kernel", other, 1e-4)]
+        timed: list = []
+        monkeypatch.setattr(in_context, "paired", lambda calls, *a: timed.append(len(calls)) or paired(calls, *a))
         in_context.decide(program, list(inputs), groups)
+        assert timed.count(2) == len(groups)  # (each group's alternative timed against its choice)
         for g in groups:
             assert g.leader.choice.config in options[id(g)] and g.leader.choice.impl == "kernel"
             assert all(m.choice.config == g.leader.choice.config for m in g.members)
@@ -284,7 +362,7 @@ def test_a_capture_replays_after_the_next_capture_gave_memory_back():
     with torch.no_grad():
         expected = cm(*inputs).clone()
         program = cm._spec().executor
-        runner, _ = in_context._graph_runner(program, list(inputs))
+        runner = in_context._graph_runner(program, list(inputs))
         first = runner()
         assert isinstance(first.__self__, CudaGraph)  # (the capture's inputs held by the call)
         second = runner()
