@@ -1,11 +1,11 @@
 """Near-ties decided in the program's own CUDA graph, after its first call is tuned.
 
 A region's search times each candidate alone: L2 cleared, no neighbours, at the clock a lone kernel holds. The
-program runs it between other kernels, its start and end overlapping theirs (programmatic dependent launch), at the
-clock the whole program holds at the card's power limit. Among configs within a few per cent of each other the
-order measured alone is noise against that: two confirmation rounds of the same finalists chose differently in five
-of nine regions, even 2.3% apart, and a cuBLAS-product config that beat our K loop alone by 0.7% made its layer 0.9%
-slower (bench/NOTES.md 156, 158).
+program runs it between other kernels, at the clock the whole program holds at the card's power limit. Among configs
+within a few per cent of each other the order measured alone is noise against that: two confirmation rounds of the
+same finalists chose differently in five of nine regions, even 2.3% apart, and a cuBLAS-product config that beat our
+K loop alone by 0.7% made its layer 0.9% slower (bench/NOTES.md 156, 158; programmatic dependent launch is not why:
+item 159).
 
 So each group of regions sharing a search (the same kernel in every layer: `selection.Group`) whose choice kept
 alternatives (`KernelChoice.alternatives`: what measured within `selection.NEAR` of it alone) is decided here: the
@@ -13,9 +13,11 @@ program is captured as a CUDA graph with the current choice and with each altern
 alike), the two replays are timed in turn (`tuning.paired`), and the alternative is kept where the median of their
 per-turn ratios is below 1 - MARGIN. Groups go in order of their estimated share of the call. The winner is written
 to the tuning cache in place of the choice made alone (the search's entry, and the kernel-or-reference entry), so a
-later process starts from it and does not decide again. Only where the program replays CUDA graphs (a program run
-by direct launches is timed by its host as much as by its kernels). `DLBLAS_IN_CONTEXT=0` turns it off (to measure
-what it buys).
+later process starts from it and does not decide again. Only where CUDA graphs are on (a program run by direct
+launches is timed by its host as much as by its kernels). What the program writes into its inputs (a KV cache, a
+counter) is put back before each timed replay and at the end; at most two captures are alive at once. Measured on an
+H200 (item 159): 1-3 s a layer's first call, ~0.4% of a layer where it changes a choice, and most choices made alone
+already the program's best within 0.2%. `DLBLAS_IN_CONTEXT=0` turns it off (to measure what it buys).
 """
 
 from __future__ import annotations
