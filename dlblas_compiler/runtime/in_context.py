@@ -35,6 +35,7 @@ from ..errors import is_device_fault
 from ..tuning import CacheEntry, default_cache, paired
 from .graphs import CudaGraph
 from .selection import Group, _estimate, _select_key
+from .steps import first_line
 
 log = logging.getLogger("dlblas_compiler.tuning")
 ENABLED = os.environ.get("DLBLAS_IN_CONTEXT", "1") != "0"
@@ -106,7 +107,7 @@ def _decide(todo: list[Group], runner: Runner, timer: Callable[..., list[list[fl
                 if is_device_fault(e):
                     raise
                 log.warning("region %s: timing %s %s in the program failed (%s: %s); keeping %s %s", c.region,
-                            alt[0], alt[1] or "", type(e).__name__, _first_line(e), was[0], was[1])  # fmt: skip
+                            alt[0], alt[1] or "", type(e).__name__, first_line(e), was[0], was[1])  # fmt: skip
                 ratio = None
             kept = ratio is not None and ratio < 1 - MARGIN and all(m.choice.impl == alt[0] for m in g.members)
             if ratio is not None:
@@ -134,11 +135,6 @@ def _decide(todo: list[Group], runner: Runner, timer: Callable[..., list[list[fl
 
 def _key(config: dict | None) -> str:
     return str(sorted((config or {}).items()))
-
-
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip()
-    return s.splitlines()[0][:200] if s else type(e).__name__
 
 
 def _apply(g: Group, alt: Alternative) -> None:
