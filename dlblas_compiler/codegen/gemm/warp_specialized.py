@@ -72,11 +72,9 @@ def gluon_text(lines: list[str]) -> list[str]:
 def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     """The Gluon kernel `<name>_ws` and its two partitions, after the Triton kernel in the same source."""
     p, name = em.plan, em.name
-    ns = len(p.streams)
-    ws = [f"w{s}_bufs" for s in range(ns)]
     const_params = [f"{c}: gl.constexpr" for c in consts]
     tiles = Writer()
-    _tiles(em, tiles, args, ws, const_params)
+    _tiles(em, tiles, args, const_params)
     if any("_sigmoid(" in line for line in tiles.lines):  # (Gluon has no sigmoid: Triton's, in Gluon)
         w("@gluon.jit")
         w("def _sigmoid(x):")
@@ -90,7 +88,7 @@ def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     w("    return gl.BlockedLayout([1, 8], [32 // across, across], [warps, 1], [1, 0])")
     w("")
     w("")
-    _loads(em, w, ws)
+    _loads(em, w)
     w.lines += tiles.lines
     w("@gluon.jit")
     wrapped(w, f"def {name}_ws(", [*args, "DP_TILES", *const_params, "STAGES: gl.constexpr",
@@ -99,26 +97,31 @@ def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     w('"""The shared-memory ring and its barriers, then the two partitions (see the module docstring)."""')
     w("dt: gl.constexpr = x_ptr.dtype.element_ty")
     w("a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], dt)")
-    w("w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dt)")
     w("a_desc = tma.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K],")
     w("                                    layout=a_layout)")
-    for s, off in enumerate(p.streams):  # (each stream's rows of W: GRID_N of them from row `off`)
-        w(f"w{s}_desc = tma.make_tensor_descriptor(w_ptr + {off} * K, shape=[GRID_N, K], strides=[K, 1],")
+    off = p.streams[0]
+    if len(p.streams) == 1:  # (W's GRID_N rows from row `off`)
+        w("w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dt)")
+        w(f"w0_desc = tma.make_tensor_descriptor(w_ptr + {off} * K, shape=[GRID_N, K], strides=[K, 1],")
         w("                                     block_shape=[BLOCK_N, BLOCK_K], layout=w_layout)")
+        w("w0_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_K], w_layout)")
+    else:  # (both streams' rows in turn: the middle stride is their distance, as in tiled.py)
+        w("w_layout3: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 2, BLOCK_K], dt)")
+        w(f"w0_desc = tma.make_tensor_descriptor(w_ptr + {off} * K, shape=[GRID_N, 2, K],")
+        w(f"                                     strides=[K, {p.streams[1] - off} * K, 1],")
+        w("                                     block_shape=[BLOCK_N, 2, BLOCK_K], layout=w_layout3)")
+        w("w0_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, 2, BLOCK_K], w_layout3)")
     w("a_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_M, BLOCK_K], a_layout)")
-    for b in ws:
-        w(f"{b} = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_K], w_layout)")
     w("ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())")
     w("empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())")
     w("for i in gl.static_range(STAGES):")
     w("    mbarrier.init(ready.index(i), count=1)")
     w("    mbarrier.init(empty.index(i), count=1)")
-    descs = ", ".join(f"w{s}_desc" for s in range(ns))
-    shared = f"a_bufs, {', '.join(ws)}, ready, empty"
+    shared = "a_bufs, w0_bufs, ready, empty"
     w("gl.warp_specialize([")
     w.indent()
     wrapped(w, "(_ws_tiles, (", [*args, shared, *consts, "STAGES", "num_warps"], ")),")
-    wrapped(w, "(_ws_loads, (", ["a_desc", descs, shared, "M", "K", "GRID_N", "BLOCK_M", "BLOCK_N", "BLOCK_K",
+    wrapped(w, "(_ws_loads, (", ["a_desc", "w0_desc", shared, "M", "K", "GRID_N", "BLOCK_M", "BLOCK_N", "BLOCK_K",
                                  "GROUP_M", "STAGES"], ")),")  # fmt: skip
     w.dedent()
     w(f"], [1], [{LOADER_REGS}])  # (the loader: one warp)")
@@ -127,11 +130,9 @@ def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     w("")
 
 
-def _loads(em, w: Writer, ws: list[str]) -> None:
-    ns = len(ws)
-    descs = ", ".join(f"w{s}_desc" for s in range(ns))
+def _loads(em, w: Writer) -> None:
     w("@gluon.jit")
-    wrapped(w, "def _ws_loads(", ["a_desc", descs, "a_bufs", *ws, "ready", "empty", "M", "K: gl.constexpr",
+    wrapped(w, "def _ws_loads(", ["a_desc", "w0_desc", "a_bufs", "w0_bufs", "ready", "empty", "M", "K: gl.constexpr",
                                              "GRID_N: gl.constexpr", "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
                                              "BLOCK_K: gl.constexpr", "GROUP_M: gl.constexpr",
                                              "STAGES: gl.constexpr"], "):")  # fmt: skip
@@ -142,11 +143,10 @@ def _loads(em, w: Writer, ws: list[str]) -> None:
     w.indent()
     w("s = it % STAGES")
     w("mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (a new barrier's phase 1 counts as complete)")
-    nbytes = " + ".join(["a_desc.block_type.nbytes"] + [f"w{s}_desc.block_type.nbytes" for s in range(ns)])
-    w(f"mbarrier.expect(ready.index(s), {nbytes})")
+    w("mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + w0_desc.block_type.nbytes)")
     w("tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, k0], ready.index(s), a_bufs.index(s))")
-    for s in range(ns):
-        w(f"tma.async_copy_global_to_shared(w{s}_desc, [pid_n * BLOCK_N, k0], ready.index(s), {ws[s]}.index(s))")
+    at = "pid_n * BLOCK_N, k0" if len(em.plan.streams) == 1 else "pid_n * BLOCK_N, 0, k0"
+    w(f"tma.async_copy_global_to_shared(w0_desc, [{at}], ready.index(s), w0_bufs.index(s))")
     w("it += 1")
     w.dedent()
     w.dedent()
@@ -155,36 +155,40 @@ def _loads(em, w: Writer, ws: list[str]) -> None:
     w("")
 
 
-def _tiles(em, w: Writer, args: list[str], ws: list[str], const_params: list[str]) -> None:
-    ns = len(ws)
-    accs = [f"acc{s}" for s in range(ns)]
+def _tiles(em, w: Writer, args: list[str], const_params: list[str]) -> None:
+    dual = len(em.plan.streams) == 2
+    width = "2 * BLOCK_N" if dual else "BLOCK_N"
+    b = "w0_bufs.index(s).reshape([2 * BLOCK_N, BLOCK_K])" if dual else "w0_bufs.index(s)"
     w("@gluon.jit")
-    wrapped(w, "def _ws_tiles(", [*args, "a_bufs", *ws, "ready", "empty", *const_params, "STAGES: gl.constexpr",
+    wrapped(w, "def _ws_tiles(", [*args, "a_bufs", "w0_bufs", "ready", "empty", *const_params, "STAGES: gl.constexpr",
                                   "num_warps: gl.constexpr"], "):")  # fmt: skip
     w.indent()
     w('"""The MMA warps: each tile\'s products as its stages arrive, then its epilogue (see the module docstring)."""')
     w("layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],")
-    w("                                                 instr_shape=[16, BLOCK_N, 16])")
+    w(f"                                                 instr_shape=[16, {width}, 16])")
     _tile_loop(w)
-    for a in accs:
-        w(f"{a} = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)")
+    w(f"acc = gl.zeros((BLOCK_M, {width}), dtype=gl.float32, layout=layout)")
     w("for k0 in range(0, K, BLOCK_K):")
     w.indent()
     w("s = it % STAGES")
     w("mbarrier.wait(ready.index(s), (it // STAGES) & 1)")
-    for a, b in zip(accs, ws, strict=True):
-        w(f"{a} = warpgroup_mma(a_bufs.index(s), {b}.index(s).permute((1, 0)), {a}, use_acc=k0 > 0, is_async=True)")
-    deps = ", ".join([*accs, "a_bufs.index(s)", *(f"{b}.index(s)" for b in ws)])
-    got = ", ".join([*accs] + ["_"] * (1 + ns))
-    w(f"{got} = warpgroup_mma_wait(num_outstanding={ns}, deps=({deps}))  # (this step's products in flight)")
+    w(f"acc = warpgroup_mma(a_bufs.index(s), {b}.permute((1, 0)), acc, use_acc=k0 > 0, is_async=True)")
+    w("acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_bufs.index(s), w0_bufs.index(s)))  "
+      "# (this step's product in flight)")
     w("if k0 > 0:  # the step before has finished reading its stage")
     w("    mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)")
     w("it += 1")
     w.dedent()
-    w(f"{', '.join(accs)} = warpgroup_mma_wait(num_outstanding=0, deps=({', '.join(accs)}{',' if ns == 1 else ''}))")
+    w("acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))")
     w("mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)")
+    accs = ["acc"]
+    if dual:  # (each thread holds adjacent column pairs: the split moves no data)
+        w("acc0, acc1 = gl.split(gl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))")
+        accs = ["acc0", "acc1"]
     for a in accs:  # (the epilogue's loads and stores in rows of 16 bytes a thread)
         w(f"{a} = gl.convert_layout({a}, _epilogue_layout(BLOCK_N, num_warps))")
+    if not dual:
+        w("acc0 = acc")
     w("rm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M)")
     w("rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N)")
     w("mmask = rm < M")
