@@ -5,6 +5,8 @@ rotary epilogue (MM) at three epilogue tiles; gate/up (gemm_2) K loop vs MM.
     python bench/region_ab.py OUT llama3_8b,qwen25_7b   (writes OUT/region_ab.json; bench/NOTES.md 156)
     CHAINED=0 python bench/region_ab.py ...             (every variant without programmatic dependent launch,
                                                          `chained_launches=False`: NOTES 158's next step 2)
+    ONLY=tuned,gu_kloop,gu_ws3,gu_ws4 python bench/region_ab.py ...   (only these variants; gu_ws3/gu_ws4: gate/up
+                                                         on the warp-specialized kernel at 3 or 4 stages, NOTES 160)
 """
 
 import collections
@@ -26,6 +28,7 @@ from dlblas_compiler.runtime.steps import RegionStep
 out = sys.argv[1]
 layers = sys.argv[2].split(",")
 CHAINED = os.environ.get("CHAINED", "1") != "0"
+ONLY = [n for n in os.environ.get("ONLY", "").split(",") if n]  # (the variants to run; all when empty)
 BASE = {
     "SPLIT_K": 1,
     "GROUP_M": 8,
@@ -95,6 +98,10 @@ for layer in layers:
             variants[f"qkv_{name}"] = {"gemm_0": cfg}
         variants["gu_kloop"] = {"gemm_2": KLOOP_GU}
         variants["gu_mm16x128"] = {"gemm_2": MMS["mm16x128"]}
+        for stages in (3, 4):
+            variants[f"gu_ws{stages}"] = {"gemm_2": {**KLOOP_GU, "WS": 1, "num_stages": stages}}
+        if ONLY:
+            variants = {n: v for n, v in variants.items() if n in ONLY}
         fns, names, errs = [], [], {}
         mods = []
         for name, forced in variants.items():

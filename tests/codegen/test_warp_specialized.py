@@ -6,6 +6,7 @@ Gluon kernels do not run in Triton's interpreter: on the CPU the kernels are bui
 against float64."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -107,7 +108,9 @@ def test_twins_follow_the_persistent_starts_on_sm90(monkeypatch):
 def test_builds_warp_specialized_for_sm90_without_spills(workers):  # noqa: F811 - (the fixture)
     """Built for sm90 by a compile worker (Gluon's own compile path): the o-proj kernel at 128x128 (4 stages) and the
     dual gate/up one at 128x128 a stream are warp-specialized (a loader partition beside the MMA warps) and spill
-    nothing; the o-proj at 128x256 with 3 stages spills at most 64 bytes (48 with Triton 3.6)."""
+    nothing; the o-proj at 128x256 with 3 stages spills at most 64 bytes (48 with Triton 3.6). Each issues one
+    product a K step: the dual GEMM's 128x256 over both streams' rows (until the fifty-fifth session two of
+    128x128, each reading the A tile again: bench/NOTES.md 160)."""
     model, inputs = _block("cpu")
     found = {}
     for step, tensors, _ in _steps(model, inputs, "interpret"):
@@ -118,6 +121,10 @@ def test_builds_warp_specialized_for_sm90_without_spills(workers):  # noqa: F811
         stack, _, ttgir = _sm90_build(workers, *found[name], c)
         assert "ttg.warp_specialize" in ttgir and "ttng.warp_group_dot" in ttgir, name
         assert stack <= most, (name, c, stack)
+        # one product a K step, as wide as all the streams' columns (gate/up: both streams' rows in one stage)
+        dots = re.findall(r"ttng.warp_group_dot .*", ttgir)
+        width = c["BLOCK_N"] * (2 if name == "glu" else 1)
+        assert len(dots) == 1 and f"tensor<{c['BLOCK_M']}x{width}xf32" in dots[0], (name, dots)
 
 
 def test_one_worker_builds_a_kernel_and_its_ws_twin_from_one_file(workers, monkeypatch):  # noqa: F811

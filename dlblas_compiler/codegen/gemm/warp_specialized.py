@@ -6,17 +6,22 @@ of STAGES shared-memory buffers for the A and W tiles, each stage with a "ready"
   `_ws_loads`  one warp: for every K step of every tile of the program, waits until the stage is free and copies
                the A tile and each stream's W tile into it by TMA (the copies signal "ready"), running ahead across
                tiles, so the next tile's loads overlap this tile's epilogue;
-  `_ws_tiles`  the kernel's warps (warpgroups of 64 rows): each K step's products issued asynchronously on the
-               tensor cores (wgmma), one step in flight, the stage before freed; then the accumulators moved to rows
+  `_ws_tiles`  the kernel's warps (warpgroups of 64 rows): each K step's product issued asynchronously on the
+               tensor cores (wgmma), one step in flight, the stage before freed; then the accumulator moved to rows
                of 8 values a thread (`_epilogue_layout`: coalesced loads and stores) and the shared epilogue
                (epilogue.py), stored by pointer.
+The dual GEMM (gate and up) loads both streams' rows in turn into one [BLOCK_N, 2, BLOCK_K] stage through the 3-D
+descriptor the Triton variant uses (tiled.py), so each K step is one product as wide as both, and splits the
+accumulator after the loop (adjacent columns: no data moves). Two products of half the width, as until the
+fifty-fifth session, read the A tile twice and ran 5-8% behind the Triton variant; one is 1-4% behind it alone
+and 0.5-1.2% in the layer (bench/NOTES.md 160).
 The epilogue's text is the Triton variant's, its `tl.` names taken from Gluon (`gluon_text`): its index vectors
 have no stated layout and Gluon resolves them to the accumulators'.
 
 Offered where that epilogue needs nothing Gluon lacks (no rotary, no per-head norm: their reshapes need explicit
 layouts), for 16-bit operands, one tile's K range a program (no split-K), the norm prologue as a row pass. Measured
-on an H200 (bench/NOTES.md 144): as fast as the Triton variant's persistent loop at the same tiles (-2% to +2%),
-not faster; the tuner may pick it, quick tuning has not.
+on an H200 (bench/NOTES.md 144, 160): as fast as the Triton variant's persistent loop at the same tiles on the
+single-stream GEMMs (-2% to +2%), not faster; quick tuning picks it at times (down projections, gate/up).
 """
 
 from __future__ import annotations
