@@ -1184,6 +1184,49 @@ def replay_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"block {doc.get('block')}, M={doc.get('M')}")]) + "\n"
 
 
+def _kernel_kind(name: str) -> str:
+    """A traced kernel's kind for `fusion_bound_section`: a GEMM (our generated GEMM regions with their fused
+    prologues and epilogues, cuBLAS's `nvjet`/`cutlass` kernels, Inductor's Triton GEMM templates), the attention
+    (cuDNN's or a flash kernel), or another op (norms, pointwise, copies)."""
+    if name.startswith("gemm_") or name.startswith(("nvjet", "cutlass", "sm90_xmma", "triton_tem")):
+        return "GEMM"
+    if name.startswith("cudnn") or "flash" in name and not name.startswith("triton_"):
+        return "attention"
+    return "other"
+
+
+def fusion_bound_section(name: str, goal: float) -> str:
+    """bench/profile_kernels.py of a layer, ours against max-autotune (no CUDA graphs of its own; both replayed from a
+    graph by the script): each mode's kernels of one replayed call grouped by kind (`_kernel_kind`), then the bound
+    the goal sets on our GEMM regions: our call if our GEMM regions (each a GEMM with its fused norm scaling,
+    rotary, SiLU·mul or residual) took exactly torch's GEMM kernels' time, and the most our GEMM regions may take for
+    torch's sum / ours to reach `goal` (as a ratio to torch's bare GEMM kernels)."""
+    doc = _load(name)
+    modes = [("ours", doc["ours/graph"]), ("max-autotune", doc["max-autotune-no-cudagraphs/graph"])]
+    out = ["| mode | kernel | kind | µs a call |", "|---|---|---|---|"]
+    sums = {}
+    for mode, r in modes:
+        kinds = collections.Counter()
+        for k, us in sorted(r["per_kernel"].items(), key=lambda kv: -kv[1]):
+            kinds[_kernel_kind(k)] += us
+            out.append(f"| {mode} | `{k[:60]}` | {_kernel_kind(k)} | {us:.1f} |")
+        sums[mode] = (kinds, r["kernel_sum"])
+        out.append(f"| {mode} | **sum** | GEMM {kinds['GEMM']:.1f}, attention {kinds['attention']:.1f}, "
+                   f"other {kinds['other']:.1f} | **{r['kernel_sum']:.1f}** |")
+    (ok, ot), (tk, tt) = sums["ours"], sums["max-autotune"]
+    bound = ot - ok["GEMM"] + tk["GEMM"]
+    allowed = tt / goal - (ot - ok["GEMM"])
+    out += ["", f"*Bound:* torch's kernels sum to {tt:.1f} µs and ours to {ot:.1f} ({tt / ot:.3f}x). Our GEMM regions "
+            f"take {ok['GEMM']:.1f} µs where torch's GEMM kernels take {tk['GEMM']:.1f} and its ops that our "
+            f"regions fuse and norms {tk['other']:.1f}. Were our GEMM regions, fusions included, exactly as fast as "
+            f"torch's bare GEMM kernels, ours would sum to {bound:.1f} µs: {tt / bound:.3f}x. For {goal}x our GEMM "
+            f"regions may take at most {allowed:.1f} µs, {tk['GEMM'] / allowed:.3f}x of torch's GEMM time "
+            f"(now {tk['GEMM'] / ok['GEMM']:.3f}x)."]
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "ceilings": doc.get("ceilings")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"block {doc.get('block')}, M={doc.get('M')}, "
+                                                         "kernel times of one graph-replayed call")]) + "\n"
+
+
 def replay_ab_section(name: str, labels: dict[str, str] | None = None, kernels: int = 4) -> str:
     """bench/replay_ab.py: each mode's decode graph replayed in alternating blocks in one process: µs a replay
     (median of the blocks, their range), the ratio to the first mode (median of the blocks' ratios), the first
@@ -2088,7 +2131,9 @@ REGION_AB_LABELS = {
     "tuned": "as tuned", "qkv_mm16x128": "QKV: cuBLAS product + our rotary epilogue, 16×128 tiles",
     "qkv_mm32x128": "QKV: cuBLAS product + epilogue, 32×128", "qkv_mm64x128": "QKV: cuBLAS product + epilogue, 64×128",
     "gu_kloop": "gate/up: our TMA K loop (128×128)",
-    "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)"}
+    "gu_mm16x128": "gate/up: cuBLAS product + our SiLU·mul epilogue (16×128)",
+    "gu_ws3": "gate/up: our warp-specialized (Gluon) K loop, 128×128 a stream, 3 stages",
+    "gu_ws4": "gate/up: our warp-specialized (Gluon) K loop, 128×128 a stream, 4 stages"}
 
 
 def kernel_energy_section(name: str, labels: dict[str, str]) -> str:
@@ -2276,6 +2321,19 @@ SECTIONS = {
         "gemm_2": "norm pass + our dual K loop with SiLU·mul", "gemm_3": "cuBLAS + our residual epilogue"}),
     "outside-sweep-s52": functools.partial(outside_sweep_section, "2026-12-03-h200-s52-gemms-outside-space.json"),
     "store-ab-s52": functools.partial(store_ab_section, "2026-12-03-h200-s52-store-ab.json"),
+    "ws-twins-s55": functools.partial(ws_twins_section, "2026-12-03-h200-s55-ws-sweep-glu.json"),
+    "region-ab-s55-ws": functools.partial(region_ab_section, "2026-12-03-h200-s55-region-ab-ws.json", REGION_AB_LABELS,
+        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
+         "run": "call 4 of the fifty-fifth session: bf16, 2048 tokens, ours tuned `quick` from an empty cache, "
+                "80 paired turns"}),
+    "gemms-quick-s55": functools.partial(gemms_section, "2026-12-03-h200-s55-gemms-quick.json"),
+    "fusion-bound-s55": functools.partial(fusion_bound_section, "2026-12-03-h200-s55-profile-llama3_8b-m2048.json", 1.05),
+    "paired-goal-s55-m2048": functools.partial(paired_goal_section, 1.05,
+                                               ("a", "the one-accumulator WS dual GEMM in the space",
+                                                "2026-12-03-h200-s55-layer-llama3_8b-m2048-paired.json")),
+    "paired-goal-s55-small": functools.partial(paired_goal_section, 1.1,
+                                               ("a", "128 tokens", "2026-12-03-h200-s55-layers-m128.json"),
+                                               ("b", "1 token", "2026-12-03-h200-s55-layers-m1.json")),
     "in-context-ab-s54": functools.partial(in_context_ab_section, "2026-12-03-h200-s54-in-context-ab.json", {
         "gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-03",
         "run": "call 4 of the fifty-fourth session: bf16, 2048 tokens, each layer tuned `quick` from an empty cache, "
