@@ -2327,6 +2327,8 @@ SECTIONS = {
          "run": "call 4 of the fifty-fifth session: bf16, 2048 tokens, ours tuned `quick` from an empty cache, "
                 "80 paired turns"}),
     "gemms-quick-s55": functools.partial(gemms_section, "2026-12-03-h200-s55-gemms-quick.json"),
+    "decode-gemms-s55": functools.partial(decode_gemms_section, "2026-12-03-h200-s55-gemms-m1.json",
+                                          "2026-12-03-h200-s55-ceilings.json"),
     "fusion-bound-s55": functools.partial(fusion_bound_section, "2026-12-03-h200-s55-profile-llama3_8b-m2048.json", 1.05),
     "paired-goal-s55-m2048": functools.partial(paired_goal_section, 1.05,
                                                ("a", "the one-accumulator WS dual GEMM in the space",
