@@ -970,6 +970,23 @@ def reference_values(spec: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]
     return x64, outs, scale
 
 
+def _unread_nonfinite_key(op: dict, vals: list) -> bool:
+    """Whether an attention's k or v holds NaN or Inf at a key its mask drops for every query row: eager's math
+    turns those rows NaN (NaN + -inf), but the generated attention kernels read no K/V tile the mask drops for
+    every row of a block (a static cache's unused tail costs nothing), so whether they see that key depends on the
+    tile size. docs/bad-inputs.md states this limit; `check` leaves such a graph out where an attention kernel ran
+    and the NaN differ (fuzz finding 610f94b809cb, seed 5501)."""
+    if op["op"] not in ("sdpa", "attention") or len(op["args"]) < 4:
+        return False
+    q, k, v, mask = (vals[a] for a in op["args"][:4])
+    dropped = ~mask if mask.dtype == torch.bool else mask == float("-inf")
+    rows = q.shape[:-1]  # [..., Hq, S]
+    every_row = dropped.expand(*rows, k.shape[-2]).all(-2)  # [..., Hq, L]: the key dropped for every query row
+    groups = q.shape[-3] // k.shape[-3]
+    bad = ((~torch.isfinite(k)).any(-1) | (~torch.isfinite(v)).any(-1)).repeat_interleave(groups, dim=-2)
+    return bool((every_row & bad).any())
+
+
 def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| over the elements where b is finite."""
     keep = torch.isfinite(b)
@@ -1181,7 +1198,12 @@ def check(spec: dict, backends: list[str]) -> list[Outcome] | None:
     bounds = [tol * scale + 4 * max(_max_err(e, t), _max_err(c, t)) for e, c, t in zip(eager, eager_c, truth)]
     written = [None if not x.is_floating_point() or _same(x, x0) else (t, tol * scale + 4 * _max_err(x, t))
                for x, x0, t in zip(eager_xs, make_inputs(spec, dtype), truth_xs)]  # fmt: skip
-    return [_check_backend(spec, b, model, eager_out, eager_xs, truth, bounds, written) for b in backends]
+    results = [_check_backend(spec, b, model, eager_out, eager_xs, truth, bounds, written) for b in backends]
+    if any(r.failure == "mismatch" and "NaN at" in r.message and r.kernels["attention"] for r in results):
+        _, vals = _values64(spec)
+        if any(_unread_nonfinite_key(op, vals) for op in spec["ops"]):
+            return None  # the attention kernels' documented limit (`_unread_nonfinite_key`)
+    return results
 
 
 def first_failure(spec: dict, backends: list[str]) -> Outcome | None:
