@@ -4,8 +4,8 @@ dialect, where Triton 3.6 does not specialize our `tl.range` loops at 8 warps (b
 One program per SM loops over the output tiles, grouped along M as `_tile` orders them. Two partitions share a ring
 of STAGES shared-memory buffers for the A and W tiles, each stage with a "ready" and an "empty" mbarrier:
   `_ws_loads`  one warp: for every K step of every tile of the program, waits until the stage is free and copies
-               the A tile and each stream's W tile into it by TMA (the copies signal "ready"), running ahead across
-               tiles, so the next tile's loads overlap this tile's epilogue;
+               the A tile and the W tile into it by TMA (the copies signal "ready"), running ahead across tiles, so
+               the next tile's loads overlap this tile's epilogue;
   `_ws_tiles`  the kernel's warps (warpgroups of 64 rows): each K step's product issued asynchronously on the
                tensor cores (wgmma), one step in flight, the stage before freed; then the accumulator moved to rows
                of 8 values a thread (`_epilogue_layout`: coalesced loads and stores) and the shared epilogue
@@ -101,22 +101,20 @@ def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     w.indent()
     w('"""The shared-memory ring and its barriers, then the two partitions (see the module docstring)."""')
     w("dt: gl.constexpr = x_ptr.dtype.element_ty")
-    w("a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], dt)")
-    w("a_desc = tma.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K],")
-    w("                                    layout=a_layout)")
     off = p.streams[0]
     if len(p.streams) == 1:  # (W's GRID_N rows from row `off`)
-        w("w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dt)")
-        w(f"w0_desc = tma.make_tensor_descriptor(w_ptr + {off} * K, shape=[GRID_N, K], strides=[K, 1],")
-        w("                                     block_shape=[BLOCK_N, BLOCK_K], layout=w_layout)")
-        w("w0_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, BLOCK_K], w_layout)")
+        box, shape, strides, layout = "[BLOCK_N, BLOCK_K]", "[GRID_N, K]", "[K, 1]", "w_layout"
     else:  # (both streams' rows in turn: the middle stride is their distance, as in tiled.py)
-        w("w_layout3: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 2, BLOCK_K], dt)")
-        w(f"w0_desc = tma.make_tensor_descriptor(w_ptr + {off} * K, shape=[GRID_N, 2, K],")
-        w(f"                                     strides=[K, {p.streams[1] - off} * K, 1],")
-        w("                                     block_shape=[BLOCK_N, 2, BLOCK_K], layout=w_layout3)")
-        w("w0_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, 2, BLOCK_K], w_layout3)")
+        box, shape, strides, layout = ("[BLOCK_N, 2, BLOCK_K]", "[GRID_N, 2, K]", f"[K, {p.streams[1] - off} * K, 1]",
+                                       "w_layout3")  # fmt: skip
+    w("a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], dt)")
+    w(f"{layout}: gl.constexpr = gl.NVMMASharedLayout.get_default_for({box}, dt)")
+    w("a_desc = tma.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K],")
+    w("                                    layout=a_layout)")
+    w(f"w0_desc = tma.make_tensor_descriptor(w_ptr + {off} * K, shape={shape}, strides={strides},")
+    w(f"                                     block_shape={box}, layout={layout})")
     w("a_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_M, BLOCK_K], a_layout)")
+    w(f"w0_bufs = gl.allocate_shared_memory(dt, [STAGES, {box[1:-1]}], {layout})")
     w("ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())")
     w("empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())")
     w("for i in gl.static_range(STAGES):")
@@ -164,6 +162,7 @@ def _tiles(em, w: Writer, args: list[str], const_params: list[str]) -> None:
     dual = len(em.plan.streams) == 2
     width = "2 * BLOCK_N" if dual else "BLOCK_N"
     b = "w0_bufs.index(s).reshape([2 * BLOCK_N, BLOCK_K])" if dual else "w0_bufs.index(s)"
+    acc = "acc" if dual else "acc0"  # (the epilogue reads acc0, and acc1 for the dual GEMM)
     w("@gluon.jit")
     wrapped(w, "def _ws_tiles(", [*args, "a_bufs", "w0_bufs", "ready", "empty", *const_params, "STAGES: gl.constexpr",
                                   "num_warps: gl.constexpr"], "):")  # fmt: skip
@@ -172,28 +171,24 @@ def _tiles(em, w: Writer, args: list[str], const_params: list[str]) -> None:
     w("layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],")
     w(f"                                                 instr_shape=[16, {width}, 16])")
     _tile_loop(w)
-    w(f"acc = gl.zeros((BLOCK_M, {width}), dtype=gl.float32, layout=layout)")
+    w(f"{acc} = gl.zeros((BLOCK_M, {width}), dtype=gl.float32, layout=layout)")
     w("for k0 in range(0, K, BLOCK_K):")
     w.indent()
     w("s = it % STAGES")
     w("mbarrier.wait(ready.index(s), (it // STAGES) & 1)")
-    w(f"acc = warpgroup_mma(a_bufs.index(s), {b}.permute((1, 0)), acc, use_acc=k0 > 0, is_async=True)")
-    w("acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_bufs.index(s), w0_bufs.index(s)))  "
-      "# (this step's product in flight)")
+    w(f"{acc} = warpgroup_mma(a_bufs.index(s), {b}.permute((1, 0)), {acc}, use_acc=k0 > 0, is_async=True)")
+    w(f"{acc}, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=({acc}, a_bufs.index(s), w0_bufs.index(s)))  "
+      "# (this step's products in flight)")
     w("if k0 > 0:  # the step before has finished reading its stage")
     w("    mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)")
     w("it += 1")
     w.dedent()
-    w("acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))")
+    w(f"{acc} = warpgroup_mma_wait(num_outstanding=0, deps=({acc},))")
     w("mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)")
-    accs = ["acc"]
     if dual:  # (each thread holds adjacent column pairs: the split moves no data)
         w("acc0, acc1 = gl.split(gl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))")
-        accs = ["acc0", "acc1"]
-    for a in accs:  # (the epilogue's loads and stores in rows of 16 bytes a thread)
+    for a in ("acc0", "acc1") if dual else ("acc0",):  # (the epilogue's loads and stores in rows of 16 bytes a thread)
         w(f"{a} = gl.convert_layout({a}, _epilogue_layout(BLOCK_N, num_warps))")
-    if not dual:
-        w("acc0 = acc")
     w("rm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M)")
     w("rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N)")
     w("mmask = rm < M")
