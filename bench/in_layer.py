@@ -1,6 +1,7 @@
 """Which timing of a GEMM region's config predicts the layer's time? (bench/NOTES.md 147.)
 
     python bench/in_layer.py --out OUT --configs tuner_ab.json [--layers qwen25_7b,llama3_8b] [--tokens 2048]
+    python bench/in_layer.py --out OUT --vary '{"NORM_PASS": [0, 1]}' --tokens 1   (the tuned config with each value)
 
 For each layer (bench/blocks.HF_LAYERS, compiled with quick tuning) and each GEMM region, the candidates are the
 configs the tuner chose for that region in the tuner A/B (`--configs`: a bench/tuner_ab.py result, every variant
@@ -10,6 +11,8 @@ and repetition) and the region's reference (cuBLAS and torch ops). Each candidat
 * `graph`: the region's call replayed from a CUDA graph (do_bench, L2 cleared), as bench/gemms.py times it;
 * `layer`: the whole layer's call time (its CUDA graph captured again with the candidate in the region, the other
   regions as tuned), the candidates taken in turn, three rounds, the median.
+`--vary` instead of (or beside) `--configs`: each region's candidates are its tuned config with each listed value of
+a parameter (those the region's space accepts); regions where that gives no other config are left out.
 Writes OUT/in_layer.json: per layer and region, each candidate's four times (µs).
 """
 
@@ -55,14 +58,18 @@ def candidates(doc: dict, layer: str) -> dict[str, list[dict]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--configs", required=True)
+    ap.add_argument("--configs", default="")
+    ap.add_argument("--vary", default="", help='JSON: {"PARAM": [values]}, the tuned config with each value')
     ap.add_argument("--layers", default="qwen25_7b,llama3_8b")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    with open(a.configs) as fh:
-        doc = json.load(fh)
+    doc = {"layers": []}
+    if a.configs:
+        with open(a.configs) as fh:
+            doc = json.load(fh)
+    vary = json.loads(a.vary) if a.vary else {}
     quick = TUNE_MODES["quick"]
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d"), "tokens": a.tokens, "layers": []}  # fmt: skip
@@ -82,7 +89,11 @@ def main() -> None:
                 configs = candidates(doc, name).get(region, [])
                 if tuned[1] not in configs:
                     configs.insert(0, tuned[1])
+                for key, values in vary.items():
+                    configs += [c for c in ({**tuned[1], key: v} for v in values) if c not in configs]
                 configs = [c for c in configs if step.kernel.space.is_valid(c)]
+                if vary and len(configs) < 2:
+                    continue
                 labels = [json.dumps(c, sort_keys=True) for c in configs] + [REFERENCE]
                 own = step.private(tensors, every=True)
                 runs = [functools.partial(step.launch, own, c) for c in configs]
@@ -116,7 +127,7 @@ def main() -> None:
                 for r in rows.values():
                     short = "reference" if r["config"] == REFERENCE else " ".join(
                         f"{k}={v}" for k, v in json.loads(r["config"]).items()
-                        if k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "TMA", "MM", "PERSISTENT"))  # fmt: skip
+                        if k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "TMA", "MM", "PERSISTENT", *vary))  # fmt: skip
                     print(f"  iso {r['iso_us']:7.1f} held {r['held_us']:7.1f} graph {r['graph_us']:7.1f} "
                           f"layer {r['layer_us']:7.1f}  {short}", flush=True)  # fmt: skip
         res["layers"].append({"layer": name, "regions": regions})

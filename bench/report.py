@@ -2085,6 +2085,102 @@ def paired_goal_section(goal: float, *runs: tuple[str, str, str]) -> str:
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
+def epilogue_ab_section(name: str) -> str:
+    """The QKV region's epilogue with a runtime branch per output (the tree's form) against a branch-free one whose
+    persistent loop flattens (a patch measured in the fifty-sixth session, not kept: bench/NOTES.md 162), each layer
+    compiled both ways in one process, the same configs graph-replayed in turn (medians of the rounds)."""
+    doc = _load(name)
+    out = ["| layer | tile × stages | persistent | branches µs | branch-free µs | branch-free / branches | cuBLAS µs "
+           "| outputs bit-equal |", "|" + "---|" * 8]  # fmt: skip
+    for r in doc["rows"]:
+        c = r["config"]
+        out.append(f"| {r['layer']} | {c['BLOCK_M']}×{c['BLOCK_N']} × {c['num_stages']} | {'yes' if c['PERSISTENT'] else 'no'} "
+                   f"| {r['branches_us']:.1f} | {r['branch_free_us']:.1f} | {r['ratio']:.3f} | {r['cublas_us']:.1f} "
+                   f"| {'yes' if r['bit_equal'] else 'no'} |")  # fmt: skip
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0"}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "M=2048, bf16, TMA, 8 warps, NORM_PASS 1")]) + "\n"
+
+
+def gemv_ab_section(name: str) -> str:
+    """One-row (decode) GEMM kernels with x's slice exchanged through shared memory each K step (the tree's form,
+    "slice") against x loaded straight into the weight tile's layout ("rows": a patch measured in the fifty-sixth
+    session, not kept: bench/NOTES.md 163): each layer tuned and called in each form, the layers' calls in turn
+    (median of the rounds), and each region at each form's tuned config (graph replays, median of 3)."""
+    doc = _load(name)
+    out = ["| layer | region | N × K | config of | slice µs | rows µs | rows / slice |", "|" + "---|" * 7]
+    for e in doc["layers"]:
+        med = e["median_us"]
+        out.append(f"| {e['layer']} | whole layer (call) | | each its own | {med['slice']:.1f} | {med['rows']:.1f} "
+                   f"| {med['rows'] / med['slice']:.3f} |")  # fmt: skip
+        for r in e["regions"]:
+            sh = r["shape"]
+            for by, t in r["us"].items():
+                out.append(f"| {e['layer']} | {GEMM_REGION.get(r['region'], r['region'])} "
+                           f"| {sh['N'] * sh['streams']} × {sh['K']} | {by.removeprefix('config of ')} "
+                           f"| {t['slice']:.1f} | {t['rows']:.1f} | {t['rows'] / t['slice']:.3f} |")  # fmt: skip
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": doc["triton"]}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M={doc['tokens']}, bf16, quick tuning")]) + "\n"
+
+
+def in_layer_vary_section(name: str) -> str:
+    """bench/in_layer.py: each GEMM region's candidates (with `--vary`: its tuned config with one parameter changed)
+    timed alone (the tuner's search measure, its confirmation round, a graph replay) and in the layer (the layer's
+    call with that candidate in the region, the candidates in turn, median of the rounds); * marks the tuned one."""
+    doc = _load(name)
+    keys = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "NORM_PASS")
+    out = ["| layer | region | candidate | alone (search) µs | alone (held) µs | graph µs | layer call µs |",
+           "|" + "---|" * 7]
+    for e in doc["layers"]:
+        for reg in e["regions"]:
+            for r in reg["rows"]:
+                if r["config"] == "reference":
+                    what = "reference (cuBLAS and torch ops)"
+                else:
+                    c = json.loads(r["config"])
+                    what = ("* " if r["config"] == reg["tuned"] else "") + " ".join(f"{k} {c[k]}" for k in keys)
+                out.append(f"| {e['layer']} | {GEMM_REGION.get(reg['region'], reg['region'])} | {what} "
+                           f"| {r['iso_us']:.1f} | {r['held_us']:.1f} | {r['graph_us']:.1f} | {r['layer_us']:.1f} |")
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": doc["triton"], "date": doc["date"]}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M={doc['tokens']}, bf16, quick tuning")]) + "\n"
+
+
+def l2_clear_section(name: str) -> str:
+    """bench/l2_clear.py: calls timed after a zero-fill of 256 MB (do_bench's L2 clear: L2 left dirty), after a read
+    of 256 MB (L2 clean), and after nothing; the layers' calls and each GEMM region's graph replay, with the fraction
+    of the copy bandwidth measured in the same run that the region's weight bytes reach."""
+    doc = _load(name)
+    copy = doc["ceilings"]["copy_bytes_per_s"]
+    out = ["| layer | call or region | weight MB | dirty µs | clean µs | warm µs | of copy BW: dirty | clean | warm |",
+           "|" + "---|" * 9]
+    for e in doc["layers"]:
+        for mode, t in e["modes"].items():
+            out.append(f"| {e['layer']} | {mode} (layer call) | | {t['dirty']:.1f} | {t['clean']:.1f} | {t['warm']:.1f} "
+                       "| | | |")
+        for r in e["regions"]:
+            t, mb = r["us"], r["weight_bytes"] / 1e6
+            bw = [f"{r['weight_bytes'] / (t[c] * 1e-6) / copy:.0%}" for c in ("dirty", "clean", "warm")]
+            out.append(f"| {e['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {mb:.1f} | {t['dirty']:.1f} "
+                       f"| {t['clean']:.1f} | {t['warm']:.1f} | {' | '.join(bw)} |")
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": doc["triton"], "ceilings": doc["ceilings"]}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M={doc['tokens']}, bf16, quick tuning")]) + "\n"
+
+
+def kernel_times_section(*names: str) -> str:
+    """bench/profile_kernels.py: per kernel the mean time per call in a trace of the graph-replayed call (each call
+    after an L2 clear), the kernels of one source summed (o-proj and down share one), with the call's span."""
+    out = ["| layer | M | kernel (launch shape) | µs per call | call span µs | graph call µs (do_bench) |", "|" + "---|" * 6]
+    entries = []
+    for name in names:
+        doc = _load(name)
+        g = doc["ours/graph"]
+        for k, us in sorted(g["per_kernel"].items(), key=lambda kv: -kv[1]):
+            shape = "; ".join(g["launches"].get(k, []))
+            out.append(f"| {doc['block'].removeprefix('layer_')} | {doc['M']} | {k} ({shape}) | {us:.1f} "
+                       f"| {g['span']:.1f} | {g['do_bench_median']:.1f} |")
+        entries.append((name, {"gpu": doc["gpu"], "torch": doc["torch"], "ceilings": doc["ceilings"]}, ""))
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
 def region_ab_section(name: str, labels: dict[str, str], env: dict) -> str:
     """bench/region_ab.py: the whole layer with one region's config forced, the variants' calls paired (median µs,
     and the median of each turn's ratio to the tuned layer). `env`: the run's card and versions (the script's file
@@ -2333,6 +2429,13 @@ SECTIONS = {
     "paired-goal-s55-m2048": functools.partial(paired_goal_section, 1.05,
                                                ("a", "the one-accumulator WS dual GEMM in the space",
                                                 "2026-12-03-h200-s55-layer-llama3_8b-m2048-paired.json")),
+    "epilogue-ab-s56": functools.partial(epilogue_ab_section, "2026-12-03-h200-s56-epilogue-ab.json"),
+    "kernel-times-s56-m1": functools.partial(kernel_times_section, "2026-12-03-h200-s56-profile-mistral_nemo_12b-m1.json",
+                                             "2026-12-03-h200-s56-profile-gemma_7b-m1.json"),
+    "in-layer-s56-m1": functools.partial(in_layer_vary_section, "2026-12-03-h200-s56-in-layer-m1.json"),
+    "gemv-ab-s56": functools.partial(gemv_ab_section, "2026-12-03-h200-s56-gemv-ab.json"),
+    "l2-clear-s56": functools.partial(l2_clear_section, "2026-12-03-h200-s56-l2-clear-m1.json"),
+    "best-mode-goal-s56-m1": functools.partial(best_mode_goal_section, 1.1, ("a", "84d6fdc", "2026-12-03-h200-s56-layers-m1.json")),
     "paired-goal-s55-small": functools.partial(paired_goal_section, 1.1,
                                                ("a", "128 tokens", "2026-12-03-h200-s55-layers-m128.json"),
                                                ("b", "1 token", "2026-12-03-h200-s55-layers-m1.json")),
