@@ -2090,11 +2090,12 @@ def epilogue_ab_section(name: str) -> str:
     persistent loop flattens (a patch measured in the fifty-sixth session, not kept: bench/NOTES.md 162), each layer
     compiled both ways in one process, the same configs graph-replayed in turn (medians of the rounds)."""
     doc = _load(name)
-    out = ["| layer | tile × stages | persistent | branches µs | branch-free µs | branch-free / branches | cuBLAS µs "
-           "| outputs bit-equal |", "|" + "---|" * 8]  # fmt: skip
+    out = ["| layer | tile × stages | persistent | branches µs | branch-free µs | branch-free / branches "
+           "| cuBLAS µs | outputs bit-equal |", "|" + "---|" * 8]
     for r in doc["rows"]:
         c = r["config"]
-        out.append(f"| {r['layer']} | {c['BLOCK_M']}×{c['BLOCK_N']} × {c['num_stages']} | {'yes' if c['PERSISTENT'] else 'no'} "
+        persistent = "yes" if c["PERSISTENT"] else "no"
+        out.append(f"| {r['layer']} | {c['BLOCK_M']}×{c['BLOCK_N']} × {c['num_stages']} | {persistent} "
                    f"| {r['branches_us']:.1f} | {r['branch_free_us']:.1f} | {r['ratio']:.3f} | {r['cublas_us']:.1f} "
                    f"| {'yes' if r['bit_equal'] else 'no'} |")  # fmt: skip
     env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0"}
@@ -2150,12 +2151,12 @@ def l2_clear_section(name: str) -> str:
     of the copy bandwidth measured in the same run that the region's weight bytes reach."""
     doc = _load(name)
     copy = doc["ceilings"]["copy_bytes_per_s"]
-    out = ["| layer | call or region | weight MB | dirty µs | clean µs | warm µs | of copy BW: dirty | clean | warm |",
-           "|" + "---|" * 9]
+    out = ["| layer | call or region | weight MB | dirty µs | clean µs | warm µs "
+           "| of copy BW: dirty | clean | warm |", "|" + "---|" * 9]
     for e in doc["layers"]:
         for mode, t in e["modes"].items():
-            out.append(f"| {e['layer']} | {mode} (layer call) | | {t['dirty']:.1f} | {t['clean']:.1f} | {t['warm']:.1f} "
-                       "| | | |")
+            out.append(f"| {e['layer']} | {mode} (layer call) | | {t['dirty']:.1f} | {t['clean']:.1f} "
+                       f"| {t['warm']:.1f} | | | |")
         for r in e["regions"]:
             t, mb = r["us"], r["weight_bytes"] / 1e6
             bw = [f"{r['weight_bytes'] / (t[c] * 1e-6) / copy:.0%}" for c in ("dirty", "clean", "warm")]
@@ -2168,7 +2169,8 @@ def l2_clear_section(name: str) -> str:
 def kernel_times_section(*names: str) -> str:
     """bench/profile_kernels.py: per kernel the mean time per call in a trace of the graph-replayed call (each call
     after an L2 clear), the kernels of one source summed (o-proj and down share one), with the call's span."""
-    out = ["| layer | M | kernel (launch shape) | µs per call | call span µs | graph call µs (do_bench) |", "|" + "---|" * 6]
+    out = ["| layer | M | kernel (launch shape) | µs per call | call span µs | graph call µs (do_bench) |",
+           "|" + "---|" * 6]
     entries = []
     for name in names:
         doc = _load(name)
@@ -2430,12 +2432,14 @@ SECTIONS = {
                                                ("a", "the one-accumulator WS dual GEMM in the space",
                                                 "2026-12-03-h200-s55-layer-llama3_8b-m2048-paired.json")),
     "epilogue-ab-s56": functools.partial(epilogue_ab_section, "2026-12-03-h200-s56-epilogue-ab.json"),
-    "kernel-times-s56-m1": functools.partial(kernel_times_section, "2026-12-03-h200-s56-profile-mistral_nemo_12b-m1.json",
+    "kernel-times-s56-m1": functools.partial(kernel_times_section,
+                                             "2026-12-03-h200-s56-profile-mistral_nemo_12b-m1.json",
                                              "2026-12-03-h200-s56-profile-gemma_7b-m1.json"),
     "in-layer-s56-m1": functools.partial(in_layer_vary_section, "2026-12-03-h200-s56-in-layer-m1.json"),
     "gemv-ab-s56": functools.partial(gemv_ab_section, "2026-12-03-h200-s56-gemv-ab.json"),
     "l2-clear-s56": functools.partial(l2_clear_section, "2026-12-03-h200-s56-l2-clear-m1.json"),
-    "best-mode-goal-s56-m1": functools.partial(best_mode_goal_section, 1.1, ("a", "84d6fdc", "2026-12-03-h200-s56-layers-m1.json")),
+    "best-mode-goal-s56-m1": functools.partial(best_mode_goal_section, 1.1,
+                                               ("a", "84d6fdc", "2026-12-03-h200-s56-layers-m1.json")),
     "paired-goal-s55-small": functools.partial(paired_goal_section, 1.1,
                                                ("a", "128 tokens", "2026-12-03-h200-s55-layers-m128.json"),
                                                ("b", "1 token", "2026-12-03-h200-s55-layers-m1.json")),
