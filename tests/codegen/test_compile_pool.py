@@ -107,7 +107,18 @@ def test_qkv_epilogue_registers_at_the_m2048_tiles(workers):
     whole waves (no split at this length), and the workspace and counters it gets are still an fp32 and an int32
     buffer (a bf16 stand-in failed to build). Its second copy of the tile's work, with the partial sums and their
     reduction, spills 512 bytes (bench/NOTES.md 138): pinned at most 576 so that a growth shows."""
-    cfg = BlockConfig(hidden=512, intermediate=1024, heads=4, kv_heads=1, head_dim=128)
+    step, tensors = _qkv_region(head_dim=128, kv_heads=1)
+    stack = {}
+    for bn, sk in ((128, 1), (256, 1), (256, 4)):
+        c = {"BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 64, "SPLIT_K": sk, "GROUP_M": 8, "num_warps": 8,
+             "num_stages": 3, "TMA": 1, "MM": 0, "NORM_PASS": 1, "PERSISTENT": 1, "WS": 0}  # fmt: skip
+        stack[bn, sk] = _sm90_build(workers, step, tensors, c)[0]
+    assert stack[128, 1] == 0 and stack[256, 1] <= 256 and stack[256, 4] <= 576, stack
+
+
+def _qkv_region(head_dim: int, kv_heads: int):
+    """(step, inputs) of the QKV GEMM region (norm, q/k/v, rotary) of a 4-head bf16 block of 256 tokens."""
+    cfg = BlockConfig(hidden=512, intermediate=1024, heads=4, kv_heads=kv_heads, head_dim=head_dim)
     model = randomize_(LlamaBlock(cfg)).to(torch.bfloat16).eval()
     inputs = llama_block_inputs(cfg, 1, 256, torch.bfloat16, "cpu")
     cm = dc.compile(model, backend="interpret", cuda_graphs=False, tune="none")
@@ -117,15 +128,23 @@ def test_qkv_epilogue_registers_at_the_m2048_tiles(workers):
         env = program._env(list(inputs))
         for step in program.steps:
             if isinstance(step, RegionStep) and "dl.rotary" in {o.name for o in step.kernel.region.body_ops}:
-                break
+                return step, step.inputs(env)
             step(env)
-        tensors = step.inputs(env)
-    stack = {}
-    for bn, sk in ((128, 1), (256, 1), (256, 4)):
-        c = {"BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 64, "SPLIT_K": sk, "GROUP_M": 8, "num_warps": 8,
-             "num_stages": 3, "TMA": 1, "MM": 0, "NORM_PASS": 1, "PERSISTENT": 1, "WS": 0}  # fmt: skip
-        stack[bn, sk] = _sm90_build(workers, step, tensors, c)[0]
-    assert stack[128, 1] == 0 and stack[256, 1] <= 256 and stack[256, 4] <= 576, stack
+    raise AssertionError("no QKV region")
+
+
+def test_qkv_product_pass_takes_no_shared_memory(workers):
+    """The QKV region over cuBLAS's product (MM: the pass reads the product back, rotates q and k, stores q, k, v)
+    picks each output's branch from the tile's column span as scalars, so nothing crosses warps: built for sm90 at the
+    tiles quick tuning runs for heads of 256 at M = 2048 (16x256, and 16x128, narrower than a head), its kernel takes
+    no shared memory. Testing the branch on rn's reductions cost 5 barriers a program there (bench/NOTES.md 165, 166)."""
+    step, tensors = _qkv_region(head_dim=256, kv_heads=4)
+    for bn in (256, 128):
+        c = {"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 4,
+             "num_stages": 2, "TMA": 0, "MM": 1, "NORM_PASS": 1, "PERSISTENT": 0, "WS": 0}  # fmt: skip
+        assert not step.kernel.space.violations(c), c
+        _, shared, ttgir = _sm90_build(workers, step, tensors, c)
+        assert shared == 0 and "tt.reduce" not in ttgir, (bn, shared)
 
 
 def _sm90_build(workers, step, tensors, c: dict) -> tuple[int, int, str]:

@@ -47,15 +47,25 @@ class GemmEmitter(EpilogueEmitter):
         w("num_n = tl.cdiv(GRID_N, BLOCK_N)")
         tiled.tile_position(w)
         w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+        span = self._cones() is not None  # the tile's columns lie in [n_lo, n_hi) (`EpilogueEmitter`'s branches)
         if p.narrow_rotary == "half":  # a tile narrower than a head takes matching parts of its two halves,
             d = max(p.rotary_dims)  # so each rotation pair (j, j + D/2) stays inside the tile
             w(f"if BLOCK_N < {d}:")
             w("    ri = tl.arange(0, BLOCK_N)")
             w(f"    rn = (pid_n * BLOCK_N) // {d} * {d} + (pid_n % ({d} // BLOCK_N)) * (BLOCK_N // 2) + ri % (BLOCK_N // 2) + ri // (BLOCK_N // 2) * {d // 2}")
+            if span:
+                w(f"    n_lo = (pid_n * BLOCK_N) // {d} * {d}  # (the columns of the head holding the tile's)")
+                w(f"    n_hi = n_lo + {d}")
             w("else:")
             w("    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
+            if span:
+                w("    n_lo = pid_n * BLOCK_N")
+                w("    n_hi = n_lo + BLOCK_N")
         else:
             w("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
+            if span:
+                w("n_lo = pid_n * BLOCK_N")
+                w("n_hi = n_lo + BLOCK_N")
         w("mmask = rm < M")
         w("nmask = rn < GRID_N")
         accs = ", ".join(f"acc{i}" for i in range(len(p.streams)))

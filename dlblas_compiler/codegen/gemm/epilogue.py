@@ -90,7 +90,14 @@ class EpilogueEmitter:
                     self._epilogue(w, o)
             for k, (r, cone) in enumerate(zip(self.outputs, cones)):
                 c = p.info[r]
-                w(f"if (tl.max(rn, 0) >= {c.lo}) & (tl.min(rn, 0) < {c.hi}):  # this tile holds columns of output {k}")
+                # in the cuBLAS-product pass the test is on scalars (`n_lo`, `n_hi`: `GemmEmitter.source`), so no
+                # reduction crosses warps through shared memory; after a K loop it stays on rn's reductions, since there
+                # the scalar test let Triton schedule the branches' code together and spill more (bench/NOTES.md 166)
+                w("if MM:")
+                w(f"    holds = (n_hi > {c.lo}) & (n_lo < {c.hi})")
+                w("else:")
+                w(f"    holds = (tl.max(rn, 0) >= {c.lo}) & (tl.min(rn, 0) < {c.hi})")
+                w(f"if holds:  # this tile holds columns of output {k}")
                 w.indent()
                 for o in p.epilogue:
                     if o in cone and uses[o] == 1:
