@@ -135,9 +135,10 @@ def _qkv_region(head_dim: int, kv_heads: int):
 
 def test_qkv_product_pass_takes_no_shared_memory(workers):
     """The QKV region over cuBLAS's product (MM: the pass reads the product back, rotates q and k, stores q, k, v)
-    picks each output's branch from the tile's column span as scalars, so nothing crosses warps: built for sm90 at the
-    tiles quick tuning runs for heads of 256 at M = 2048 (16x256, and 16x128, narrower than a head), its kernel takes
-    no shared memory. Testing the branch on rn's reductions cost 5 barriers a program there (bench/NOTES.md 165, 166)."""
+    picks each output's branch from the tile's column span as scalars, so nothing crosses warps: built for sm90 at
+    the tiles quick tuning runs for heads of 256 at M = 2048 (16x256, and 16x128, narrower than a head), its kernel
+    takes no shared memory. Testing the branch on rn's reductions cost 5 barriers a program there (bench/NOTES.md
+    165, 166)."""
     step, tensors = _qkv_region(head_dim=256, kv_heads=4)
     for bn in (256, 128):
         c = {"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 4,
