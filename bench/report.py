@@ -2123,6 +2123,70 @@ def gemv_ab_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"M={doc['tokens']}, bf16, quick tuning")]) + "\n"
 
 
+def span_ab_section(name: str) -> str:
+    """The QKV region's per-output branch tested on the tile's column vector reduced across warps (the tree before,
+    "reduced") or on the tile's column span as scalars ("scalar", kept: bench/NOTES.md 166), each layer's rotary
+    region compiled both ways in one process, the same configs graph-replayed in turn (medians of 3 rounds). MM:
+    cuBLAS's product, the kernel its epilogue pass; the K-loop configs compile to the same PTX either way."""
+    doc = _load(name)
+    out = ["| layer | tile, warps | product | persistent | reduced µs | scalar µs | scalar / reduced "
+           "| outputs bit-equal |", "|" + "---|" * 8]
+    for r in doc["rows"]:
+        c = r["config"]
+        product = "cuBLAS (MM)" if c["MM"] else "K loop (TMA)"
+        out.append(f"| {r['layer']} | {c['BLOCK_M']}×{c['BLOCK_N']}, {c['num_warps']} | {product} "
+                   f"| {'yes' if c['PERSISTENT'] else 'no'} | {r['reduced_us']:.1f} | {r['scalar_us']:.1f} "
+                   f"| {r['scalar_us'] / r['reduced_us']:.3f} | {'yes' if r['bit_equal'] else 'no'} |")  # fmt: skip
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0"}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "M=2048, bf16, NORM_PASS 1, tune none")]) + "\n"
+
+
+def mm_pass_section(name: str) -> str:
+    """Where the QKV region's time goes under a cuBLAS-product (MM) config (torch.profiler, 20 launches, each after
+    an L2 clear: per-kernel mean µs), beside the same region graph-replayed and cuBLAS's bare product of its
+    operands; "partners" is the tree's MM rotary (each column's partner read back from the product), "registers"
+    the in-register rotation of the K-loop path tried for MM (not kept, bench/NOTES.md 166). The pass moves the
+    product's bytes in and the outputs' out; its bandwidth is those bytes over its kernel time."""
+    doc = _load(name)
+    out = ["| layer | tile, warps | region µs (partners) | region µs (registers) | registers / partners "
+           "| bare cuBLAS µs | cuBLAS in region µs | norm pass µs | MM pass µs | MM pass TB/s |",
+           "|" + "---|" * 10]
+    for e in doc["rows"]:
+        for r in e["configs"]:
+            c, k = r["config"], r["kernels"]["partners" if "partners" in r["kernels"] else "partner"]
+            cublas = sum(v for n, v in k.items() if n.startswith(("nvjet", "sm90_", "cutlass")))
+            norm = sum(v for n, v in k.items() if n.startswith("row_norm"))
+            ours = sum(v for n, v in k.items() if n.startswith("gemm_"))
+            us = r["us"]
+            out.append(f"| {e['layer']} | {c['BLOCK_M']}×{c['BLOCK_N']}, {c['num_warps']} | {us['partner']:.1f} "
+                       f"| {us['registers']:.1f} | {us['registers'] / us['partner']:.3f} | {e['matmul_us']:.1f} "
+                       f"| {cublas:.1f} | {norm:.1f} | {ours:.1f} | {2 * r['out_bytes'] / ours / 1e6:.2f} |")  # fmt: skip
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0"}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, "M=2048, bf16, NORM_PASS 1, tune none")]) + "\n"
+
+
+def tuner_clear_ab_section(name: str) -> str:
+    """Quick tuning with the L2 cleared by a zero-fill before each timed call (dirty lines, as do_bench and the tuner
+    do), by a read instead (clean), and with the zero-fill again (dirty2: the search's own noise), each in a fresh
+    tuning cache; the three compiled layers' calls then timed in turn (profiler.paired, 200 calls each) after each
+    kind of clear, and the regions whose chosen config differs between the tunings (bench/NOTES.md 166)."""
+    doc = _load(name)
+    out = ["| layer | tuned dirty µs (timed dirty / clean) | tuned clean / tuned dirty (timed dirty / clean) "
+           "| tuned dirty2 / tuned dirty (timed dirty / clean) | regions whose config differs |", "|" + "---|" * 5]
+    for e in doc["layers"]:
+        p, forms = e["paired_us"], list(e["choices"])
+        chose = {f: {r: (c["impl"], c["config"]) for r, c in e["choices"][f].items()} for f in forms}
+        diff = [r for r in chose[forms[0]] if any(chose[f].get(r) != chose[forms[0]][r] for f in forms[1:])]
+        cells = [f"{p['dirty_ratio_to_dirty'][f]:.4f} / {p['clean_ratio_to_dirty'][f]:.4f}" for f in forms[1:]]
+        what = "; ".join(f"{GEMM_REGION.get(r, r)}: " + ", ".join(
+            f"{f} " + "/".join(f"{k}={v}" for k, v in chose[f][r][1].items() if any(
+                chose[g][r][1].get(k) != v for g in forms)) for f in forms) for r in diff) or "none"
+        out.append(f"| {e['layer']} | {p['dirty']['dirty']:.1f} / {p['clean']['dirty']:.1f} | " + " | ".join(cells)
+                   + f" | {what} |")
+    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0"}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M={doc['tokens']}, bf16, quick tuning")]) + "\n"
+
+
 def in_layer_vary_section(name: str) -> str:
     """bench/in_layer.py: each GEMM region's candidates (with `--vary`: its tuned config with one parameter changed)
     timed alone (the tuner's search measure, its confirmation round, a graph replay) and in the layer (the layer's
@@ -2440,6 +2504,10 @@ SECTIONS = {
     "l2-clear-s56": functools.partial(l2_clear_section, "2026-12-03-h200-s56-l2-clear-m1.json"),
     "best-mode-goal-s56-m1": functools.partial(best_mode_goal_section, 1.1,
                                                ("a", "84d6fdc", "2026-12-03-h200-s56-layers-m1.json")),
+    "span-ab-s57": functools.partial(span_ab_section, "2026-12-03-h200-s57-span-ab.json"),
+    "mm-pass-s57": functools.partial(mm_pass_section, "2026-12-03-h200-s57-mm-pass.json"),
+    "tuner-clear-ab-s57-m1": functools.partial(tuner_clear_ab_section, "2026-12-03-h200-s57-tuner-clear-ab-m1.json"),
+    "gemms-quick-s57": functools.partial(gemms_section, "2026-12-03-h200-s57-gemms-quick.json"),
     "paired-goal-s55-small": functools.partial(paired_goal_section, 1.1,
                                                ("a", "128 tokens", "2026-12-03-h200-s55-layers-m128.json"),
                                                ("b", "1 token", "2026-12-03-h200-s55-layers-m1.json")),
