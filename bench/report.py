@@ -2123,6 +2123,12 @@ def gemv_ab_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"M={doc['tokens']}, bf16, quick tuning")]) + "\n"
 
 
+def _ab_source(name: str, doc: dict, what: str) -> str:
+    """The source line of an A/B driver's file (card and torch from it; Triton is the device image's 3.6.0, which
+    those files do not record)."""
+    return source_line([(name, {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0"}, what)])
+
+
 def span_ab_section(name: str) -> str:
     """The QKV region's per-output branch tested on the tile's column vector reduced across warps (the tree before,
     "reduced") or on the tile's column span as scalars ("scalar", kept: bench/NOTES.md 166), each layer's rotary
@@ -2137,8 +2143,7 @@ def span_ab_section(name: str) -> str:
         out.append(f"| {r['layer']} | {c['BLOCK_M']}×{c['BLOCK_N']}, {c['num_warps']} | {product} "
                    f"| {'yes' if c['PERSISTENT'] else 'no'} | {r['reduced_us']:.1f} | {r['scalar_us']:.1f} "
                    f"| {r['scalar_us'] / r['reduced_us']:.3f} | {'yes' if r['bit_equal'] else 'no'} |")  # fmt: skip
-    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0"}
-    return "\n".join(out) + "\n\n" + source_line([(name, env, "M=2048, bf16, NORM_PASS 1, tune none")]) + "\n"
+    return "\n".join(out) + "\n\n" + _ab_source(name, doc, "M=2048, bf16, NORM_PASS 1, tune none") + "\n"
 
 
 def mm_pass_section(name: str) -> str:
@@ -2153,16 +2158,15 @@ def mm_pass_section(name: str) -> str:
            "|" + "---|" * 10]
     for e in doc["rows"]:
         for r in e["configs"]:
-            c, k = r["config"], r["kernels"]["partners" if "partners" in r["kernels"] else "partner"]
+            c, k = r["config"], r["kernels"]["partner"]
             cublas = sum(v for n, v in k.items() if n.startswith(("nvjet", "sm90_", "cutlass")))
             norm = sum(v for n, v in k.items() if n.startswith("row_norm"))
             ours = sum(v for n, v in k.items() if n.startswith("gemm_"))
-            us = r["us"]
+            us, tbs = r["us"], 2 * r["out_bytes"] / ours / 1e6  # (the product read, the outputs written)
             out.append(f"| {e['layer']} | {c['BLOCK_M']}×{c['BLOCK_N']}, {c['num_warps']} | {us['partner']:.1f} "
                        f"| {us['registers']:.1f} | {us['registers'] / us['partner']:.3f} | {e['matmul_us']:.1f} "
-                       f"| {cublas:.1f} | {norm:.1f} | {ours:.1f} | {2 * r['out_bytes'] / ours / 1e6:.2f} |")  # fmt: skip
-    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0"}
-    return "\n".join(out) + "\n\n" + source_line([(name, env, "M=2048, bf16, NORM_PASS 1, tune none")]) + "\n"
+                       f"| {cublas:.1f} | {norm:.1f} | {ours:.1f} | {tbs:.2f} |")  # fmt: skip
+    return "\n".join(out) + "\n\n" + _ab_source(name, doc, "M=2048, bf16, NORM_PASS 1, tune none") + "\n"
 
 
 def tuner_clear_ab_section(name: str) -> str:
@@ -2175,16 +2179,19 @@ def tuner_clear_ab_section(name: str) -> str:
            "| tuned dirty2 / tuned dirty (timed dirty / clean) | regions whose config differs |", "|" + "---|" * 5]
     for e in doc["layers"]:
         p, forms = e["paired_us"], list(e["choices"])
-        chose = {f: {r: (c["impl"], c["config"]) for r, c in e["choices"][f].items()} for f in forms}
-        diff = [r for r in chose[forms[0]] if any(chose[f].get(r) != chose[forms[0]][r] for f in forms[1:])]
         cells = [f"{p['dirty_ratio_to_dirty'][f]:.4f} / {p['clean_ratio_to_dirty'][f]:.4f}" for f in forms[1:]]
-        what = "; ".join(f"{GEMM_REGION.get(r, r)}: " + ", ".join(
-            f"{f} " + "/".join(f"{k}={v}" for k, v in chose[f][r][1].items() if any(
-                chose[g][r][1].get(k) != v for g in forms)) for f in forms) for r in diff) or "none"
+        diffs = []
+        for region in e["choices"][forms[0]]:
+            configs = [{"impl": e["choices"][f][region]["impl"], **(e["choices"][f][region]["config"] or {})}
+                       for f in forms]  # (each tuning's choice for the region)
+            keys = [k for k in dict.fromkeys(k for c in configs for k in c) if len({c.get(k) for c in configs}) > 1]
+            if keys:
+                diffs.append(f"{GEMM_REGION.get(region, region)}: " + ", ".join(
+                    f"{f} " + "/".join(f"{k}={c.get(k)}" for k in keys) for f, c in zip(forms, configs, strict=True)))
+        what = "; ".join(diffs) or "none"
         out.append(f"| {e['layer']} | {p['dirty']['dirty']:.1f} / {p['clean']['dirty']:.1f} | " + " | ".join(cells)
                    + f" | {what} |")
-    env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": "3.6.0"}
-    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M={doc['tokens']}, bf16, quick tuning")]) + "\n"
+    return "\n".join(out) + "\n\n" + _ab_source(name, doc, f"M={doc['tokens']}, bf16, quick tuning") + "\n"
 
 
 def in_layer_vary_section(name: str) -> str:
