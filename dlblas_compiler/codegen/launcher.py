@@ -11,6 +11,7 @@ Triton specializes on — each tensor's dtype and 16-byte alignment, each int's 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,6 +39,52 @@ def _spec(a: Any) -> Any:
     if type(a) is bool:
         return 9 + a
     return a
+
+
+class WgmmaRace(RuntimeError):
+    """A compiled kernel whose pipelined tensor-core product may read registers or shared memory its own loop has
+    already overwritten (`wgmma_race`)."""
+
+
+REFUSE_WGMMA_RACE = True  # (bench/wgmma_race.py switches it off to measure the races)
+_DOT = re.compile(r"(%[\w#.]+) = ttng\.warp_group_dot (%[\w#.]+), (%[\w#.]+),[^\n]*?\} : (\S+)")
+_WAIT = re.compile(r"ttng\.warp_group_dot_wait ([^{\n]*)\{pendings = (\d+)")
+_RING = re.compile(r"(%[\w#.]+) = ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x\d+x")
+_VIEW = re.compile(r"(%[\w#.]+) = ttg\.memdesc_\w+ (%[\w#.]+)")
+
+
+def wgmma_race(ttgir: str) -> str | None:
+    """Why a kernel's pipelined wgmma may read data its loop has overwritten, or None. Two bugs of Triton 3.6's
+    software pipeliner on sm90 (bench/NOTES.md 167), each giving wrong rows that vary between launches:
+      * a wgmma reading its A tile from registers (a tile scaled in registers inside the K loop, split into one wgmma
+        per 16-wide K slice) waited on with groups left in flight (pendings > 0): the next K step's loads overwrite
+        the registers the last step's later wgmmas still read (triton-lang/triton#9433; in the sm90 SASS, LDSM and
+        FMUL into the A registers of HGMMAs the loop's `WARPGROUP.DEPBAR.LE gsb0, 0x3` left running);
+      * a wgmma reading both tiles from shared memory while a second user of A (the row statistics' squares) made
+        the pipeliner give A's ring one buffer fewer than W's: the load two steps ahead overwrites the A tile the
+        last step's wgmma still reads.
+    Products waited on in full (attention's P @ V) and equal rings are neither."""
+    rings = dict((name, int(depth)) for name, depth in _RING.findall(ttgir))
+    source = dict(_VIEW.findall(ttgir))
+
+    def ring(v: str) -> int | None:
+        while v in source:
+            v = source[v]
+        return rings.get(v)
+
+    in_flight = set()  # values a wait with groups left in flight names (its dots' results and operands)
+    for ops, pendings in _WAIT.findall(ttgir):
+        if int(pendings):
+            in_flight |= set(ops.replace(",", " ").split())
+    for result, a, b, a_type in _DOT.findall(ttgir):
+        if result not in in_flight:
+            continue
+        if a_type.startswith("tensor<"):
+            return "its wgmma reads A from registers the next K step overwrites (triton-lang/triton#9433)"
+        depths = {ring(a), ring(b)} - {None}
+        if len(depths) > 1:
+            return f"its wgmma reads A and W from rings of {sorted(depths)} buffers: the shorter is overwritten early"
+    return None
 
 
 def _keyword(v: Any) -> Any:
@@ -92,6 +139,10 @@ class Launcher:
                 binary = binary.result()
             if binary is None:  # (a compile hook skipped it: nothing ran, nothing to keep)
                 return
+            why = wgmma_race(binary.asm.get("ttgir", "")) if REFUSE_WGMMA_RACE else None
+            if why:  # (checked after this first launch: a warm-up first would be a worker's job in `compile_pool`)
+                raise WgmmaRace(f"{binary.name} {kwargs}: Triton's pipelining races, its outputs are not to be used "
+                                f"and it is not launched again: {why}")
             params = self.fn.params[len(args):]  # the rest, in the function's order (defaults included)
             tail = [kwargs[p.name] if p.name in kwargs else p.default for p in params]
             if len(self._bins) >= 256:  # (arguments whose values keep changing: start over rather than grow)

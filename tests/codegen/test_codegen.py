@@ -592,8 +592,8 @@ def test_gemm_persistent_split_last_wave(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gemm_persistent_configs_on_the_gpu(dtype):
     """The persistent loop on the GPU: every GEMM region of a Llama block at 2100 tokens (more tiles than an H100
-    has SMs), tensor-core tiles through TMA and by pointer, norm weight in the K loop or a norm pass, against
-    float64."""
+    has SMs), tensor-core tiles through TMA and by pointer, against float64. The norm is a row pass: a norm weight
+    scaling A in the K loop of a wgmma tile (64 rows or more on sm90) is outside the space (bench/NOTES.md 167)."""
     cfg = BlockConfig(hidden=512, intermediate=1024, heads=8, kv_heads=2, head_dim=64)
     tiles = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4)]
     configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": w, "num_stages": s,
@@ -601,7 +601,7 @@ def test_gemm_persistent_configs_on_the_gpu(dtype):
                for bm, bn, w, s in tiles for tma in (0, 1) for p in (0, 1)]  # fmt: skip
     checked = _check_gemm_regions(cfg, 2100, configs, dtype)
     assert len({r for r, _, _ in checked}) == 4, checked
-    assert {(c["TMA"], c["NORM_PASS"]) for r, c, _ in checked if "dl.rms_norm" in r} == {(0, 0), (0, 1), (1, 1)}
+    assert {(c["TMA"], c["NORM_PASS"]) for r, c, _ in checked if "dl.rms_norm" in r} == {(0, 1), (1, 1)}
 
 
 @pytest.mark.gpu

@@ -21,6 +21,7 @@ from triton.runtime.driver import driver
 import dlblas_compiler as dc
 from dlblas_compiler.codegen import compile_pool
 from dlblas_compiler.codegen.kernel import _Warmup, compile_configs
+from dlblas_compiler.codegen.launcher import wgmma_race
 from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
 from dlblas_compiler.numerics import rel_error, tolerance
 from dlblas_compiler.runtime.program import RegionStep
@@ -146,6 +147,25 @@ def test_qkv_product_pass_takes_no_shared_memory(workers):
         assert not step.kernel.space.violations(c), c
         _, shared, ttgir = _sm90_build(workers, step, tensors, c)
         assert shared == 0 and "tt.reduce" not in ttgir, (bn, shared)
+
+
+def test_k_loop_scaling_a_in_registers_races_on_wgmma_tiles_only(workers):
+    """The QKV region with its RMSNorm weight applied to A in the K loop (NORM_PASS=0), built for sm90: on 128-row
+    tiles Triton makes the product a wgmma reading A from registers, pipelined with groups left in flight, which the
+    launcher's check finds (`wgmma_race`; on an H200 such TMA configs gave wrong rows that vary between launches,
+    bench/NOTES.md 167) and the space excludes; on 32-row tiles (a synchronous mma) neither. The row pass's config
+    at 128 rows has no race either."""
+    step, tensors = _qkv_region(head_dim=128, kv_heads=1)
+    base = {"BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_stages": 3, "TMA": 1, "MM": 0,
+            "PERSISTENT": 0, "WS": 0}  # fmt: skip
+    for bm, warps, norm_pass, races in [(128, 8, 0, True), (32, 4, 0, False), (128, 8, 1, False)]:
+        c = {**base, "BLOCK_M": bm, "num_warps": warps, "NORM_PASS": norm_pass}
+        excluded = [v for v in step.kernel.space.violations(c) if v.startswith("no A tile scaled in registers")]
+        assert bool(excluded) == races, (c, step.kernel.space.violations(c))
+        ttgir = _sm90_build(workers, step, tensors, c)[2]
+        why = wgmma_race(ttgir)
+        assert (why is not None and "triton-lang/triton#9433" in why) == races, (c, why)
+        assert ("ttng.warp_group_dot " in ttgir) == (bm == 128), c
 
 
 def _sm90_build(workers, step, tensors, c: dict) -> tuple[int, int, str]:

@@ -37,6 +37,7 @@ PARAMS = {
 # DLBLAS_GEMM_TMA=0: no TMA configs in any GEMM space, to measure what they bring (bench/NOTES.md item 99: suspected of
 # slower kernels in the model's graph, not reproduced in an A/B on one host); a narrowed space has its own cache key
 TMA_ENV = "DLBLAS_GEMM_TMA"
+WGMMA_ROWS = 64  # from this many rows of a tile (4 warps or more) Triton 3.6 makes tl.dot a wgmma on sm90, below an mma
 SEEDED_ON = 9  # the sweeps' seeds were measured on H200 and H100 (sm90): elsewhere only the variants' starts
 
 
@@ -51,6 +52,7 @@ def space(plan: GemmPlan) -> SearchSpace:
     has_norm, ln = plan.norm is not None, isinstance(plan.norm, LayerNormOp)
     norm_w = plan.rms is not None and plan.rms.weight is not None  # (a norm weight not folded into W)
     ws_ok = warp_specialized.offered(plan) and torch.cuda.is_available() and device.capability()[0] == 9
+    wgmma = device.capability()[0] >= 9  # (Triton's tensor-core products on sm90+ are asynchronous)
 
     def tiles(c: dict) -> int:
         return cdiv(m, c["BLOCK_M"]) * cdiv(gn, c["BLOCK_N"])
@@ -87,8 +89,11 @@ def space(plan: GemmPlan) -> SearchSpace:
         c["NORM_PASS"] == (has_norm and (c["MM"] or c["NORM_PASS"] or (ln and (m > RS_INLINE_ROWS or c["TMA"])))),
         "persistent programs only for tensor-core tiles, more of them than SMs": lambda c:
         not c["PERSISTENT"] or (c["BLOCK_M"] > 1 and tiles(c) > sms),
-        "no norm weight on TMA tiles in the K loop (Triton 3.6 on H100: wrong rows that vary between runs)":
-        lambda c: not (norm_w and c["TMA"] and not c["NORM_PASS"] and not c["MM"] and c["BLOCK_M"] > 1),
+        "no A tile scaled in registers (a norm weight not folded into W, a LayerNorm) in the K loop of a tile whose"
+        " product is an asynchronous wgmma (sm90+, 64 rows or more): Triton 3.6 feeds wgmma that tile from registers"
+        " and the next K step overwrites them while the last step's wgmmas still read them, wrong rows that vary"
+        " between runs (triton-lang/triton#9433; bench/NOTES.md 167)": lambda c: not (
+            (norm_w or ln) and not c["NORM_PASS"] and not c["MM"] and c["BLOCK_M"] >= WGMMA_ROWS and wgmma),
         "warp specialization (a Gluon kernel for sm90 GPUs, regions whose epilogue it takes) runs persistent TMA"
         " tiles over the whole K range, a warpgroup per 64 rows at most, with the norm's statistics from a pass":
         lambda c: not c["WS"] or (ws_ok and c["PERSISTENT"] and c["TMA"] and c["SPLIT_K"] == 1 and not c["MM"]
