@@ -2169,6 +2169,25 @@ def mm_pass_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + _ab_source(name, doc, "M=2048, bf16, NORM_PASS 1, tune none") + "\n"
 
 
+def wgmma_race_section(name: str) -> str:
+    """bench/wgmma_race.py: each QKV config launched 10 times on the same inputs (the worst share of outputs off by 5%
+    of the RMS from the float32 reference, launches not bit-equal to the first, the CUDA-graph replay time), then the
+    stand-alone K loops of the same GEMM (bench/NOTES.md 167)."""
+    doc = _load(name)
+    out = ["| tokens | config (norm weight in the K loop unless row pass) | in the space | worst share off "
+           "| launches unlike the first | µs |", "|" + "---|" * 6]
+    for r in doc["races"]:
+        out.append(f"| {r['m']} | {r['config']} | {'yes' if r['in_space'] else 'no'} | {r['worst_bad_share']:.2%} "
+                   f"| {r['launches_unlike_first']} of {r['launches'] - 1} | {r['us']:.1f} |")
+    out += ["", "| K loop (2048×6144×4096, 128×256×64, 8 warps, 3 stages, TMA) | worst share off "
+            "| launches unlike the first | µs | TFLOP/s |", "|" + "---|" * 5]
+    for r in doc["k_loop"]:
+        off = f"{r['worst_bad_share']:.2%}" if "worst_bad_share" in r else "—"
+        unlike = f"{r['launches_unlike_first']} of {r['launches'] - 1}" if "launches" in r else "—"
+        out.append(f"| {r['kernel']} | {off} | {unlike} | {r['us']:.1f} | {r['tflops']:.0f} |")
+    return "\n".join(out) + "\n\n" + _ab_source(name, doc, "Llama-3-8B's norm+QKV+RoPE, bf16, tune none") + "\n"
+
+
 def tuner_clear_ab_section(name: str) -> str:
     """Quick tuning with the L2 cleared by a zero-fill before each timed call (dirty lines, as do_bench and the tuner
     do), by a read instead (clean), and with the zero-fill again (dirty2: the search's own noise), each in a fresh
@@ -2515,6 +2534,7 @@ SECTIONS = {
     "mm-pass-s57": functools.partial(mm_pass_section, "2026-12-03-h200-s57-mm-pass.json"),
     "tuner-clear-ab-s57-m1": functools.partial(tuner_clear_ab_section, "2026-12-03-h200-s57-tuner-clear-ab-m1.json"),
     "gemms-quick-s57": functools.partial(gemms_section, "2026-12-03-h200-s57-gemms-quick.json"),
+    "wgmma-race-s58": functools.partial(wgmma_race_section, "2026-12-04-h200-s58-wgmma-race.json"),
     "paired-goal-s55-small": functools.partial(paired_goal_section, 1.1,
                                                ("a", "128 tokens", "2026-12-03-h200-s55-layers-m128.json"),
                                                ("b", "1 token", "2026-12-03-h200-s55-layers-m1.json")),
