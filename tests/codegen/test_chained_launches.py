@@ -129,3 +129,86 @@ def test_launcher_refuses_a_binary_whose_pipelined_wgmma_races(monkeypatch):
     fn[(3, 1)](1, 2, BLOCK_M=16, num_warps=4)
     fn[(3, 1)](1, 2, BLOCK_M=16, num_warps=4)
     assert [s[0] for s in seen] == ["run", "binary"]
+
+
+@pytest.mark.gpu
+def test_chained_launches_give_the_same_results_direct_and_in_cuda_graphs():
+    from dlblas_compiler.codegen.device import has_pdl
+
+    if not has_pdl():
+        pytest.skip("programmatic dependent launch needs sm90+ and a CUDA 12.3+ driver")
+    model = randomize_(LlamaBlock(CFG)).cuda().to(torch.bfloat16).eval()
+    outs = {}
+    for chained in (False, True):
+        cm = dc.compile(model, backend="triton", chained_launches=chained)
+        runs = []
+        for tokens in (1, 1, 1, 37, 37, 37):  # third calls replay a CUDA graph
+            args = llama_block_inputs(CFG, 2, tokens, dtype=torch.bfloat16, device="cuda", seed=tokens)
+            with torch.no_grad():
+                runs.append(cm(*args).float())
+        torch.cuda.synchronize()
+        assert all(isinstance(s.compiled, Chained) == chained for s in _kernels(cm))
+        outs[chained] = runs
+    with torch.no_grad():
+        ref = model.float()(*llama_block_inputs(CFG, 2, 37, dtype=torch.float32, device="cuda", seed=37))
+    for a, b in zip(outs[False], outs[True]):
+        assert torch.equal(a, b)  # same kernels, same configs: PDL changes when programs start, not what they compute
+    assert rel_error(outs[True][-1], ref) < tolerance(torch.bfloat16)
+
+
+class _WithPDL:
+    """A jitted function launched with PDL=True (on the interpreter, with the grid-dependency instructions as
+    no-ops: the chained branches' arithmetic, not their timing)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.fn[grid](*args, PDL=True, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+
+def test_the_chained_branches_compute_what_the_plain_ones_do(monkeypatch):
+    """Every kernel run with PDL=True gives the same values as with PDL=False, one-row GEMMs (1 token: BLOCK_M = 1)
+    and tiles (9 tokens): the interpreter runs the chained branches, with the grid-dependency instructions as no-ops."""
+    import triton.language.extra.cuda as cuda_extra
+
+    monkeypatch.setattr(cuda_extra, "gdc_wait", lambda *a, **k: None)
+    monkeypatch.setattr(cuda_extra, "gdc_launch_dependents", lambda *a, **k: None)
+    cfg = BlockConfig(hidden=256, heads=4, kv_heads=2, intermediate=384)  # (K of several BLOCK_K steps)
+    model = randomize_(LlamaBlock(cfg)).eval()
+    cm = dc.compile(model, backend="interpret")
+    for tokens in (1, 9):
+        args = llama_block_inputs(cfg, 1, tokens, dtype=torch.float32, seed=tokens)
+        with torch.no_grad():
+            plain = cm(*args)
+            steps = _kernels(cm)
+            if tokens == 1:
+                assert {s.choice.config["BLOCK_M"] for s in steps if s.kernel.name.startswith("gemm")} == {1}
+            for s in steps:
+                s.compiled = _WithPDL(s.compiled)
+            try:
+                chained = cm(*args)
+            finally:
+                for s in steps:
+                    s.compiled = s.compiled.fn
+        assert all(s.choice.impl == "kernel" for s in steps)
+        assert torch.equal(plain, chained)
+
+
+@pytest.mark.parametrize("capability, cuda, driver, expected", [((9, 0), "12.4", 12040, True), ((10, 0), "13.0", 13000, True),
+                                                                ((9, 0), "12.4", 12020, False),
+                                                                ((8, 0), "13.0", 13000, False),
+                                                                ((9, 0), None, 12040, False)])  # fmt: skip
+def test_pdl_needs_hopper_and_a_driver_that_captures_it(monkeypatch, capability, cuda, driver, expected):
+    """Chained launches only where they run and are captured into CUDA graphs: an NVIDIA GPU of sm90 or later
+    (no CUDA build: ROCm, say) with a 12.3+ driver (a 12.2 one runs a cu124 torch, and its captures would fail)."""
+    from dlblas_compiler.codegen import device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(device, "driver_version", lambda: driver)
+    assert device.has_pdl() is expected
