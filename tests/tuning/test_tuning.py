@@ -168,7 +168,9 @@ def test_large_space_is_fast():
     n = s.size()
     assert len(list(s.configs())) == n and 2000 < n < 3000
     assert len(list(s.narrow(w=4).configs())) == n // 4
-    assert time.perf_counter() - start < 1.0
+    # (wall time on CI's two cores shared with another test worker: 1.34 s once in the fifty-eighth session, where
+    # an unloaded run takes a fraction of that; the bound catches an enumeration gone quadratic, not jitter)
+    assert time.perf_counter() - start < 3.0
 
 
 # ---------------------------------------------------------------- policies
