@@ -39,7 +39,12 @@ def interpreted():
        interpreted ones when `triton.language` is imported; a process that imported it for the GPU (or before
        TRITON_INTERPRET was set) holds compiled ones, which interpreted kernels cannot call. For the duration of
        an interpreted launch they are swapped for interpreted twins.
-    2. bfloat16: the interpreter keeps bf16 values as their 16-bit patterns in uint16 arrays and computes on the
+    2. Triton's language as compiled kernels see it: the interpreter swaps `triton.language`'s builtins (tl.arange,
+       tensor operators, ...) for interpreted ones at each launch and undoes that at the launch's end, but its call
+       of a jitted helper (`InterpretedFunction.__call__`, Triton 3.6) swaps them without undoing it: after a
+       program ran on the interpreter, a Triton kernel compiled in the process failed ("'ir.value' object has no
+       attribute 'dtype'"). What the launch changed in `triton.language` is put back when it ends.
+    3. bfloat16: the interpreter keeps bf16 values as their 16-bit patterns in uint16 arrays and computes on the
        patterns as integers (a bf16 `tl.dot` is off by ~1e11, a bf16 max orders negative numbers wrongly).
        For the duration of the launch, arithmetic, comparisons and dots on bf16 operands compute on the exact
        fp32 values and round results back to bf16 (round to nearest even), as the GPU does: a bf16 dot
@@ -51,6 +56,7 @@ def interpreted():
 
     with contextlib.suppress(ImportError):  # imported lazily by the launcher; it checks the originals
         import triton.experimental.gluon  # noqa: F401
+    language = [(o, dict(vars(o))) for o in (tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base)]
     saved = []
     for mod in (tl, tl.math, tl.standard):
         for name, value in list(vars(mod).items()):
@@ -67,6 +73,10 @@ def interpreted():
     finally:
         for mod, name, value in reversed(saved):
             setattr(mod, name, value)
+        for o, before in language:
+            for name, value in before.items():
+                if vars(o).get(name) is not value:
+                    setattr(o, name, value)
 
 
 def _bf16_to_f32(bits):

@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from triton import knobs
 from triton.runtime.driver import driver
 
@@ -166,6 +168,64 @@ def test_k_loop_scaling_a_in_registers_races_on_wgmma_tiles_only(workers):
         why = wgmma_race(ttgir)
         assert (why is not None and "triton-lang/triton#9433" in why) == races, (c, why)
         assert ("ttng.warp_group_dot " in ttgir) == (bm == 128), c
+
+
+@triton.jit
+def _k_loop(x_ptr, w_ptr, o_ptr, M, N, K: tl.constexpr, STATS: tl.constexpr):
+    """o = x @ w^T in 128x256x64 TMA tiles; with STATS, scaled by each row's 1/rms summed from the A tiles in the
+    loop (the in-loop statistics of the first session, bench/NOTES.md 6 and 167)."""
+    rm = tl.program_id(0) * 128 + tl.arange(0, 128)
+    rn = tl.program_id(1) * 256 + tl.arange(0, 256)
+    a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[128, 64])
+    b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[256, 64])
+    acc = tl.zeros((128, 256), dtype=tl.float32)
+    ss = tl.zeros((128, 64), dtype=tl.float32)
+    for k0 in range(0, K, 64):
+        a = a_desc.load([tl.program_id(0) * 128, k0])
+        if STATS:
+            ss += a.to(tl.float32) * a.to(tl.float32)
+        acc = tl.dot(a, b_desc.load([tl.program_id(1) * 256, k0]).T, acc)
+    if STATS:
+        acc = acc * tl.rsqrt(tl.sum(ss, axis=1) / K + 1e-5)[:, None]
+    tl.store(o_ptr + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16))
+
+
+def test_statistics_from_the_a_tile_shorten_its_ring_for_the_wgmma():
+    """A K loop summing the squares of its TMA-loaded A tiles, built for sm90: Triton 3.6 gives A's ring 2 buffers
+    where W's has 3, so the wgmma of the last step reads an A tile the next load overwrites (on an H200: 92% of
+    the outputs wrong, no two launches alike, bench/NOTES.md 167); `wgmma_race` finds it. The same loop without the
+    statistics has rings of equal depth and no race."""
+    for stats in (True, False):
+        ttgir = _compile_for_sm90(_k_loop, _K_LOOP_SIG, {"K": 4096, "STATS": stats}, num_warps=8, num_stages=3)
+        why = wgmma_race(ttgir)
+        assert (why is not None and "rings of [2, 3] buffers" in why) == stats, (stats, why)
+
+
+def _compile_for_sm90(kernel, sig: dict, constexprs: dict, **options) -> str:
+    """TTGIR of `kernel` compiled for sm90 here (no GPU needed)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    return triton.compile(ASTSource(kernel, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 128),
+                          options=options).asm["ttgir"]  # fmt: skip
+
+
+_K_LOOP_SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16", "M": "i32", "N": "i32", "K": "constexpr",
+               "STATS": "constexpr"}  # fmt: skip
+
+
+def test_a_kernel_compiles_after_the_interpreter_ran_a_program(tmp_path, monkeypatch):
+    """A Llama block run on the interpreter leaves Triton's language as compiled kernels see it: Triton 3.6's
+    interpreter swaps its builtins again when a kernel calls a jitted helper and never undoes that, after which a
+    kernel compiled in the same process failed ("'ir.value' object has no attribute 'dtype'"; `interpreted()` puts
+    them back)."""
+    cfg = BlockConfig(hidden=64, heads=4, kv_heads=2, intermediate=128)
+    cm = dc.compile(randomize_(LlamaBlock(cfg)).eval(), backend="interpret", cuda_graphs=False, tune="none")
+    with torch.no_grad():
+        cm(*llama_block_inputs(cfg, 1, 8, torch.float32, "cpu"))
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path))  # (compiled here, not found in a cache)
+    ttgir = _compile_for_sm90(_k_loop, _K_LOOP_SIG, {"K": 256, "STATS": False}, num_warps=8, num_stages=3)
+    assert "ttng.warp_group_dot " in ttgir
 
 
 def _sm90_build(workers, step, tensors, c: dict) -> tuple[int, int, str]:
