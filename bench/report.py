@@ -2188,6 +2188,54 @@ def wgmma_race_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + _ab_source(name, doc, "Llama-3-8B's norm+QKV+RoPE, bf16, tune none") + "\n"
 
 
+def ws_forms_section(name: str) -> str:
+    """bench/ws_forms.py: three warp-specialized GEMM forms stand-alone (C = A @ W^T + R, bf16, M = 2048), each
+    form's time per shape and cuBLAS's bare product timed beside it (bench/NOTES.md 168)."""
+    doc = _load(name)
+    forms = list(dict.fromkeys(r["form"] for r in doc["rows"]))
+    shapes = list(dict.fromkeys((r["shape"], r["N"], r["K"]) for r in doc["rows"]))
+    at = {(r["shape"], r["form"]): r for r in doc["rows"]}
+    out = ["| shape | N × K | " + " | ".join(f"{f} µs (cuBLAS / it)" for f in forms) + " |",
+           "|---|---|" + "---|" * len(forms)]
+    for shape, n, k in shapes:
+        cells = []
+        for f in forms:
+            r = at.get((shape, f))
+            cells.append(f"{r['us']:.1f} ({r['cublas_us'] / r['us']:.3f}x)" if r else "–")
+        out.append(f"| {shape} | {n} × {k} | " + " | ".join(cells) + " |")
+    worst = max(r["rel_err"] for r in doc["rows"])
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
+    return ("\n".join(out) + f"\n\nEvery output within {worst:.1e} (relative, Frobenius) of float64."
+            + (f" Failed: {', '.join(f['form'] for f in doc['failed'])}." if doc.get("failed") else "")
+            + "\n\n" + source_line([(name, env, f"triton {doc.get('triton')}")]) + "\n")
+
+
+def ws_sweep_section(name: str) -> str:
+    """bench/gemms.py --sweep with the ping-pong form in the template (a patch not in the tree, bench/NOTES.md
+    168): per region with a warp-specialized kernel, the quick-tuned choice and the fastest swept config of each
+    form (persistent Triton loop, cooperative Gluon WS=1, ping-pong WS=2)."""
+    doc = _load(name)
+    forms = [("persistent (Triton)", 0), ("cooperative WS", 1), ("ping-pong WS", 2)]
+    out = ["| layer | region | cuBLAS µs | tuned µs (what) | " + " | ".join(f"{f} µs (tile, stages)" for f, _ in forms)
+           + " | ping-pong / best other |", "|---|---|---|---|" + "---|" * len(forms) + "---|"]
+    for r in doc["layers"]:
+        best = {}
+        for c, t, e in r.get("sweep", []):
+            if e == e and e <= 1e-2 and (c.get("WS", 0) not in best or t < best[c.get("WS", 0)][0]):
+                best[c.get("WS", 0)] = (t, f"{c['BLOCK_M']}x{c['BLOCK_N']}, {c['num_stages']}")
+        if not best:
+            continue
+        c = r["config"]
+        what = "MM" if c.get("MM") else f"{c['BLOCK_M']}x{c['BLOCK_N']} WS{c.get('WS', 0)}"
+        cells = [f"{best[k][0]:.1f} ({best[k][1]})" if k in best else "–" for _, k in forms]
+        other = min(best[k][0] for k in best if k != 2)
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['cublas_us']:.1f} | "
+                   f"{r['kernel_us']:.1f} ({what}) | " + " | ".join(cells) + f" | {best[2][0] / other:.3f} |")
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
+    src = source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")])
+    return "\n".join(out) + "\n\n" + src + "\n"
+
+
 def tuner_clear_ab_section(name: str) -> str:
     """Quick tuning with the L2 cleared by a zero-fill before each timed call (dirty lines, as do_bench and the tuner
     do), by a read instead (clean), and with the zero-fill again (dirty2: the search's own noise), each in a fresh
@@ -2535,6 +2583,8 @@ SECTIONS = {
     "tuner-clear-ab-s57-m1": functools.partial(tuner_clear_ab_section, "2026-12-03-h200-s57-tuner-clear-ab-m1.json"),
     "gemms-quick-s57": functools.partial(gemms_section, "2026-12-03-h200-s57-gemms-quick.json"),
     "wgmma-race-s58": functools.partial(wgmma_race_section, "2026-12-04-h200-s58-wgmma-race.json"),
+    "ws-forms-s59": functools.partial(ws_forms_section, "2026-12-04-h200-s59-ws-forms.json"),
+    "ws-sweep-s59": functools.partial(ws_sweep_section, "2026-12-04-h200-s59-pingpong-template.json"),
     "paired-goal-s55-small": functools.partial(paired_goal_section, 1.1,
                                                ("a", "128 tokens", "2026-12-03-h200-s55-layers-m128.json"),
                                                ("b", "1 token", "2026-12-03-h200-s55-layers-m1.json")),
