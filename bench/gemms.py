@@ -14,7 +14,9 @@ or the reference (cuBLAS and torch ops) where that measured faster).
 
 `--ablate`: the norm→QKV→RoPE region of Llama-3-8B built up one piece at a time (bare GEMM; + norm prologue;
 + head split and [B, H, S, D] stores; + rotary; all), each compiled alone, same timing: where the time goes.
-`--sweep`: also time a fixed list of configs on each region (the best is recorded); `--sweep-tiles 256x128,...`
+`--sweep`: also time a fixed list of configs on each region (the best is recorded), and the tuned config again
+right before and after them (`kernel_us_in_sweep`: `kernel_us` is timed before the sweep's compiles, on a card in
+another state, bench/NOTES.md 168); `--sweep-tiles 256x128,...`
 only those tiles of it; `--sweep-splits`: also its persistent configs with the last wave split 2, 4 or 8 ways over K
 (those the region's space accepts: where the split parts still fill one wave, bench/NOTES.md 138); `--sweep-ws`: only
 its persistent configs, each with its warp-specialized (Gluon) twin, on the regions that have one (NOTES 144).
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import sys
@@ -121,6 +124,10 @@ def time_regions(cm, args, kwargs, sweep: bool, with_op: str = "") -> list[dict]
                          and (not TILES or f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}" in TILES)]
                 valid += [{**OUTSIDE_BASE, "NORM_PASS": c.config["NORM_PASS"], **o} for o in OUTSIDE]
                 compile_configs(step.kernel, step.compiled, tensors, valid)  # (in parallel, before timing)
+                # the tuned config again, before and after the sweep: `kernel_us` was timed before the compiles, on a
+                # card in another state (at its power limit a long GEMM's time moves ~6%, bench/NOTES.md 168)
+                tuned = functools.partial(step.launch, tensors, c.config)
+                row["kernel_us_in_sweep"] = [graph_time_us(tuned)]
                 for cfg in valid:
                     try:
                         got = step.launch(tensors, cfg)
@@ -135,6 +142,9 @@ def time_regions(cm, args, kwargs, sweep: bool, with_op: str = "") -> list[dict]
                     print(f"    sweep {t:8.1f} µs (rel. diff from the tuned config's output {err:.1e}) {cfg}"
                           f"{'  outside the space: ' + '; '.join(outside) if outside else ''}", flush=True)
                     best = min(best, (t, cfg), key=lambda b: b[0])
+                row["kernel_us_in_sweep"].append(graph_time_us(tuned))
+                print(f"    tuned config in the sweep's conditions: {row['kernel_us_in_sweep'][0]:8.1f} µs before, "
+                      f"{row['kernel_us_in_sweep'][1]:8.1f} after", flush=True)
                 row["sweep_best_us"], row["sweep_best_config"] = best
             print(f"  {c.region:10s} {c.impl:9s} M={row['M']} N={row['N']} K={row['K']}: kernel {kernel:8.1f} µs "
                   f"({row['kernel_tflops']:.0f} TFLOP/s), cuBLAS {cublas:8.1f} µs: {row['ratio']:.2f}x  {c.config}", flush=True)  # fmt: skip

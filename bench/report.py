@@ -2236,6 +2236,41 @@ def ws_sweep_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + src + "\n"
 
 
+def tuner_gap_section(name: str) -> str:
+    """bench/gemms.py --sweep with the tuned config re-timed right before and after the sweep (`kernel_us_in_sweep`):
+    per region, quick tuning's choice against the fastest swept config whose output matched it, both timed in the
+    same conditions (bench/NOTES.md 169)."""
+    doc = _load(name)
+    out = ["| layer | region | cuBLAS µs | tuned: what | µs before the compiles | µs in the sweep (before / after) "
+           "| fastest swept µs (what) | fastest / tuned in the sweep | cuBLAS / fastest |", "|" + "---|" * 9]
+    for r in doc["layers"]:
+        good = [(t, c) for c, t, e in r.get("sweep", []) if e == e and e <= 1e-2]  # (NaN != NaN)
+        if not good or "kernel_us_in_sweep" not in r:
+            continue
+        t, c = min(good, key=lambda g: g[0])
+        before, after = r["kernel_us_in_sweep"]
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['cublas_us']:.1f} "
+                   f"| {_config_words(r['config'])}{_runs_other(r['impl'])} "
+                   f"| {r['kernel_us']:.1f} | {before:.1f} / {after:.1f} "
+                   f"| {t:.1f} ({_config_words(c)}) | {t / ((before + after) / 2):.3f} | {r['cublas_us'] / t:.3f} |")
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
+    src = source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")])
+    return "\n".join(out) + "\n\n" + src + "\n"
+
+
+def _runs_other(impl: str) -> str:
+    return "" if impl == "kernel" else f" (the layer runs {impl})"
+
+
+def _config_words(c: dict) -> str:
+    """A GEMM config in a few words: cuBLAS's product (MM) with its epilogue tile, or the K loop's tile, stages and
+    form (persistent, warp-specialized) and whether the norm is a row pass."""
+    if c.get("MM"):
+        return f"MM, epilogue {c['BLOCK_M']}×{c['BLOCK_N']}"
+    form = ("WS " if c.get("WS") else "persistent " if c.get("PERSISTENT") else "") + f"{c['BLOCK_M']}×{c['BLOCK_N']}"
+    return form + f", {c['num_stages']} stages" + (f", split {c['SPLIT_K']}" if c.get("SPLIT_K", 1) > 1 else "")
+
+
 def tuner_clear_ab_section(name: str) -> str:
     """Quick tuning with the L2 cleared by a zero-fill before each timed call (dirty lines, as do_bench and the tuner
     do), by a read instead (clean), and with the zero-fill again (dirty2: the search's own noise), each in a fresh
@@ -2585,6 +2620,13 @@ SECTIONS = {
     "wgmma-race-s58": functools.partial(wgmma_race_section, "2026-12-04-h200-s58-wgmma-race.json"),
     "ws-forms-s59": functools.partial(ws_forms_section, "2026-12-04-h200-s59-ws-forms.json"),
     "ws-sweep-s59": functools.partial(ws_sweep_section, "2026-12-04-h200-s59-pingpong-template.json"),
+    "tuner-gap-s59": functools.partial(tuner_gap_section, "2026-12-04-h200-s59-gemms-sweep.json"),
+    "region-ab-s59-qwen-gu": functools.partial(region_ab_section, "2026-12-04-h200-s59-region-ab-qwen-gu.json",
+                                               REGION_AB_LABELS,
+        {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-04",
+         "run": "call 8 of the fifty-ninth session: bf16, 2048 tokens, tuned `quick` with CUDA graphs (the near-tie "
+                "round on); quick tuning chose the same gate/up config as the forced variant, so this pair is an A/A "
+                "of two compiled copies, 80 paired turns"}),
     "paired-goal-s55-small": functools.partial(paired_goal_section, 1.1,
                                                ("a", "128 tokens", "2026-12-03-h200-s55-layers-m128.json"),
                                                ("b", "1 token", "2026-12-03-h200-s55-layers-m1.json")),
