@@ -16,10 +16,12 @@ persistent program per SM, tiles grouped along M, a one-warp TMA loader feeding 
          a thread for the m64n256 product, and 16 warps would leave 128) adds the residual and stores, 32-row by
          CH-column blocks.
 `rows8` epilogues move the accumulator to rows of 8 values a thread first (coalesced 16-byte loads and stores, as
-the template does); `mma` ones compute in the accumulator's own layout. Each form runs in its own process (a
-hung or faulting kernel costs only its row); do_bench medians with the L2 cleared; cuBLAS's bare product
-(`torch.matmul`, no residual) of the same operands is timed beside each. Errors are against float64 of the bf16
-product plus R.
+the template does); `mma` ones compute in the accumulator's own layout; `halves` ones move and store the tile's two
+64-row halves in turn (the accumulator's register rows split without moving data: half the registers of the move
+live at once; built for sm90 with no spills where the whole-tile move spills 88 bytes; not yet timed).
+Each form runs in its own process (a hung or faulting kernel costs only its row); do_bench medians with the L2
+cleared; cuBLAS's bare product (`torch.matmul`, no residual) of the same operands is timed beside each. Errors are
+against float64 of the bf16 product plus R.
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-# (name, form, BLOCK_M, BLOCK_N, stages, num_warps, epilogue layout, CH, the epilogue partition's registers)
+# (name, form, BLOCK_M, BLOCK_N, stages, num_warps, epilogue: rows8, mma or halves, CH, the epilogue warps' registers)
 FORMS = [
     ("coop 128x256 s3", "coop", 128, 256, 3, 8, "rows8", 0, 0),
     ("coop 128x128 s4", "coop", 128, 128, 4, 8, "rows8", 0, 0),
     ("pp 128x128 s6", "pp", 128, 128, 6, 4, "rows8", 0, 0),
     ("pp 128x128 s6 mma", "pp", 128, 128, 6, 4, "mma", 0, 0),
+    ("pp 128x128 s6 halves", "pp", 128, 128, 6, 4, "halves", 0, 0),
     ("epi 128x256 s3", "epi", 128, 256, 3, 8, "rows8", 64, 184),
 ]
 SHAPES = [("Llama-3-8B o-proj", 2048, 4096, 4096), ("Llama-3-8B down", 2048, 4096, 14336),
@@ -106,7 +109,7 @@ def _k_loop(a_bufs, w_bufs, ready, empty, it, K, BK: gl.constexpr, STAGES: gl.co
 @gluon.jit
 def _consumer(c_ptr, r_ptr, a_bufs, w_bufs, ready, empty, order, M, N, K, WHICH, BM: gl.constexpr,
               BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-              CONSUMERS: gl.constexpr, ROWS8: gl.constexpr, WARPS: gl.constexpr):
+              CONSUMERS: gl.constexpr, EPILOGUE: gl.constexpr, WARPS: gl.constexpr):
     """coop (CONSUMERS 1) or one of pp's two consumers: tiles WHICH, WHICH + CONSUMERS, ... of the program."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16])
     steps = gl.cdiv(K, BK)
@@ -123,23 +126,34 @@ def _consumer(c_ptr, r_ptr, a_bufs, w_bufs, ready, empty, order, M, N, K, WHICH,
             mbarrier.arrive(order.index(1 - WHICH), count=1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
-        if ROWS8:
-            acc = gl.convert_layout(acc, _rows8(BN, WARPS))
-            rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _rows8(BN, WARPS)))
-            rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, _rows8(BN, WARPS)))
+        if EPILOGUE == 2:  # halves: the two 64-row halves, each moved to rows of 8 and stored in turn
+            halves = gl.split(gl.permute(gl.reshape(acc, [2, BM // 2, BN]), [1, 2, 0]))
+            for h in gl.static_range(2):
+                part = gl.convert_layout(halves[h], _rows8(BN, WARPS))
+                rm = pid_m * BM + h * (BM // 2) + gl.arange(0, BM // 2, layout=gl.SliceLayout(1, _rows8(BN, WARPS)))
+                rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, _rows8(BN, WARPS)))
+                mask = (rm < M)[:, None] & (rn < N)[None, :]
+                y = part.to(c_ptr.dtype.element_ty).to(gl.float32)
+                y += gl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0).to(gl.float32)
+                gl.store(c_ptr + rm[:, None] * N + rn[None, :], y.to(c_ptr.dtype.element_ty), mask=mask)
         else:
-            rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-            rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-        mask = (rm < M)[:, None] & (rn < N)[None, :]
-        y = acc.to(c_ptr.dtype.element_ty).to(gl.float32)  # (the product in bf16, as eager's linear returns it)
-        y += gl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0).to(gl.float32)
-        gl.store(c_ptr + rm[:, None] * N + rn[None, :], y.to(c_ptr.dtype.element_ty), mask=mask)
+            if EPILOGUE == 1:  # rows8 (else mma: the accumulator's layout)
+                acc = gl.convert_layout(acc, _rows8(BN, WARPS))
+                rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _rows8(BN, WARPS)))
+                rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, _rows8(BN, WARPS)))
+            else:
+                rm = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+                rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+            mask = (rm < M)[:, None] & (rn < N)[None, :]
+            y = acc.to(c_ptr.dtype.element_ty).to(gl.float32)
+            y += gl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0).to(gl.float32)
+            gl.store(c_ptr + rm[:, None] * N + rn[None, :], y.to(c_ptr.dtype.element_ty), mask=mask)
         t += CONSUMERS
 
 
 @gluon.jit
 def gemm_ws(x_ptr, w_ptr, c_ptr, r_ptr, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-            GROUP_M: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, ROWS8: gl.constexpr,
+            GROUP_M: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, EPILOGUE: gl.constexpr,
             num_warps: gl.constexpr):
     """The coop (CONSUMERS 1) and pp (2) forms."""
     dt: gl.constexpr = x_ptr.dtype.element_ty
@@ -160,15 +174,15 @@ def gemm_ws(x_ptr, w_ptr, c_ptr, r_ptr, M, N, K, BM: gl.constexpr, BN: gl.conste
         mbarrier.init(order.index(1), count=1)
         gl.warp_specialize([
             (_consumer, (c_ptr, r_ptr, a_bufs, w_bufs, ready, empty, order, M, N, K, 0, BM, BN, BK, GROUP_M, STAGES,
-                         CONSUMERS, ROWS8, num_warps)),
+                         CONSUMERS, EPILOGUE, num_warps)),
             (_consumer, (c_ptr, r_ptr, a_bufs, w_bufs, ready, empty, order, M, N, K, 1, BM, BN, BK, GROUP_M, STAGES,
-                         CONSUMERS, ROWS8, num_warps)),
+                         CONSUMERS, EPILOGUE, num_warps)),
             (_loads, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, M, N, K, BM, BN, BK, GROUP_M, STAGES)),
         ], [num_warps, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (c_ptr, r_ptr, a_bufs, w_bufs, ready, empty, order, M, N, K, 0, BM, BN, BK, GROUP_M, STAGES,
-                         CONSUMERS, ROWS8, num_warps)),
+                         CONSUMERS, EPILOGUE, num_warps)),
             (_loads, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, M, N, K, BM, BN, BK, GROUP_M, STAGES)),
         ], [1], [LOADER_REGS])
 
@@ -247,7 +261,7 @@ def _launch_args(form: tuple) -> tuple:
     if kind == "epi":
         return gemm_epi, dict(BM=bm, BN=bn, BK=64, GROUP_M=8, STAGES=stages, CH=ch, EPI_REGS=regs, num_warps=warps)
     return gemm_ws, dict(BM=bm, BN=bn, BK=64, GROUP_M=8, STAGES=stages, CONSUMERS=2 if kind == "pp" else 1,
-                         ROWS8=epi == "rows8", num_warps=warps)
+                         EPILOGUE={"mma": 0, "rows8": 1, "halves": 2}[epi], num_warps=warps)
 
 
 def build() -> list[dict]:
