@@ -1,4 +1,4 @@
-"""Three warp-specialized GEMM forms on sm90, stand-alone: where the epilogue runs (bench/NOTES.md 168).
+"""Warp-specialized GEMM forms on sm90, stand-alone: where the epilogue runs (bench/NOTES.md 168).
 
     python bench/ws_forms.py --build            # CPU: each form built for sm90, its stack (spills) and shared memory
     python bench/ws_forms.py --out OUT          # GPU: each form timed on eight GEMM shapes of five layers
@@ -14,7 +14,12 @@ persistent program per SM, tiles grouped along M, a one-warp TMA loader feeding 
   epi    epilogue warps: the 8 MMA warps write each tile's bf16 product into shared memory and go on with the next
          tile; a 2-warp partition beside the loader (which fills its warpgroup: 8 MMA warps need 154 registers
          a thread for the m64n256 product, and 16 warps would leave 128) adds the residual and stores, 32-row by
-         CH-column blocks.
+         CH-column blocks;
+  tma    coop with TMA at both ends of the epilogue: the loader warp prefetches each tile's residual into shared
+         memory during the tile's K loop, the MMA warps add it there (the accumulator's column halves split without
+         moving data) and store the tile by TMA, waiting for that store only after the next tile's first K step, when
+         the loader may refill the buffer. No epilogue warps, no per-element addresses (built for sm90 with no
+         spills; not yet timed).
 `rows8` epilogues move the accumulator to rows of 8 values a thread first (coalesced 16-byte loads and stores, as
 the template does); `mma` ones compute in the accumulator's own layout; `halves` ones move and store the tile's two
 64-row halves in turn (the accumulator's register rows split without moving data: half the registers of the move
@@ -40,7 +45,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 # (name, form, BLOCK_M, BLOCK_N, stages, num_warps, epilogue: rows8, mma or halves, CH, the epilogue warps' registers)
 FORMS = [
@@ -50,6 +61,7 @@ FORMS = [
     ("pp 128x128 s6 mma", "pp", 128, 128, 6, 4, "mma", 0, 0),
     ("pp 128x128 s6 halves", "pp", 128, 128, 6, 4, "halves", 0, 0),
     ("epi 128x256 s3", "epi", 128, 256, 3, 8, "rows8", 64, 184),
+    ("tma 128x256 s3", "tma", 128, 256, 3, 8, "mma", 0, 0),
 ]
 SHAPES = [("Llama-3-8B o-proj", 2048, 4096, 4096), ("Llama-3-8B down", 2048, 4096, 14336),
           ("Llama-3-8B QKV", 2048, 6144, 4096), ("Llama-3-8B gate/up", 2048, 28672, 4096),
@@ -188,6 +200,99 @@ def gemm_ws(x_ptr, w_ptr, c_ptr, r_ptr, M, N, K, BM: gl.constexpr, BN: gl.conste
 
 
 @gluon.jit
+def _tma_loads(a_desc, w_desc, r_desc, a_bufs, w_bufs, r_smem, ready, empty, r_ready, r_empty, M, N, K,
+               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """tma's loader warp: the ring as `_loads` does, and each tile's residual into `r_smem` once the tile before has
+    been stored from it, after the tile's first STAGES K steps (by then the MMA warps have begun this tile)."""
+    it = 0
+    t = 0
+    steps = gl.cdiv(K, BK)
+    for pid in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
+        pid_m, pid_n = _position(pid, M, N, BM, BN, GROUP_M)
+        for k in range(steps):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k * BK], ready.index(s), a_bufs.index(s))
+            tma.async_copy_global_to_shared(w_desc, [pid_n * BN, k * BK], ready.index(s), w_bufs.index(s))
+            it += 1
+            if k == min(STAGES, steps) - 1:  # the residual, once the tile before has left r_smem
+                mbarrier.wait(r_empty, (t & 1) ^ 1)
+                mbarrier.expect(r_ready, r_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(r_desc, [pid_m * BM, pid_n * BN], r_ready, r_smem)
+        t += 1
+
+
+@gluon.jit
+def _tma_mma(c_desc, a_bufs, w_bufs, r_smem, ready, empty, r_ready, r_empty, M, N, K, BM: gl.constexpr,
+             BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    """tma's MMA warps: each tile's products; then R from `r_smem` added in two column halves (the accumulator's
+    halves split without moving data), the sum written back over R and stored by TMA, waited for only after the
+    next tile's first K step."""
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16])
+    it = 0
+    t = 0
+    for pid in range(gl.program_id(0), gl.cdiv(M, BM) * gl.cdiv(N, BN), gl.num_programs(0)):
+        pid_m, pid_n = _position(pid, M, N, BM, BN, GROUP_M)
+        acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
+        for k0 in range(0, K, BK):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, use_acc=k0 > 0, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_bufs.index(s), w_bufs.index(s)))
+            if k0 > 0:
+                mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
+            else:
+                if t > 0:  # the tile before's store has read r_smem: the loader may fill it
+                    tma.store_wait(0)
+                    mbarrier.arrive(r_empty, count=1)
+            it += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
+        mbarrier.wait(r_ready, t & 1)
+        halves = gl.split(gl.permute(gl.reshape(acc, [BM, 2, BN // 2]), [0, 2, 1]))
+        for h in gl.static_range(2):
+            part = r_smem.slice(h * (BN // 2), BN // 2, dim=1)
+            y = halves[h].to(c_desc.dtype).to(gl.float32) + part.load(halves[h].type.layout).to(gl.float32)
+            part.store(y.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BN], r_smem)
+        t += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def gemm_tma(x_ptr, w_ptr, c_ptr, r_ptr, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+             GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """The tma form: coop with the residual prefetched by the loader and the output stored by TMA."""
+    dt: gl.constexpr = x_ptr.dtype.element_ty
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dt)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dt)
+    c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], dt)
+    a_desc = tma.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK], layout=a_layout)
+    w_desc = tma.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BN, BK], layout=w_layout)
+    r_desc = tma.make_tensor_descriptor(r_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN], layout=c_layout)
+    c_desc = tma.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN], layout=c_layout)
+    a_bufs = gl.allocate_shared_memory(dt, [STAGES, BM, BK], a_layout)
+    w_bufs = gl.allocate_shared_memory(dt, [STAGES, BN, BK], w_layout)
+    r_smem = gl.allocate_shared_memory(dt, [BM, BN], c_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    r_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    mbarrier.init(r_bars.index(0), count=1)
+    mbarrier.init(r_bars.index(1), count=1)
+    gl.warp_specialize([
+        (_tma_mma, (c_desc, a_bufs, w_bufs, r_smem, ready, empty, r_bars.index(0), r_bars.index(1), M, N, K, BM, BN,
+                    BK, GROUP_M, STAGES, num_warps)),
+        (_tma_loads, (a_desc, w_desc, r_desc, a_bufs, w_bufs, r_smem, ready, empty, r_bars.index(0), r_bars.index(1),
+                      M, N, K, BM, BN, BK, GROUP_M, STAGES)),
+    ], [1], [LOADER_REGS])
+
+
+@gluon.jit
 def _epi_mma(a_bufs, w_bufs, ready, empty, c_smem, acc_ready, acc_empty, M, N, K, BM: gl.constexpr,
              BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
     """epi's MMA warps: each tile's product, written in bf16 into `c_smem` once the epilogue has read the last."""
@@ -258,6 +363,8 @@ def gemm_epi(x_ptr, w_ptr, c_ptr, r_ptr, M, N, K, BM: gl.constexpr, BN: gl.const
 def _launch_args(form: tuple) -> tuple:
     """(kernel, its constexprs) of a FORMS row."""
     _, kind, bm, bn, stages, warps, epi, ch, regs = form
+    if kind == "tma":
+        return gemm_tma, dict(BM=bm, BN=bn, BK=64, GROUP_M=8, STAGES=stages, num_warps=warps)
     if kind == "epi":
         return gemm_epi, dict(BM=bm, BN=bn, BK=64, GROUP_M=8, STAGES=stages, CH=ch, EPI_REGS=regs, num_warps=warps)
     return gemm_ws, dict(BM=bm, BN=bn, BK=64, GROUP_M=8, STAGES=stages, CONSUMERS=2 if kind == "pp" else 1,
