@@ -88,6 +88,25 @@ def _position(pid, M, N, BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constex
 
 
 @gluon.jit
+def _ring(x_ptr, w_ptr, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """Every form's TMA descriptors of A [M, K] and W [N, K], its ring of STAGES shared-memory stages for their
+    tiles, and each stage's "ready" (copied) and "empty" (read) mbarriers, initialized."""
+    dt: gl.constexpr = x_ptr.dtype.element_ty
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dt)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dt)
+    a_desc = tma.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK], layout=a_layout)
+    w_desc = tma.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BN, BK], layout=w_layout)
+    a_bufs = gl.allocate_shared_memory(dt, [STAGES, BM, BK], a_layout)
+    w_bufs = gl.allocate_shared_memory(dt, [STAGES, BN, BK], w_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return a_desc, w_desc, a_bufs, w_bufs, ready, empty
+
+
+@gluon.jit
 def _loads(a_desc, w_desc, a_bufs, w_bufs, ready, empty, M, N, K, BM: gl.constexpr, BN: gl.constexpr,
            BK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """The loader warp: every K step of the program's tiles into the next free stage."""
@@ -168,19 +187,8 @@ def gemm_ws(x_ptr, w_ptr, c_ptr, r_ptr, M, N, K, BM: gl.constexpr, BN: gl.conste
             GROUP_M: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, EPILOGUE: gl.constexpr,
             num_warps: gl.constexpr):
     """The coop (CONSUMERS 1) and pp (2) forms."""
-    dt: gl.constexpr = x_ptr.dtype.element_ty
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dt)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dt)
-    a_desc = tma.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK], layout=a_layout)
-    w_desc = tma.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BN, BK], layout=w_layout)
-    a_bufs = gl.allocate_shared_memory(dt, [STAGES, BM, BK], a_layout)
-    w_bufs = gl.allocate_shared_memory(dt, [STAGES, BN, BK], w_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    a_desc, w_desc, a_bufs, w_bufs, ready, empty = _ring(x_ptr, w_ptr, M, N, K, BM, BN, BK, STAGES)
     order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
     if CONSUMERS == 2:
         mbarrier.init(order.index(0), count=1)
         mbarrier.init(order.index(1), count=1)
@@ -265,23 +273,13 @@ def _tma_mma(c_desc, a_bufs, w_bufs, r_smem, ready, empty, r_ready, r_empty, M, 
 def gemm_tma(x_ptr, w_ptr, c_ptr, r_ptr, M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
              GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     """The tma form: coop with the residual prefetched by the loader and the output stored by TMA."""
+    a_desc, w_desc, a_bufs, w_bufs, ready, empty = _ring(x_ptr, w_ptr, M, N, K, BM, BN, BK, STAGES)
     dt: gl.constexpr = x_ptr.dtype.element_ty
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dt)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dt)
     c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], dt)
-    a_desc = tma.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK], layout=a_layout)
-    w_desc = tma.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BN, BK], layout=w_layout)
     r_desc = tma.make_tensor_descriptor(r_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN], layout=c_layout)
     c_desc = tma.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN], layout=c_layout)
-    a_bufs = gl.allocate_shared_memory(dt, [STAGES, BM, BK], a_layout)
-    w_bufs = gl.allocate_shared_memory(dt, [STAGES, BN, BK], w_layout)
     r_smem = gl.allocate_shared_memory(dt, [BM, BN], c_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     r_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
     mbarrier.init(r_bars.index(0), count=1)
     mbarrier.init(r_bars.index(1), count=1)
     gl.warp_specialize([
@@ -336,20 +334,10 @@ def gemm_epi(x_ptr, w_ptr, c_ptr, r_ptr, M, N, K, BM: gl.constexpr, BN: gl.const
              GROUP_M: gl.constexpr, STAGES: gl.constexpr, CH: gl.constexpr, EPI_REGS: gl.constexpr,
              num_warps: gl.constexpr):
     """The epi form."""
-    dt: gl.constexpr = x_ptr.dtype.element_ty
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dt)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], dt)
-    a_desc = tma.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK], layout=a_layout)
-    w_desc = tma.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BN, BK], layout=w_layout)
-    a_bufs = gl.allocate_shared_memory(dt, [STAGES, BM, BK], a_layout)
-    w_bufs = gl.allocate_shared_memory(dt, [STAGES, BN, BK], w_layout)
-    c_smem = gl.allocate_shared_memory(dt, [BM, BN], gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0]))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    a_desc, w_desc, a_bufs, w_bufs, ready, empty = _ring(x_ptr, w_ptr, M, N, K, BM, BN, BK, STAGES)
+    c_smem = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [BM, BN],
+                                       gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0]))
     acc_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
     mbarrier.init(acc_bars.index(0), count=1)
     mbarrier.init(acc_bars.index(1), count=1)
     gl.warp_specialize([
