@@ -56,25 +56,22 @@ def interpreted():
 
     with contextlib.suppress(ImportError):  # imported lazily by the launcher; it checks the originals
         import triton.experimental.gluon  # noqa: F401
-    language = [(o, dict(vars(o))) for o in (tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base)]
-    saved = []
+    # what this launch changes (our twins and bf16 arithmetic, Triton's unreverted swaps: items 1-3) is put back
+    touched = (tl, tl.core, tl.math, tl.standard, tl.core.tensor, tl.core.tensor_descriptor_base, InterpreterBuilder)
+    before = [(o, dict(vars(o))) for o in touched]
     for mod in (tl, tl.math, tl.standard):
         for name, value in list(vars(mod).items()):
             if isinstance(value, JITFunction):
-                saved.append((mod, name, value))
                 setattr(mod, name, twin(value))
     if not _BF16_BUILDER:
         _BF16_BUILDER.update(_bf16_builder())
     for name, patched in _BF16_BUILDER.items():
-        saved.append((InterpreterBuilder, name, getattr(InterpreterBuilder, name)))
         setattr(InterpreterBuilder, name, patched)
     try:
         yield
     finally:
-        for mod, name, value in reversed(saved):
-            setattr(mod, name, value)
-        for o, before in language:
-            for name, value in before.items():
+        for o, attrs in before:
+            for name, value in attrs.items():
                 if vars(o).get(name) is not value:
                     setattr(o, name, value)
 
