@@ -19,7 +19,8 @@ right before and after them (`kernel_us_in_sweep`: `kernel_us` is timed before t
 another state, bench/NOTES.md 168); `--sweep-tiles 256x128,...`
 only those tiles of it; `--sweep-splits`: also its persistent configs with the last wave split 2, 4 or 8 ways over K
 (those the region's space accepts: where the split parts still fill one wave, bench/NOTES.md 138); `--sweep-ws`: only
-its persistent configs, each with its warp-specialized (Gluon) twin, on the regions that have one (NOTES 144).
+its persistent configs, each with its warp-specialized (Gluon) twins (WS=1; WS=2 with the TMA epilogue, where the
+region's space offers it), on the regions that have one (NOTES 144, 170).
 `--sweep-outside '[{"BLOCK_M": 256, "BLOCK_N": 64}, ...]'` (with `--sweep`): these configs instead of the fixed
 list, outside the tuner's space or not (each a K-loop config, persistent through TMA with 8 warps, `OUTSIDE_BASE`,
 overridden by the given values; the region's NORM_PASS kept), launched without the space's check and their
@@ -265,7 +266,8 @@ def main() -> None:
         persistent = [c for c in SWEEP if c["PERSISTENT"]]
         deeper = [{**c, "num_stages": 5} for c in persistent if (c["BLOCK_N"], c["num_stages"]) == (128, 4)]
         deeper += [{**c, "BLOCK_K": 32, "num_stages": 5} for c in persistent if (c["BLOCK_N"], c["num_stages"]) == (256, 3)]
-        SWEEP[:] = persistent + [{**c, "WS": 1} for c in persistent + deeper]
+        # (each config's WS=1 and WS=2 twins timed one after the other: a long GEMM's time drifts 3-6% over a sweep)
+        SWEEP[:] = persistent + [{**c, "WS": ws} for c in persistent + deeper for ws in (1, 2)]
     if a.sweep_splits:
         SWEEP.extend({**c, "SPLIT_K": sk} for c in list(SWEEP) if c["PERSISTENT"] for sk in (2, 4, 8))
     os.makedirs(a.out, exist_ok=True)

@@ -15,6 +15,7 @@ from torch import nn
 import dlblas_compiler as dc
 from dlblas_compiler.codegen import device
 from dlblas_compiler.codegen.gemm import warp_specialized
+from dlblas_compiler.codegen.gemm.emitter import GemmEmitter
 from dlblas_compiler.codegen.gemm.plan import analyze
 from dlblas_compiler.codegen.gemm.space import space as gemm_space
 from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
@@ -80,9 +81,9 @@ def test_offered_where_the_epilogue_needs_nothing_gluon_lacks():
 
 
 def test_twins_follow_the_persistent_starts_on_sm90(monkeypatch):
-    """On an sm90 GPU the quick search's starts hold each persistent TMA start's WS twin right after it, and the
-    space rejects WS configs it cannot run (split K, one tile per program, 8 warps on 64 rows, a norm weight in
-    the K loop)."""
+    """On an sm90 GPU the quick search's starts hold each persistent TMA start's WS twins right after it (WS=1, and
+    WS=2 with the TMA epilogue), and the space rejects WS configs it cannot run (split K, one tile per program, 8
+    warps on 64 rows, a norm weight in the K loop)."""
     model, inputs = _block("cpu")
     steps = [s for s, _, _ in _steps(model, inputs, "interpret") if f"{s.kernel.name}_ws(" in s.kernel.source]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -92,13 +93,14 @@ def test_twins_follow_the_persistent_starts_on_sm90(monkeypatch):
     for step in steps:
         fused = step.kernel.region
         plan = analyze(list(fused.body_ops), list(fused.block.args))
-        plan = dataclasses.replace(plan, rows=(1, 8192))  # (8192 tokens: more tiles than SMs)
+        # (8192 tokens: more tiles than SMs; their outputs are plain blocks, as the kernel's build found)
+        plan = dataclasses.replace(plan, rows=(1, 8192), tma_epilogue=True)
         space = gemm_space(plan)
         starts = space.starts()
-        twins = [i for i, c in enumerate(starts) if c["WS"]]
+        twins = [i for i, c in enumerate(starts) if c["WS"] == 1]
         assert twins, step.kernel.name
-        for i in twins:
-            assert {**starts[i - 1], "WS": 1} == starts[i]
+        for i in twins:  # (each start's WS=1 twin, then its WS=2 one: these regions' outputs are plain blocks)
+            assert {**starts[i - 1], "WS": 1} == starts[i] and {**starts[i - 1], "WS": 2} == starts[i + 1]
         base = starts[twins[0]]
         assert space.is_valid(base)
         for bad in ({"SPLIT_K": 2}, {"PERSISTENT": 0}, {"BLOCK_M": 64, "num_warps": 8}, {"MM": 1}, {"TMA": 0}):
@@ -108,7 +110,8 @@ def test_twins_follow_the_persistent_starts_on_sm90(monkeypatch):
 def test_builds_warp_specialized_for_sm90_without_spills(workers):  # noqa: F811 - (the fixture)
     """Built for sm90 by a compile worker (Gluon's own compile path): the o-proj kernel at 128x128 (4 stages) and the
     dual gate/up one at 128x128 a stream are warp-specialized (a loader partition beside the MMA warps) and spill
-    nothing; the o-proj at 128x256 with 3 stages spills at most 64 bytes (48 with Triton 3.6). Each issues one
+    nothing; the o-proj at 128x256 with 3 stages spills at most 64 bytes (none with Triton 3.6), and nothing with
+    the TMA epilogue (WS=2: the accumulator's column halves in turn, bench/NOTES.md 170). Each issues one
     product a K step: the dual GEMM's 128x256 over both streams' rows (until the fifty-fifth session two of
     128x128, each reading the A tile again: bench/NOTES.md 160)."""
     model, inputs = _block("cpu")
@@ -117,14 +120,64 @@ def test_builds_warp_specialized_for_sm90_without_spills(workers):  # noqa: F811
         if f"{step.kernel.name}_ws(" in step.kernel.source:
             found["glu" if "dl.glu" in step.kernel.region_ir else "add"] = (step, tensors)
     for name, c, most in (("add", ws(128, 128, 64, 8, 4), 0), ("glu", ws(128, 128, 64, 8, 4), 0),
-                          ("add", ws(128, 256, 64, 8, 3), 64)):  # fmt: skip
+                          ("add", ws(128, 256, 64, 8, 3), 64), ("add", {**ws(128, 256, 64, 8, 3), "WS": 2}, 0),
+                          ("glu", {**ws(128, 128, 64, 8, 4), "WS": 2}, 0)):  # fmt: skip
         stack, _, ttgir = _sm90_build(workers, *found[name], c)
         assert "ttg.warp_specialize" in ttgir and "ttng.warp_group_dot" in ttgir, name
         assert stack <= most, (name, c, stack)
+        # WS=2: the tile stored by TMA; o-proj's residual copied in by TMA (the A, W and residual loads: three)
+        assert ("ttng.async_tma_copy_local_to_global" in ttgir) == (c["WS"] == 2), (name, c)
+        loads = ttgir.count("ttng.async_tma_copy_global_to_local")
+        assert loads == 2 + (c["WS"] == 2 and name == "add"), (name, c, loads)
         # one product a K step, as wide as all the streams' columns (gate/up: both streams' rows in one stage)
         dots = re.findall(r"ttng.warp_group_dot .*", ttgir)
         width = c["BLOCK_N"] * (2 if name == "glu" else 1)
         assert len(dots) == 1 and f"tensor<{c['BLOCK_M']}x{width}xf32" in dots[0], (name, dots)
+
+
+def test_tma_epilogue_where_the_output_is_a_plain_block(monkeypatch):
+    """WS=2 (the TMA epilogue) is built where the region's one output is a plain [M, N] block with 16-byte rows:
+    o-proj and down (the residual, laid out so too, prefetched by the loader into the output's shared-memory tile)
+    and the dual gate/up GEMM (no operand to prefetch); not for Linear(bias)+GELU with N = 300 (600-byte rows), whose
+    space then has no WS=2 config. A WS=2 launch asks for the TMA epilogue (EPI_TMA) only with a 16-byte-aligned
+    residual: for a residual viewed at an odd offset the same kernel stores by pointer."""
+    model, inputs = _block("cpu")
+    lin = randomize_(BiasGelu()).to(torch.bfloat16).eval()
+    found = {}
+    for m, x in ((model, inputs), (lin, (torch.randn(1, 517, 200, dtype=torch.bfloat16),))):
+        for step, tensors, _ in _steps(m, x, "interpret"):
+            if f"def {step.kernel.name}_ws(" not in step.kernel.source:
+                continue
+            ops = {o.name for o in step.kernel.region.body_ops}
+            kind = "glu" if "dl.glu" in ops else "add" if "dl.add" in ops else "gelu"
+            em = GemmEmitter(analyze(list(step.kernel.region.body_ops), list(step.kernel.region.block.args)),
+                             step.kernel.region, step.kernel.name)  # fmt: skip
+            em.source()
+            found[kind] = (step, tensors, warp_specialized.staging(em), em)
+    assert set(found) == {"add", "glu", "gelu"}
+    for kind, (step, _, st, _) in found.items():
+        assert (st is not None) == (kind != "gelu"), kind
+        assert (st is not None and st.ext is not None) == (kind == "add"), kind
+        assert ("tma.async_copy_shared_to_global(c_desc" in step.kernel.source) == (st is not None), kind
+
+    seen = []
+
+    class Recorder:  # (a kernel object whose WS launch records EPI_TMA instead of running)
+        def variant(self, _name):
+            return self
+
+        def __getitem__(self, _grid):
+            return lambda *a, **kw: seen.append(kw["EPI_TMA"])
+
+    monkeypatch.setattr(device, "descriptor_scratch", lambda: None)
+    step, tensors, st, em = found["add"]
+    c = {**ws(128, 128, 64, 8, 4), "WS": 2}
+    step.kernel.launch(Recorder(), tensors, c)
+    step.kernel.launch(Recorder(), tensors, {**c, "WS": 1})
+    odd, r = list(tensors), em.ext_operand(st.ext)[0]
+    odd[r] = torch.empty(odd[r].numel() + 1, dtype=odd[r].dtype)[1:].view_as(odd[r])
+    step.kernel.launch(Recorder(), odd, c)
+    assert seen == [True, False, False], seen
 
 
 def test_one_worker_builds_a_kernel_and_its_ws_twin_from_one_file(workers, monkeypatch):  # noqa: F811
@@ -161,11 +214,13 @@ def test_one_worker_builds_a_kernel_and_its_ws_twin_from_one_file(workers, monke
 def test_ws_configs_are_right_and_repeatable_on_the_gpu(dtype, monkeypatch):
     """Every WS region of a Llama block at 333 and 2100 tokens (ragged last row tiles) and a Linear(bias)+GELU with
     K = 200 and N = 300 (ragged K step and columns), with 7 programs so that each loops over many tiles and the
-    loader runs ahead across them: each config launched three times, every output within tolerance of float64 and
-    the three runs equal bit for bit."""
+    loader runs ahead across them (and, with the TMA epilogue, the residual's copy and the store of one tile overlap
+    the next tile's K loop): each config launched three times, every output within tolerance of float64 and the
+    three runs equal bit for bit."""
     monkeypatch.setattr(device, "sm_count", lambda: 7)
     configs = [ws(128, 128, 64, 8, 4), ws(128, 256, 64, 8, 3), ws(64, 128, 64, 4, 4), ws(128, 64, 32, 4, 5),
                ws(128, 128, 32, 8, 5)]  # fmt: skip
+    configs += [{**c, "WS": 2} for c in configs]  # (the TMA epilogue where the region has it: not Linear+GELU's)
     cases = [_block("cuda", dtype, 333), _block("cuda", dtype, 2100)]
     lin = randomize_(BiasGelu()).to("cuda", dtype).eval()
     cases.append((lin, (torch.randn(1, 517, 200, device="cuda", dtype=dtype),)))
@@ -184,4 +239,4 @@ def test_ws_configs_are_right_and_repeatable_on_the_gpu(dtype, monkeypatch):
                     for outs in runs[1:]:
                         assert all(torch.equal(a, b) for a, b in zip(outs, runs[0])), ("runs differ", c)
                     checked.add((step.kernel.name, tuple(c.values())))
-    assert len(checked) >= 12, checked
+    assert len(checked) >= 24, checked

@@ -20,7 +20,8 @@ from ...dialects.types import dtype_of, shape_of
 from .. import device
 from ..exprs import Names, emit_pointwise, rotate_in_registers, round_to
 from ..source import TL_DTYPE, Writer, row_indices, wide_indices
-from .plan import Cols, GemmPlan
+from ..views import Layout, view_chain
+from .plan import Cols, GemmPlan, canonical_strides, input_view
 from .prologue import ONE_ROW_SQUARES, row_scale
 
 
@@ -36,6 +37,22 @@ class EpilogueEmitter:
         self.ext: list[tuple[SSAValue, Cols, SSAValue]] = []  # (region input, view it is read as, reader's value)
         self.spaces: dict[tuple, str] = {}
         self.dot = device.dot_args(dtype_of(plan.linear.weight))  # IEEE fp32 unless torch allows TF32
+        # (a variant's hooks: the ext operand read from, and the output written into, the shared-memory tile
+        # `c_part` instead of global memory: warp_specialized.py's TMA epilogue)
+        self.smem_ext: int | None = None
+        self.smem_out: int | None = None
+
+    def ext_operand(self, j: int) -> tuple[int, list[int]]:
+        """External operand j: the region input it is read from (its index) and its canonical strides there."""
+        v, c, res = self.ext[j]
+        base, chain = input_view(v, set(self.fused.body_ops), self.args)
+        lay = view_chain(Layout.contiguous(shape_of(base)), chain)
+        return self.args.index(base), canonical_strides(lay, c, shape_of(res))
+
+    def out_strides(self, k: int) -> list[int]:
+        """Output k's canonical strides (the launch allocates it contiguous)."""
+        r = self.outputs[k]
+        return canonical_strides(shape_of(r), self.plan.info[r], shape_of(r))
 
     def emit(self, w: Writer, split_k: bool = True) -> None:
         """Everything after the K loop: split-K's partial sums and their reduction by the tile's last program
@@ -156,6 +173,9 @@ class EpilogueEmitter:
 
     def _store(self, w: Writer, k: int) -> None:
         r = self.outputs[k]
+        if k == self.smem_out:  # (into the shared-memory tile, which the variant stores whole)
+            w(f"c_part.store({self.names[r]}.to({TL_DTYPE[dtype_of(r)]}))")
+            return
         idx, member = self._space(w, self.plan.info[r])
         scatter = self.plan.scatters.get(r)
         rows = "mmask"
@@ -238,6 +258,10 @@ class EpilogueEmitter:
 
     def _load_ext(self, w: Writer, j: int) -> str:
         v, c, res = self.ext[j]
+        if j == self.smem_ext:  # (its tile in shared memory, copied there by TMA: in the accumulator's layout)
+            t = self.names.fresh("e")
+            w(f"{t} = c_part.load(acc0.type.layout).to(tl.float32)")
+            return t
         idx, member = self._space(w, c)
         addr = " + ".join(f"({e}) * e{j}_s{d}" for d, e in enumerate(idx))
         mask = f"mmask[:, None] & {member}"

@@ -13,38 +13,29 @@ from .. import device
 from ..interpreter import launch as launch_lib
 from ..kernel import Kernel
 from ..source import cdiv
-from ..views import Layout, view_chain
 from . import warp_specialized
 from .emitter import GemmEmitter
 from .norms import row_layer_norm, row_norm, row_rms
-from .plan import Cols, GemmPlan, input_view, whole_tiles
+from .plan import GemmPlan, whole_tiles
 
 RMS_ROWS = 4
 RS_INLINE_ROWS = 16  # up to this many rows the GEMM computes the norm statistics itself (prologue.row_scale)
 
 
-def _canonical_strides(lay: Layout | tuple[int, ...], c: Cols, logical: tuple[int, ...]) -> list[int]:
-    """Strides, in canonical dim order, of a layout (or a contiguous shape) broadcast to `logical`."""
-    lay = (lay if isinstance(lay, Layout) else Layout.contiguous(lay)).broadcast_to(logical)
-    canon = [0] * len(logical)
-    for i, p in enumerate(c.perm):
-        canon[p] = lay.strides[i]
-    return canon
-
-
 def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     em = GemmEmitter(plan, fused, name)
     src = em.source()
+    st = warp_specialized.staging(em)
+    plan.tma_epilogue = st is not None  # (the space offers WS=2 configs)
+    staged_ext = em.ext_operand(st.ext)[0] if st is not None and st.ext is not None else None
     m = numel(plan.rows)
     args = list(fused.block.args)
-    inside = set(fused.body_ops)
     ext_strides: list[int] = []
     ext_args: list[int] = []
-    for v, c, res in em.ext:
-        base, chain = input_view(v, inside, args)
-        lay = view_chain(Layout.contiguous(shape_of(base)), chain)
-        ext_strides += _canonical_strides(lay, c, shape_of(res))
-        ext_args.append(args.index(base))
+    for j in range(len(em.ext)):
+        arg, strides = em.ext_operand(j)
+        ext_strides += strides
+        ext_args.append(arg)
     out_shapes = [shape_of(r) for r in em.outputs]
     out_dtypes = [dtype_of(r) for r in em.outputs]
     # outputs written into an input at indexed positions (k and v into a KV cache): (output, destination, index)
@@ -52,9 +43,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
                 for k, r in enumerate(em.outputs) if (o := plan.scatters.get(r))]  # fmt: skip
     ix_args = [i for _, _, i in scatters]
     ix_sizes = [shape_of(plan.scatters[r].dest)[plan.scatters[r].axis] for r in em.outputs if r in plan.scatters]
-    out_strides: list[int] = []
-    for r in em.outputs:
-        out_strides += _canonical_strides(shape_of(r), plan.info[r], shape_of(r))
+    out_strides = [s for k in range(len(em.outputs)) for s in em.out_strides(k)]
     lin = plan.linear
     x_arg = args.index(plan.norm.input if plan.norm else lin.input)
     w_arg = args.index(lin.weight)
@@ -132,7 +121,11 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
             if not tma or not hasattr(kernel, "variant"):
                 raise ValueError(f"{name}: a warp-specialized (WS) config needs TMA-aligned operands on an sm90 GPU")
             regs = {"maxnreg": warp_specialized.MAXNREG} if warps == 8 else {}
-            kernel.variant("ws")[(programs,)](*args, **consts, STAGES=config["num_stages"], num_warps=warps, **regs)
+            # WS=2: the TMA epilogue, unless the residual it would copy by TMA is not 16-byte aligned (a view at an
+            # odd offset): then the same kernel stores by pointer (WS=1)
+            epi_tma = config["WS"] == 2 and (staged_ext is None or tensors[staged_ext].data_ptr() % 16 == 0)
+            kernel.variant("ws")[(programs,)](*args, **consts, STAGES=config["num_stages"], EPI_TMA=epi_tma,
+                                              num_warps=warps, **regs)  # fmt: skip
             return outs
         grid = (programs, 1) if persistent else (tiles, sk)
         kernel[grid](*args, **consts, PERSISTENT=bool(persistent), num_warps=warps, num_stages=config["num_stages"])

@@ -77,6 +77,9 @@ class GemmPlan:
     # outputs stored into an input at positions read from an index (a KV-cache update: k and v written straight
     # into the cache): the index_copy whose result the output is
     scatters: dict[SSAValue, IndexCopyOp] = field(default_factory=dict)
+    # set when the kernel is built (`launch.build`): its warp-specialized kernel can end each tile in a TMA store
+    # (its one output a plain [M, GRID_N] block: warp_specialized.Staging), so the space offers WS=2
+    tma_epilogue: bool = False
 
     @property
     def rms(self) -> RMSNormOp | None:
@@ -96,6 +99,34 @@ def input_view(v: SSAValue, inside: set, inputs: list[SSAValue]) -> tuple[SSAVal
         return None
     lay = view_chain(Layout.contiguous(shape_of(found[0])), found[1])
     return None if lay is None or lay.offset else found
+
+
+def canonical_strides(lay: Layout | tuple[int, ...], c: Cols, logical: tuple[int, ...]) -> list[int]:
+    """Strides, in canonical dim order, of a layout (or a contiguous shape) broadcast to `logical`."""
+    lay = (lay if isinstance(lay, Layout) else Layout.contiguous(lay)).broadcast_to(logical)
+    canon = [0] * len(logical)
+    for i, p in enumerate(c.perm):
+        canon[p] = lay.strides[i]
+    return canon
+
+
+def flat_row_stride(strides: list[int], c: Cols, rows: tuple[int, ...], grid_n: int) -> int | None:
+    """Where a value's tile is a plain block of an [M, GRID_N] matrix in memory (what a TMA descriptor of that
+    shape reads or writes: its rows one stride apart, its columns the tile's, contiguous), that row stride (canonical
+    `strides`); None otherwise."""
+    nrow = len(rows)
+    if c.window is not None or c.lo != 0 or c.hi != grid_n or numel(c.split) != grid_n:
+        return None
+    inner = 1
+    for d in reversed(range(len(c.split))):
+        if c.split[d] > 1 and strides[nrow + d] != inner:
+            return None
+        inner *= c.split[d]
+    for d in range(nrow - 1):
+        if rows[d] > 1 and strides[d] != strides[d + 1] * rows[d + 1]:
+            return None
+    rs = strides[nrow - 1]
+    return rs if rs >= grid_n else None
 
 
 def _split_cols(c: Cols, old: tuple[int, ...], new: tuple[int, ...], nrow: int) -> Cols | None:

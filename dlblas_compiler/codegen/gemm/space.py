@@ -30,7 +30,9 @@ PARAMS = {
     "MM": [0, 1],  # 1: cuBLAS computes x @ W^T, the kernel is the prologue's scaling and the epilogue
     "NORM_PASS": [0, 1],  # 1: a row pass writes the normalized x (the K loop reads it unscaled, no row statistics)
     "PERSISTENT": [0, 1],  # 1: one program per SM looping over the tiles (TMA tiles only)
-    "WS": [0, 1],  # 1: the warp-specialized Gluon kernel (a TMA loader warp feeding the MMA warps; sm90)
+    # 1: the warp-specialized Gluon kernel (a TMA loader warp feeding the MMA warps; sm90); 2: the same with the TMA
+    # epilogue (the residual prefetched into shared memory by the loader, the output stored from there by TMA)
+    "WS": [0, 1, 2],
 }
 
 
@@ -76,9 +78,10 @@ def space(plan: GemmPlan) -> SearchSpace:
         " its last wave's tiles, only where they leave most SMs idle": lambda c: c["SPLIT_K"] == 1
         or (k // c["SPLIT_K"] >= 4 * c["BLOCK_K"] and (tiles(c) < 2 * sms if not c["PERSISTENT"]
                                                          else whole_tiles(tiles(c), sms, c["SPLIT_K"]) < tiles(c))),
-        "shared memory (a warp-specialized kernel's epilogue also takes the tile's layout change)": lambda c:
+        "shared memory (a warp-specialized kernel's epilogue also takes the tile's layout change, or its output"
+        " tile)": lambda c:
         c["BLOCK_M"] == 1 or (c["BLOCK_M"] + ns * c["BLOCK_N"]) * c["BLOCK_K"] * elem * c["num_stages"]
-        + c["WS"] * 2 * c["BLOCK_M"] * c["BLOCK_N"] <= smem_limit,
+        + (c["WS"] > 0) * 2 * c["BLOCK_M"] * c["BLOCK_N"] <= smem_limit,
         "registers": lambda c: ns * c["BLOCK_M"] * c["BLOCK_N"] <= 128 * c["num_warps"] * 32
         and (c["BLOCK_M"] > 1 or ns * c["BLOCK_N"] * c["BLOCK_K"] <= 64 * c["num_warps"] * 32),
         "group only with several row blocks": lambda c: c["GROUP_M"] == 1 or m > c["BLOCK_M"],
@@ -99,6 +102,8 @@ def space(plan: GemmPlan) -> SearchSpace:
         lambda c: not c["WS"] or (ws_ok and c["PERSISTENT"] and c["TMA"] and c["SPLIT_K"] == 1 and not c["MM"]
                                   and c["BLOCK_M"] >= 16 * c["num_warps"] and c["BLOCK_N"] >= 32
                                   and not (norm_w and not c["NORM_PASS"]) and m > RS_INLINE_ROWS),
+        "the TMA epilogue (WS=2) where the region's one output is a plain [M, N] block (warp_specialized.staging)":
+        lambda c: c["WS"] != 2 or plan.tma_epilogue,
     }
     default = _default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
                               has_norm, plan.rotary_from_product)
@@ -120,9 +125,8 @@ def _ws_twins(starts: list[dict], valid) -> list[dict]:
     out = []
     for c in starts:
         out.append(c)
-        twin = {**c, "WS": 1}
-        if c["PERSISTENT"] and not c["WS"] and valid(twin):
-            out.append(twin)
+        if c["PERSISTENT"] and not c["WS"]:
+            out += [t for t in ({**c, "WS": 1}, {**c, "WS": 2}) if valid(t)]
     return out
 
 

@@ -27,6 +27,7 @@ single-stream GEMMs (-2% to +2%), not faster; quick tuning picks it at times (do
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cache
 
 import torch
@@ -35,12 +36,13 @@ from ...dialects import RMSNormOp, RotaryOp
 from ...dialects.types import dtype_of
 from ..exprs import Names
 from ..source import Writer, wrapped
+from .plan import flat_row_stride
 from .tiled import tile_position
 
 HEADER = ("from triton.experimental import gluon\n"
           "from triton.experimental.gluon import language as gl\n"
-          "from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,\n"
-          "                                                              warpgroup_mma_wait)\n")
+          "from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,\n"
+          "                                                              warpgroup_mma, warpgroup_mma_wait)\n")
 LOADER_REGS = 40  # the loader warp's registers (it holds addresses and counters only)
 MAXNREG = 168  # with 8 MMA warps: 12 warps (the loader's warpgroup padded) x 32 x 168 <= 64K registers
 
@@ -64,6 +66,36 @@ def offered(plan) -> bool:
                                                                    for o in plan.epilogue)
 
 
+@dataclass(frozen=True)
+class Staging:
+    """The TMA epilogue's operands (EPI_TMA): output `out` and, if any, external operand `ext` are plain [M, GRID_N]
+    blocks in memory, `out_rs` and `ext_rs` elements a row apart."""
+
+    out: int
+    out_rs: int
+    ext: int | None = None
+    ext_rs: int = 0
+
+
+def staging(em) -> Staging | None:
+    """Where the region's WS kernel can end each tile in a TMA store: its one output (not scattered), 16-bit, a plain
+    [M, GRID_N] block with 16-byte rows; an external operand of the output's dtype laid out so too (the residual) is
+    then prefetched by the loader into the same shared-memory tile. None otherwise."""
+    p = em.plan
+    if not offered(p) or len(em.outputs) != 1 or em.outputs[0] in p.scatters:
+        return None
+    r = em.outputs[0]
+    dt = dtype_of(r)
+    rs = flat_row_stride(em.out_strides(0), p.info[r], p.rows, p.grid_n)
+    if dt not in (torch.float16, torch.bfloat16) or rs is None or rs * dt.itemsize % 16:
+        return None
+    for j, (v, c, _) in enumerate(em.ext):
+        ers = flat_row_stride(em.ext_operand(j)[1], c, p.rows, p.grid_n)
+        if dtype_of(v) == dt and ers is not None and ers * dt.itemsize % 16 == 0:
+            return Staging(0, rs, j, ers)
+    return Staging(0, rs)
+
+
 def gluon_text(lines: list[str]) -> list[str]:
     """Triton lines as Gluon lines: `tl.` names from Gluon's language, `tl.sigmoid` from `_sigmoid` (Gluon has
     none); `tl.PropagateNan` stays Triton's (a constant)."""
@@ -77,9 +109,10 @@ def gluon_text(lines: list[str]) -> list[str]:
 def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     """The Gluon kernel `<name>_ws` and its two partitions, after the Triton kernel in the same source."""
     p, name = em.plan, em.name
+    st = staging(em)
     const_params = [f"{c}: gl.constexpr" for c in consts]
     tiles = Writer()
-    _tiles(em, tiles, args, const_params)
+    _tiles(em, tiles, args, const_params, st)
     if any("_sigmoid(" in line for line in tiles.lines):  # (Gluon has no sigmoid: Triton's, in Gluon)
         w("@gluon.jit")
         w("def _sigmoid(x):")
@@ -93,10 +126,10 @@ def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     w("    return gl.BlockedLayout([1, 8], [32 // across, across], [warps, 1], [1, 0])")
     w("")
     w("")
-    _loads(em, w)
+    _loads(em, w, st)
     w.lines += tiles.lines
     w("@gluon.jit")
-    wrapped(w, f"def {name}_ws(", [*args, "DP_TILES", *const_params, "STAGES: gl.constexpr",
+    wrapped(w, f"def {name}_ws(", [*args, "DP_TILES", *const_params, "STAGES: gl.constexpr", "EPI_TMA: gl.constexpr",
                                   "num_warps: gl.constexpr"], "):")  # fmt: skip
     w.indent()
     w('"""The shared-memory ring and its barriers, then the two partitions (see the module docstring)."""')
@@ -121,26 +154,58 @@ def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     w("    mbarrier.init(ready.index(i), count=1)")
     w("    mbarrier.init(empty.index(i), count=1)")
     shared = "a_bufs, w0_bufs, ready, empty"
-    w("gl.warp_specialize([")
-    w.indent()
-    wrapped(w, "(_ws_tiles, (", [*args, shared, *consts, "STAGES", "num_warps"], ")),")
-    wrapped(w, "(_ws_loads, (", ["a_desc", "w0_desc", shared, "M", "K", "GRID_N", "BLOCK_M", "BLOCK_N", "BLOCK_K",
-                                 "GROUP_M", "STAGES"], ")),")  # fmt: skip
-    w.dedent()
-    w(f"], [1], [{LOADER_REGS}])  # (the loader: one warp)")
+
+    def partitions(staged: list[str], loaded: list[str]) -> None:
+        w("gl.warp_specialize([")
+        w.indent()
+        wrapped(w, "(_ws_tiles, (", [*args, shared, *staged, *consts, "STAGES", "EPI_TMA", "num_warps"], ")),")
+        wrapped(w, "(_ws_loads, (", ["a_desc", "w0_desc", shared, *loaded, "M", "K", "GRID_N", "BLOCK_M", "BLOCK_N",
+                                     "BLOCK_K", "GROUP_M", "STAGES", "EPI_TMA"], ")),")  # fmt: skip
+        w.dedent()
+        w(f"], [1], [{LOADER_REGS}])  # (the loader: one warp)")
+
+    if st is None:
+        partitions([], [])
+    else:
+        w("if EPI_TMA:  # each tile's output written into a shared-memory tile and stored from there by TMA")
+        w.indent()
+        w(f"o_dt: gl.constexpr = out{st.out}_ptr.dtype.element_ty")
+        w("c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], o_dt)")
+        w("c_smem = gl.allocate_shared_memory(o_dt, [BLOCK_M, BLOCK_N], c_layout)")
+        w(f"c_desc = tma.make_tensor_descriptor(out{st.out}_ptr, shape=[M, GRID_N], strides=[{st.out_rs}, 1],")
+        w("                                    block_shape=[BLOCK_M, BLOCK_N], layout=c_layout)")
+        if st.ext is not None:  # (the residual's tile, copied by the loader into c_smem: "full" and "free")
+            w(f"r_desc = tma.make_tensor_descriptor(e{st.ext}_ptr, shape=[M, GRID_N], strides=[{st.ext_rs}, 1],")
+            w("                                    block_shape=[BLOCK_M, BLOCK_N], layout=c_layout)")
+        else:
+            w("r_desc = c_desc  # (no operand to prefetch: unused)")
+        w("c_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())")
+        w("mbarrier.init(c_bars.index(0), count=1)")
+        w("mbarrier.init(c_bars.index(1), count=1)")
+        partitions(["c_desc", "c_smem", "c_bars"], ["r_desc", "c_smem", "c_bars"])
+        w.dedent()
+        w("else:")
+        w.indent()
+        partitions(["0", "0", "0"], ["0", "0", "0"])
+        w.dedent()
     w.dedent()
     w("")
     w("")
 
 
-def _loads(em, w: Writer) -> None:
+def _loads(em, w: Writer, st: Staging | None) -> None:
+    staged = st is not None
     w("@gluon.jit")
-    wrapped(w, "def _ws_loads(", ["a_desc", "w0_desc", "a_bufs", "w0_bufs", "ready", "empty", "M", "K: gl.constexpr",
-                                             "GRID_N: gl.constexpr", "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
-                                             "BLOCK_K: gl.constexpr", "GROUP_M: gl.constexpr",
-                                             "STAGES: gl.constexpr"], "):")  # fmt: skip
+    wrapped(w, "def _ws_loads(", ["a_desc", "w0_desc", "a_bufs", "w0_bufs", "ready", "empty",
+                                 *(["r_desc", "c_smem", "c_bars"] if staged else []), "M", "K: gl.constexpr",
+                                 "GRID_N: gl.constexpr", "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
+                                 "BLOCK_K: gl.constexpr", "GROUP_M: gl.constexpr", "STAGES: gl.constexpr",
+                                 "EPI_TMA: gl.constexpr"], "):")  # fmt: skip
     w.indent()
     w('"""The loader warp: each K step of each tile copied into the next free stage (see the module docstring)."""')
+    prefetch = staged and st.ext is not None
+    if prefetch:
+        w("t = 0")
     _tile_loop(w)
     w("for k0 in range(0, K, BLOCK_K):")
     w.indent()
@@ -151,25 +216,40 @@ def _loads(em, w: Writer) -> None:
     at = "pid_n * BLOCK_N, k0" if len(em.plan.streams) == 1 else "pid_n * BLOCK_N, 0, k0"
     w(f"tma.async_copy_global_to_shared(w0_desc, [{at}], ready.index(s), w0_bufs.index(s))")
     w("it += 1")
+    if prefetch:  # after the tile's first STAGES copies, by when the MMA warps have begun it and freed c_smem
+        w("if EPI_TMA:")
+        w("    if k0 == (min(STAGES, (K + BLOCK_K - 1) // BLOCK_K) - 1) * BLOCK_K:  # the residual's tile")
+        w("        mbarrier.wait(c_bars.index(1), (t & 1) ^ 1)  # (the tile before's store has read c_smem)")
+        w("        mbarrier.expect(c_bars.index(0), r_desc.block_type.nbytes)")
+        w("        tma.async_copy_global_to_shared(r_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_bars.index(0),")
+        w("                                        c_smem)")
     w.dedent()
+    if prefetch:
+        w("t += 1")
     w.dedent()
     w.dedent()
     w("")
     w("")
 
 
-def _tiles(em, w: Writer, args: list[str], const_params: list[str]) -> None:
+def _tiles(em, w: Writer, args: list[str], const_params: list[str], st: Staging | None) -> None:
     dual = len(em.plan.streams) == 2
     width = "2 * BLOCK_N" if dual else "BLOCK_N"
     b = "w0_bufs.index(s).reshape([2 * BLOCK_N, BLOCK_K])" if dual else "w0_bufs.index(s)"
     acc = "acc" if dual else "acc0"  # (the epilogue reads acc0, and acc1 for the dual GEMM)
+    staged = st is not None
+    prefetch = staged and st.ext is not None
     w("@gluon.jit")
-    wrapped(w, "def _ws_tiles(", [*args, "a_bufs", "w0_bufs", "ready", "empty", *const_params, "STAGES: gl.constexpr",
-                                  "num_warps: gl.constexpr"], "):")  # fmt: skip
+    wrapped(w, "def _ws_tiles(", [*args, "a_bufs", "w0_bufs", "ready", "empty",
+                                  *(["c_desc", "c_smem", "c_bars"] if staged else []), *const_params,
+                                  "STAGES: gl.constexpr", "EPI_TMA: gl.constexpr", "num_warps: gl.constexpr"],
+            "):")  # fmt: skip
     w.indent()
     w('"""The MMA warps: each tile\'s products as its stages arrive, then its epilogue (see the module docstring)."""')
     w("layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],")
     w(f"                                                 instr_shape=[16, {width}, 16])")
+    if staged:
+        w("t = 0")
     _tile_loop(w)
     w(f"{acc} = gl.zeros((BLOCK_M, {width}), dtype=gl.float32, layout=layout)")
     w("for k0 in range(0, K, BLOCK_K):")
@@ -181,10 +261,23 @@ def _tiles(em, w: Writer, args: list[str], const_params: list[str]) -> None:
       "# (this step's products in flight)")
     w("if k0 > 0:  # the step before has finished reading its stage")
     w("    mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)")
+    if staged:  # (the wait for the tile before's store, out of the epilogue's way)
+        w("elif EPI_TMA:")
+        w("    if t > 0:  # the tile before's TMA store has read c_smem")
+        w("        tma.store_wait(0)")
+        if prefetch:
+            w("        mbarrier.arrive(c_bars.index(1), count=1)  # (the loader may copy this tile's residual there)")
     w("it += 1")
     w.dedent()
     w(f"{acc} = warpgroup_mma_wait(num_outstanding=0, deps=({acc},))")
     w("mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)")
+    if staged:
+        w("if EPI_TMA:")
+        w.indent()
+        _tma_epilogue(em, w, st, acc, dual)
+        w.dedent()
+        w("else:")
+        w.indent()
     if dual:  # (each thread holds adjacent column pairs: the split moves no data)
         w("acc0, acc1 = gl.split(gl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))")
     for a in ("acc0", "acc1") if dual else ("acc0",):  # (the epilogue's loads and stores in rows of 16 bytes a thread)
@@ -193,15 +286,53 @@ def _tiles(em, w: Writer, args: list[str], const_params: list[str]) -> None:
     w("rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N)")
     w("mmask = rm < M")
     w("nmask = rn < GRID_N")
+    _epilogue(em, w)
+    if staged:
+        w.dedent()
+        w("t += 1")
+    w.dedent()
+    if staged:
+        w("if EPI_TMA:")
+        w("    tma.store_wait(0)")
+    w.dedent()
+    w("")
+    w("")
+
+
+def _tma_epilogue(em, w: Writer, st: Staging, acc: str, dual: bool) -> None:
+    """The tile's epilogue in the accumulator's own layout, its two column halves in turn (half the registers live;
+    the accumulator's halves split without moving data), the residual read from and the output written into c_smem,
+    which one TMA store then writes out."""
+    if st.ext is not None:
+        w("mbarrier.wait(c_bars.index(0), t & 1)  # (the residual's tile has arrived in c_smem)")
+    half = "BLOCK_N" if dual else "BLOCK_N // 2"  # (a half's columns of the accumulator: the dual GEMM's hold pairs)
+    w(f"parts = gl.split(gl.permute(gl.reshape({acc}, [BLOCK_M, 2, {half}]), [0, 2, 1]))")
+    w("for h in gl.static_range(2):")
+    w.indent()
+    if dual:
+        w("acc0, acc1 = gl.split(gl.reshape(parts[h], [BLOCK_M, BLOCK_N // 2, 2]))")
+    else:
+        w("acc0 = parts[h]")
+    w("rm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M)")
+    w("rn = pid_n * BLOCK_N + h * (BLOCK_N // 2) + gl.arange(0, BLOCK_N // 2)")
+    w("mmask = rm < M")
+    w("nmask = rn < GRID_N")
+    w("c_part = c_smem.slice(h * (BLOCK_N // 2), BLOCK_N // 2, dim=1)")
+    em.smem_ext, em.smem_out = st.ext, st.out
+    _epilogue(em, w)
+    em.smem_ext = em.smem_out = None
+    w.dedent()
+    w("fence_async_shared()  # (the tile's values in c_smem visible to the TMA unit)")
+    w("tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)")
+
+
+def _epilogue(em, w: Writer) -> None:
+    """The shared epilogue's text (epilogue.py), in Gluon."""
     epi = Writer()
     epi.depth = w.depth
     em.names, em.spaces = Names(), {}  # (the epilogue emitted afresh: its index spaces defined again)
     em.emit(epi, split_k=False)
     w.lines += gluon_text(epi.lines)
-    w.dedent()
-    w.dedent()
-    w("")
-    w("")
 
 
 def _tile_loop(w: Writer) -> None:
