@@ -2236,6 +2236,43 @@ def ws_sweep_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + src + "\n"
 
 
+def ws_epilogue_section(*names: str) -> str:
+    """bench/gemms.py --sweep --sweep-ws with the TMA epilogue in the tree (WS=2, bench/NOTES.md 170): per region with
+    a warp-specialized kernel, quick tuning's choice, the fastest swept config of each form (the persistent Triton
+    loop, WS=1 with the pointer epilogue, WS=2 with the TMA epilogue) and the range of WS=2 / WS=1 over the configs
+    timed both ways."""
+    forms = [("persistent (Triton)", 0), ("WS=1", 1), ("WS=2", 2)]
+    head = " | ".join(f"{f} µs (tile, stages)" for f, _ in forms)
+    out = [f"| run | layer | region | cuBLAS µs | tuned µs (what) | {head} | WS=2 / WS=1, same config (min–max, n) "
+           "| cuBLAS / best WS=2 |", "|" + "---|" * 10]
+    envs = []
+    for label, name in zip("abcdefgh"[: len(names)], names, strict=True):
+        doc = _load(name)
+        for r in doc["layers"]:
+            best, by = {}, {}
+            for c, t, e in r.get("sweep", []):
+                if not (e == e and e <= 1e-2):  # (NaN != NaN)
+                    continue
+                ws = c.get("WS", 0)
+                if ws not in best or t < best[ws][0]:
+                    best[ws] = (t, f"{c['BLOCK_M']}x{c['BLOCK_N']}, {c['num_stages']}")
+                key = tuple(sorted((k, v) for k, v in c.items() if k != "WS"))
+                by.setdefault(key, {})[ws] = t
+            if 2 not in best:
+                continue
+            ratios = [v[2] / v[1] for v in by.values() if 1 in v and 2 in v]
+            c = r["config"]
+            cells = [f"{best[k][0]:.1f} ({best[k][1]})" if k in best else "–" for _, k in forms]
+            region = GEMM_REGION.get(r["region"], r["region"])
+            out.append(f"| {label} | {r['layer']} | {region} | {r['cublas_us']:.1f} "
+                       f"| {r['kernel_us']:.1f} ({_config_words(c)}{_runs_other(r['impl'])}) | " + " | ".join(cells)
+                       + f" | {min(ratios):.3f}–{max(ratios):.3f} ({len(ratios)}) "
+                       + f"| {r['cublas_us'] / best[2][0]:.3f} |")  # fmt: skip
+        env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
+        envs.append((name, env, f"run {label}: tune={doc.get('tune')}, triton {doc.get('triton')}"))
+    return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
+
+
 def tuner_gap_section(name: str) -> str:
     """bench/gemms.py --sweep with the tuned config re-timed right before and after the sweep (`kernel_us_in_sweep`):
     per region, quick tuning's choice against the fastest swept config whose output matched it, both timed in the
@@ -2267,7 +2304,8 @@ def _config_words(c: dict) -> str:
     form (persistent, warp-specialized) and whether the norm is a row pass."""
     if c.get("MM"):
         return f"MM, epilogue {c['BLOCK_M']}×{c['BLOCK_N']}"
-    form = ("WS " if c.get("WS") else "persistent " if c.get("PERSISTENT") else "") + f"{c['BLOCK_M']}×{c['BLOCK_N']}"
+    form = f"WS={c['WS']} " if c.get("WS") else "persistent " if c.get("PERSISTENT") else ""
+    form += f"{c['BLOCK_M']}×{c['BLOCK_N']}"
     return form + f", {c['num_stages']} stages" + (f", split {c['SPLIT_K']}" if c.get("SPLIT_K", 1) > 1 else "")
 
 
@@ -2621,6 +2659,15 @@ SECTIONS = {
     "ws-forms-s59": functools.partial(ws_forms_section, "2026-12-04-h200-s59-ws-forms.json"),
     "ws-sweep-s59": functools.partial(ws_sweep_section, "2026-12-04-h200-s59-pingpong-template.json"),
     "tuner-gap-s59": functools.partial(tuner_gap_section, "2026-12-04-h200-s59-gemms-sweep.json"),
+    "ws-forms-s60": functools.partial(ws_forms_section, "2026-12-04-h200-s60-ws-forms.json"),
+    "ws-tma-s60": functools.partial(ws_epilogue_section, "2026-12-04-h200-s60-gemms-ws-sweep-a.json",
+                                    "2026-12-04-h200-s60-gemms-ws-sweep-b.json",
+                                    "2026-12-04-h200-s60-gemms-ws-sweep-c.json"),
+    "paired-goal-s60-m2048": functools.partial(paired_goal_section, 1.05,
+                                               ("a", "0badd03 (WS=2 in the space)",
+                                                "2026-12-04-h200-s60-layers-m2048-paired-a.json"),
+                                               ("b", "0badd03 (WS=2 in the space)",
+                                                "2026-12-04-h200-s60-layers-m2048-paired-b.json")),
     "region-ab-s59-qwen-gu": functools.partial(region_ab_section, "2026-12-04-h200-s59-region-ab-qwen-gu.json",
                                                REGION_AB_LABELS,
         {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0", "date": "2026-12-04",

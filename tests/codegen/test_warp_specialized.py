@@ -81,9 +81,9 @@ def test_offered_where_the_epilogue_needs_nothing_gluon_lacks():
 
 
 def test_twins_follow_the_persistent_starts_on_sm90(monkeypatch):
-    """On an sm90 GPU the quick search's starts hold each persistent TMA start's WS twins right after it (WS=1, and
-    WS=2 with the TMA epilogue), and the space rejects WS configs it cannot run (split K, one tile per program, 8
-    warps on 64 rows, a norm weight in the K loop)."""
+    """On an sm90 GPU the quick search's starts hold each persistent TMA start's WS twin right after it (WS=2, with
+    the TMA epilogue, where the region's output allows it), and the space rejects WS configs it cannot run (split K,
+    one tile per program, 8 warps on 64 rows, a norm weight in the K loop, WS=2 without the TMA epilogue)."""
     model, inputs = _block("cpu")
     steps = [s for s, _, _ in _steps(model, inputs, "interpret") if f"{s.kernel.name}_ws(" in s.kernel.source]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -97,11 +97,13 @@ def test_twins_follow_the_persistent_starts_on_sm90(monkeypatch):
         plan = dataclasses.replace(plan, rows=(1, 8192), tma_epilogue=True)
         space = gemm_space(plan)
         starts = space.starts()
-        twins = [i for i, c in enumerate(starts) if c["WS"] == 1]
+        twins = [i for i, c in enumerate(starts) if c["WS"]]
         assert twins, step.kernel.name
-        for i in twins:  # (each start's WS=1 twin, then its WS=2 one: these regions' outputs are plain blocks)
-            assert {**starts[i - 1], "WS": 1} == starts[i] and {**starts[i - 1], "WS": 2} == starts[i + 1]
+        for i in twins:  # (with the TMA epilogue: these regions' outputs are plain blocks)
+            assert {**starts[i - 1], "WS": 2} == starts[i]
         base = starts[twins[0]]
+        assert space.is_valid({**base, "WS": 1})  # (the pointer epilogue stays in the space)
+        assert not gemm_space(dataclasses.replace(plan, tma_epilogue=False)).is_valid(base)
         assert space.is_valid(base)
         for bad in ({"SPLIT_K": 2}, {"PERSISTENT": 0}, {"BLOCK_M": 64, "num_warps": 8}, {"MM": 1}, {"TMA": 0}):
             assert not space.is_valid({**base, **bad}), bad

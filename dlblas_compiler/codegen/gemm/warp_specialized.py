@@ -7,9 +7,16 @@ of STAGES shared-memory buffers for the A and W tiles, each stage with a "ready"
                the A tile and the W tile into it by TMA (the copies signal "ready"), running ahead across tiles, so
                the next tile's loads overlap this tile's epilogue;
   `_ws_tiles`  the kernel's warps (warpgroups of 64 rows): each K step's product issued asynchronously on the
-               tensor cores (wgmma), one step in flight, the stage before freed; then the accumulator moved to rows
-               of 8 values a thread (`_epilogue_layout`: coalesced loads and stores) and the shared epilogue
-               (epilogue.py), stored by pointer.
+               tensor cores (wgmma), one step in flight, the stage before freed; then the tile's epilogue, one of:
+     WS=1      the accumulator moved to rows of 8 values a thread (`_epilogue_layout`: coalesced loads and stores)
+               and the shared epilogue (epilogue.py), loading its operands and storing by pointer;
+     WS=2      (EPI_TMA, `staging`: where the region's one output is a plain [M, N] block with 16-byte rows) the
+               shared epilogue on the accumulator's two column halves in turn, in its own layout (the halves split
+               without moving data; half the registers live), reading the residual from and writing the output into
+               one shared-memory tile `c_smem`, which a TMA store then writes out. The MMA warps wait for that store
+               only at the next tile's first K step; the loader copies the next tile's residual into `c_smem` by TMA
+               once it has (after that tile's first STAGES loads, so the K loop is never held up by it). No global
+               load and no per-element address is left on the MMA warps' path (bench/NOTES.md 168, 170).
 The dual GEMM (gate and up) loads both streams' rows in turn into one [BLOCK_N, 2, BLOCK_K] stage through the 3-D
 descriptor the Triton variant uses (tiled.py), so each K step is one product as wide as both, and splits the
 accumulator after the loop (adjacent columns: no data moves). Two products of half the width, as until the
@@ -20,8 +27,10 @@ have no stated layout and Gluon resolves them to the accumulators'.
 
 Offered where that epilogue needs nothing Gluon lacks (no rotary, no per-head norm: their reshapes need explicit
 layouts), for 16-bit operands, one tile's K range a program (no split-K), the norm prologue as a row pass. Measured
-on an H200 (bench/NOTES.md 144, 160): as fast as the Triton variant's persistent loop at the same tiles on the
-single-stream GEMMs (-2% to +2%), not faster; quick tuning picks it at times (down projections, gate/up).
+on an H200 (bench/NOTES.md 144, 160, 170): WS=1 as fast as the Triton variant's persistent loop at the same tiles
+on the single-stream GEMMs (-2% to +2%), not faster; WS=2 1-7.5% faster than WS=1 on the dual gate/up GEMMs of five
+layers (up to 1.017x cuBLAS's bare product on Llama-3-8B's), within the noise on o-proj and down; quick tuning picks
+WS=2 for most gate/up regions.
 """
 
 from __future__ import annotations
