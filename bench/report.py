@@ -2660,6 +2660,7 @@ SECTIONS = {
     "ws-sweep-s59": functools.partial(ws_sweep_section, "2026-12-04-h200-s59-pingpong-template.json"),
     "tuner-gap-s59": functools.partial(tuner_gap_section, "2026-12-04-h200-s59-gemms-sweep.json"),
     "ws-forms-s60": functools.partial(ws_forms_section, "2026-12-04-h200-s60-ws-forms.json"),
+    "gemms-quick-s60": functools.partial(gemms_section, "2026-12-04-h200-s60-gemms-quick.json"),
     "ws-tma-s60": functools.partial(ws_epilogue_section, "2026-12-04-h200-s60-gemms-ws-sweep-a.json",
                                     "2026-12-04-h200-s60-gemms-ws-sweep-b.json",
                                     "2026-12-04-h200-s60-gemms-ws-sweep-c.json"),
