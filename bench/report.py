@@ -2213,7 +2213,8 @@ def ws_forms_section(name: str) -> str:
 def ws_sweep_section(name: str) -> str:
     """bench/gemms.py --sweep with the ping-pong form in the template (a patch not in the tree, bench/NOTES.md
     168): per region with a warp-specialized kernel, the quick-tuned choice and the fastest swept config of each
-    form (persistent Triton loop, cooperative Gluon WS=1, ping-pong WS=2)."""
+    form (persistent Triton loop, cooperative Gluon WS=1, ping-pong WS=2: in that patch, and in its result file, WS=2
+    meant ping-pong; in the tree since the sixtieth session WS=2 is the TMA epilogue, NOTES 170)."""
     doc = _load(name)
     forms = [("persistent (Triton)", 0), ("cooperative WS", 1), ("ping-pong WS", 2)]
     out = ["| layer | region | cuBLAS µs | tuned µs (what) | " + " | ".join(f"{f} µs (tile, stages)" for f, _ in forms)

@@ -16,7 +16,7 @@ import dlblas_compiler as dc
 from dlblas_compiler.codegen import device
 from dlblas_compiler.codegen.gemm import warp_specialized
 from dlblas_compiler.codegen.gemm.emitter import GemmEmitter
-from dlblas_compiler.codegen.gemm.plan import analyze
+from dlblas_compiler.codegen.gemm.plan import Cols, analyze, flat_row_stride
 from dlblas_compiler.codegen.gemm.space import space as gemm_space
 from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
 from dlblas_compiler.numerics import rel_error, tolerance
@@ -180,6 +180,29 @@ def test_tma_epilogue_where_the_output_is_a_plain_block(monkeypatch):
     odd[r] = torch.empty(odd[r].numel() + 1, dtype=odd[r].dtype)[1:].view_as(odd[r])
     step.kernel.launch(Recorder(), odd, c)
     assert seen == [True, False, False], seen
+
+
+def test_flat_row_stride_accepts_only_plain_blocks():
+    """`plan.flat_row_stride` (what WS=2's TMA descriptors assume): the row stride where every row m = (i0 * R1 + i1)
+    * R2 + ... of a value lies one stride after the last and its columns are the tile's, contiguous; None for any
+    other layout. A row dim of size 1 may have any stride but does not break the chain (review of the sixtieth
+    session: rows (4, 1, 8) with strides (64, 64, 256) were taken for a block 256 apart)."""
+    cols = Cols(0, 0, 512, (512,), (0, 1, 2))
+    assert flat_row_stride([40 * 512, 512, 1], cols, (2, 40), 512) == 512  # (contiguous [B, S, N])
+    assert flat_row_stride([40 * 1024, 1024, 1], cols, (2, 40), 512) == 1024  # (the first N columns of wider rows)
+    assert flat_row_stride([1024, 64, 1], cols, (8, 1), 512) == 1024  # (a size-1 dim's stride is free)
+    four = Cols(0, 0, 512, (512,), (0, 1, 2, 3))
+    assert flat_row_stride([64, 64, 256, 1], four, (4, 1, 8), 512) is None  # (a permuted [C, A, 1, N])
+    assert flat_row_stride([512, 20480, 1], cols, (2, 40), 512) is None  # (rows transposed)
+    assert flat_row_stride([0, 512, 1], cols, (2, 40), 512) is None  # (broadcast over the batch)
+    assert flat_row_stride([20480, 0, 1], cols, (2, 40), 512) is None  # (one row for every position)
+    assert flat_row_stride([20480, 512, 2], cols, (2, 40), 512) is None  # (columns strided)
+    assert flat_row_stride([20480, 256, 1], cols, (2, 40), 512) is None  # (rows overlapping)
+    heads = Cols(0, 0, 512, (8, 64), (0, 1, 2, 3))
+    assert flat_row_stride([20480, 512, 64, 1], heads, (2, 40), 512) == 512  # (heads split, still in order)
+    assert flat_row_stride([20480, 512, 1, 8], heads, (2, 40), 512) is None  # (heads interleaved)
+    assert flat_row_stride([20480, 512, 1], Cols(0, 0, 256, (256,), (0, 1, 2)), (2, 40), 512) is None  # (narrower)
+    assert flat_row_stride([20480, 512, 1], Cols(0, 0, 512, (512,), (0, 1, 2), (0, 256)), (2, 40), 512) is None
 
 
 def test_one_worker_builds_a_kernel_and_its_ws_twin_from_one_file(workers, monkeypatch):  # noqa: F811

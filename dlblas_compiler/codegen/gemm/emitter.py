@@ -89,6 +89,7 @@ class GemmEmitter(EpilogueEmitter):
         cublas.product(self, w)
         if not self.warp_specialized:
             return w.text()
+        self.staging = warp_specialized.staging(self)  # (WS=2's operands, or None: launch.py reads it too)
         w("")
         w("")
         warp_specialized.emit(self, w, args, CONSTS)

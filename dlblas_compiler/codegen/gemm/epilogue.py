@@ -41,6 +41,7 @@ class EpilogueEmitter:
         # `c_part` instead of global memory: warp_specialized.py's TMA epilogue)
         self.smem_ext: int | None = None
         self.smem_out: int | None = None
+        self.staging = None  # (set with the source: warp_specialized.Staging where WS=2 is built)
 
     def ext_operand(self, j: int) -> tuple[int, list[int]]:
         """External operand j: the region input it is read from (its index) and its canonical strides there."""

@@ -25,7 +25,7 @@ RS_INLINE_ROWS = 16  # up to this many rows the GEMM computes the norm statistic
 def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     em = GemmEmitter(plan, fused, name)
     src = em.source()
-    st = warp_specialized.staging(em)
+    st = em.staging
     plan.tma_epilogue = st is not None  # (the space offers WS=2 configs)
     staged_ext = em.ext_operand(st.ext)[0] if st is not None and st.ext is not None else None
     m = numel(plan.rows)

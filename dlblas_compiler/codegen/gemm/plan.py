@@ -122,11 +122,15 @@ def flat_row_stride(strides: list[int], c: Cols, rows: tuple[int, ...], grid_n: 
         if c.split[d] > 1 and strides[nrow + d] != inner:
             return None
         inner *= c.split[d]
-    for d in range(nrow - 1):
-        if rows[d] > 1 and strides[d] != strides[d + 1] * rows[d + 1]:
-            return None
-    rs = strides[nrow - 1]
-    return rs if rs >= grid_n else None
+    rs, inner = None, 1  # (row m = (i0 * R1 + i1) * R2 + ...: dim d must step rs times the rows after it)
+    for d in reversed(range(nrow)):
+        if rows[d] > 1:  # (a dim of size 1 has any stride)
+            if rs is None:
+                rs = strides[d] // inner
+            if strides[d] != rs * inner:
+                return None
+        inner *= rows[d]
+    return rs if rs is not None and rs >= grid_n else None
 
 
 def _split_cols(c: Cols, old: tuple[int, ...], new: tuple[int, ...], nrow: int) -> Cols | None:

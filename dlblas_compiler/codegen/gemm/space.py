@@ -122,8 +122,9 @@ def _ws_twins(starts: list[dict], valid) -> list[dict]:
     """`starts`, each persistent TMA one followed by its warp-specialized twin (WS) where the space has it: the
     same tiles and stages, the main loop in Gluon (warp_specialized.py), with the TMA epilogue (WS=2) where the
     region's output allows it, otherwise WS=1. The tuner times the twin against its start. On an H200 WS=1 was within
-    2% of it either way (bench/NOTES.md 144); WS=2 was 1-7.5% faster than WS=1 at the same config on every dual
-    gate/up GEMM of five layers and within the sweep's noise on o-proj and down (NOTES 170), so it replaces it."""
+    2% of it either way (bench/NOTES.md 144); WS=2 was 0.1-7.5% faster than WS=1 at the same config on every dual
+    gate/up GEMM of five layers, 0-6.6% on o-proj and without a consistent sign on down (NOTES 170), so it replaces
+    it."""
     out = []
     for c in starts:
         out.append(c)

@@ -14,9 +14,10 @@ of STAGES shared-memory buffers for the A and W tiles, each stage with a "ready"
                shared epilogue on the accumulator's two column halves in turn, in its own layout (the halves split
                without moving data; half the registers live), reading the residual from and writing the output into
                one shared-memory tile `c_smem`, which a TMA store then writes out. The MMA warps wait for that store
-               only at the next tile's first K step; the loader copies the next tile's residual into `c_smem` by TMA
-               once it has (after that tile's first STAGES loads, so the K loop is never held up by it). No global
-               load and no per-element address is left on the MMA warps' path (bench/NOTES.md 168, 170).
+               only at the next tile's first K step, by when it has long finished; the loader then copies that
+               tile's residual into `c_smem` by TMA (after the tile's first STAGES loads, so the ring is full when
+               it waits). The residual's load and the output's per-element addresses leave the MMA warps' path
+               (a bias, norm statistics or other operands are still loaded by pointer; bench/NOTES.md 168, 170).
 The dual GEMM (gate and up) loads both streams' rows in turn into one [BLOCK_N, 2, BLOCK_K] stage through the 3-D
 descriptor the Triton variant uses (tiled.py), so each K step is one product as wide as both, and splits the
 accumulator after the loop (adjacent columns: no data moves). Two products of half the width, as until the
@@ -28,9 +29,9 @@ have no stated layout and Gluon resolves them to the accumulators'.
 Offered where that epilogue needs nothing Gluon lacks (no rotary, no per-head norm: their reshapes need explicit
 layouts), for 16-bit operands, one tile's K range a program (no split-K), the norm prologue as a row pass. Measured
 on an H200 (bench/NOTES.md 144, 160, 170): WS=1 as fast as the Triton variant's persistent loop at the same tiles
-on the single-stream GEMMs (-2% to +2%), not faster; WS=2 1-7.5% faster than WS=1 on the dual gate/up GEMMs of five
-layers (up to 1.017x cuBLAS's bare product on Llama-3-8B's), within the noise on o-proj and down; quick tuning picks
-WS=2 for most gate/up regions.
+on the single-stream GEMMs (-2% to +2%), not faster; WS=2 0.1-7.5% faster than WS=1 at the same config on every
+dual gate/up GEMM of five layers (up to 1.017x cuBLAS's bare product on Llama-3-8B's), 0-6.6% on o-proj, with no
+consistent sign on down (-4% to +3%); quick tuning picks WS=2 for most gate/up regions.
 """
 
 from __future__ import annotations
@@ -77,13 +78,19 @@ def offered(plan) -> bool:
 
 @dataclass(frozen=True)
 class Staging:
-    """The TMA epilogue's operands (EPI_TMA): output `out` and, if any, external operand `ext` are plain [M, GRID_N]
-    blocks in memory, `out_rs` and `ext_rs` elements a row apart."""
+    """The TMA epilogue's operands (EPI_TMA): the region's one output and, if any, its external operand `ext` (the
+    residual, prefetched by the loader) are plain [M, GRID_N] blocks in memory, `out_rs` and `ext_rs` elements a row
+    apart."""
 
-    out: int
     out_rs: int
     ext: int | None = None
     ext_rs: int = 0
+
+    def args(self) -> tuple[list[str], list[str]]:
+        """The shared-memory tile, its descriptors and barriers the MMA warps and the loader take."""
+        if self.ext is None:  # (the loader takes no part: the MMA warps only wait for their own store)
+            return ["c_desc", "c_smem"], []
+        return ["c_desc", "c_smem", "c_bars"], ["r_desc", "c_smem", "c_bars"]
 
 
 def staging(em) -> Staging | None:
@@ -101,8 +108,8 @@ def staging(em) -> Staging | None:
     for j, (v, c, _) in enumerate(em.ext):
         ers = flat_row_stride(em.ext_operand(j)[1], c, p.rows, p.grid_n)
         if dtype_of(v) == dt and ers is not None and ers * dt.itemsize % 16 == 0:
-            return Staging(0, rs, j, ers)
-    return Staging(0, rs)
+            return Staging(rs, j, ers)
+    return Staging(rs)
 
 
 def gluon_text(lines: list[str]) -> list[str]:
@@ -117,8 +124,7 @@ def gluon_text(lines: list[str]) -> list[str]:
 
 def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     """The Gluon kernel `<name>_ws` and its two partitions, after the Triton kernel in the same source."""
-    p, name = em.plan, em.name
-    st = staging(em)
+    p, name, st = em.plan, em.name, em.staging
     const_params = [f"{c}: gl.constexpr" for c in consts]
     tiles = Writer()
     _tiles(em, tiles, args, const_params, st)
@@ -178,24 +184,22 @@ def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     else:
         w("if EPI_TMA:  # each tile's output written into a shared-memory tile and stored from there by TMA")
         w.indent()
-        w(f"o_dt: gl.constexpr = out{st.out}_ptr.dtype.element_ty")
+        w("o_dt: gl.constexpr = out0_ptr.dtype.element_ty")
         w("c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], o_dt)")
         w("c_smem = gl.allocate_shared_memory(o_dt, [BLOCK_M, BLOCK_N], c_layout)")
-        w(f"c_desc = tma.make_tensor_descriptor(out{st.out}_ptr, shape=[M, GRID_N], strides=[{st.out_rs}, 1],")
+        w(f"c_desc = tma.make_tensor_descriptor(out0_ptr, shape=[M, GRID_N], strides=[{st.out_rs}, 1],")
         w("                                    block_shape=[BLOCK_M, BLOCK_N], layout=c_layout)")
         if st.ext is not None:  # (the residual's tile, copied by the loader into c_smem: "full" and "free")
             w(f"r_desc = tma.make_tensor_descriptor(e{st.ext}_ptr, shape=[M, GRID_N], strides=[{st.ext_rs}, 1],")
             w("                                    block_shape=[BLOCK_M, BLOCK_N], layout=c_layout)")
-        else:
-            w("r_desc = c_desc  # (no operand to prefetch: unused)")
-        w("c_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())")
-        w("mbarrier.init(c_bars.index(0), count=1)")
-        w("mbarrier.init(c_bars.index(1), count=1)")
-        partitions(["c_desc", "c_smem", "c_bars"], ["r_desc", "c_smem", "c_bars"])
+            w("c_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())")
+            w("mbarrier.init(c_bars.index(0), count=1)")
+            w("mbarrier.init(c_bars.index(1), count=1)")
+        partitions(*st.args())
         w.dedent()
         w("else:")
         w.indent()
-        partitions(["0", "0", "0"], ["0", "0", "0"])
+        partitions(*(["0"] * len(a) for a in st.args()))  # (placeholders: WS=1 reads none of them)
         w.dedent()
     w.dedent()
     w("")
@@ -203,16 +207,15 @@ def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
 
 
 def _loads(em, w: Writer, st: Staging | None) -> None:
-    staged = st is not None
     w("@gluon.jit")
     wrapped(w, "def _ws_loads(", ["a_desc", "w0_desc", "a_bufs", "w0_bufs", "ready", "empty",
-                                 *(["r_desc", "c_smem", "c_bars"] if staged else []), "M", "K: gl.constexpr",
+                                 *(st.args()[1] if st else []), "M", "K: gl.constexpr",
                                  "GRID_N: gl.constexpr", "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
                                  "BLOCK_K: gl.constexpr", "GROUP_M: gl.constexpr", "STAGES: gl.constexpr",
                                  "EPI_TMA: gl.constexpr"], "):")  # fmt: skip
     w.indent()
     w('"""The loader warp: each K step of each tile copied into the next free stage (see the module docstring)."""')
-    prefetch = staged and st.ext is not None
+    prefetch = st is not None and st.ext is not None
     if prefetch:
         w("t = 0")
     _tile_loop(w)
@@ -249,8 +252,8 @@ def _tiles(em, w: Writer, args: list[str], const_params: list[str], st: Staging 
     staged = st is not None
     prefetch = staged and st.ext is not None
     w("@gluon.jit")
-    wrapped(w, "def _ws_tiles(", [*args, "a_bufs", "w0_bufs", "ready", "empty",
-                                  *(["c_desc", "c_smem", "c_bars"] if staged else []), *const_params,
+    wrapped(w, "def _ws_tiles(", [*args, "a_bufs", "w0_bufs", "ready", "empty", *(st.args()[0] if st else []),
+                                  *const_params,
                                   "STAGES: gl.constexpr", "EPI_TMA: gl.constexpr", "num_warps: gl.constexpr"],
             "):")  # fmt: skip
     w.indent()
@@ -274,7 +277,8 @@ def _tiles(em, w: Writer, args: list[str], const_params: list[str], st: Staging 
         w("elif EPI_TMA:")
         w("    if t > 0:  # the tile before's TMA store has read c_smem")
         w("        tma.store_wait(0)")
-        if prefetch:
+        if prefetch:  # (one thread waits for the store and arrives, as Triton 3.6 lowers both; the sm90 code also
+            # has the partition's barrier between them)
             w("        mbarrier.arrive(c_bars.index(1), count=1)  # (the loader may copy this tile's residual there)")
     w("it += 1")
     w.dedent()
@@ -327,7 +331,7 @@ def _tma_epilogue(em, w: Writer, st: Staging, acc: str, dual: bool) -> None:
     w("mmask = rm < M")
     w("nmask = rn < GRID_N")
     w("c_part = c_smem.slice(h * (BLOCK_N // 2), BLOCK_N // 2, dim=1)")
-    em.smem_ext, em.smem_out = st.ext, st.out
+    em.smem_ext, em.smem_out = st.ext, 0  # (the one output)
     _epilogue(em, w)
     em.smem_ext = em.smem_out = None
     w.dedent()
