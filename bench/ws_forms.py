@@ -18,12 +18,12 @@ persistent program per SM, tiles grouped along M, a one-warp TMA loader feeding 
   tma    coop with TMA at both ends of the epilogue: the loader warp prefetches each tile's residual into shared
          memory during the tile's K loop, the MMA warps add it there (the accumulator's column halves split without
          moving data) and store the tile by TMA, waiting for that store only after the next tile's first K step, when
-         the loader may refill the buffer. No epilogue warps, no per-element addresses (built for sm90 with no
-         spills; not yet timed).
+         the loader may refill the buffer. No epilogue warps, no per-element addresses; no spills. On an H200 the
+         fastest 128x256 form on all eight shapes, 0.4-4.1% ahead of coop (NOTES 170); the template's WS=2 since.
 `rows8` epilogues move the accumulator to rows of 8 values a thread first (coalesced 16-byte loads and stores, as
 the template does); `mma` ones compute in the accumulator's own layout; `halves` ones move and store the tile's two
 64-row halves in turn (the accumulator's register rows split without moving data: half the registers of the move
-live at once; built for sm90 with no spills where the whole-tile move spills 88 bytes; not yet timed).
+live at once; no spills where the whole-tile move spills 88 bytes; within ±1.5% of rows8 on an H200, NOTES 170).
 Each form runs in its own process (a hung or faulting kernel costs only its row); do_bench medians with the L2
 cleared; cuBLAS's bare product (`torch.matmul`, no residual) of the same operands is timed beside each. Errors are
 against float64 of the bf16 product plus R.
