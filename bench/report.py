@@ -2274,6 +2274,63 @@ def ws_epilogue_section(*names: str) -> str:
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
+def ws_qkv_section(*names: str) -> str:
+    """bench/gemms.py --sweep --sweep-ws --with-op dl.rotary with the QKV regions in the warp-specialized kernel
+    (bench/NOTES.md 172): per QKV region, quick tuning's choice, the fastest swept persistent Triton loop and WS=1
+    config, and the range of WS=1 / the Triton loop over the configs timed both ways."""
+    out = ["| run | layer | cuBLAS µs | tuned µs (what) | persistent (Triton) µs (tile, stages) "
+           "| WS=1 µs (tile, stages) | WS=1 / Triton, same config (min–max, n) | cuBLAS / best WS=1 "
+           "| cuBLAS / tuned |", "|" + "---|" * 9]
+    envs = []
+    for label, name in zip("abcdefgh"[: len(names)], names, strict=True):
+        doc = _load(name)
+        for r in doc["layers"]:
+            best, by = {}, {}
+            for c, t, e in r.get("sweep", []):
+                if not (e == e and e <= 1e-2):  # (NaN != NaN)
+                    continue
+                ws = c.get("WS", 0)
+                if ws not in best or t < best[ws][0]:
+                    best[ws] = (t, f"{c['BLOCK_M']}x{c['BLOCK_N']}, {c['num_stages']}")
+                key = tuple(sorted((k, v) for k, v in c.items() if k != "WS"))
+                by.setdefault(key, {})[ws] = t
+            if 1 not in best:
+                continue
+            ratios = [v[1] / v[0] for v in by.values() if 0 in v and 1 in v]
+            cells = [f"{best[k][0]:.1f} ({best[k][1]})" if k in best else "–" for k in (0, 1)]
+            span = f"{min(ratios):.3f}–{max(ratios):.3f} ({len(ratios)})" if ratios else "–"
+            out.append(f"| {label} | {r['layer']} | {r['cublas_us']:.1f} "
+                       f"| {r['kernel_us']:.1f} ({_config_words(r['config'])}{_runs_other(r['impl'])}) | "
+                       + " | ".join(cells) + f" | {span} | {r['cublas_us'] / best[1][0]:.3f} "
+                       f"| {r['cublas_us'] / r['kernel_us']:.3f} |")  # fmt: skip
+        env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
+        envs.append((name, env, f"run {label}: tune={doc.get('tune')}, triton {doc.get('triton')}"))
+    return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
+
+
+def finalists_section(name: str) -> str:
+    """bench/finalists.py: each layer quick-tuned into an empty cache (no CUDA graphs, no in-context round), then per
+    GEMM region its choice, the confirmation round's finalists and the fastest trial of each variant family captured
+    in CUDA graphs and timed in blocks (do_bench, two rounds) and paired (call by call in turn): how far the choice
+    is from the fastest candidate by each measure, and how fast the search read the choice (bench/NOTES.md 171)."""
+    doc = _load(name)
+    out = ["| layer | tuning | region | trials | chosen (family) | chosen / fastest, blocks | chosen / fastest, paired "
+           "(fastest's family) | search µs / paired µs, chosen |", "|" + "---|" * 8]
+    for run in doc["runs"]:
+        for r in run["regions"]:
+            rows = r["rows"]
+            chosen = next(x for x in rows if x["chosen"])
+            blocks = min(x["blocks_us"] for x in rows)
+            fastest = min(rows, key=lambda x: x["paired_ratio"])
+            out.append(f"| {run['layer']} | {run['rep'] + 1} | {GEMM_REGION.get(r['region'], r['region'])} "
+                       f"| {r['trials']} | {_config_words(chosen['config'])} ({chosen['family']}) "
+                       f"| {chosen['blocks_us'] / blocks:.3f} | {r['chosen_over_fastest']:.3f} ({fastest['family']}) "
+                       f"| {chosen['search_us'] / chosen['paired_us']:.3f} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
+    src = source_line([(name, env, f"{doc.get('tokens')} tokens, triton {doc.get('triton')}")])
+    return "\n".join(out) + "\n\n" + src + "\n"
+
+
 def tuner_gap_section(name: str) -> str:
     """bench/gemms.py --sweep with the tuned config re-timed right before and after the sweep (`kernel_us_in_sweep`):
     per region, quick tuning's choice against the fastest swept config whose output matched it, both timed in the
@@ -2665,6 +2722,12 @@ SECTIONS = {
     "ws-tma-s60": functools.partial(ws_epilogue_section, "2026-12-04-h200-s60-gemms-ws-sweep-a.json",
                                     "2026-12-04-h200-s60-gemms-ws-sweep-b.json",
                                     "2026-12-04-h200-s60-gemms-ws-sweep-c.json"),
+    "finalists-s61": functools.partial(finalists_section, "2026-12-04-h200-s61-finalists.json"),
+    "ws-qkv-s61": functools.partial(ws_qkv_section, "2026-12-04-h200-s61-qkv-ws-sweep-a.json",
+                                    "2026-12-04-h200-s61-qkv-ws-sweep-b.json"),
+    "paired-goal-s61-m2048": functools.partial(paired_goal_section, 1.05,
+                                               ("a", "QKV in the WS kernel (uncommitted, this session's tree)",
+                                                "2026-12-04-h200-s61-layers-m2048-paired.json")),
     "paired-goal-s60-m2048": functools.partial(paired_goal_section, 1.05,
                                                ("a", "0badd03 (WS=2 in the space)",
                                                 "2026-12-04-h200-s60-layers-m2048-paired-a.json"),

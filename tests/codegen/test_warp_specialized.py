@@ -22,6 +22,7 @@ from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, 
 from dlblas_compiler.numerics import rel_error, tolerance
 from dlblas_compiler.runtime.program import RegionStep
 
+from .test_codegen import CacheWriteQKV, PerHeadQKVRotary, QKNormRotary, _cache_write_args
 from .test_compile_pool import _sm90_build, workers  # noqa: F401 - (its fixture: two workers, a fresh cache)
 
 pytestmark = pytest.mark.skipif(not warp_specialized.available(), reason="this Triton has no Gluon for Hopper")
@@ -67,17 +68,28 @@ class BiasGelu(nn.Module):
 
 
 def test_offered_where_the_epilogue_needs_nothing_gluon_lacks():
-    """o-proj and down (+ residual) and the dual gate/up GEMM (norm, SiLU · up) get the Gluon kernel `<name>_ws` in
-    their source; the QKV GEMM (rotary) does not. Without a GPU the space has no WS config."""
+    """o-proj and down (+ residual), the dual gate/up GEMM (norm, SiLU · up) and the QKV GEMM (rotary, heads) get the
+    Gluon kernel `<name>_ws` in their source; a per-head RMSNorm (Qwen3's q/k norms) keeps a region out. The QKV
+    kernel's epilogue takes no reduction of the column indices and no table reshaped for every head (Gluon infers
+    neither's layout), and its layout holds each rotary pair in one thread. Without a GPU the space has no WS
+    config."""
     model, inputs = _block("cpu")
     got = {}
     for step, _, _ in _steps(model, inputs, "interpret"):
         ops = {o.name for o in step.kernel.region.body_ops}
         got[frozenset(ops)] = f"def {step.kernel.name}_ws(" in step.kernel.source
         assert not any(c.get("WS") for c in step.kernel.space.starts())
-    assert sorted(got.values()) == [False, True, True], got  # (o-proj and down are one kernel)
-    assert not next(v for ops, v in got.items() if "dl.rotary" in ops)
-    assert next(v for ops, v in got.items() if "dl.glu" in ops)
+        if "dl.rotary" in ops:
+            tiles = step.kernel.source[step.kernel.source.index("def _ws_tiles("):]
+            tiles = tiles[: tiles.index("@gluon.jit")]
+            assert "gl.max(rn" not in tiles and "gl.arange(0, 32)" not in tiles  # (head_dim 64: no [BLOCK_M, 32] table)
+            assert "_epilogue_layout(BLOCK_N, num_warps, 32)" in tiles  # (pairs 32 columns apart in one thread)
+    assert sorted(got.values()) == [True, True, True], got  # (o-proj and down are one kernel)
+    model = randomize_(QKNormRotary(64, 4, 2, 16)).to(torch.bfloat16).eval()
+    ang = torch.randn(40, 8)
+    inputs = (torch.randn(1, 40, 64), torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1))
+    (step,) = [s for s, _, _ in _steps(model, [t.bfloat16() for t in inputs], "interpret")]
+    assert "dl.rms_norm" in step.kernel.region_ir and f"def {step.kernel.name}_ws(" not in step.kernel.source
 
 
 def test_twins_follow_the_persistent_starts_on_sm90(monkeypatch):
@@ -93,17 +105,20 @@ def test_twins_follow_the_persistent_starts_on_sm90(monkeypatch):
     for step in steps:
         fused = step.kernel.region
         plan = analyze(list(fused.body_ops), list(fused.block.args))
-        # (8192 tokens: more tiles than SMs; their outputs are plain blocks, as the kernel's build found)
-        plan = dataclasses.replace(plan, rows=(1, 8192), tma_epilogue=True)
+        # (8192 tokens: more tiles than SMs; outputs as the kernel's build found: plain blocks but q/k/v's heads)
+        staged = "dl.rotary" not in step.kernel.region_ir
+        plan = dataclasses.replace(plan, rows=(1, 8192), tma_epilogue=staged)
         space = gemm_space(plan)
         starts = space.starts()
         twins = [i for i, c in enumerate(starts) if c["WS"]]
         assert twins, step.kernel.name
-        for i in twins:  # (with the TMA epilogue: these regions' outputs are plain blocks)
-            assert {**starts[i - 1], "WS": 2} == starts[i]
+        for i in twins:  # (with the TMA epilogue where the region's output is a plain block; after the start's
+            # split-K twin where it has one)
+            start = next(c for c in reversed(starts[:i]) if not c["WS"] and c["SPLIT_K"] == 1)
+            assert {**start, "WS": 2 if staged else 1} == starts[i]
         base = starts[twins[0]]
         assert space.is_valid({**base, "WS": 1})  # (the pointer epilogue stays in the space)
-        assert not gemm_space(dataclasses.replace(plan, tma_epilogue=False)).is_valid(base)
+        assert space.is_valid({**base, "WS": 2}) == staged
         assert space.is_valid(base)
         for bad in ({"SPLIT_K": 2}, {"PERSISTENT": 0}, {"BLOCK_M": 64, "num_warps": 8}, {"MM": 1}, {"TMA": 0}):
             assert not space.is_valid({**base, **bad}), bad
@@ -135,6 +150,40 @@ def test_builds_warp_specialized_for_sm90_without_spills(workers):  # noqa: F811
         dots = re.findall(r"ttng.warp_group_dot .*", ttgir)
         width = c["BLOCK_N"] * (2 if name == "glu" else 1)
         assert len(dots) == 1 and f"tensor<{c['BLOCK_M']}x{width}xf32" in dots[0], (name, dots)
+
+
+def _rotary_cases(device_: str, dtype, tokens: int) -> dict:
+    """QKV regions beside the Llama block's (halves, heads of 64): a static cache's k and v written at their
+    positions (heads of 32), and GPT-NeoX's per-head [q | k | v] columns with interleaved pairs or partial rotary
+    (16 of 32 columns) and a bias; each (model, inputs)."""
+    cases = {}
+    cache = randomize_(CacheWriteQKV(256, 4, 2, 32)).to(device_, dtype).eval()
+    args = _cache_write_args(1, tokens, 256, 2, 32, tokens + 50, list(range(40, 40 + tokens)))
+    cases["cache"] = (cache, [t.to(device_, dtype) if t.is_floating_point() else t.to(device_) for t in args])
+    for rd, inter in ((None, True), (16, False)):
+        neox = randomize_(PerHeadQKVRotary(256, 4, 32, rd, inter)).to(device_, dtype).eval()
+        ang = torch.randn(tokens, (rd or 32) // 2, generator=torch.Generator().manual_seed(3))
+        rep = (lambda t: t.repeat_interleave(2, -1)) if inter else (lambda t: torch.cat([t, t], -1))
+        x = torch.randn(1, tokens, 256, generator=torch.Generator().manual_seed(4))
+        cases[f"neox-{rd}-{inter}"] = (neox, [t.to(device_, dtype) for t in (x, rep(ang.cos()), rep(ang.sin()))])
+    return cases
+
+
+def test_qkv_builds_for_sm90(workers):  # noqa: F811 - (the fixture)
+    """The QKV kernels' Gluon twins build for sm90 at 128x128, 4 stages: the Llama block's (rotary halves 32 columns
+    apart, the norm's row pass) and the static cache's (k and v stored at indexed rows) spill nothing; GPT-NeoX's
+    per-head interleaved one builds too."""
+    model, inputs = _block("cpu")
+    steps = _steps(model, inputs, "interpret")
+    cases = {"llama": next((s, t) for s, t, _ in steps if "dl.rotary" in s.kernel.region_ir)}
+    for name, (m, args) in _rotary_cases("cpu", torch.bfloat16, 40).items():
+        if name != "neox-16-False":
+            (cases[name],) = [(s, t) for s, t, _ in _steps(m, args, "interpret")]
+    for name, (step, tensors) in cases.items():
+        c = {**ws(128, 128, 64, 8, 4), "NORM_PASS": int("dl.rms_norm" in step.kernel.region_ir)}
+        stack, _, ttgir = _sm90_build(workers, step, tensors, c)
+        assert "ttg.warp_specialize" in ttgir, name
+        assert stack == 0 or name.startswith("neox"), (name, stack)
 
 
 def test_tma_epilogue_where_the_output_is_a_plain_block(monkeypatch):
@@ -237,8 +286,8 @@ def test_one_worker_builds_a_kernel_and_its_ws_twin_from_one_file(workers, monke
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_ws_configs_are_right_and_repeatable_on_the_gpu(dtype, monkeypatch):
-    """Every WS region of a Llama block at 333 and 2100 tokens (ragged last row tiles) and a Linear(bias)+GELU with
-    K = 200 and N = 300 (ragged K step and columns), with 7 programs so that each loops over many tiles and the
+    """Every WS region of a Llama block at 333 and 2100 tokens (ragged last row tiles), a Linear(bias)+GELU with
+    K = 200 and N = 300 (ragged K step and columns) and the QKV regions of `_rotary_cases` at 333 tokens, with 7 programs so that each loops over many tiles and the
     loader runs ahead across them (and, with the TMA epilogue, the residual's copy and the store of one tile overlap
     the next tile's K loop): each config launched three times, every output within tolerance of float64 and the
     three runs equal bit for bit."""
@@ -249,6 +298,7 @@ def test_ws_configs_are_right_and_repeatable_on_the_gpu(dtype, monkeypatch):
     cases = [_block("cuda", dtype, 333), _block("cuda", dtype, 2100)]
     lin = randomize_(BiasGelu()).to("cuda", dtype).eval()
     cases.append((lin, (torch.randn(1, 517, 200, device="cuda", dtype=dtype),)))
+    cases += list(_rotary_cases("cuda", dtype, 333).values())  # (QKV regions: cache writes, GPT-NeoX's heads)
     checked = set()
     with torch.no_grad():
         for model, inputs in cases:

@@ -8,7 +8,7 @@ before the shared epilogue:
   cublas.py    `_product_cublas`, MM: cuBLAS computes the product and the kernel is the prologue's scaling and the
                epilogue
   warp_specialized.py  WS (sm90): a second kernel in the same source, in Gluon: a TMA loader warp feeding the MMA
-               warps, persistent, the same epilogue (regions without rotary or per-head norms); WS=2 ends each
+               warps, persistent, the same epilogue (regions without per-head norms); WS=2 ends each
                tile in shared memory and a TMA store, the residual copied in by the loader
 and the parts they share:
   plan.py      what a region computes (`analyze`: the linear, its norm, each epilogue value's view of the tile)

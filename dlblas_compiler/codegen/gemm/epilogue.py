@@ -42,6 +42,9 @@ class EpilogueEmitter:
         self.smem_ext: int | None = None
         self.smem_out: int | None = None
         self.staging = None  # (set with the source: warp_specialized.Staging where WS=2 is built)
+        # (the epilogue's text for a Gluon kernel, warp_specialized.py: only tensors whose layouts Gluon infers from
+        # the accumulator's; Triton's compiler would convert the others)
+        self.gluon = False
 
     def ext_operand(self, j: int) -> tuple[int, list[int]]:
         """External operand j: the region input it is read from (its index) and its canonical strides there."""
@@ -111,10 +114,13 @@ class EpilogueEmitter:
                 # in the cuBLAS-product pass the test is on scalars (`n_lo`, `n_hi`: `GemmEmitter.source`), so no
                 # reduction crosses warps through shared memory; after a K loop it stays on rn's reductions, since there
                 # the scalar test let Triton schedule the branches' code together and spill more (bench/NOTES.md 166)
-                w("if MM:")
-                w(f"    holds = (n_hi > {c.lo}) & (n_lo < {c.hi})")
-                w("else:")
-                w(f"    holds = (tl.max(rn, 0) >= {c.lo}) & (tl.min(rn, 0) < {c.hi})")
+                if self.gluon:  # (no reduction of rn there: the tile's columns from pid_n, as scalars)
+                    w(f"holds = (pid_n * BLOCK_N + BLOCK_N > {c.lo}) & (pid_n * BLOCK_N < {c.hi})")
+                else:
+                    w("if MM:")
+                    w(f"    holds = (n_hi > {c.lo}) & (n_lo < {c.hi})")
+                    w("else:")
+                    w(f"    holds = (tl.max(rn, 0) >= {c.lo}) & (tl.min(rn, 0) < {c.hi})")
                 w(f"if holds:  # this tile holds columns of output {k}")
                 w.indent()
                 for o in p.epilogue:
@@ -311,8 +317,8 @@ class EpilogueEmitter:
         groups: `_rotary` then loads each once as a [BLOCK_M, rotary_dim] tile for all the tile's heads, instead of
         a [BLOCK_M, BLOCK_N] tile of the same values repeated per head (half the registers of a 128x256 tile's
         epilogue, whose spills were the rotary's cost, NOTES 131). {} otherwise."""
-        if o.dim & (o.dim - 1):  # (a tile's columns: a power of two)
-            return {}
+        if o.dim & (o.dim - 1) or self.gluon:  # (a tile's columns: a power of two; in Gluon the table's reshape for
+            return {}                            # every head has no layout it can infer: a tile of it per column)
         found = {v: self._shared_by_heads(v, o.result, rows=False) for v in (o.cos, o.sin)}
         return {} if None in found.values() else found
 

@@ -24,14 +24,22 @@ accumulator after the loop (adjacent columns: no data moves). Two products of ha
 fifty-fifth session, read the A tile twice and ran 5-8% behind the Triton variant; one is 1-4% behind it alone
 and 0.5-1.2% in the layer (bench/NOTES.md 160).
 The epilogue's text is the Triton variant's, its `tl.` names taken from Gluon (`gluon_text`): its index vectors
-have no stated layout and Gluon resolves them to the accumulators'.
+have no stated layout and Gluon resolves them to the accumulators'. Where Gluon cannot resolve a layout or would
+need a conversion Triton inserts by itself, the epilogue is written so that it needs none (`EpilogueEmitter.gluon`):
+the QKV kernel tests which of q, k and v a tile holds on scalars from pid_n (not on reductions of `rn`), loads cos and
+sin per column (not one [BLOCK_M, rotary_dim] table reshaped for every head), and its layout (`pair_span`) repeats
+every half rotary width along the columns, so that each thread holds both columns of its rotation pairs, which the
+split of `rotate_in_registers` needs.
 
-Offered where that epilogue needs nothing Gluon lacks (no rotary, no per-head norm: their reshapes need explicit
-layouts), for 16-bit operands, one tile's K range a program (no split-K), the norm prologue as a row pass. Measured
-on an H200 (bench/NOTES.md 144, 160, 170): WS=1 as fast as the Triton variant's persistent loop at the same tiles
-on the single-stream GEMMs (-2% to +2%), not faster; WS=2 0.1-7.5% faster than WS=1 at the same config on every
-dual gate/up GEMM of five layers (up to 1.017x cuBLAS's bare product on Llama-3-8B's), 0-6.6% on o-proj, with no
-consistent sign on down (-4% to +3%); quick tuning picks WS=2 for most gate/up regions.
+Offered for 16-bit operands, one tile's K range a program (no split-K), the norm prologue as a row pass, where the
+epilogue needs nothing Gluon lacks: not for a per-head RMSNorm (Qwen3's q/k norms, whose statistics reshape the tile
+into heads). Measured on an H200 (bench/NOTES.md 144, 160, 170, 172): WS=1 as fast as the Triton variant's
+persistent loop at the same tiles on o-proj and down (-2% to +2%), not faster; on the QKV GEMMs (rotary, heads in
+SDPA's order) 1.8-4.7% faster at the same config in 13 of 13 pairs of five layers (the Triton loop's per-output
+branches keep it from pipelining the next tile's loads into the epilogue; the loader warp does); WS=2 0.1-7.5%
+faster than WS=1 at the same config on every dual gate/up GEMM of five layers (up to 1.017x cuBLAS's bare product on
+Llama-3-8B's), 0-6.6% on o-proj, with no consistent sign on down (-4% to +3%); quick tuning picks WS=2 for most
+gate/up regions, and WS=1 for the QKV regions of Llama-3-8B and Mistral-NeMo.
 """
 
 from __future__ import annotations
@@ -72,8 +80,7 @@ def offered(plan) -> bool:
     the module docstring)."""
     if not available() or dtype_of(plan.linear.input) not in (torch.float16, torch.bfloat16):
         return False
-    return not plan.rotary_dims and not plan.head_norm and not any(isinstance(o, (RotaryOp, RMSNormOp))
-                                                                   for o in plan.epilogue)
+    return not plan.head_norm and not any(isinstance(o, RMSNormOp) for o in plan.epilogue)
 
 
 @dataclass(frozen=True)
@@ -112,12 +119,21 @@ def staging(em) -> Staging | None:
     return Staging(rs)
 
 
+def pair_span(plan) -> int:
+    """The columns a thread's run of the epilogue layout may span: half a rotary's columns where its pairs are
+    (j, j + half) (HF's halves: `rotate_in_registers` splits them apart, which Gluon does only within a thread),
+    else a whole 256-column tile."""
+    halves = [o.dim // 2 for o in plan.epilogue if isinstance(o, RotaryOp) and o.layout.data == "half"]
+    return min(halves, default=256)
+
+
 def gluon_text(lines: list[str]) -> list[str]:
     """Triton lines as Gluon lines: `tl.` names from Gluon's language, `tl.sigmoid` from `_sigmoid` (Gluon has
     none); `tl.PropagateNan` stays Triton's (a constant)."""
     out = []
     for line in lines:
         line = re.sub(r"\btl\.sigmoid\b", "_sigmoid", line)
+        line = re.sub(r"\btl\.broadcast_to\((\w+), \[BLOCK_M, BLOCK_N\]\)", r"gl.broadcast(\1, acc0)[0]", line)
         out.append(re.sub(r"\btl\.(?!PropagateNan\b)", "gl.", line))
     return out
 
@@ -135,9 +151,11 @@ def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
         w("")
         w("")
     w("@gluon.constexpr_function")
-    w("def _epilogue_layout(block_n, warps):")
-    w('    """Rows of 8 consecutive values a thread, a warp\'s threads along the columns first."""')
-    w("    across = min(32, block_n // 8)")
+    w("def _epilogue_layout(block_n, warps, span):")
+    w('    """Rows of 8 consecutive values a thread, a warp\'s threads along the columns first, at most `span` columns')
+    w('    wide: from there the layout repeats, so a thread also holds the columns span, 2 * span, ... further on (the')
+    w('    partners of a rotary\'s halves, which its split needs in one thread)."""')
+    w("    across = min(32, block_n // 8, max(1, span // 8))")
     w("    return gl.BlockedLayout([1, 8], [32 // across, across], [warps, 1], [1, 0])")
     w("")
     w("")
@@ -294,7 +312,7 @@ def _tiles(em, w: Writer, args: list[str], const_params: list[str], st: Staging 
     if dual:  # (each thread holds adjacent column pairs: the split moves no data)
         w("acc0, acc1 = gl.split(gl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))")
     for a in ("acc0", "acc1") if dual else ("acc0",):  # (the epilogue's loads and stores in rows of 16 bytes a thread)
-        w(f"{a} = gl.convert_layout({a}, _epilogue_layout(BLOCK_N, num_warps))")
+        w(f"{a} = gl.convert_layout({a}, _epilogue_layout(BLOCK_N, num_warps, {pair_span(em.plan)}))")
     w("rm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M)")
     w("rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N)")
     w("mmask = rm < M")
@@ -344,7 +362,11 @@ def _epilogue(em, w: Writer) -> None:
     epi = Writer()
     epi.depth = w.depth
     em.names, em.spaces = Names(), {}  # (the epilogue emitted afresh: its index spaces defined again)
-    em.emit(epi, split_k=False)
+    em.gluon = True
+    try:
+        em.emit(epi, split_k=False)
+    finally:
+        em.gluon = False
     w.lines += gluon_text(epi.lines)
 
 
