@@ -2726,7 +2726,7 @@ SECTIONS = {
     "ws-qkv-s61": functools.partial(ws_qkv_section, "2026-12-04-h200-s61-qkv-ws-sweep-a.json",
                                     "2026-12-04-h200-s61-qkv-ws-sweep-b.json"),
     "paired-goal-s61-m2048": functools.partial(paired_goal_section, 1.05,
-                                               ("a", "QKV in the WS kernel (uncommitted, this session's tree)",
+                                               ("a", "6ef4fba (QKV in the WS kernel)",
                                                 "2026-12-04-h200-s61-layers-m2048-paired.json")),
     "paired-goal-s60-m2048": functools.partial(paired_goal_section, 1.05,
                                                ("a", "0badd03 (WS=2 in the space)",
