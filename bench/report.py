@@ -2276,12 +2276,18 @@ def ws_epilogue_section(*names: str) -> str:
 
 def ws_qkv_section(*names: str) -> str:
     """bench/gemms.py --sweep --sweep-ws --with-op dl.rotary with the QKV regions in the warp-specialized kernel
-    (bench/NOTES.md 172): per QKV region, quick tuning's choice, the fastest swept persistent Triton loop and WS=1
-    config, and the range of WS=1 / the Triton loop over the configs timed both ways."""
+    (bench/NOTES.md 172): per QKV region, quick tuning's choice, the fastest swept persistent Triton loop, WS=1 config
+    and (bench/patches/s61-qkv-tma-store.patch's run) WS=2 config, and the ranges of WS=1 / the Triton loop and WS=2 /
+    WS=1 over the configs timed both ways."""
     out = ["| run | layer | cuBLAS µs | tuned µs (what) | persistent (Triton) µs (tile, stages) "
-           "| WS=1 µs (tile, stages) | WS=1 / Triton, same config (min–max, n) | cuBLAS / best WS=1 "
-           "| cuBLAS / tuned |", "|" + "---|" * 9]
+           "| WS=1 µs (tile, stages) | WS=2 µs (tile, stages) | WS=1 / Triton, same config (min–max, n) "
+           "| WS=2 / WS=1, same config (min–max, n) | cuBLAS / best WS=1 | cuBLAS / tuned |", "|" + "---|" * 11]
     envs = []
+
+    def span(by: dict, a: int, b: int) -> str:
+        ratios = [v[a] / v[b] for v in by.values() if a in v and b in v]
+        return f"{min(ratios):.3f}–{max(ratios):.3f} ({len(ratios)})" if ratios else "–"
+
     for label, name in zip("abcdefgh"[: len(names)], names, strict=True):
         doc = _load(name)
         for r in doc["layers"]:
@@ -2296,13 +2302,11 @@ def ws_qkv_section(*names: str) -> str:
                 by.setdefault(key, {})[ws] = t
             if 1 not in best:
                 continue
-            ratios = [v[1] / v[0] for v in by.values() if 0 in v and 1 in v]
-            cells = [f"{best[k][0]:.1f} ({best[k][1]})" if k in best else "–" for k in (0, 1)]
-            span = f"{min(ratios):.3f}–{max(ratios):.3f} ({len(ratios)})" if ratios else "–"
+            cells = [f"{best[k][0]:.1f} ({best[k][1]})" if k in best else "–" for k in (0, 1, 2)]
             out.append(f"| {label} | {r['layer']} | {r['cublas_us']:.1f} "
                        f"| {r['kernel_us']:.1f} ({_config_words(r['config'])}{_runs_other(r['impl'])}) | "
-                       + " | ".join(cells) + f" | {span} | {r['cublas_us'] / best[1][0]:.3f} "
-                       f"| {r['cublas_us'] / r['kernel_us']:.3f} |")  # fmt: skip
+                       + " | ".join(cells) + f" | {span(by, 1, 0)} | {span(by, 2, 1)} "
+                       f"| {r['cublas_us'] / best[1][0]:.3f} | {r['cublas_us'] / r['kernel_us']:.3f} |")  # fmt: skip
         env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
         envs.append((name, env, f"run {label}: tune={doc.get('tune')}, triton {doc.get('triton')}"))
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
@@ -2724,7 +2728,8 @@ SECTIONS = {
                                     "2026-12-04-h200-s60-gemms-ws-sweep-c.json"),
     "finalists-s61": functools.partial(finalists_section, "2026-12-04-h200-s61-finalists.json"),
     "ws-qkv-s61": functools.partial(ws_qkv_section, "2026-12-04-h200-s61-qkv-ws-sweep-a.json",
-                                    "2026-12-04-h200-s61-qkv-ws-sweep-b.json"),
+                                    "2026-12-04-h200-s61-qkv-ws-sweep-b.json",
+                                    "2026-12-04-h200-s61-qkv-tma-store-sweep.json"),
     "paired-goal-s61-m2048": functools.partial(paired_goal_section, 1.05,
                                                ("a", "6ef4fba (QKV in the WS kernel)",
                                                 "2026-12-04-h200-s61-layers-m2048-paired.json")),
