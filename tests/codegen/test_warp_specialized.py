@@ -67,12 +67,26 @@ class BiasGelu(nn.Module):
         return torch.nn.functional.gelu(self.proj(x))
 
 
+class QRotary(nn.Module):
+    """q alone: one projection, heads in eager's [B, S, H, D] (a plain block of the GEMM's columns), rotary."""
+
+    def __init__(self, k, heads, d):
+        super().__init__()
+        self.heads, self.d = heads, d
+        self.q = nn.Linear(k, heads * d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.d)
+        return q * cos[:, None] + torch.cat([-q[..., self.d // 2:], q[..., : self.d // 2]], -1) * sin[:, None]
+
+
 def test_offered_where_the_epilogue_needs_nothing_gluon_lacks():
     """o-proj and down (+ residual), the dual gate/up GEMM (norm, SiLU · up) and the QKV GEMM (rotary, heads) get the
-    Gluon kernel `<name>_ws` in their source; a per-head RMSNorm (Qwen3's q/k norms) keeps a region out. The QKV
-    kernel's epilogue takes no reduction of the column indices and no table reshaped for every head (Gluon infers
-    neither's layout), and its layout holds each rotary pair in one thread. Without a GPU the space has no WS
-    config."""
+    Gluon kernel `<name>_ws` in their source; a per-head RMSNorm (Qwen3's q/k norms) keeps a region out. A rotary
+    region gets no TMA epilogue (WS=2), even with one output laid out as a plain block. The QKV kernel's epilogue
+    takes no reduction of the column indices and no table reshaped for every head (Gluon infers neither's layout),
+    and its layout holds each rotary pair in one thread. Without a GPU the space has no WS config."""
     model, inputs = _block("cpu")
     got = {}
     for step, _, _ in _steps(model, inputs, "interpret"):
@@ -82,9 +96,18 @@ def test_offered_where_the_epilogue_needs_nothing_gluon_lacks():
         if "dl.rotary" in ops:
             tiles = step.kernel.source[step.kernel.source.index("def _ws_tiles("):]
             tiles = tiles[: tiles.index("@gluon.jit")]
-            assert "gl.max(rn" not in tiles and "gl.arange(0, 32)" not in tiles  # (head_dim 64: no [BLOCK_M, 32] table)
+            # (no reduction of rn; no [BLOCK_M, 64] cos/sin table for every head: any `gl.arange(0, <n>)`)
+            assert "gl.max(rn" not in tiles and not re.search(r"gl\.arange\(0, \d+\)", tiles)
             assert "_epilogue_layout(BLOCK_N, num_warps, 32)" in tiles  # (pairs 32 columns apart in one thread)
     assert sorted(got.values()) == [True, True, True], got  # (o-proj and down are one kernel)
+    q = randomize_(QRotary(64, 4, 16)).to(torch.bfloat16).eval()  # (one output, a plain block, with a rotary)
+    ang = torch.randn(40, 8)
+    inputs = (torch.randn(1, 40, 64), torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1))
+    (step,) = [s for s, _, _ in _steps(q, [t.bfloat16() for t in inputs], "interpret")]
+    em = GemmEmitter(analyze(list(step.kernel.region.body_ops), list(step.kernel.region.block.args)),
+                     step.kernel.region, step.kernel.name)  # fmt: skip
+    em.source()
+    assert f"def {step.kernel.name}_ws(" in step.kernel.source and em.staging is None  # (WS=1 only: see `staging`)
     model = randomize_(QKNormRotary(64, 4, 2, 16)).to(torch.bfloat16).eval()
     ang = torch.randn(40, 8)
     inputs = (torch.randn(1, 40, 64), torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1))
@@ -105,9 +128,11 @@ def test_twins_follow_the_persistent_starts_on_sm90(monkeypatch):
     for step in steps:
         fused = step.kernel.region
         plan = analyze(list(fused.body_ops), list(fused.block.args))
-        # (8192 tokens: more tiles than SMs; outputs as the kernel's build found: plain blocks but q/k/v's heads)
-        staged = "dl.rotary" not in step.kernel.region_ir
-        plan = dataclasses.replace(plan, rows=(1, 8192), tma_epilogue=staged)
+        em = GemmEmitter(plan, fused, step.kernel.name)
+        em.source()
+        staged = em.staging is not None  # (as the kernel's build found: not for the QKV GEMM, a rotary)
+        assert staged == ("dl.rotary" not in step.kernel.region_ir)
+        plan = dataclasses.replace(plan, rows=(1, 8192), tma_epilogue=staged)  # (8192 tokens: more tiles than SMs)
         space = gemm_space(plan)
         starts = space.starts()
         twins = [i for i, c in enumerate(starts) if c["WS"]]

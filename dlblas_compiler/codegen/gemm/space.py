@@ -98,10 +98,12 @@ def space(plan: GemmPlan) -> SearchSpace:
         " between runs (triton-lang/triton#9433; bench/NOTES.md 167)": lambda c: not (
             (norm_w or ln) and not c["NORM_PASS"] and not c["MM"] and c["BLOCK_M"] >= WGMMA_ROWS and wgmma),
         "warp specialization (a Gluon kernel for sm90 GPUs, regions whose epilogue it takes) runs persistent TMA"
-        " tiles over the whole K range, a warpgroup per 64 rows at most, with the norm's statistics from a pass":
+        " tiles over the whole K range, a warpgroup per 64 rows at most, with the norm's statistics from a pass, in"
+        " tiles of whole rotary heads (its epilogue has no column remapping for tiles of part of a head)":
         lambda c: not c["WS"] or (ws_ok and c["PERSISTENT"] and c["TMA"] and c["SPLIT_K"] == 1 and not c["MM"]
                                   and c["BLOCK_M"] >= 16 * c["num_warps"] and c["BLOCK_N"] >= 32
-                                  and not (norm_w and not c["NORM_PASS"]) and m > RS_INLINE_ROWS),
+                                  and not (norm_w and not c["NORM_PASS"]) and m > RS_INLINE_ROWS
+                                  and all(c["BLOCK_N"] % d == 0 for d in plan.rotary_dims)),
         "the TMA epilogue (WS=2) where the region's one output is a plain [M, N] block (warp_specialized.staging)":
         lambda c: c["WS"] != 2 or plan.tma_epilogue,
     }

@@ -10,13 +10,13 @@ of STAGES shared-memory buffers for the A and W tiles, each stage with a "ready"
                tensor cores (wgmma), one step in flight, the stage before freed; then the tile's epilogue, one of:
      WS=1      the accumulator moved to rows of 8 values a thread (`_epilogue_layout`: coalesced loads and stores)
                and the shared epilogue (epilogue.py), loading its operands and storing by pointer;
-     WS=2      (EPI_TMA, `staging`: where the region's one output is a plain [M, N] block with 16-byte rows) the
-               shared epilogue on the accumulator's two column halves in turn, in its own layout (the halves split
-               without moving data; half the registers live), reading the residual from and writing the output into
-               one shared-memory tile `c_smem`, which a TMA store then writes out. The MMA warps wait for that store
-               only at the next tile's first K step, by when it has long finished; the loader then copies that
-               tile's residual into `c_smem` by TMA (after the tile's first STAGES loads, so the ring is full when
-               it waits). The residual's load and the output's per-element addresses leave the MMA warps' path
+     WS=2      (EPI_TMA, `staging`: where the region's one output, without a rotary, is a plain [M, N] block with
+               16-byte rows) the shared epilogue on the accumulator's two column halves in turn, in its own layout
+               (the halves split without moving data; half the registers live), reading the residual from and
+               writing the output into one shared-memory tile `c_smem`, which a TMA store then writes out. The MMA
+               warps wait for that store only at the next tile's first K step, by when it has long finished; the
+               loader then copies that tile's residual into `c_smem` by TMA (after the tile's first STAGES loads, so
+               the ring is full when it waits). The residual's load and the output's per-element addresses leave the MMA warps' path
                (a bias, norm statistics or other operands are still loaded by pointer; bench/NOTES.md 168, 170).
 The dual GEMM (gate and up) loads both streams' rows in turn into one [BLOCK_N, 2, BLOCK_K] stage through the 3-D
 descriptor the Triton variant uses (tiled.py), so each K step is one product as wide as both, and splits the
@@ -103,9 +103,10 @@ class Staging:
 def staging(em) -> Staging | None:
     """Where the region's WS kernel can end each tile in a TMA store: its one output (not scattered), 16-bit, a plain
     [M, GRID_N] block with 16-byte rows; an external operand of the output's dtype laid out so too (the residual) is
-    then prefetched by the loader into the same shared-memory tile. None otherwise."""
+    then prefetched by the loader into the same shared-memory tile. None otherwise, and for a rotary: the epilogue
+    runs on the accumulator's column halves, which would split its pairs apart."""
     p = em.plan
-    if not offered(p) or len(em.outputs) != 1 or em.outputs[0] in p.scatters:
+    if not offered(p) or len(em.outputs) != 1 or em.outputs[0] in p.scatters or p.rotary_dims:
         return None
     r = em.outputs[0]
     dt = dtype_of(r)
@@ -120,11 +121,12 @@ def staging(em) -> Staging | None:
 
 
 def pair_span(plan) -> int:
-    """The columns a thread's run of the epilogue layout may span: half a rotary's columns where its pairs are
-    (j, j + half) (HF's halves: `rotate_in_registers` splits them apart, which Gluon does only within a thread),
-    else a whole 256-column tile."""
+    """The columns a thread's run of the epilogue layout may span: where a rotary's pairs are (j, j + half) (HF's
+    halves: `rotate_in_registers` splits them apart, which Gluon does only within a thread), the largest power of two
+    dividing every such half (so the layout's repeat lands each partner in the thread of its column); else a whole
+    256-column tile."""
     halves = [o.dim // 2 for o in plan.epilogue if isinstance(o, RotaryOp) and o.layout.data == "half"]
-    return min(halves, default=256)
+    return min((h & -h for h in halves), default=256)
 
 
 def gluon_text(lines: list[str]) -> list[str]:
@@ -153,8 +155,8 @@ def emit(em, w: Writer, args: list[str], consts: tuple[str, ...]) -> None:
     w("@gluon.constexpr_function")
     w("def _epilogue_layout(block_n, warps, span):")
     w('    """Rows of 8 consecutive values a thread, a warp\'s threads along the columns first, at most `span` columns')
-    w('    wide: from there the layout repeats, so a thread also holds the columns span, 2 * span, ... further on (the')
-    w('    partners of a rotary\'s halves, which its split needs in one thread)."""')
+    w('    wide (8 at least): from there the layout repeats, so a thread also holds the columns span, 2 * span, ...')
+    w('    further on (the partners of a rotary\'s halves, which its split needs in one thread)."""')
     w("    across = min(32, block_n // 8, max(1, span // 8))")
     w("    return gl.BlockedLayout([1, 8], [32 // across, across], [warps, 1], [1, 0])")
     w("")
