@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
 from blocks import BLOCKS  # noqa: E402
-from gemms import region_inputs  # noqa: E402
+from gemms import graph_of, region_inputs  # noqa: E402
 
 import dlblas_compiler as dc  # noqa: E402
 from dlblas_compiler.runtime import selection  # noqa: E402
@@ -48,17 +48,6 @@ def family(c: dict) -> str:
     if c.get("WS"):
         return f"WS={c['WS']}"
     return "persistent" if c.get("PERSISTENT") else "tiles"
-
-
-def graph_of(fn):
-    """fn captured in a CUDA graph (a warm call first): its replay."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    return g
 
 
 def tuned_layer(name: str, tokens: int, cache_dir: str):

@@ -66,14 +66,19 @@ OUTSIDE_BASE = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, 
 OUTSIDE: list[dict] = []  # (--sweep-outside)
 
 
-def graph_time_us(fn) -> float:
-    """do_bench median (µs) of one CUDA-graph replay of fn, L2 cleared before each replay."""
+def graph_of(fn) -> torch.cuda.CUDAGraph:
+    """fn captured in a CUDA graph (after a warm call)."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    return triton.testing.do_bench(g.replay, warmup=25, rep=200) * 1e3
+    return g
+
+
+def graph_time_us(fn) -> float:
+    """do_bench median (µs) of one CUDA-graph replay of fn, L2 cleared before each replay."""
+    return triton.testing.do_bench(graph_of(fn).replay, warmup=25, rep=200) * 1e3
 
 
 def region_inputs(cm, args, kwargs) -> list[tuple[RegionStep, list]]:

@@ -2237,6 +2237,21 @@ def ws_sweep_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + src + "\n"
 
 
+def _ws_forms(r: dict) -> tuple[dict, dict]:
+    """A bench/gemms.py --sweep-ws region's sweep by WS form: the fastest config of each form whose output matched
+    the tuned one ({WS: (µs, "tile, stages")}), and each config's times by form ({config less WS: {WS: µs}})."""
+    best, by = {}, {}
+    for c, t, e in r.get("sweep", []):
+        if not (e == e and e <= 1e-2):  # (NaN != NaN)
+            continue
+        ws = c.get("WS", 0)
+        if ws not in best or t < best[ws][0]:
+            best[ws] = (t, f"{c['BLOCK_M']}x{c['BLOCK_N']}, {c['num_stages']}")
+        key = tuple(sorted((k, v) for k, v in c.items() if k != "WS"))
+        by.setdefault(key, {})[ws] = t
+    return best, by
+
+
 def ws_epilogue_section(*names: str) -> str:
     """bench/gemms.py --sweep --sweep-ws with the TMA epilogue in the tree (WS=2, bench/NOTES.md 170): per region with
     a warp-specialized kernel, quick tuning's choice, the fastest swept config of each form (the persistent Triton
@@ -2250,15 +2265,7 @@ def ws_epilogue_section(*names: str) -> str:
     for label, name in zip("abcdefgh"[: len(names)], names, strict=True):
         doc = _load(name)
         for r in doc["layers"]:
-            best, by = {}, {}
-            for c, t, e in r.get("sweep", []):
-                if not (e == e and e <= 1e-2):  # (NaN != NaN)
-                    continue
-                ws = c.get("WS", 0)
-                if ws not in best or t < best[ws][0]:
-                    best[ws] = (t, f"{c['BLOCK_M']}x{c['BLOCK_N']}, {c['num_stages']}")
-                key = tuple(sorted((k, v) for k, v in c.items() if k != "WS"))
-                by.setdefault(key, {})[ws] = t
+            best, by = _ws_forms(r)
             if 2 not in best:
                 continue
             ratios = [v[2] / v[1] for v in by.values() if 1 in v and 2 in v]
@@ -2291,15 +2298,7 @@ def ws_qkv_section(*names: str) -> str:
     for label, name in zip("abcdefgh"[: len(names)], names, strict=True):
         doc = _load(name)
         for r in doc["layers"]:
-            best, by = {}, {}
-            for c, t, e in r.get("sweep", []):
-                if not (e == e and e <= 1e-2):  # (NaN != NaN)
-                    continue
-                ws = c.get("WS", 0)
-                if ws not in best or t < best[ws][0]:
-                    best[ws] = (t, f"{c['BLOCK_M']}x{c['BLOCK_N']}, {c['num_stages']}")
-                key = tuple(sorted((k, v) for k, v in c.items() if k != "WS"))
-                by.setdefault(key, {})[ws] = t
+            best, by = _ws_forms(r)
             if 1 not in best:
                 continue
             cells = [f"{best[k][0]:.1f} ({best[k][1]})" if k in best else "–" for k in (0, 1, 2)]

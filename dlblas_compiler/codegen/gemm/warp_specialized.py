@@ -16,8 +16,9 @@ of STAGES shared-memory buffers for the A and W tiles, each stage with a "ready"
                writing the output into one shared-memory tile `c_smem`, which a TMA store then writes out. The MMA
                warps wait for that store only at the next tile's first K step, by when it has long finished; the
                loader then copies that tile's residual into `c_smem` by TMA (after the tile's first STAGES loads, so
-               the ring is full when it waits). The residual's load and the output's per-element addresses leave the MMA warps' path
-               (a bias, norm statistics or other operands are still loaded by pointer; bench/NOTES.md 168, 170).
+               the ring is full when it waits). The residual's load and the output's per-element addresses leave
+               the MMA warps' path (a bias, norm statistics or other operands are still loaded by pointer;
+               bench/NOTES.md 168, 170).
 The dual GEMM (gate and up) loads both streams' rows in turn into one [BLOCK_N, 2, BLOCK_K] stage through the 3-D
 descriptor the Triton variant uses (tiled.py), so each K step is one product as wide as both, and splits the
 accumulator after the loop (adjacent columns: no data moves). Two products of half the width, as until the
@@ -35,7 +36,7 @@ Offered for 16-bit operands, one tile's K range a program (no split-K), the norm
 epilogue needs nothing Gluon lacks: not for a per-head RMSNorm (Qwen3's q/k norms, whose statistics reshape the tile
 into heads). Measured on an H200 (bench/NOTES.md 144, 160, 170, 172): WS=1 as fast as the Triton variant's
 persistent loop at the same tiles on o-proj and down (-2% to +2%), not faster; on the QKV GEMMs (rotary, heads in
-SDPA's order) 1.8-4.7% faster at the same config in 13 of 13 pairs of five layers (the Triton loop's per-output
+eager's [B, S, H, D]) 1.8-4.7% faster at the same config in 16 of 16 pairs of five layers (the Triton loop's per-output
 branches keep it from pipelining the next tile's loads into the epilogue; the loader warp does); WS=2 0.1-7.5%
 faster than WS=1 at the same config on every dual gate/up GEMM of five layers (up to 1.017x cuBLAS's bare product on
 Llama-3-8B's), 0-6.6% on o-proj, with no consistent sign on down (-4% to +3%); quick tuning picks WS=2 for most
@@ -131,7 +132,9 @@ def pair_span(plan) -> int:
 
 def gluon_text(lines: list[str]) -> list[str]:
     """Triton lines as Gluon lines: `tl.` names from Gluon's language, `tl.sigmoid` from `_sigmoid` (Gluon has
-    none); `tl.PropagateNan` stays Triton's (a constant)."""
+    none), a tile's `tl.broadcast_to(x, [BLOCK_M, BLOCK_N])` as `gl.broadcast` against the accumulator `acc0` (Gluon
+    has no broadcast to a shape: the rotary's, `exprs.rotate_in_registers`); `tl.PropagateNan` stays Triton's (a
+    constant)."""
     out = []
     for line in lines:
         line = re.sub(r"\btl\.sigmoid\b", "_sigmoid", line)
