@@ -2044,19 +2044,27 @@ def call_rounds_goal_section(*runs: tuple[str, str, str]) -> str:
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
-def best_mode_goal_section(goal: float, *runs: tuple[str, str, str]) -> str:
+def best_mode_goal_section(goal: float, *runs: tuple[str, str, str], kernels: bool = False) -> str:
     """bench/run.py's call times against issue 19's goal for a layer (ours ≥ `goal` x the best torch.compile mode's
-    call): Inductor's default and max-autotune modes with each round's call, per (run label, tree, file)."""
+    call): Inductor's default and max-autotune modes with each round's call, per (run label, tree, file). With
+    `kernels`, also Inductor's kernels alone (its default mode's kernels replayed in a CUDA graph: what its call would
+    take without host work) over our call."""
     def row(label, tree, block, m, modes):
         cells = [f"{_fmt(call_of(modes, mode))} ({_round_list(modes.get(mode, {}), 'call_us_rounds')})"
                  for mode in ("ours", "inductor", "max-autotune")]
         ours, best = call_of(modes, "ours"), best_inductor(modes, "call")
-        return (f"| {label} | {block.removeprefix('layer_')} | {m} | {_fmt(floor_of(modes))} | {' | '.join(cells)} "
-                + _goal_cells(best / ours if ours and best else None, block, modes, goal))
+        extra = ""
+        if kernels:
+            g = gpu_of(modes, "inductor")
+            extra = f" | {_fmt(g)} | {_num(g / ours if g and ours else None, '.3f')}x"
+        return (f"| {label} | {block.removeprefix('layer_')} | {m} | {_fmt(floor_of(modes))} | {' | '.join(cells)}"
+                + extra + " " + _goal_cells(best / ours if ours and best else None, block, modes, goal))
 
     rows, envs = _goal_runs(runs, row, tree_in_source=True)
+    extra = " | inductor's kernels µs (graph) | inductor's kernels / ours" if kernels else ""
     out = ["| run | layer | M | floor µs | ours call µs (rounds) | inductor call µs (rounds) | max-autotune call µs "
-           f"(rounds) | best torch mode / ours | goal ≥ {goal}x | ours ran |", "|" + "---|" * 10, *rows]
+           f"(rounds){extra} | best torch mode / ours | goal ≥ {goal}x | ours ran |",
+           "|" + "---|" * (12 if kernels else 10), *rows]
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
@@ -2725,6 +2733,11 @@ SECTIONS = {
     "ws-tma-s60": functools.partial(ws_epilogue_section, "2026-12-04-h200-s60-gemms-ws-sweep-a.json",
                                     "2026-12-04-h200-s60-gemms-ws-sweep-b.json",
                                     "2026-12-04-h200-s60-gemms-ws-sweep-c.json"),
+    "ws-qkv-acc-layout-s62": functools.partial(ws_qkv_section, "2026-12-04-h200-s62-qkv-acc-layout-sweep.json"),
+    "best-mode-goal-s62-small": functools.partial(best_mode_goal_section, 1.1,
+                                                  ("a", "6002d67, 1 token", "2026-12-04-h200-s62-layers-m1.json"),
+                                                  ("b", "6002d67, 128 tokens", "2026-12-04-h200-s62-layers-m128.json"),
+                                                  kernels=True),
     "finalists-s61": functools.partial(finalists_section, "2026-12-04-h200-s61-finalists.json"),
     "ws-qkv-s61": functools.partial(ws_qkv_section, "2026-12-04-h200-s61-qkv-ws-sweep-a.json",
                                     "2026-12-04-h200-s61-qkv-ws-sweep-b.json",
