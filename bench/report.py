@@ -1759,6 +1759,29 @@ def tile_sweep_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, f"tune={doc.get('tune')}, triton {doc.get('triton')}")]) + "\n"
 
 
+def split_sweep_section(name: str, copy_bytes_per_s: float) -> str:
+    """bench/gemms.py --tokens 128 --sweep --sweep-outside (split-K configs, one program per tile part): per region
+    the weight-streaming floor (its bytes once at the copy bandwidth measured in the same session), cuBLAS's bare
+    product, the tuned choice, and the fastest swept K loop at each SPLIT_K (bench/NOTES.md 175)."""
+    doc = _load(name)
+    splits = sorted({c["SPLIT_K"] for r in doc["layers"] for c, _, _ in r.get("sweep", [])})
+    head = " | ".join(f"fastest split {k} µs" for k in splits)
+    out = [f"| layer | region | M × N × K | floor µs | cuBLAS µs | tuned µs (what) | {head} | fastest µs / cuBLAS µs |",
+           "|" + "---|" * (7 + len(splits))]
+    for r in doc["layers"]:
+        best = {k: min((us for c, us, _ in r["sweep"] if c["SPLIT_K"] == k and isinstance(us, float)), default=None)
+                for k in splits}  # fmt: skip
+        floor = r["N"] * r["K"] * 2 / copy_bytes_per_s * 1e6  # (bf16 weight)
+        what = _config_words(r["config"]) + ("; cuBLAS ran" if r["impl"] == "reference" else "")
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['M']} × {r['N']} × {r['K']} "
+                   f"| {floor:.1f} | {r['cublas_us']:.1f} | {r['kernel_us']:.1f} ({what}) | "
+                   + " | ".join(_num(best[k], ".1f") for k in splits)
+                   + f" | {min(v for v in best.values() if v) / r['cublas_us']:.2f} |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch")}
+    src = f"tune={doc.get('tune')}, triton {doc.get('triton')}; floor at {copy_bytes_per_s / 1e12:.2f} TB/s"
+    return "\n".join(out) + "\n\n" + source_line([(name, env, src)]) + "\n"
+
+
 def decode_gemms_section(name: str, ceilings: str) -> str:
     """bench/gemms.py --tokens 1: each GEMM region at one row (decode) against cuBLAS on the same shape, as
     bandwidth on the weight (its bytes read once) against the copy bandwidth measured in the same run."""
@@ -2734,6 +2757,8 @@ SECTIONS = {
                                     "2026-12-04-h200-s60-gemms-ws-sweep-b.json",
                                     "2026-12-04-h200-s60-gemms-ws-sweep-c.json"),
     "ws-qkv-acc-layout-s62": functools.partial(ws_qkv_section, "2026-12-04-h200-s62-qkv-acc-layout-sweep.json"),
+    "split-sweep-s62-m128": functools.partial(split_sweep_section, "2026-12-04-h200-s62-m128-splitk-sweep.json",
+                                              4.24e12),
     "best-mode-goal-s62-small": functools.partial(best_mode_goal_section, 1.1,
                                                   ("a", "6002d67, 1 token", "2026-12-04-h200-s62-layers-m1.json"),
                                                   ("b", "6002d67, 128 tokens", "2026-12-04-h200-s62-layers-m128.json"),
