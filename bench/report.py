@@ -2283,6 +2283,18 @@ def _ws_forms(r: dict) -> tuple[dict, dict]:
     return best, by
 
 
+def _ws_sweep_runs(names: tuple[str, ...], rows) -> tuple[list[str], list]:
+    """The table rows (`rows(label, r)`, a line or None, per layer entry) and source entries of bench/gemms.py
+    --sweep-ws results, runs labelled a, b, ... in the order of `names`."""
+    out, envs = [], []
+    for label, name in zip("abcdefgh"[: len(names)], names, strict=True):
+        doc = _load(name)
+        out += [line for r in doc["layers"] if (line := rows(label, r)) is not None]
+        env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
+        envs.append((name, env, f"run {label}: tune={doc.get('tune')}, triton {doc.get('triton')}"))
+    return out, envs
+
+
 def ws_epilogue_section(*names: str) -> str:
     """bench/gemms.py --sweep --sweep-ws with the TMA epilogue in the tree (WS=2, bench/NOTES.md 170): per region with
     a warp-specialized kernel, quick tuning's choice, the fastest swept config of each form (the persistent Triton
@@ -2292,54 +2304,48 @@ def ws_epilogue_section(*names: str) -> str:
     head = " | ".join(f"{f} µs (tile, stages)" for f, _ in forms)
     out = [f"| run | layer | region | cuBLAS µs | tuned µs (what) | {head} | WS=2 / WS=1, same config (min–max, n) "
            "| cuBLAS / best WS=2 |", "|" + "---|" * 10]
-    envs = []
-    for label, name in zip("abcdefgh"[: len(names)], names, strict=True):
-        doc = _load(name)
-        for r in doc["layers"]:
-            best, by = _ws_forms(r)
-            if 2 not in best:
-                continue
-            ratios = [v[2] / v[1] for v in by.values() if 1 in v and 2 in v]
-            c = r["config"]
-            cells = [f"{best[k][0]:.1f} ({best[k][1]})" if k in best else "–" for _, k in forms]
-            region = GEMM_REGION.get(r["region"], r["region"])
-            out.append(f"| {label} | {r['layer']} | {region} | {r['cublas_us']:.1f} "
-                       f"| {r['kernel_us']:.1f} ({_config_words(c)}{_runs_other(r['impl'])}) | " + " | ".join(cells)
-                       + f" | {min(ratios):.3f}–{max(ratios):.3f} ({len(ratios)}) "
-                       + f"| {r['cublas_us'] / best[2][0]:.3f} |")  # fmt: skip
-        env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
-        envs.append((name, env, f"run {label}: tune={doc.get('tune')}, triton {doc.get('triton')}"))
-    return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
+
+    def row(label: str, r: dict) -> str | None:
+        best, by = _ws_forms(r)
+        if 2 not in best:
+            return None
+        ratios = [v[2] / v[1] for v in by.values() if 1 in v and 2 in v]
+        c = r["config"]
+        cells = [f"{best[k][0]:.1f} ({best[k][1]})" if k in best else "–" for _, k in forms]
+        region = GEMM_REGION.get(r["region"], r["region"])
+        return (f"| {label} | {r['layer']} | {region} | {r['cublas_us']:.1f} "
+                f"| {r['kernel_us']:.1f} ({_config_words(c)}{_runs_other(r['impl'])}) | " + " | ".join(cells)
+                + f" | {min(ratios):.3f}–{max(ratios):.3f} ({len(ratios)}) | {r['cublas_us'] / best[2][0]:.3f} |")
+
+    rows, envs = _ws_sweep_runs(names, row)
+    return "\n".join(out + rows) + "\n\n" + source_line(envs) + "\n"
 
 
 def ws_qkv_section(*names: str) -> str:
     """bench/gemms.py --sweep --sweep-ws --with-op dl.rotary with the QKV regions in the warp-specialized kernel
     (bench/NOTES.md 172): per QKV region, quick tuning's choice, the fastest swept persistent Triton loop, WS=1 config
-    and (bench/patches/s61-qkv-tma-store.patch's run) WS=2 config, and the ranges of WS=1 / the Triton loop and WS=2 /
-    WS=1 over the configs timed both ways."""
+    and (the runs of bench/patches/s61-qkv-tma-store.patch and s62-qkv-acc-layout.patch) WS=2 config, and the ranges
+    of WS=1 / the Triton loop and WS=2 / WS=1 over the configs timed both ways."""
     out = ["| run | layer | cuBLAS µs | tuned µs (what) | persistent (Triton) µs (tile, stages) "
            "| WS=1 µs (tile, stages) | WS=2 µs (tile, stages) | WS=1 / Triton, same config (min–max, n) "
            "| WS=2 / WS=1, same config (min–max, n) | cuBLAS / best WS=1 | cuBLAS / tuned |", "|" + "---|" * 11]
-    envs = []
 
     def span(by: dict, a: int, b: int) -> str:
         ratios = [v[a] / v[b] for v in by.values() if a in v and b in v]
         return f"{min(ratios):.3f}–{max(ratios):.3f} ({len(ratios)})" if ratios else "–"
 
-    for label, name in zip("abcdefgh"[: len(names)], names, strict=True):
-        doc = _load(name)
-        for r in doc["layers"]:
-            best, by = _ws_forms(r)
-            if 1 not in best:
-                continue
-            cells = [f"{best[k][0]:.1f} ({best[k][1]})" if k in best else "–" for k in (0, 1, 2)]
-            out.append(f"| {label} | {r['layer']} | {r['cublas_us']:.1f} "
-                       f"| {r['kernel_us']:.1f} ({_config_words(r['config'])}{_runs_other(r['impl'])}) | "
-                       + " | ".join(cells) + f" | {span(by, 1, 0)} | {span(by, 2, 1)} "
-                       f"| {r['cublas_us'] / best[1][0]:.3f} | {r['cublas_us'] / r['kernel_us']:.3f} |")  # fmt: skip
-        env = {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "date": _date(doc, name)}
-        envs.append((name, env, f"run {label}: tune={doc.get('tune')}, triton {doc.get('triton')}"))
-    return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
+    def row(label: str, r: dict) -> str | None:
+        best, by = _ws_forms(r)
+        if 1 not in best:
+            return None
+        cells = [f"{best[k][0]:.1f} ({best[k][1]})" if k in best else "–" for k in (0, 1, 2)]
+        return (f"| {label} | {r['layer']} | {r['cublas_us']:.1f} "
+                f"| {r['kernel_us']:.1f} ({_config_words(r['config'])}{_runs_other(r['impl'])}) | "
+                + " | ".join(cells) + f" | {span(by, 1, 0)} | {span(by, 2, 1)} "
+                f"| {r['cublas_us'] / best[1][0]:.3f} | {r['cublas_us'] / r['kernel_us']:.3f} |")
+
+    rows, envs = _ws_sweep_runs(names, row)
+    return "\n".join(out + rows) + "\n\n" + source_line(envs) + "\n"
 
 
 def finalists_section(name: str) -> str:
