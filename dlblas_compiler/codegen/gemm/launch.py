@@ -18,7 +18,6 @@ from .emitter import GemmEmitter
 from .norms import row_layer_norm, row_norm, row_rms
 from .plan import GemmPlan, whole_tiles
 
-RMS_ROWS = 4
 RS_INLINE_ROWS = 16  # up to this many rows the GEMM computes the norm statistics itself (prologue.row_scale)
 
 
@@ -65,6 +64,11 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     nb_arg = args.index(plan.norm.bias) if ln else None
 
     k_pow2 = triton.next_power_of_2(k)  # (a jitted helper in Triton: ~5 µs a call)
+    # the row passes (the normalized rows, or an RMSNorm's statistics alone) read whole rows of up to 8192 columns
+    # at once, 8192 // kb rows a program, 8 warps: the statistics in 4-row, 1024-column steps with 4 warps took
+    # 1.1-2.4x as long on an H200 (M = 32-2048, K = 3072-16384; bench/NOTES.md 178)
+    kb = min(8192, k_pow2)
+    rows = max(1, 8192 // kb)
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         dev = tensors[x_arg].device
@@ -89,8 +93,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         ins = [tensors[i] for i in pre]
         if normed:  # the normalized rows (as eager computes them) written once: the K loop reads them as they are
             xn = torch.empty(m, k, dtype=ins[1].dtype, device=dev)
-            kb = min(8192, k_pow2)  # whole rows up to 8192 columns: x read once
-            grid, rows = (cdiv(m, max(1, 8192 // kb)),), max(1, 8192 // kb)
+            grid = (cdiv(m, rows),)
             if ln:
                 launch_lib(row_layer_norm, grid, dev, ins[0], tensors[nw_arg], tensors[nb_arg], xn, m, k, eps,
                            K_BLOCK=kb, ROWS=rows, ONE_PASS=kb >= k, num_warps=8)  # fmt: skip
@@ -105,7 +108,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         if has_norm and not rs_inline and not normed:  # an RMSNorm's row statistics: one pass over x, read by the
             # GEMM's epilogue (a LayerNorm without a pass has few rows, whose statistics the K loop computes)
             rs = torch.empty(m, dtype=torch.float32, device=dev)
-            launch_lib(row_rms, (cdiv(m, RMS_ROWS),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=min(1024, k_pow2), ROWS=RMS_ROWS)
+            launch_lib(row_rms, (cdiv(m, rows),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=kb, ROWS=rows, num_warps=8)
         else:
             rs = outs[0]
         tma = config["TMA"] and all(t.data_ptr() % 16 == 0 for t in ins[:2])
