@@ -1782,6 +1782,122 @@ def split_sweep_section(name: str, copy_bytes_per_s: float) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, src)]) + "\n"
 
 
+def split_tail_section(stages: str, variants: str, ncu: str) -> str:
+    """bench/split_tail.py at 128 tokens: what each stage of the split-K tail costs (timings of variants that leave a
+    stage out: the last three give wrong sums), the tail's rewrites (bit-equal to the tree), and Nsight Compute's view
+    of the 4-way split, its stages left out, and cuBLAS's kernels on the same operands (bench/NOTES.md 176). µs after
+    a clean L2 clear (a read), dirty (do_bench's zero-fill) in parentheses."""
+    a, b, n = _load(stages), _load(variants), _load(ncu)
+
+    def cell(rows: list[dict], **key) -> str:
+        r = next((r for r in rows if all(r.get(k) == v for k, v in key.items())), None)
+        return "–" if r is None else f"{r['us']['clean']:.1f} ({r['us']['dirty']:.1f})"
+
+    names = ["full", "relaxed", "unroll", "noreads", "nosync", "nostore"]
+    out = ["Each stage left out (128×128 tiles, 8 warps, 4 stages, TMA; * wrong sums, timing only):", "",
+           "| layer | region | split | " + " | ".join(v + ("*" if v in names[3:] else "") for v in names)
+           + " | cuBLAS |", "|" + "---|" * (4 + len(names))]  # fmt: skip
+    keys = sorted({(r["layer"], r["region"]) for r in a["rows"]}, key=lambda k: (k[0], k[1] != "o-proj"))
+    for layer, region in keys:
+        rows = [r for r in a["rows"] if (r["layer"], r["region"]) == (layer, region)]
+        for k in (1, 2, 4, 8):
+            cells = [cell(rows, variant=v, split=k) for v in names]
+            out.append(f"| {layer} | {region} | {k} | " + " | ".join(cells) + f" | {cell(rows, variant='cublas')} |")
+    forms = ["full", "pipe2", "pipe3", "own_pipe2"]
+    out += ["", "The partials' reads rewritten (the same sums in the same order):", "",
+            "| layer | region | tile, split | " + " | ".join(forms) + " | bits equal to full |",
+            "|" + "---|" * (4 + len(forms))]
+    for layer, region in keys:
+        rows = [r for r in b["rows"] if (r["layer"], r["region"]) == (layer, region) and r.get("config")]
+        seen = []
+        for r in rows:
+            c = r["config"]
+            tile = (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["SPLIT_K"])
+            if r["variant"] != "pipe2" or tile in seen:
+                continue
+            seen.append(tile)
+            same = [x for x in rows if x["variant"] in forms[1:] and x["config"] == c]
+            cells = [cell([x for x in rows if x["config"] == c], variant=v) for v in forms]
+            equal = "yes" if same and all(x.get("same_bits_as_full") for x in same) else "–"
+            out.append(f"| {layer} | {region} | {tile[0]}×{tile[1]} w{tile[2]}, {tile[3]} | " + " | ".join(cells)
+                       + f" | {equal} |")  # fmt: skip
+    out += ["", f"Nsight Compute ({n['tool']}; {n['script']}):", "",
+            "| launch | kernel | duration | DRAM throughput | grid | warp-stall samples after the last HGMMA |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for k in n["kernels"]:
+        tail = k.get("samples_after_last_hgmma")
+        after = f"{tail} of {k['stall_samples']} ({tail / k['stall_samples']:.0%})" if tail is not None else "–"
+        out.append(f"| {k['launch']} | `{k['kernel'][:44]}` | {k['duration_us']} | {k['dram_pct']} | {k['grid']} "
+                   f"| {after} |")
+    env = {"gpu": a.get("gpu"), "torch": a.get("torch")}
+    files = [(stages, env, f"triton {a.get('triton')}"), (variants, env, "the rewrites, 64-row tiles"),
+             (ncu, env, "ncu")]
+    return "\n".join(out) + "\n\n" + source_line(files) + "\n"
+
+
+def stages_m128_section(name: str) -> str:
+    """bench/gemms.py --tokens 128 --sweep --sweep-outside: K-loop configs in 64- and 128-row tiles with 4-10 stages
+    (outside the space's num_stages <= 5) against quick tuning's choice (cuBLAS's product with the kernel as its
+    epilogue, MM) timed in the same sweep, and cuBLAS's bare product (bench/NOTES.md 177)."""
+    doc = _load(name)
+    out = ["| layer | region | cuBLAS µs | tuned µs (what) | fastest swept K loop µs (config) | / tuned | second |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in doc["layers"]:
+        tuned = r["kernel_us_in_sweep"][0]
+        best = sorted((x for x in r["sweep"] if isinstance(x[1], float) and x[2] < 1e-2), key=lambda x: x[1])
+        words = [f"{c['BLOCK_M']}×{c['BLOCK_N']}×{c['BLOCK_K']}, {c['num_stages']} stages, split {c['SPLIT_K']}"
+                 for c, _, _ in best[:2]]  # fmt: skip
+        out.append(f"| {r['layer']} | {GEMM_REGION.get(r['region'], r['region'])} | {r['cublas_us']:.1f} | {tuned:.1f} "
+                   f"({_config_words(r['config'])}) | {best[0][1]:.1f} ({words[0]}) | {best[0][1] / tuned:.3f} | "
+                   f"{best[1][1] / tuned:.3f} ({words[1]}) |")  # fmt: skip
+    env = {"gpu": doc.get("gpu"), "torch": doc.get("torch")}
+    return "\n".join(out) + "\n\n" + source_line([(name, env, f"M=128, tune={doc.get('tune')}, triton "
+                                                              f"{doc.get('triton')}; configs whose output differs "
+                                                              "by more than 1e-2 (tiles of part of a rotary head) "
+                                                              "left out")]) + "\n"  # fmt: skip
+
+
+def flashnorm_section(before: str, after: str, rms: str, before_kernels: str) -> str:
+    """bench/flashnorm.py at 2048 tokens (the norm's gain folded into W, its statistics applied in the epilogue,
+    against the row pass), before and after the statistics pass read whole rows, and bench/row_rms.py's geometries
+    of that pass (bench/NOTES.md 178). `before_kernels`: the first run's pass kernels, profiled in a later call."""
+    early = {(k["layer"], k["region"], k["config"]["NORM_PASS"]): k["kernels"] for k in _load(before_kernels)}
+    out = ["| tree | layer | region | row pass µs (its pass kernel) | statistics µs (its pass kernel) "
+           "| layer call time, FlashNorm / row pass | folded weights (a second copy) |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    entries = []
+    for tag, name in (("before", before), ("after", after)):
+        doc = _load(name)
+        entries.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch")}, f"{tag}: tune={doc.get('tune')}"))
+        for lay in doc["layers"]:
+            m = lay["modes"]
+            call = m["row pass"]["call_us_paired"] / m["flashnorm"]["call_us_paired"]
+            for f in m["flashnorm"]["norm_pass_flipped"]:
+                npass = f["config"]["NORM_PASS"]
+                k = f.get("kernels") or {
+                    n: {key: v[1] for key, v in early.get((lay["layer"], f["region"], p), {}).items()}
+                    for n, p in (("tuned", npass), ("flipped", 1 - npass))}  # fmt: skip
+                passes = {n: next((v for key, v in ks.items() if key.startswith("row_")), None) for n, ks in k.items()}
+                order = ("tuned", "flipped") if npass else ("flipped", "tuned")  # (the row pass's first)
+                row, stat = (f[f"{n}_us"] for n in order)
+                prow, pstat = (passes.get(n) for n in order)
+                folded = [x for x in m["flashnorm"]["regions"] if "dl.rms_norm" in x["ops"]]
+                mem = sum(x["N"] * x["K"] * 2 for x in folded) / 1e6  # (bf16: the linears the norms feed)
+                out.append(f"| {tag} | {lay['layer']} | {GEMM_REGION.get(f['region'], f['region'])} | {row:.1f} "
+                           f"({_num(prow, '.1f')}) | {stat:.1f} ({_num(pstat, '.1f')}) | {1 / call:.3f} | "
+                           f"{mem:.0f} MB |")  # fmt: skip
+    r = _load(rms)
+    out += ["", "The statistics pass alone (rs within 1.3e-7 relative of torch's in fp32, every form and shape):", "",
+            "| M × K | steps of 4 rows × 1024 columns, 4 warps µs | whole rows, 8 warps µs | whole rows, 4 warps µs "
+            "| row pass (reads and writes) µs |", "|---|---|---|---|---|"]  # fmt: skip
+    for x in r["rows"]:
+        out.append(f"| {x['M']} × {x['K']} | {x['steps']:.1f} | {x['whole_w8']:.1f} | {x['whole_w4']:.1f} "
+                   f"| {x['row_norm']:.1f} |")
+    entries.append((rms, {"gpu": r.get("gpu"), "torch": r.get("torch")}, "CUDA-graph replays, L2 cleared (dirty)"))
+    entries.append((before_kernels, {"gpu": r.get("gpu"), "torch": r.get("torch")}, "before: the pass kernels"))
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
 def decode_gemms_section(name: str, ceilings: str) -> str:
     """bench/gemms.py --tokens 1: each GEMM region at one row (decode) against cuBLAS on the same shape, as
     bandwidth on the weight (its bytes read once) against the copy bandwidth measured in the same run."""
@@ -2763,6 +2879,13 @@ SECTIONS = {
                                     "2026-12-04-h200-s60-gemms-ws-sweep-b.json",
                                     "2026-12-04-h200-s60-gemms-ws-sweep-c.json"),
     "ws-qkv-acc-layout-s62": functools.partial(ws_qkv_section, "2026-12-04-h200-s62-qkv-acc-layout-sweep.json"),
+    "split-tail-s63": functools.partial(split_tail_section, "2026-12-04-h200-s63-split-tail.json",
+                                        "2026-12-04-h200-s63-split-tail-variants.json",
+                                        "2026-12-04-h200-s63-split-tail-ncu.json"),
+    "stages-m128-s63": functools.partial(stages_m128_section, "2026-12-04-h200-s63-m128-stages-sweep.json"),
+    "flashnorm-s63": functools.partial(flashnorm_section, "2026-12-04-h200-s63-flashnorm.json",
+                                       "2026-12-04-h200-s63-flashnorm-after.json", "2026-12-04-h200-s63-row-rms.json",
+                                       "2026-12-04-h200-s63-norm-pass-kernels.json"),
     "split-sweep-s62-m128": functools.partial(split_sweep_section, "2026-12-04-h200-s62-m128-splitk-sweep.json",
                                               4.24e12),
     "best-mode-goal-s62-small": functools.partial(best_mode_goal_section, 1.1,

@@ -108,7 +108,8 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
         if has_norm and not rs_inline and not normed:  # an RMSNorm's row statistics: one pass over x, read by the
             # GEMM's epilogue (a LayerNorm without a pass has few rows, whose statistics the K loop computes)
             rs = torch.empty(m, dtype=torch.float32, device=dev)
-            launch_lib(row_rms, (cdiv(m, rows),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=kb, ROWS=rows, num_warps=8)
+            launch_lib(row_rms, (cdiv(m, rows),), dev, tensors[x_arg], rs, m, k, eps, K_BLOCK=kb, ROWS=rows,
+                       num_warps=8)
         else:
             rs = outs[0]
         tma = config["TMA"] and all(t.data_ptr() % 16 == 0 for t in ins[:2])
