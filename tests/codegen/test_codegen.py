@@ -396,6 +396,50 @@ def test_gemm_layer_norm_prologue_of_a_few_rows_in_the_k_loop(rows, dtype):
             torch.testing.assert_close(outs[0], outs[1], rtol=tolerance(dtype), atol=tolerance(dtype))
 
 
+class NormLinear(nn.Module):
+    """RMSNorm (random gain) → Linear, no bias."""
+
+    def __init__(self, h, n):
+        super().__init__()
+        self.norm = RMSNorm(h, 1e-6)
+        self.fc = nn.Linear(h, n, bias=False)
+        with torch.no_grad():
+            self.norm.weight.normal_(1.0, 0.5)
+
+    def forward(self, x):
+        return self.fc(self.norm(x))
+
+
+@pytest.mark.parametrize("k", [80, 8200])  # 8200: the statistics pass's 8192-wide row blocks loop twice, one partial
+def test_gemm_rms_norm_statistics_pass_or_row_pass(k):
+    """Above 16 rows an RMSNorm before a linear is a pass over x: the normalized rows (NORM_PASS 1), or each row's
+    statistics alone, which the epilogue applies while the K loop scales the A tiles by the gain (NORM_PASS 0, tiles
+    under 64 rows). The statistics pass reads whole rows of up to 8192 columns (bench/NOTES.md 178), here also rows
+    wider than that. Each within eager's distance of float64, and the two passes equal within rounding."""
+    from dlblas_compiler.runtime.program import RegionStep
+
+    model = NormLinear(k, 16).eval()
+    x = _x(20, k) * 2 + 0.3
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False, tune="none")
+    with torch.no_grad():
+        cm(x)
+        prog = cm._spec().executor
+        (step,) = [s for s in prog.steps if isinstance(s, RegionStep)]
+        assert step.choice.pattern == "gemm" and "dl.rms_norm" in step.kernel.region_ir
+        tensors = step.inputs(prog._env([x]))
+        ref = copy.deepcopy(model).double()(x.double())
+        eager = rel_error(model(x), ref)
+        outs = []
+        for normed in (0, 1):
+            cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4,
+                   "num_stages": 2, "TMA": 0, "MM": 0, "NORM_PASS": normed, "PERSISTENT": 0, "WS": 0}  # fmt: skip
+            assert step.kernel.space.is_valid(cfg), step.kernel.space.violations(cfg)
+            (out,) = step.launch(tensors, cfg)
+            assert rel_error(out, ref) <= 1.05 * eager + tolerance(torch.float32), cfg
+            outs.append(out)
+        torch.testing.assert_close(outs[0], outs[1], rtol=tolerance(torch.float32), atol=tolerance(torch.float32))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 8, 40])
 def test_layer_norm_gemm_space_samples_are_right_and_repeatable(tokens):
