@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import dlblas_compiler as dc
@@ -320,6 +320,7 @@ steps = st.lists(
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=steps, rows=st.integers(1, 5), n=st.integers(2, 40), seed=st.integers(0, 2**16))
+@example(plan=[("scale", 0, 0), ("binary", 1, 6), ("scale", 2, 0)], rows=3, n=38, seed=1440)  # (a cancellation normalized again)
 def test_random_row_programs_fused_equal_eager(plan, rows, n, seed):
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(rows, n, generator=g), torch.randn(n, generator=g)
@@ -329,9 +330,13 @@ def test_random_row_programs_fused_equal_eager(plan, rows, n, seed):
         warnings.filterwarnings("error", message="dlblas_compiler")
         out = cm(x, w)
     ref = model(x.double(), w.double())
+    eager = model(x, w)
     # forward-error bound: fp32 rounding relative to the largest intermediate (cancellation, as in
-    # x - mean(x) of an already centred x, makes a purely relative bound meaningless)
+    # x - mean(x) of an already centred x, makes a purely relative bound meaningless), or twice eager's own fp32 error
+    # where a later normalization amplifies a cancellation (x * rsqrt(mean(x^2)) - x of a row already near unit RMS,
+    # normalized again: eager in fp32 is itself 1.2x past the first bound on such a row)
     scale = max(v.abs().max().item() for v in model.values(x.double(), w.double()))
-    for o, r in zip(out, ref):
+    for o, e, r in zip(out, eager, ref, strict=True):
         err = (o.double() - r).abs().max().item()
-        assert err <= 1e-5 * scale + 1e-6, (plan, rows, n, err, scale)
+        eager_err = (e.double() - r).abs().max().item()
+        assert err <= 1e-5 * scale + 1e-6 + 2 * eager_err, (plan, rows, n, err, eager_err, scale)
