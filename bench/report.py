@@ -184,7 +184,8 @@ def best_inductor(modes: dict, metric: str) -> float | None:
 def impl_label(k: dict) -> str:
     """Triton / cuBLAS / SDPA / torch (with † when no candidate passed the check) for one kernel record."""
     if k["impl"] == "kernel":
-        return "cuBLAS + Triton epilogue" if (k.get("config") or {}).get("MM") else "Triton"
+        mm = (k.get("config") or {}).get("MM")
+        return "cuBLAS adding into the residual" if mm == 2 else "cuBLAS + Triton epilogue" if mm else "Triton"
     kind = k.get("pattern") or k["name"].rsplit("_", 1)[0]
     lib = {"gemm": "cuBLAS", "attention": "SDPA"}.get(kind, "torch")
     return lib + ("†" if "candidate configs failed" in (k.get("reason") or "") else "")
@@ -1255,7 +1256,8 @@ def gemm_ran(r: dict) -> str:
     """What the compiled layer runs for a region: its kernel (K loop, or cuBLAS + the kernel as epilogue) or
     the reference; the timed kernel is the tuned config either way."""
     c = r["config"]
-    kern = "cuBLAS + epilogue kernel" if c.get("MM") else f"our K loop{' (TMA)' if c.get('TMA') else ''}"
+    kern = ("cuBLAS adding into the residual in place (no kernel)" if c.get("MM") == 2 else
+            "cuBLAS + epilogue kernel" if c.get("MM") else f"our K loop{' (TMA)' if c.get('TMA') else ''}")
     if c.get("PERSISTENT"):
         kern += ", persistent" + (", warp-specialized" if c.get("WS") else "")
     if c.get("NORM_PASS"):

@@ -82,6 +82,7 @@ class Kernel:
     flops: float = 0.0
     bytes: float = 0.0
     space: SearchSpace | None = None  # its configs: the template's `space(plan)`, set when the region is lowered
+    overwrites: tuple[int, ...] = ()  # the region inputs some config writes over (of `FusedOp.overwritable_inputs`)
     _fns: dict = field(default_factory=dict, repr=False)  # interpret -> the jitted function (`compiled`)
     _tuning_key: tuple[str, str] | None = field(default=None, init=False, repr=False)  # (not copied by `replace`)
 
@@ -147,6 +148,12 @@ class _Warmup:
     def variant(self, name: str) -> _Warmup:
         """The warm-up of the source's other kernel `name` (`Launcher.variant`)."""
         return _Warmup(self.fn.variants[name])
+
+
+def warming_up(fn: Any) -> bool:
+    """Whether a template's launch got a warm-up's stand-in (`warm_ups`) rather than the jitted function: a launch
+    that runs something other than its kernel (cuBLAS) does nothing then."""
+    return isinstance(fn, _Warmup)
 
 
 _POOL: ThreadPoolExecutor | None = None

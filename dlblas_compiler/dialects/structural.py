@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
-from xdsl.dialects.builtin import AnyTensorType, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import AnyTensorType, DenseArrayBase, IntegerAttr, StringAttr
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -127,7 +127,8 @@ class YieldOp(IRDLOperation):
 class FusedOp(IRDLOperation):
     """`dl.fused`: a region that becomes one kernel. Block arguments are the region's inputs;
     `pattern` names the fusion pattern that made it, `template` the template that lowers it (when it is not
-    the pattern's own name), `kernel` the generated kernel."""
+    the pattern's own name), `kernel` the generated kernel, `overwritable` the inputs whose memory nothing reads
+    after the region (set by the fuse pass, `aliasing.overwritable`: its kernel may write over them)."""
 
     name = "dl.fused"
     inputs = var_operand_def(AnyTensorType)
@@ -136,6 +137,7 @@ class FusedOp(IRDLOperation):
     pattern = prop_def(StringAttr)
     kernel = opt_prop_def(StringAttr)
     template = opt_prop_def(StringAttr)
+    overwritable = opt_prop_def(DenseArrayBase)
     traits = traits_def(
         RecursiveMemoryEffect(), IsolatedFromAbove(), SingleBlockImplicitTerminator(YieldOp), MANY_TO_MANY
     )
@@ -166,6 +168,11 @@ class FusedOp(IRDLOperation):
     def label(self) -> str:
         """The region's name in reports and warnings: its kernel's name, else its pattern's."""
         return self.kernel.data if self.kernel is not None else self.pattern.data
+
+    @property
+    def overwritable_inputs(self) -> tuple[int, ...]:
+        """The positions of the inputs the region's kernel may write over (`overwritable`)."""
+        return tuple(self.overwritable.get_values()) if self.overwritable is not None else ()
 
     @property
     def body_ops(self) -> list[Operation]:

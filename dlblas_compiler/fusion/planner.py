@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, UnitAttr
+from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, ModuleOp, StringAttr, UnitAttr, i64
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
@@ -44,6 +44,7 @@ from ..dialects import (
     YieldOp,
     inverse_permutation,
 )
+from ..dialects.aliasing import overwritable
 from ..dialects.traits import MappingKind, kind_of
 from ..dialects.types import shape_of
 from ..passes.algebraic import is_constant
@@ -481,5 +482,7 @@ class FusePass(ModulePass):
             PatternRewriteWalker(SplitAddRMSNorm(notes), apply_recursively=False).rewrite_region(fn.body)
             plan = plan_regions(fn.body.block, notes)
             materialize(plan)
+            for fused, inputs in overwritable(fn).items():  # (inputs nothing reads after the region)
+                fused.properties["overwritable"] = DenseArrayBase.from_list(i64, inputs)
             if plan.notes:
                 fn.attributes["fusion_notes"] = ArrayAttr([StringAttr(n) for n in plan.notes])

@@ -108,7 +108,9 @@ def how(rep: Report, i: int) -> str:
         return "not run"
     if c.impl == "kernel":
         text = f"kernel {c.region}"
-        if c.config and c.config.get("MM"):  # (the GEMM template's MM configs)
+        if c.config and c.config.get("MM") == 2:  # (the GEMM template's MM configs)
+            text = f"cuBLAS GEMM adding into the residual in place ({c.region} runs no kernel)"
+        elif c.config and c.config.get("MM"):
             text = f"cuBLAS GEMM + epilogue kernel {c.region}"
         if c.time:
             text += f", tuned {seconds(c.time)}" + (f" (default {seconds(c.default_time)})" if c.default_time else "")

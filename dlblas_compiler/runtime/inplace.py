@@ -23,16 +23,14 @@ the host.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from xdsl.dialects import func
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
-from ..dialects import ConvertOp, FusedOp, IndexCopyOp, TorchCallOp, VIEW_OPS
-
-ALIASING = (*VIEW_OPS, ConvertOp, TorchCallOp)  # ops whose result may share its operand's memory at run time
+from ..dialects import FusedOp, IndexCopyOp, TorchCallOp
+from ..dialects.aliasing import input_root, read_after, readers
 
 
 def inplace_updates(fn: func.FuncOp, imported) -> dict[Operation, tuple[int, ...]]:
@@ -54,7 +52,7 @@ def inplace_updates(fn: func.FuncOp, imported) -> dict[Operation, tuple[int, ...
             if not isinstance(dest, BlockArgument):
                 continue
             arg = dest.index
-            if written.get(arg) is not result or _read_after(dest, op, order):
+            if written.get(arg) is not result or read_after(dest, op, order):
                 continue
             if any(v is result for v in list(ret.operands)[:n_out]):
                 continue  # also a user-visible output: eager returns the cache tensor there, keep it functional
@@ -67,7 +65,7 @@ def inplace_updates(fn: func.FuncOp, imported) -> dict[Operation, tuple[int, ...
 def deferrable(op: TorchCallOp) -> bool:
     """Whether the in-place call `op`'s new value is read by nothing but the function's outputs, so that the call
     may run at the program's end (nothing reads the old value after it either: `inplace_updates`)."""
-    return all(isinstance(user, func.ReturnOp) for user in _readers(list(op.res)))
+    return all(isinstance(user, func.ReturnOp) for user in readers(list(op.res)))
 
 
 def region_writes(fused: FusedOp) -> list[tuple[int, int]]:
@@ -107,67 +105,18 @@ def input_writes(fn: func.FuncOp, imported, inplace: dict[Operation, tuple[int, 
     written = {arg for arg, _ in writes}
     tangled = set()
     for arg, value in writes:
-        root = _input_root(value, args)
+        root = input_root(value, args)
         if root is not None and root != arg and root in written:
             tangled |= {arg, root}
     # and an input a user-visible output reads the old value of (`y = x.clone()` kept as x, or a view of x; then
     # `x.mul_(2)`): the output is made from it after the program, so x is written after that
     outputs = list(ret.operands)[:n_out]
-    read = {_input_root(v, args) for v in outputs}
+    read = {input_root(v, args) for v in outputs}
     return [
         (arg, value) for arg, value in writes
         if arg not in tangled and arg not in read and value not in done and value is not args[arg]
         and not any(v is value for v in outputs)
     ]  # fmt: skip
-
-
-def _input_root(v: SSAValue, args: list) -> int | None:
-    """The block argument `v` may be a view of (through view-like ops), as its index."""
-    while v not in args and isinstance(v.owner, ALIASING) and v.owner.operands:
-        v = v.owner.operands[0]
-    return args.index(v) if v in args else None
-
-
-def _read_after(v: SSAValue, write: Operation, order: dict[Operation, int]) -> bool:
-    """Whether any op after `write` reads v, or a value that may be a view of it."""
-    return any(user is None or order[user] > order[write] for user in _readers([v], skip=write))
-
-
-def reaches_output(values: list[SSAValue]) -> bool:
-    """Whether a function output may be one of `values` or a view of one (through view-like ops)."""
-    return any(isinstance(user, func.ReturnOp) for user in _readers(values))
-
-
-def _readers(values: list[SSAValue], skip: Operation | None = None) -> Iterator[Operation | None]:
-    """The top-level ops (a dl.fused for an op inside it; None outside the function) that read `values` or a
-    value that may be a view of one: through view-like ops and torch calls, except calls eager showed to make new
-    tensors (`fresh`), and not past `skip`. An in-place call's result is the operand it writes (`writes`), never a
-    view of its others: the index of `t[:, index] = v` does not reach the output through it."""
-    stack, seen = list(values), set()
-    while stack:
-        x = stack.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        for use in x.uses:
-            user = _top(use.operation)
-            if user is skip:
-                continue
-            yield user
-            if isinstance(user, ALIASING) and "fresh" not in user.attributes and not _other_than_written(user, use):
-                stack.extend(user.results)
-
-
-def _other_than_written(op: Operation, use) -> bool:
-    """Whether `use` is an operand of the in-place torch call `op` other than the one it writes."""
-    return isinstance(op, TorchCallOp) and op.writes is not None and use.operation is op and use.index != op.writes.value.data
-
-
-def _top(op: Operation | None) -> Operation | None:
-    """The top-level op of the function that contains `op` (itself, or the dl.fused around it)."""
-    while op is not None and not isinstance(op.parent_op(), func.FuncOp):
-        op = op.parent_op()
-    return op
 
 
 @dataclass

@@ -26,13 +26,14 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from ..codegen.device import has_pdl
+from ..codegen.kernel import Kernel
 from ..dialects import CatOp, ConstantOp, FusedOp, IndexCopyOp, ParamOp, TorchCallOp
+from ..dialects.aliasing import overwritable, reaches_output
 from ..errors import DeviceFault, is_device_fault
 from ..fusion.templates import CallLowering, KernelLowering, Lowered, ReferenceLowering
 from ..passes.algebraic import is_constant
 from .graphs import IN_PLACE_BYTES, CudaGraph, input_key
-from .inplace import (InPlaceIndexCopy, WriteInput, batched, deferrable, inplace_updates, input_writes, reaches_output,
-                      region_writes)
+from .inplace import InPlaceIndexCopy, WriteInput, batched, deferrable, inplace_updates, input_writes, region_writes
 from .ops import OP_STEPS, op_step
 from . import in_context
 from .selection import Together
@@ -261,6 +262,7 @@ class Builder:
         block = self.fn.body.block
         inputs = [self.slot(a) for a in block.args]  # (slots 0, 1, ...: `_writes` relies on it)
         self.inplace = inplace_updates(self.fn, self.imported) if self.options.backend != "reference" else {}
+        self.overwritable = overwritable(self.fn) if self.options.backend != "reference" else {}
         steps: list[Callable] = []
         reads: list[list[SSAValue]] = []  # per step, the values it reads and makes (to drop them after their last read)
         weights = DerivedWeights()
@@ -345,7 +347,7 @@ class Builder:
             new = _shallow(step)
             new.ins, new.outs, new.choice = ins, outs, _shallow(step.choice)
             new.choice.region = op.label
-            new.writes = self._writes(op)
+            new.writes = self._writes(op, step.kernel)
             return new
         if isinstance(step, ReferenceStep):
             return ReferenceStep(step.op, step.fn, ins, outs)
@@ -354,14 +356,19 @@ class Builder:
         assert isinstance(step, InPlaceIndexCopy) and op in self.inplace, step
         return InPlaceIndexCopy(self.slots[op.dest], step.dim, self.slots[op.index], self.slots[op.source], self.slots[op.result])
 
-    def _writes(self, fused: FusedOp) -> tuple[tuple[int, bool], ...]:
-        """The region inputs its kernel writes at indexed positions, each with whether it may write the caller's
-        tensor (`inplace_updates` found nothing reading its old value afterwards)."""
+    def _writes(self, fused: FusedOp, kernel: Kernel | None) -> tuple[tuple[int, bool], ...]:
+        """The region inputs its kernel may write, each with whether it may write that tensor itself: those it writes
+        at indexed positions (a KV cache: `inplace_updates` found nothing reading the caller's tensor's old value
+        afterwards), then those its kernel writes over (`Kernel.overwrites`: a residual cuBLAS adds into, of the fuse
+        pass's `FusedOp.overwritable_inputs`), checked again on this function (`overwritable`; where a later pass
+        changed who reads them, the kernel writes a copy)."""
         found = self.inplace.get(fused, ())
         # (function argument j has slot j, `build`; a shape family's instance reads it through a stand-in of
         # another block, `rebuild_program`, given the same slot)
-        return tuple((i, isinstance(v := fused.inputs[i], BlockArgument) and self.slots.get(v) in found)
-                     for i, _ in region_writes(fused))  # fmt: skip
+        writes = [(i, isinstance(v := fused.inputs[i], BlockArgument) and self.slots.get(v) in found)
+                  for i, _ in region_writes(fused)]  # fmt: skip
+        verified = self.overwritable.get(fused, ())
+        return (*writes, *((i, i in verified) for i in (kernel.overwrites if kernel is not None else ())))
 
     def _moves(self) -> tuple[tuple[int, torch.device], ...]:
         positions = self.imported.arg_positions
@@ -432,7 +439,7 @@ class Builder:
         step = RegionStep(KernelChoice(fused.label, fused.pattern.data), ins, outs, reference, interpret=self.interpret,
                           strict=opts.strict, checks=-1 if opts.check is True else int(opts.check),
                           prefer_kernel=opts.prefer_kernels, profile="profile" in fused.attributes,
-                          writes=self._writes(fused))  # fmt: skip
+                          writes=self._writes(fused, None))  # fmt: skip
         low = self.lowered.get(fused)
         if low is None:  # the reference backend lowers nothing
             step.choice.reason = "reference backend"
@@ -448,6 +455,7 @@ class Builder:
             return step
         assert isinstance(low, KernelLowering)
         step.kernel = low.kernel
+        step.writes = self._writes(fused, low.kernel)
         try:
             config = low.space.default()
             step.compiled = low.kernel.compiled(self.interpret, chained=opts.chained_launches and not self.interpret and has_pdl())
@@ -507,7 +515,7 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
     base = recipe.builder
     b = Builder.__new__(Builder)
     b.lowered, b.imported, b.options, b.fn, b.interpret = lowered, imported, base.options, base.fn, base.interpret
-    b.slots, b.inplace = dict(base.slots), base.inplace
+    b.slots, b.inplace, b.overwritable = dict(base.slots), base.inplace, base.overwritable
     for new, old in (aliases or {}).items():  # (values the copies read in place of the originals' arguments)
         b.slots[new] = base.slots[old]
     for old, new in replaced.items():
@@ -515,6 +523,8 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
             b.slots[s] = base.slots[r]
         if old in base.inplace:
             b.inplace = {**b.inplace, new: b.inplace[old]}
+        if old in base.overwritable:  # (a copy at other sizes: the same readers, in the same order)
+            b.overwritable = {**b.overwritable, new: base.overwritable[old]}
     steps = [_shallow(st) if isinstance(st, RegionStep) else st for st in program.steps]
     weights = DerivedWeights(list(program.weights.weights))
     for old, new in replaced.items():

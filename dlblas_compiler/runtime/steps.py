@@ -139,8 +139,9 @@ class RegionStep:
     checks: int = 0
     prefer_kernel: bool = False  # keep the kernel even where the reference measures faster (library ops)
     profile: bool = False  # the planner asks for a measurement against the reference before keeping the kernel
-    # the inputs (positions in `ins`) a kernel writes at indexed positions (a KV cache its GEMM stores k and v
-    # into), each with whether it may write the caller's tensor (`runtime.inplace`) or must write a copy of it
+    # the inputs (positions in `ins`) a kernel may write: at indexed positions (a KV cache its GEMM stores k and v
+    # into), or over the whole tensor (a residual cuBLAS adds the product into, which nothing reads afterwards), each
+    # with whether it may write that tensor itself (`runtime.inplace`, `FusedOp.overwritable_inputs`) or a copy of it
     writes: tuple[tuple[int, bool], ...] = ()
 
     def __repr__(self) -> str:

@@ -47,8 +47,11 @@ def _fixture(tmp_path, monkeypatch):
         expected = model(*inputs)
         cm(*inputs)
     program = cm._spec().executor
-    groups = _groups(program)
-    assert len(groups) >= 3 and all(len(g.members) == 2 for g in groups)  # (each layer's region of one search)
+    # each layer's region of one search, but the first layer's o-proj: its residual is the model's input, which it
+    # may not write over (the second layer's may: cuBLAS's MM=2), so its source and search are its own
+    every = _groups(program)
+    groups = [g for g in every if len(g.members) == 2]
+    assert len(groups) >= 3 and [len(g.members) for g in every].count(1) == 2
     return model, inputs, expected, program, groups
 
 
@@ -290,7 +293,9 @@ def test_a_first_call_decides_its_near_ties_in_the_program(tmp_path, monkeypatch
         assert all(s.choice.impl == "reference" and "program's CUDA graph" in s.choice.reason
                    for s in regions if not s.prefer_kernel)  # fmt: skip
         assert all(s.choice.alternatives == [] for s in regions)
-        assert decided and all(len(g.members) == 2 for g in decided)  # (each layer's region of a search, one group)
+        # (each layer's region of a search, one group; the first layer's o-proj alone, see `_fixture`)
+        singles = {g.members[0].choice.region for g in decided if len(g.members) == 1}
+        assert decided and all(len(g.members) in (1, 2) for g in decided) and singles <= {"gemm_1", "gemm_5"}
         second = program.run(list(inputs))[0]
     for out in (first, second):
         assert torch.allclose(out, expected, rtol=1e-3, atol=1e-3)

@@ -28,6 +28,7 @@ class GemmEmitter(EpilogueEmitter):
             for v in o.operands:
                 if v not in p.info and not isinstance(v.owner, ConstantOp):
                     self.ext.append((v, p.info[o.results[0]], o.results[0]))
+        p.residual_in_place = cublas.residual_in_place(self)
         args = ["x_ptr", "w_ptr"] + (["bias_ptr"] if has_bias else []) + prologue.pointers(p)
         args += [f"e{j}_ptr" for j in range(len(self.ext))] + [f"out{k}_ptr" for k in range(len(self.outputs))]
         args += [f"ix{k}_ptr" for k, r in enumerate(self.outputs) if r in p.scatters]

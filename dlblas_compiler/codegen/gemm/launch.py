@@ -11,9 +11,9 @@ from ...dialects import FusedOp, LayerNormOp
 from ...dialects.types import dtype_of, numel, shape_of
 from .. import device
 from ..interpreter import launch as launch_lib
-from ..kernel import Kernel
+from ..kernel import Kernel, warming_up
 from ..source import cdiv
-from . import warp_specialized
+from . import cublas, warp_specialized
 from .emitter import GemmEmitter
 from .norms import row_layer_norm, row_norm, row_rms
 from .plan import GemmPlan, whole_tiles
@@ -71,6 +71,12 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     rows = max(1, 8192 // kb)
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
+        if config["MM"] == 2:  # cuBLAS adds the product into the residual, which nothing reads afterwards (no kernel:
+            # nothing to compile for a warm-up, which runs on the caller's tensors)
+            if warming_up(kernel):
+                return []
+            return [cublas.add_into_residual(tensors[x_arg], tensors[w_arg], tensors[plan.residual_in_place], m,
+                                              out_shapes[0])]  # fmt: skip
         dev = tensors[x_arg].device
         outs = [torch.empty(s, dtype=dt, device=dev) for s, dt in zip(out_shapes, out_dtypes)]
         for o, dest, _ in scatters:  # the destination itself (the caller passes its own tensor, or a copy of it)
@@ -89,7 +95,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
                 cnt = counters[dev] = torch.zeros(max(tiles, cdiv(m, 16) * cdiv(gn, 16)), dtype=torch.int32, device=dev)
         else:  # (no tile splits: unused)
             ws = cnt = outs[0]
-        mm, normed = config["MM"], has_norm and config["NORM_PASS"]
+        mm, normed = config["MM"] == 1, has_norm and config["NORM_PASS"]
         ins = [tensors[i] for i in pre]
         if normed:  # the normalized rows (as eager computes them) written once: the K loop reads them as they are
             xn = torch.empty(m, k, dtype=ins[1].dtype, device=dev)
@@ -119,7 +125,7 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
                 rs, m, *row_sizes, *ext_strides, *out_strides, dp_tiles)  # fmt: skip
         consts = dict(K=k, GRID_N=gn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], SPLIT_K=sk,
                       K_SPLIT=k_split, EVEN_K=k % (bk * sk) == 0, TMA=bool(tma), RS_INLINE=rs_inline,
-                      RS_BLOCK=max(64, min(2048 // bm, k_pow2)), MM=mm, NORMED=bool(normed))  # fmt: skip
+                      RS_BLOCK=max(64, min(2048 // bm, k_pow2)), MM=int(mm), NORMED=bool(normed))  # fmt: skip
         warps = config["num_warps"]
         if config.get("WS"):  # the warp-specialized Gluon kernel (warp_specialized.py): persistent, TMA tiles
             if not tma or not hasattr(kernel, "variant"):
@@ -139,4 +145,5 @@ def build(fused: FusedOp, plan: GemmPlan, name: str) -> Kernel:
     stored = [shape_of(plan.scatters[r].source) if r in plan.scatters else shape_of(r) for r in em.outputs]
     nbytes = (m * k + plan.n * k) * elem + sum(numel(s) * dt.itemsize for s, dt in zip(stored, out_dtypes))
     nbytes += sum(numel(shape_of(v)) * dtype_of(v).itemsize for v, _, _ in em.ext)
-    return Kernel(name, src, launch, fused, {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes)
+    over = () if plan.residual_in_place is None else (plan.residual_in_place,)  # (MM=2 writes the residual)
+    return Kernel(name, src, launch, fused, {"M": m, "N": gn, "K": k, "streams": ns}, flops, nbytes, overwrites=over)

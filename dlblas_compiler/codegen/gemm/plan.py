@@ -80,6 +80,9 @@ class GemmPlan:
     # set when the kernel is built (`launch.build`): its warp-specialized kernel can end each tile in a TMA store
     # (its one output a plain [M, GRID_N] block: warp_specialized.Staging), so the space offers WS=2
     tma_epilogue: bool = False
+    # set with the source (`cublas.residual_in_place`): the region input cuBLAS may add the product into, so the space
+    # offers MM=2
+    residual_in_place: int | None = None
 
     @property
     def rms(self) -> RMSNormOp | None:

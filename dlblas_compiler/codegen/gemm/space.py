@@ -27,7 +27,9 @@ PARAMS = {
     "num_warps": [4, 8],
     "num_stages": [2, 3, 4, 5],
     "TMA": [0, 1],
-    "MM": [0, 1],  # 1: cuBLAS computes x @ W^T, the kernel is the prologue's scaling and the epilogue
+    # 1: cuBLAS computes x @ W^T, the kernel is the prologue's scaling and the epilogue; 2: cuBLAS adds x @ W^T into
+    # a residual nothing reads after the region (no kernel: cublas.py)
+    "MM": [0, 1, 2],
     "NORM_PASS": [0, 1],  # 1: a row pass writes the normalized x (the K loop reads it unscaled, no row statistics)
     "PERSISTENT": [0, 1],  # 1: one program per SM looping over the tiles (TMA tiles only)
     # 1: the warp-specialized Gluon kernel (a TMA loader warp feeding the MMA warps; sm90); 2: the same with the TMA
@@ -41,6 +43,9 @@ PARAMS = {
 TMA_ENV = "DLBLAS_GEMM_TMA"
 WGMMA_ROWS = 64  # from this many rows of a tile (4 warps or more) Triton 3.6 makes tl.dot a wgmma on sm90, below an mma
 SEEDED_ON = 9  # the sweeps' seeds were measured on H200 and H100 (sm90): elsewhere only the variants' starts
+# MM=2's one config (it runs no kernel: the tile parameters act on nothing)
+IN_PLACE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 1, "num_warps": 4, "num_stages": 2,
+            "TMA": 0, "MM": 2, "NORM_PASS": 0, "PERSISTENT": 0, "WS": 0}  # fmt: skip
 
 
 def space(plan: GemmPlan) -> SearchSpace:
@@ -106,12 +111,17 @@ def space(plan: GemmPlan) -> SearchSpace:
                                   and all(c["BLOCK_N"] % d == 0 for d in plan.rotary_dims)),
         "the TMA epilogue (WS=2) where the region's one output is a plain [M, N] block (warp_specialized.staging)":
         lambda c: c["WS"] != 2 or plan.tma_epilogue,
+        "cuBLAS's product added into the residual (MM=2) where nothing reads that residual after the region, in one"
+        " config (no kernel runs: cublas.residual_in_place)": lambda c: c["MM"] != 2
+        or (plan.residual_in_place is not None and c == IN_PLACE),
     }
     default = _default_config(m, gn, k, rot, narrow, ns, sms, tma_ok and k * elem % 16 == 0, smem_limit // elem,
                               has_norm, plan.rotary_from_product)
     starts = ((_seed_configs(m, ns, has_norm) if device.capability()[0] == SEEDED_ON else [])
               + _variant_starts(m, ns, has_norm, default))  # fmt: skip
     starts = [{**c, "WS": 0} for c in [default, *starts]]
+    if plan.residual_in_place is not None:  # (timed right after the default)
+        starts.insert(1, IN_PLACE)
 
     def valid(c: dict) -> bool:
         return all(rule(c) for rule in constraints.values())
