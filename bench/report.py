@@ -1900,6 +1900,49 @@ def flashnorm_section(before: str, after: str, rms: str, before_kernels: str) ->
     return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
 
 
+def cublas_addmm_section(name: str) -> str:
+    """bench/cublas_epilogue.py: cuBLAS's product of o-proj and down against torch.addmm with the residual as C,
+    written into a new tensor (torch copies the residual there first) or into the residual itself (out=residual), and
+    against the product followed by an add; per token count, each time over the bare product's (bench/NOTES.md 179)."""
+    doc = _load(name)
+    out = ["| M | region | addmm into a new tensor / mm | mm + add / mm | addmm in place / mm | layers |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
+    groups: dict[tuple, list[dict]] = {}
+    for r in doc["rows"]:
+        groups.setdefault((r["M"], r["region"].split("+")[0]), []).append(r)
+
+    def span(rows: list[dict], key: str) -> str:
+        v = [r[key] / r["mm_us"] for r in rows]
+        return f"{min(v):.3f}–{max(v):.3f}"
+
+    for (m, region), rows in sorted(groups.items()):
+        out.append(f"| {m} | {region} | {span(rows, 'addmm_us')} | {span(rows, 'mm_then_add_us')} | "
+                   f"{span(rows, 'addmm_inplace_us')} | {len(rows)} |")  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line([(name, {"gpu": doc.get("gpu"), "torch": doc.get("torch")},
+                                                  "CUDA-graph replays, L2 cleared, five layers' shapes")]) + "\n"
+
+
+def residual_inplace_section(*names: str) -> str:
+    """bench/residual_inplace.py: a stack of decoder layers compiled with MM=2 offered and without it, their calls
+    timed in turn (CUDA-graph replays), the kernels' sum from a profile, and which regions ran MM=2."""
+    out = ["| run | layer × depth | M | call µs, MM=2 offered | call µs, without | speedup | kernel sum µs (offered / "
+           "without) | regions on MM=2 | graphs kept (offered / without) |",
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    entries = []
+    for tag, name in names:
+        rows = _load(name)
+        for r in rows:
+            c, k = r["call_us"], r.get("kernels") or {}
+            sums = " / ".join(f"{k[x]['kernel_sum']:.1f}" for x in ("in place", "without")) if k else "–"
+            ran = sum((x["config"] or {}).get("MM") == 2 for x in r["choices"]["in place"])
+            kept = " / ".join(str(r["graphs"][x]["cuda_graphs"]) for x in ("in place", "without"))
+            out.append(f"| {tag} | {r['layer']} × {r['depth']} | {r['M']} | "
+                       f"{c['in place']:.1f} | {c['without']:.1f} | {c['without'] / c['in place']:.3f}x | {sums} | "
+                       f"{ran} | {kept} |")  # fmt: skip
+        entries.append((name, {"gpu": rows[0].get("gpu"), "torch": rows[0].get("torch")}, f"run {tag}"))
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
 def decode_gemms_section(name: str, ceilings: str) -> str:
     """bench/gemms.py --tokens 1: each GEMM region at one row (decode) against cuBLAS on the same shape, as
     bandwidth on the weight (its bytes read once) against the copy bandwidth measured in the same run."""
@@ -2888,6 +2931,10 @@ SECTIONS = {
     "flashnorm-s63": functools.partial(flashnorm_section, "2026-12-04-h200-s63-flashnorm.json",
                                        "2026-12-04-h200-s63-flashnorm-after.json", "2026-12-04-h200-s63-row-rms.json",
                                        "2026-12-04-h200-s63-norm-pass-kernels.json"),
+    "cublas-addmm-s64": functools.partial(cublas_addmm_section, "2026-12-04-h200-s64-cublas-addmm-inplace.json"),
+    "gemms-m128-s64": functools.partial(gemms_section, "2026-12-04-h200-s64-gemms-m128-b.json"),
+    "residual-inplace-s64": functools.partial(residual_inplace_section,
+                                              ("call 7", "2026-12-04-h200-s64-residual-inplace-d.json")),
     "split-sweep-s62-m128": functools.partial(split_sweep_section, "2026-12-04-h200-s62-m128-splitk-sweep.json",
                                               4.24e12),
     "best-mode-goal-s62-small": functools.partial(best_mode_goal_section, 1.1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -138,12 +139,19 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, sett
 
 
 def paired(calls: Sequence[Callable[[], Any]], turns: int, before: Callable[[], Any] | None = None) -> list[list[float]]:
-    """`turns` calls of each of `calls` taken in turn, one call at a time (the order rotating each turn), each timed
+    """`turns` calls of each of `calls` taken in turn, one call at a time (in a new order each turn), each timed
     as `triton.testing.do_bench` times one (L2 cleared, events around the call, no wait for the GPU between calls):
     all of them run under the same state of the card (the power limiter's clock drifts by up to ~10% between
     blocks of 0.1 s, bench/NOTES.md 156), so the median of their per-turn ratios compares like with like. `before`
     (optional) runs ahead of each call's clear, outside its events (putting back what a call wrote in place). Per
-    call, its seconds in turn order. GPU only."""
+    call, its seconds in turn order. GPU only.
+
+    No wait for the GPU means a call's events also hold whatever the GPU waited for since the call before it: the
+    host's own time where that call left the GPU idle (an eager model, a host-bound call). So each turn's order is a
+    random permutation (seeded, so runs repeat), and every call follows each other one about equally often. A
+    rotation made call i follow call i - 1 in all but one turn of n: with an eager model first in a rotation of three,
+    the compiled call after it read 6-28% slower than the third, its twin, which later calls timing the two alone found
+    1.6-2.1% slower than it (bench/NOTES.md 179)."""
     from triton import runtime
 
     driver = runtime.driver.active
@@ -156,8 +164,9 @@ def paired(calls: Sequence[Callable[[], Any]], turns: int, before: Callable[[], 
             before()
         call()
     torch.cuda.synchronize()
+    rng = random.Random(0)
     for t in range(turns):
-        for i in [(t + j) % n for j in range(n)]:
+        for i in rng.sample(range(n), n):
             if before is not None:
                 before()
             driver.clear_cache(cache)
