@@ -6,7 +6,9 @@ them (`can_lower`, through the template registry only), and a region that is con
 comes back) is claimed. The generic pattern is DNNFusion's: seeded at one-to-one ops and grown along
 producer/consumer edges that the legality table below allows and the row template can implement. Views between
 regions then move into the regions that read them (`sink_views`), and a region's output made by a permutation
-leaves it in eager's order where its readers take the permutation as a view (`yield_in_eager_order`).
+leaves it in eager's order where its readers take the permutation as a view (`yield_in_eager_order`). Last, each
+region's inputs whose memory nothing reads after it are marked on it (`overwritable`, `dialects.aliasing`): its
+kernel may write over them (a GEMM's residual, into which cuBLAS adds the product).
 
 Legality (producer kind, consumer kind) → rule; "template" means only a template that supports the
 combination may fuse it (norm statistics in a GEMM prologue, rotary in a GEMM epilogue, ...).
