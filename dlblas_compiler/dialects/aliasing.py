@@ -20,11 +20,14 @@ from .structural import FusedOp, TorchCallOp
 ALIASING = (*VIEW_OPS, ConvertOp, TorchCallOp)  # ops whose result may share its operand's memory at run time
 
 
-def readers(values: list[SSAValue], skip: Operation | None = None) -> Iterator[Operation | None]:
+def readers(values: list[SSAValue], skip: Operation | None = None,
+            through_regions: bool = False) -> Iterator[Operation | None]:
     """The top-level ops (a dl.fused for an op inside it; None outside the function) that read `values` or a
     value that may be a view of one: through view-like ops and torch calls, except calls eager showed to make new
     tensors (`fresh`), and not past `skip`. An in-place call's result is the operand it writes (`writes`), never a
-    view of its others: the index of `t[:, index] = v` does not reach the output through it."""
+    view of its others: the index of `t[:, index] = v` does not reach the output through it. `through_regions`:
+    also through a region's outputs that may share an input's memory (`_may_alias_input`). One op reading two such
+    values is yielded once for each."""
     stack, seen = list(values), set()
     while stack:
         x = stack.pop()
@@ -38,6 +41,8 @@ def readers(values: list[SSAValue], skip: Operation | None = None) -> Iterator[O
             yield user
             if isinstance(user, ALIASING) and "fresh" not in user.attributes and not _other_than_written(user, use):
                 stack.extend(user.results)
+            elif through_regions and isinstance(user, FusedOp) and use.operation is user:
+                stack.extend(r for o, r in enumerate(user.outputs) if _may_alias_input(user, o))
 
 
 def read_after(v: SSAValue, write: Operation, order: dict[Operation, int]) -> bool:
@@ -89,8 +94,8 @@ def overwritable(fn: func.FuncOp) -> dict[FusedOp, tuple[int, ...]]:
             root = _region_root(v)
             if root is None:
                 continue
-            shared, users = _sharing(root)
-            if sum(x in shared for x in op.inputs) == 1 and all(
+            users = list(readers([root], through_regions=True))
+            if sum(user is op for user in users) == 1 and all(  # (op reads no other value sharing that memory)
                 user is op or (user is not None and not isinstance(user, func.ReturnOp) and order[user] < order[op])
                 for user in users
             ):  # fmt: skip
@@ -120,23 +125,3 @@ def _may_alias_input(fused: FusedOp, out: int) -> bool:
         y = y.owner.operands[0]
     return y in args or isinstance(y.owner, IndexCopyOp)
 
-
-def _sharing(root: SSAValue) -> tuple[set[SSAValue], list[Operation | None]]:
-    """The values that may share `root`'s memory (itself, views of it, torch calls' results that may be views,
-    region outputs that may be views of a region input among them) and the top-level ops reading any of them."""
-    shared, users, stack = {root}, [], [root]
-    while stack:
-        x = stack.pop()
-        for use in x.uses:
-            user = top(use.operation)
-            users.append(user)
-            more: list[SSAValue] = []
-            if isinstance(user, ALIASING) and "fresh" not in user.attributes and not _other_than_written(user, use):
-                more = list(user.results)
-            elif isinstance(user, FusedOp) and use.operation is user:
-                more = [r for o, r in enumerate(user.outputs) if _may_alias_input(user, o)]
-            for r in more:
-                if r not in shared:
-                    shared.add(r)
-                    stack.append(r)
-    return shared, users

@@ -436,11 +436,12 @@ class Builder:
             return [env[v] for v in yielded]
 
         opts = self.options
+        low = self.lowered.get(fused)
+        kernel = low.kernel if isinstance(low, KernelLowering) else None
         step = RegionStep(KernelChoice(fused.label, fused.pattern.data), ins, outs, reference, interpret=self.interpret,
                           strict=opts.strict, checks=-1 if opts.check is True else int(opts.check),
                           prefer_kernel=opts.prefer_kernels, profile="profile" in fused.attributes,
-                          writes=self._writes(fused, None))  # fmt: skip
-        low = self.lowered.get(fused)
+                          writes=self._writes(fused, kernel))  # fmt: skip
         if low is None:  # the reference backend lowers nothing
             step.choice.reason = "reference backend"
             return step
@@ -455,7 +456,6 @@ class Builder:
             return step
         assert isinstance(low, KernelLowering)
         step.kernel = low.kernel
-        step.writes = self._writes(fused, low.kernel)
         try:
             config = low.space.default()
             step.compiled = low.kernel.compiled(self.interpret, chained=opts.chained_launches and not self.interpret and has_pdl())
