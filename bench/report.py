@@ -1925,9 +1925,9 @@ def cublas_addmm_section(name: str) -> str:
 def residual_inplace_section(*names: str) -> str:
     """bench/residual_inplace.py: a stack of decoder layers compiled with MM=2 offered and without it, their calls
     timed in turn (CUDA-graph replays), the kernels' sum from a profile, and which regions ran MM=2."""
-    out = ["| run | layer × depth | M | call µs, MM=2 offered | call µs, without | speedup | kernel sum µs (offered / "
-           "without) | regions on MM=2 | graphs kept (offered / without) |",
-           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = ["| run | layer × depth | M | call µs, MM=2 offered | call µs, without | speedup | eager call µs | kernel sum "
+           "µs (offered / without) | regions on MM=2 | graphs kept (offered / without) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     entries = []
     for tag, name in names:
         rows = _load(name)
@@ -1937,7 +1937,7 @@ def residual_inplace_section(*names: str) -> str:
             ran = sum((x["config"] or {}).get("MM") == 2 for x in r["choices"]["in place"])
             kept = " / ".join(str(r["graphs"][x]["cuda_graphs"]) for x in ("in place", "without"))
             out.append(f"| {tag} | {r['layer']} × {r['depth']} | {r['M']} | "
-                       f"{c['in place']:.1f} | {c['without']:.1f} | {c['without'] / c['in place']:.3f}x | {sums} | "
+                       f"{c['in place']:.1f} | {c['without']:.1f} | {c['without'] / c['in place']:.3f}x | {c['eager']:.0f} | {sums} | "
                        f"{ran} | {kept} |")  # fmt: skip
         entries.append((name, {"gpu": rows[0].get("gpu"), "torch": rows[0].get("torch")}, f"run {tag}"))
     return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
