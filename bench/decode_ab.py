@@ -13,7 +13,8 @@ ratios are taken within rounds.
                               [--model llama3_8b|qwen3_8b|...]
 
 Modes: ours (`dc.compile(model.forward, backend="triton", tune=--tune)`), ours-unchained (ours
-with `chained_launches=False`), hf-auto (plain generate(): with a static
+with `chained_launches=False`), ours-no-inplace (ours with `DLBLAS_GEMM_IN_PLACE=0` around its calls: no GEMM region
+adds its product into a dead residual in place, MM=2, bench/NOTES.md 179), hf-auto (plain generate(): with a static
 cache on a GPU it compiles the decode step itself, torch.compile mode "reduce-overhead"), inductor
 (`torch.compile(model.forward)`), eager. Results: OUT/decode_ab.json (per mode: the first call's seconds, each
 round's decode ms per token and prefill ms; per round the ratios of each mode to the first; medians; ours' report
@@ -77,7 +78,7 @@ def make(mode: str, model_name: str, layers: int, tune: str, device: str, slidin
     gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
     if mode != "hf-auto":  # (generate() would otherwise torch.compile the decode step itself)
         gen["disable_compile"] = True
-    if mode in ("ours", "ours-int-keyed", "ours-unchained"):
+    if mode in ("ours", "ours-int-keyed", "ours-unchained", "ours-no-inplace"):
         model.forward = dc.compile(model.forward, backend="triton" if device == "cuda" else "reference", tune=tune,
                                    chained_launches=mode != "ours-unchained")  # fmt: skip
     elif mode == "inductor":
@@ -115,25 +116,35 @@ def main(argv=None) -> int:
                            "transformers": __import__("transformers").__version__}  # fmt: skip
 
     from dlblas_compiler import api
+    from dlblas_compiler.codegen.gemm.cublas import IN_PLACE_ENV
 
     unread_ints = api.unread_ints
 
     def generate(mode: str, n: int) -> float:
         model, gen = runs[mode]
         api.unread_ints = (lambda gm: frozenset()) if mode == "ours-int-keyed" else unread_ints  # (graphs made now)
-        sync()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
-        sync()
-        return time.perf_counter() - t0
+        old = os.environ.pop(IN_PLACE_ENV, None)  # (read where a region's kernel is made: during the call)
+        if mode == "ours-no-inplace":
+            os.environ[IN_PLACE_ENV] = "0"
+        try:
+            sync()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, **gen)
+            sync()
+            return time.perf_counter() - t0
+        finally:
+            api.unread_ints = unread_ints
+            os.environ.pop(IN_PLACE_ENV, None)
+            if old is not None:
+                os.environ[IN_PLACE_ENV] = old
 
     for mode in modes:  # compile and warm each (the first call: compile, tuning, capture), then once more, and a
         runs[mode] = make(mode, args.model, args.layers, args.tune, args.device, args.sliding_window)  # generate() of one token (ours'
         doc["first_call_s"][mode] = round(generate(mode, args.new), 3)  # first one took 1.6 s in a round at
         generate(mode, args.new)  # prompt 2048, BENCHMARKS.md thirty-first session)
-        if mode == "ours":  # what the last call (a decode step) ran: regions, kernels, what stayed in torch
-            doc["ours_decode_report"] = str(runs[mode][0].forward.report())
+        if mode in ("ours", "ours-no-inplace"):  # what the last call (a decode step) ran: regions, kernels, what
+            doc[f"{mode.replace('-', '_')}_decode_report"] = str(runs[mode][0].forward.report())  # stayed in torch
         generate(mode, 1)
         print(f"{mode}: first call {doc['first_call_s'][mode]} s", flush=True)
     for r in range(args.rounds):

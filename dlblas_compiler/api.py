@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 
 from .dialects import FusedOp, TorchCallOp
 from .errors import FrontendError, UnsupportedError
-from .frontend import Captured, Imported, capture, import_graph, shape_errors, sizes_unseen, traces, unread_ints
+from .frontend import Captured, Imported, capture, dynamo_call, import_graph, sizes_unseen, traces, unread_ints
 from .fusion.patterns import patterns_by_priority
 from .fusion.planner import fusion_notes
 from .fusion.templates import TEMPLATES, KernelLowering
@@ -772,7 +772,7 @@ class TracedForward:
         self.aot = torch.compile(self.func, fullgraph=True, backend=backend,
                                  options={"guard_filter_fn": traces.guard_filter})  # fmt: skip
         plain = DynamoBackend(backend.options, backend.compilations, backend.name)
-        self.plain = shape_errors(name, torch.compile(self.func, backend=plain))
+        self.plain = dynamo_call(name, torch.compile(self.func, backend=plain))
         options = {f.name: getattr(backend.options, f.name) for f in dataclasses.fields(backend.options)
                    if f.name not in ("dump_ir", "check")}  # fmt: skip
         # (beside the tuning cache)
@@ -850,7 +850,7 @@ class TracedForward:
     def _trace(self, signature: str, args: tuple, kwargs: dict):
         t0 = time.perf_counter()
         try:
-            f = shape_errors(self.name, self.aot.aot_compile)(((self.owner, *args), kwargs))
+            f = dynamo_call(self.name, self.aot.aot_compile)(((self.owner, *args), kwargs))
         except FrontendError:
             raise
         except Exception as e:  # noqa: BLE001 - a graph break, a guard a file cannot hold: plain dynamo instead
@@ -931,7 +931,7 @@ def compile(model, backend: str | None = None, **options):  # noqa: A001
     else:
         dynamo_backend = DynamoBackend(opts, name=name)
         # (a shape error while dynamo traces a call: one line, not dynamo's log)
-        fn = shape_errors(name or getattr(model, "__qualname__", "the function"),
+        fn = dynamo_call(name or getattr(model, "__qualname__", "the function"),
                           torch.compile(model, backend=dynamo_backend))
 
     generation = getattr(owner, "generation_config", None)
@@ -940,5 +940,12 @@ def compile(model, backend: str | None = None, **options):  # noqa: A001
         # static caches on a GPU); that compile would trace through this function and run Inductor instead
         generation.disable_compile = True
     fn.compilations = dynamo_backend.compilations
-    fn.report = lambda: dynamo_backend.compilations[-1].report()
+
+    def report() -> Report:
+        if not dynamo_backend.compilations:
+            raise RuntimeError(f"{name or 'the function'} has compiled nothing yet: call it first (a call that dynamo "
+                               "ran eagerly, its whole code skipped, compiles nothing either)")  # fmt: skip
+        return dynamo_backend.compilations[-1].report()
+
+    fn.report = report
     return fn

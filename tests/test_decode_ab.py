@@ -62,3 +62,37 @@ def test_a_sliding_window_decodes_with_one_specialization(tmp_path, monkeypatch)
     assert doc["sliding_window"] == 64
     spec = doc["specializations"]
     assert spec["ours"] == 2 and spec["ours-int-keyed"] == 1 + 5, spec  # (the prefill and the decode step; 5 counter values)
+
+
+def test_ours_without_in_place_residuals_sets_its_switch_around_its_calls_only(tmp_path, monkeypatch):
+    """`ours-no-inplace` is ours with DLBLAS_GEMM_IN_PLACE=0 while its generate() runs (the switch is read where a
+    region's kernel is made, during the call), and the caller's environment is left as it was."""
+    from dlblas_compiler.codegen.gemm.cublas import IN_PLACE_ENV
+
+    for name, value in {"H": 64, "I": 128, "HQ": 4, "HK": 2, "D": 16, "VOCAB": 1000}.items():
+        monkeypatch.setattr(generate, name, value)
+    monkeypatch.setenv(IN_PLACE_ENV, "1")
+    seen = []
+    real = decode_ab.make
+
+    def make(mode, *args, **kw):
+        model, gen = real(mode, *args, **kw)
+        forward = model.forward
+
+        def spy(*a, **k):
+            seen.append((mode, os.environ.get(IN_PLACE_ENV)))
+            return forward(*a, **k)
+
+        spy.report = forward.report
+        spy.compilations = forward.compilations
+        model.forward = spy
+        return model, gen
+
+    monkeypatch.setattr(decode_ab, "make", make)
+    assert decode_ab.main(["--out", str(tmp_path), "--modes", "ours,ours-no-inplace", "--rounds", "1", "--prompt", "5",
+                           "--new", "3", "--layers", "1", "--tune", "none", "--device", "cpu"]) == 0  # fmt: skip
+    assert {v for m, v in seen if m == "ours"} == {None} and {v for m, v in seen if m == "ours-no-inplace"} == {"0"}
+    assert os.environ[IN_PLACE_ENV] == "1"
+    doc = json.loads((tmp_path / "decode_ab.json").read_text())
+    assert "fused region" in doc["ours_decode_report"] and "fused region" in doc["ours_no_inplace_decode_report"]
+    assert set(doc["specializations"]) == {"ours", "ours-no-inplace"}

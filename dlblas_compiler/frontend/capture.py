@@ -303,22 +303,35 @@ class _QuietWhileCalling(logging.Filter):
 _QUIET = _QuietWhileCalling()
 
 
-def shape_errors(name: str, fn: Callable) -> Callable:
+# Dynamo counts the compiles of a code object over every torch.compile of it, and after `recompile_limit` (8)
+# runs that code eager from then on, silently but for a log line. Hugging Face models' forwards share one code
+# object (transformers' decorator around them), so a process that compiles a few models, or one model in a few modes,
+# reached it and our later compiles ran eager. Our own calls allow this many.
+RECOMPILE_LIMIT = 64
+
+
+def dynamo_call(name: str, fn: Callable) -> Callable:
     """`fn` (a function compiled through dynamo: `dc.compile(model.forward)`) called so that an op failing on the
     call's shapes while dynamo traces it raises one FrontendError naming the op's source line, as `capture` does,
-    instead of dynamo's TorchRuntimeError after FakeTensorMode's logged traceback."""
+    instead of dynamo's TorchRuntimeError after FakeTensorMode's logged traceback, and so that dynamo's recompile
+    limit is at least RECOMPILE_LIMIT during the call (set and restored around it: ~4 µs, where the config's
+    `patch` takes ~18)."""
     import torch._dynamo
 
     logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QUIET)  # (once per logger: a set of filters)
+    config = torch._dynamo.config
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         _QUIET.calling += 1
+        limit = config.recompile_limit
+        config.recompile_limit = max(limit, RECOMPILE_LIMIT)
         try:
             return fn(*args, **kwargs)
         except torch._dynamo.exc.TorchRuntimeError as e:
             raise FrontendError(_shape_failure(name, e)) from None
         finally:
+            config.recompile_limit = limit
             _QUIET.calling -= 1
 
     return call

@@ -250,3 +250,25 @@ def test_calls_are_described_in_full_where_sizes_do_not_follow_the_int_inputs():
     with torch.no_grad():
         assert torch.equal(cm.guarded((x,)), gm(x))
     assert cm.specializations == 1
+
+
+def test_more_compiles_of_one_forward_than_dynamos_recompile_limit_all_compile():
+    """Dynamo counts the compiles of a code object over every torch.compile of it and runs that code eager after
+    8; Hugging Face models' forwards share one code object, so a process compiling several models reached it.
+    `dc.compile` raises the limit around its calls: twelve compiles of one forward all run our program. A function
+    that compiled nothing says so by name."""
+    import dlblas_compiler as dc
+
+    model = randomize_(Mlp()).eval()
+    x = _inputs(4)
+    with torch.no_grad():
+        want = model(x)
+        for i in range(12):
+            fn = dc.compile(model.forward, backend="reference")
+            if i == 0:
+                with pytest.raises(RuntimeError, match="Mlp has compiled nothing yet"):
+                    fn.report()
+            assert rel_error(fn(x), want) < 1e-5
+            assert len(fn.compilations) == 1, i  # (ran our program, not eager)
+            assert "fused region" in str(fn.report())
+    assert torch._dynamo.config.recompile_limit == 8
