@@ -134,7 +134,7 @@ with torch.no_grad():
     print(json.dumps(res["ways"]), json.dumps(res["paired"]), flush=True)
     # sustained phases (1.5 s of L2 clear + call, as do_bench calls), ours and Inductor's in turn, with nvidia-smi's
     # SM clock and power: at the power limit a call's time is its energy over the limit
-    from profile_kernels import Smi
+    from smi import Smi
     from triton import runtime
 
     drv = runtime.driver.active

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from blocks import BLOCKS  # noqa: E402
-from profile_kernels import Smi  # noqa: E402
+from smi import Smi  # noqa: E402
 
 import dlblas_compiler as dc  # noqa: E402
 from dlblas_compiler.runtime.steps import RegionStep  # noqa: E402

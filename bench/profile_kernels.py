@@ -23,15 +23,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -42,6 +38,7 @@ import dlblas_compiler as dc  # noqa: E402
 from blocks import BLOCKS  # noqa: E402
 from ceilings import measure as measure_ceilings  # noqa: E402
 from run import graphed  # noqa: E402
+from smi import Smi  # noqa: E402
 
 FLUSH = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda") if torch.cuda.is_available() else None
 GPU_CATS = ("kernel", "gpu_memset", "gpu_memcpy")
@@ -164,56 +161,6 @@ def interleaved(direct, replay, calls: int, flush: set) -> dict:
     if len(segments) != len(order):
         return {"error": f"{len(segments)} traced calls for {len(order)} launched"}
     return {how: summarize([s for s, o in zip(segments, order) if o == how]) for how in ("direct", "graph")}
-
-
-class Smi:
-    """nvidia-smi sampling (SM clock, power, temperature every 100 ms) into a CSV, with named phases, so the
-    clocks can be matched to what ran; records nothing where nvidia-smi is missing."""
-
-    QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu"
-
-    def __init__(self, path: str):
-        self.path, self.phases = path, []
-        try:
-            self.file = open(path, "w")
-            cmd = ["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits", "-lms", "100"]
-            self.proc = subprocess.Popen(cmd, stdout=self.file, stderr=subprocess.DEVNULL)
-        except OSError:
-            self.proc = None
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        t0 = time.time()
-        try:
-            yield
-        finally:
-            torch.cuda.synchronize()
-            self.phases.append((name, t0, time.time()))
-
-    def stop(self) -> dict:
-        """Per phase: samples, SM clock (median, min), power (median, max), temperature (max)."""
-        if self.proc is None:
-            return {}
-        self.proc.terminate()
-        self.proc.wait()
-        self.file.close()
-        samples = []
-        for line in open(self.path):
-            try:
-                ts, sm, w, temp = (x.strip() for x in line.split(","))
-                t = datetime.datetime.strptime(ts, "%Y/%m/%d %H:%M:%S.%f").timestamp()  # local time, as time.time()
-                samples.append((t, float(sm), float(w), float(temp)))
-            except ValueError:
-                continue
-        out = {}
-        for name, t0, t1 in self.phases:
-            s = [x for x in samples if t0 <= x[0] <= t1]
-            if s:
-                sm, w = [x[1] for x in s], [x[2] for x in s]
-                out[name] = {"samples": len(s), "sm_mhz_median": statistics.median(sm), "sm_mhz_min": min(sm),
-                             "power_w_median": statistics.median(w), "power_w_max": max(w),
-                             "temp_c_max": max(x[3] for x in s)}  # fmt: skip
-        return out
 
 
 def make(mode: str, mod, args, kwargs):

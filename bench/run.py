@@ -7,18 +7,22 @@ ours (dlblas_compiler, tuned, CUDA graphs), ours-nocg (same kernels, no CUDA gra
 GPU time: the call captured in a CUDA graph and replayed, L2 cleared before each replay (do_bench median):
 what the GPU spends. Call time: one Python call as a user makes it (do_bench median). All modes of a block
 and M are compiled first, then timed in `--rounds` rounds (order rotating); figures are medians over rounds.
-Paired call time (`--paired N`): then N calls of each mode in turn, call by call, each timed as do_bench times
-one; the modes' calls share the GPU's state, which drifts between do_bench blocks (the power limiter's clock).
+Paired call time (`--paired N`): then N turns of one call of each mode, call by call (a random order each turn,
+`profiler.paired`), each timed as do_bench times one; the modes' calls share the GPU's state, which drifts between
+do_bench blocks (the power limiter's clock).
 Every mode's output is compared with a float64 reference (relative error ‖out−ref‖/‖ref‖). Each block and M
 runs in its own process (one crash costs one pair); results are appended to OUT/results.json pair by pair,
-so a run cut short keeps what it measured. Each process first measures the GPU's ceilings (bench/ceilings.py:
-copy bandwidth, bf16 matmul rate), records them in its run's meta and computes the floors from them; each
-row keeps the bytes and flops of its floor, and for our modes what ran each region (kernel or reference).
+so a run cut short keeps what it measured. nvidia-smi samples the SM clock and power of each pair's process into
+OUT/smi_<block>_<M>.csv (bench/smi.py); each row keeps their summary per round (`smi_rounds`) and over the paired
+calls (`smi_paired`), so a timing can be matched to its clock. Each process first measures the GPU's ceilings
+(bench/ceilings.py: copy bandwidth, bf16 matmul rate), records them in its run's meta and computes the floors from
+them; each row keeps the bytes and flops of its floor, and for our modes what ran each region (kernel or reference).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -38,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from blocks import BLOCKS, floor_us  # noqa: E402
 from ceilings import measure as measure_ceilings  # noqa: E402
+from smi import Smi  # noqa: E402
 
 import dlblas_compiler as dc  # noqa: E402
 from dlblas_compiler.numerics import rel_error  # noqa: E402
@@ -102,14 +107,16 @@ def make_fn(mode: str, mod, args, kwargs, tune: str):
 
 def bench_one(
     block: str, m: int, modes: list[str], tune: str, dtype, rounds: int, ceilings: dict | None = None,
-    save: Callable[[list[dict]], None] | None = None, paired_calls: int = 0,
+    save: Callable[[list[dict]], None] | None = None, paired_calls: int = 0, smi: Smi | None = None,
 ) -> list[dict]:
     """Compile and check every mode, then time them all in `rounds` rounds (the order rotating each round),
     so that drift of the GPU's state over the run lands on every mode alike; each figure is the median over
     rounds, and the rounds' values are kept. With `paired_calls`, the modes' calls are then also timed in turn,
     call by call (`paired`): `call_us_paired` (the median) and `call_us_paired_calls` (each call, in turn order).
     `save(rows)` runs before the compiled modes and their CUDA graphs
-    are released (a process that dies in that teardown has written its rows)."""
+    are released (a process that dies in that teardown has written its rows). With `smi` (nvidia-smi sampling),
+    each row keeps the clock and power of its rounds' call timings (`smi_rounds`) and of the paired calls
+    (`smi_paired`, all modes together)."""
     gpu = torch.cuda.get_device_name()
     mod, args, kwargs, nbytes, flops = BLOCKS[block](m, dtype, "cuda")
     floor = floor_us(gpu, nbytes, flops, ceilings)
@@ -157,17 +164,24 @@ def bench_one(
         with torch.no_grad():
             for r in range(rounds):
                 for row, fn, graph, _ in timed[r % max(1, len(timed)) :] + timed[: r % max(1, len(timed))]:
-                    row.setdefault("call_us_rounds", []).append(do_bench(fn))
+                    with smi.phase(f"{row['mode']}/{r}") if smi else contextlib.nullcontext():
+                        row.setdefault("call_us_rounds", []).append(do_bench(fn))
                     if graph is not None:
                         row.setdefault("gpu_us_rounds", []).append(do_bench(graph.replay))
             if paired_calls and timed:
-                for (row, *_), calls in zip(timed, paired([fn for _, fn, _, _ in timed], paired_calls), strict=True):
+                with smi.phase("paired") if smi else contextlib.nullcontext():
+                    calls_of = paired([fn for _, fn, _, _ in timed], paired_calls)
+                for (row, *_), calls in zip(timed, calls_of, strict=True):
                     row["call_us_paired"] = statistics.median(calls)
                     row["call_us_paired_calls"] = [round(c, 2) for c in calls]
     except Exception as e:  # noqa: BLE001 - keep the rounds measured so far
         rows[0]["timing_error"] = f"{type(e).__name__}: {str(e)[:400]}"
         traceback.print_exc()
+    phases = smi.stop() if smi else {}
     for row in rows:
+        if phases:
+            row["smi_rounds"] = [phases.get(f"{row['mode']}/{r}", {}) for r in range(rounds)]
+            row["smi_paired"] = phases.get("paired", {})
         for key in ("call_us", "gpu_us"):
             if row.get(f"{key}_rounds"):
                 row[key] = statistics.median(row[f"{key}_rounds"])
@@ -237,8 +251,9 @@ def main(argv=None) -> int:
             json.dump(results, f, indent=1)
 
     for block, m in pairs:
+        smi = Smi(os.path.join(a.out, f"smi_{block}_{m}.csv"))
         bench_one(block, m, a.modes.split(","), a.tune, getattr(torch, a.dtype), a.rounds, meta.get("ceilings"), save,
-                  a.paired)
+                  a.paired, smi)
     return 0
 
 

@@ -5,7 +5,7 @@ in blocks NOTES 148 describes, which the tree no longer has.)
     python bench/search_heat.py --out OUT [--layers llama3_8b,qwen25_7b] [--tokens 2048] [--held 6]
 
 Each layer (bench/blocks.HF_LAYERS) is compiled and quick-tuned from an empty cache while nvidia-smi samples the SM
-clock, power and throttle reasons every 20 ms (bench/tuner_power.Smi). Every candidate the searches time is recorded
+clock, power and throttle reasons every 20 ms (bench/smi.Smi). Every candidate the searches time is recorded
 with its wall-clock window, the GPU-idle gap before it (since the previous candidate or compile batch ended) and
 whether a batch of compiles ran in that gap. Afterwards the `--held` fastest candidates of each long search (50 µs or
 more) are timed again as the confirmation round times them (`profiler.confirm`: in turn, three rounds, on a card held
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
 from blocks import BLOCKS  # noqa: E402
-from tuner_power import Smi  # noqa: E402
+from smi import Smi  # noqa: E402
 
 import dlblas_compiler as dc  # noqa: E402
 from dlblas_compiler.runtime import selection  # noqa: E402
@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--held", type=int, default=6)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    smi = Smi(os.path.join(tempfile.mkdtemp(prefix="search_heat-"), "smi.csv"))
+    smi = Smi(os.path.join(tempfile.mkdtemp(prefix="search_heat-"), "smi.csv"), period_ms=20)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d"), "tokens": a.tokens, "layers": []}  # fmt: skip
     try:

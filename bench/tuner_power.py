@@ -17,12 +17,9 @@ power are recorded with it. Writes OUT/tuner_power.json.
 from __future__ import annotations
 
 import argparse
-import bisect
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -34,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton  # noqa: E402
 from blocks import BLOCKS  # noqa: E402
 from gemms import SWEEP, graph_time_us, operands, region_inputs  # noqa: E402
+from smi import Smi  # noqa: E402
 
 import dlblas_compiler as dc  # noqa: E402
 from dlblas_compiler.codegen.kernel import compile_configs  # noqa: E402
@@ -76,42 +74,6 @@ def spun_seconds(call, warmup_ms: float = 10.0, rep_ms: float = 30.0, settle: bo
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
 
 
-class Smi:
-    """nvidia-smi sampling clock, power and throttle reasons every 20 ms into a file; `window(t0, t1)` summarises."""
-
-    def __init__(self, path: str):
-        self.path, self._read, self._rows = path, 0, []
-        query = "timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active"
-        self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "20"],
-                                     stdout=open(path, "w"))  # fmt: skip
-
-    def window(self, t0: float, t1: float) -> dict:
-        """Mean clock, power and share of power-capped samples between t0 and t1 (the file's lines are parsed once:
-        a search's hundreds of candidates each ask)."""
-        with open(self.path) as fh:
-            fh.seek(self._read)
-            text = fh.read()
-        whole = text[: text.rfind("\n") + 1]  # (a line nvidia-smi is still writing waits for the next call)
-        self._read += len(whole.encode())
-        for line in whole.splitlines():
-            f = [x.strip() for x in line.split(",")]
-            try:
-                ts = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                self._rows.append((ts, float(f[1]), float(f[2]), int(f[3], 16)))
-            except (ValueError, IndexError):
-                continue
-        times = [r[0] for r in self._rows]
-        rows = self._rows[bisect.bisect_left(times, t0):bisect.bisect_right(times, t1)]
-        if not rows:
-            return {}
-        return {"sm_mhz": statistics.mean(r[1] for r in rows), "watts": statistics.mean(r[2] for r in rows),
-                "power_capped": sum(bool(r[3] & 0x4) for r in rows) / len(rows)}  # fmt: skip
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -119,7 +81,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    smi = Smi(os.path.join(a.out, "smi.csv"))
+    smi = Smi(os.path.join(a.out, "smi.csv"), period_ms=20)
     quick, full = TUNE_MODES["quick"], TUNE_MODES["full"]
     measures = {
         "spun": lambda call: spun_seconds(call),
