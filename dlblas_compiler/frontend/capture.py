@@ -26,6 +26,7 @@ import logging
 import math
 import operator
 import re
+import sys
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
@@ -88,6 +89,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
     FrontendError naming why both tracers failed, or that the call does not fit forward's signature."""
     if not isinstance(model, torch.fx.GraphModule):
         check_arguments(model, args, kwargs)
+        _refuse_hf_caches(model, args, kwargs)
     with moe_blocks_as_ops(model) as moe_names:
         captured = _capture(model, args, kwargs)
     if moe_names:
@@ -117,6 +119,40 @@ def _capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
         except Exception as e:  # noqa: BLE001 - any tracing failure sends us to dynamo
             failure = f"{type(e).__name__}: {_first_line(e)}"
     return _dynamo_capture(model, args, kwargs, failure)
+
+
+def _hf_cache_class() -> type | None:
+    """Hugging Face's KV cache base class, where transformers is in use (it is not imported for this)."""
+    module = sys.modules.get("transformers.cache_utils")
+    return getattr(module, "Cache", None)
+
+
+def _refuse_hf_caches(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """A Hugging Face cache passed in (`past_key_values=...`): its forward grows the cache object in place (new
+    tensors set on its layers), which a captured graph cannot follow. Compiling the forward through dynamo can."""
+    cache = _hf_cache_class()
+    if cache is None:
+        return
+    named = [(f"input {i}", v) for i, v in enumerate(args)] + list(kwargs.items())
+    for name, value in named:
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+        if isinstance(value, cache) or any(isinstance(v, cache) for v in inner):
+            raise FrontendError(
+                f"{type(model).__name__}: {name} is a Hugging Face cache ({type(value).__name__}), which forward "
+                "updates in place; a compiled module cannot follow that. Compile the forward instead, as for "
+                "generate(): model.forward = dc.compile(model.forward)"
+            )
+
+
+@functools.cache
+def _hf_caches_as_pytrees() -> None:
+    """Hugging Face's DynamicCache as a pytree node (transformers' own registration, made for torch.export): a model
+    called without a cache returns a new one (`use_cache` is on by default), its tensors the graph's outputs."""
+    try:
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+    except ImportError:
+        return
+    register_dynamic_cache_export_support()
 
 
 def check_arguments(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -240,6 +276,8 @@ def _dynamo_capture(model, args, kwargs, symbolic_failure: str) -> Captured:
 
     from .mutation import mutated_arg
 
+    if _hf_cache_class() is not None:
+        _hf_caches_as_pytrees()
     # Every input signature is exported afresh; dynamo's per-frame recompile limit must not stop the 9th.
     limits = {"recompile_limit": 1 << 20, "accumulated_recompile_limit": 1 << 20}
     before = _module_state(model)

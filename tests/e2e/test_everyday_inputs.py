@@ -127,6 +127,31 @@ def test_hf_llama_left_padded_batch_matches_eager_and_check_finds_no_error():
     assert "EXCEEDS" not in cm.report() and "attention" in _impls(cm)
 
 
+def test_hf_causal_lm_called_plainly_returns_eagers_logits_and_cache():
+    """`cm(ids)` on a Hugging Face causal LM, `use_cache` on as by default: the model makes a new DynamicCache and
+    returns it (registered as a pytree node, transformers' own registration for torch.export, so its tensors are
+    graph outputs). Logits and every layer's keys and values equal eager's, and eager decodes on from the returned
+    cache as from its own. A cache passed in, which forward grows in place, is a clear error that names the
+    way that works."""
+    from transformers import DynamicCache
+
+    model, ids, mask = _padded_llama()
+    cm = dc.compile(model, backend="interpret")
+    with torch.no_grad():
+        ref, out = model(ids, attention_mask=mask), cm(ids, attention_mask=mask)
+        assert isinstance(out.past_key_values, DynamicCache) and out.past_key_values is not ref.past_key_values
+        assert rel_error(out.logits, ref.logits) <= 1e-5
+        for mine, theirs in zip(out.past_key_values.layers, ref.past_key_values.layers, strict=True):
+            assert rel_error(mine.keys, theirs.keys) <= 1e-5 and rel_error(mine.values, theirs.values) <= 1e-5
+        step = dict(attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1))
+        mine, theirs = (model(ids[:, -1:], past_key_values=c, **step).logits
+                        for c in (out.past_key_values, ref.past_key_values))  # fmt: skip
+        assert rel_error(mine, theirs) <= 1e-5
+        wanted = "past_key_values is a Hugging Face cache .*dc.compile\\(model.forward\\)"
+        with pytest.raises(dc.FrontendError, match=wanted):
+            cm(ids[:, -1:], past_key_values=ref.past_key_values, **step)
+
+
 def test_hf_generate_on_a_left_padded_batch_gives_eagers_tokens():
     model, ids, mask = _padded_llama()
     kwargs = dict(attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
