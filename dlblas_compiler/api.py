@@ -186,8 +186,15 @@ def input_kinds(example_inputs: list) -> str:
 
 
 def _precision_mode() -> tuple:
-    """torch's switches the generated kernels follow (TF32 for fp32 matmuls)."""
-    return (torch.backends.cuda.matmul.allow_tf32,)
+    """torch's switches a specialization is compiled under: TF32 for fp32 matmuls (the generated kernels follow it),
+    and autocast on each device type, with its dtype. A program compiled outside autocast runs its kernels in the
+    model's dtypes, where eager computes linears and attention in the autocast dtype, and one compiled inside it
+    leaves those ops to torch (their dtypes differ from what the converters would make)."""
+    return (torch.backends.cuda.matmul.allow_tf32, _autocast("cuda"), _autocast("cpu"))
+
+
+def _autocast(device_type: str) -> torch.dtype | None:
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
 def _finish(spec: Specialization, args: tuple, kwargs: dict, flat: list) -> Specialization:

@@ -181,6 +181,7 @@ def _has_tensor(value: Any) -> bool:
 def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Node, Any]:
     """Run the graph on fake tensors; record every node's value."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import disable_autocast_cache
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     values: dict[torch.fx.Node, Any] = {}
@@ -204,7 +205,9 @@ def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Nod
     fake_inputs = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in inputs]
     recorder = Recorder(gm)
     recorder.extra_traceback = False  # (the FrontendError names the node and its source line)
-    with mode, torch.no_grad(), quiet_fake_tensor_log():
+    # (autocast's cache off: under autocast a linear casts its weight once per autocast region and keeps the copy,
+    # and here that copy would be fake; the compiled program and the caller's own calls in the region then read it)
+    with mode, torch.no_grad(), disable_autocast_cache(), quiet_fake_tensor_log():
         recorder.run(*fake_inputs)
     return values
 

@@ -320,6 +320,47 @@ def test_model_built_and_called_under_inference_mode(backend):
         assert rel_error(out, model(x)) <= 1e-5
 
 
+# -- 5b. autocast ------------------------------------------------------------------------------------------------
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)).eval()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_inside_autocast_leaves_autocasts_weight_cache_real(backend):
+    """A first call under torch.autocast compiles there. Shape propagation runs the model on fake tensors, and
+    autocast keeps the bf16 copy of each weight it casts for the rest of the region: that copy was fake, so the
+    compiled output and eager's own later calls in the region were FakeTensors. Both are real now, and equal eager's."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    model, x = _mlp(), _x(4, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, later = dc.compile(model, backend=backend)(x), model(x)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = model(x)
+    assert not isinstance(out, FakeTensor) and not isinstance(later, FakeTensor)
+    assert out.dtype == later.dtype == ref.dtype == torch.bfloat16
+    assert torch.equal(later, ref) and rel_error(out.float(), ref.float()) <= 1e-2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autocast_is_part_of_the_specialization(backend):
+    """Compiled outside autocast, then called inside it and outside again: each call has eager's dtype and values
+    (autocast on each device type, with its dtype, is in the specialization key, as TF32 is). A program compiled
+    outside autocast ran its fp32 kernels under it and returned fp32 where eager returns bf16."""
+    model, x = _mlp(), _x(4, 32)
+    cm = dc.compile(model, backend=backend)
+    with torch.no_grad():
+        for autocast in (False, True, False, True):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out, ref = cm(x), model(x)
+            assert out.dtype == ref.dtype == (torch.bfloat16 if autocast else torch.float32)
+            assert rel_error(out.float(), ref.float()) <= (1e-2 if autocast else 1e-5)
+    assert cm.specializations == 2
+
+
 # -- 6. the same tensor passed twice ------------------------------------------------------------------------
 
 
