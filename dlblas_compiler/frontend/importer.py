@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -210,6 +211,12 @@ def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Nod
     with mode, torch.no_grad(), disable_autocast_cache(), quiet_fake_tensor_log():
         recorder.run(*fake_inputs)
     return values
+
+
+# the ops with converters that torch.autocast runs in its lower precision dtype (every floating operand cast first)
+AUTOCAST_LOWER = frozenset({F.linear, torch._C._nn.linear, torch.matmul, operator.matmul, "matmul", "__matmul__",
+                            torch.bmm, "bmm", torch.mm, "mm", torch.addmm, "addmm", F.scaled_dot_product_attention,
+                            torch._C._nn.scaled_dot_product_attention})  # fmt: skip
 
 
 class Emitter:
@@ -548,6 +555,13 @@ class Importer:
             return
         key = converter_key(n, self.gm)
         out, reason = self._try_converter(n, key, args, kwargs, value)
+        if out is None and (recast := self._autocast(n, args, kwargs, value)) is not None:
+            cast_key, cast_args, cast_kwargs, casts = recast
+            out, _ = self._try_converter(n, cast_key, cast_args, cast_kwargs, value, function=True)
+            if out is None:  # (its casts go too)
+                for op in reversed(casts):
+                    op.detach()
+                    op.erase(safe_erase=False)
         if out is not None:
             self.env[n] = out
             self._note_view(n, value)
@@ -555,14 +569,51 @@ class Importer:
         self.notes.append(f"torch_call {n.name}: {reason}")
         self.env[n] = self._torch_call(n, value)
 
-    def _try_converter(self, n: torch.fx.Node, key: Any, args: Any, kwargs: Any, value: Any) -> tuple[Any, str]:
-        """(the converter's SSA value(s) for node n, "") or (None, why not)."""
+    def _autocast(self, n: torch.fx.Node, args: Any, kwargs: Any, value: Any) -> tuple | None:
+        """Under torch.autocast, an op autocast runs in its lower precision (linear, matmul, attention) first casts
+        each floating operand but float64 to the autocast dtype: the same casts as IR ops, so that the converter sees
+        eager's dtypes (a cast parameter is then a weight computed once). (converter key, args, kwargs, the casts)
+        where this is such an op under autocast, else None. An nn.Linear is taken as F.linear of its parameters."""
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            return None
+        device = value.device.type
+        if not torch.is_autocast_enabled(device) or value.dtype != torch.get_autocast_dtype(device):
+            return None
+        key = converter_key(n, self.gm)
+        if n.op == "call_module" and key is torch.nn.Linear:
+            mod = self.gm.get_submodule(n.target)
+            params = [self.emitter.param(f"{n.target}.{k}", getattr(mod, k)) for k in ("weight", "bias")
+                      if getattr(mod, k) is not None]  # fmt: skip
+            key, args = F.linear, (*args, *params)
+        elif key not in AUTOCAST_LOWER:
+            return None
+        target, casts = xdsl_dtype(value.dtype), []
+
+        def cast(v: Any) -> Any:
+            t = v.type if isinstance(v, SSAValue) else None
+            if not isinstance(t, TensorType) or t.element_type == target or t.element_type == xdsl_dtype(torch.float64):
+                return v
+            if t.element_type not in (xdsl_dtype(torch.float32), xdsl_dtype(torch.float16), xdsl_dtype(torch.bfloat16)):
+                return v
+            op = ConvertOp(v, target)
+            self.emitter.builder.insert(op)
+            op.result.name_hint = _safe_name(f"{n.name}_autocast")
+            casts.append(op)
+            return op.result
+
+        args, kwargs = pytree.tree_map(cast, (tuple(args), dict(kwargs)))
+        return (key, args, kwargs, casts) if casts else None
+
+    def _try_converter(self, n: torch.fx.Node, key: Any, args: Any, kwargs: Any, value: Any,
+                       function: bool = False) -> tuple[Any, str]:  # fmt: skip
+        """(the converter's SSA value(s) for node n, "") or (None, why not). `function`: `key` names a function's
+        converter, whichever kind of node n is."""
         conv = CONVERTERS.get(key)
         if conv is None:
             return None, f"no converter for {_describe(n)}"
         self.emitter.node, self.emitter.value, self.emitter.inserted = n, value, []
         try:
-            if n.op == "call_module":
+            if n.op == "call_module" and not function:
                 out = conv(self.emitter, self.gm.get_submodule(n.target), *args, **kwargs)
             else:
                 out = conv(self.emitter, *args, **kwargs)

@@ -37,7 +37,8 @@ def is_constant(v: SSAValue) -> bool:
         return False
     if isinstance(op, (ParamOp, ConstantOp)):
         return True
-    return isinstance(op, (CatOp, MulOp, AddOp, SliceOp, PermuteOp)) and all(is_constant(o) for o in op.operands)
+    weight_ops = (CatOp, MulOp, AddOp, SliceOp, PermuteOp, ConvertOp)
+    return isinstance(op, weight_ops) and all(is_constant(o) for o in op.operands)
 
 
 def users(v: SSAValue) -> list[Operation]:

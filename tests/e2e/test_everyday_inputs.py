@@ -361,6 +361,35 @@ def test_autocast_is_part_of_the_specialization(backend):
     assert cm.specializations == 2
 
 
+def test_under_autocast_linears_and_attention_run_generated_kernels_on_weights_cast_once():
+    """Inside autocast the linears, matmuls and attention take their floating operands cast to the autocast dtype,
+    as autocast does, as IR casts: a cast parameter is a weight computed once (not a pass over the weight every
+    call), and the GEMM and attention templates take the ops, q/k/v concatenated with rotary and gate/up with the
+    GLU. On an nn.Linear stack and on a Hugging Face Llama (left-padded batch), eager's dtypes and values."""
+    model, x = _mlp(), _x(4, 32)
+    cm = dc.compile(model, backend="interpret")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref = cm(x), model(x)
+    assert out.dtype == torch.bfloat16 and rel_error(out.float(), ref.float()) <= 1e-2
+    # x cast once (a row pass, as autocast's), then both GEMMs (GELU in the first one's epilogue)
+    assert [(r.pattern, list(r.ops)) for r in cm.report().regions][0] == ("row", ["dl.convert"])
+    assert [r.pattern for r in cm.report().regions][1:] == ["gemm", "gemm"]
+    program = cm._spec().executor  # both weights and both biases cast once, not by a step of every call
+    assert len(program.steps) == 3
+    assert sum(w.value()[0].dtype == torch.bfloat16 for _, w in program.weights.weights) == 4
+
+    llama, ids, mask = _padded_llama()
+    cm = dc.compile(llama, backend="interpret")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref = cm(ids, attention_mask=mask).logits, llama(ids, attention_mask=mask).logits
+    assert out.dtype == ref.dtype == torch.bfloat16 and rel_error(out.float(), ref.float()) <= 2e-2
+    ops = [set(r.ops) for r in cm.report().regions]
+    assert sum(r.pattern == "attention" for r in cm.report().regions) == 2
+    assert sum({"dl.linear", "dl.rotary"} <= o for o in ops) == 2
+    assert sum({"dl.linear", "dl.glu"} <= o for o in ops) == 2
+    assert set(_impls(cm).values()) == {"kernel"}
+
+
 # -- 6. the same tensor passed twice ------------------------------------------------------------------------
 
 
