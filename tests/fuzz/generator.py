@@ -25,7 +25,8 @@ Besides fresh dense tensors, specs hold the inputs and outputs everyday models s
 - outputs eager returns as fresh tensors where the IR sees one value: x.clone(), x * 1.0, x + 0.0, a
   parameter's clone, the same expression twice, y beside y.clone(); one value returned twice;
 - outputs wrapped in a namedtuple, a dataclass, a dict or a list (`"structure"`);
-- calls passing the inputs by keyword, in any order (`"call"`), an input passed twice then by two keywords.
+- calls passing the inputs by keyword, in any order (`"call"`), an input passed twice then by two keywords;
+- fp32 graphs called inside `torch.autocast` to bf16 (`"autocast"`), eager's calls and the compiled ones alike.
 
 The oracle: float64 eager on the same (dtype-rounded) inputs and weights is the truth (specs where eager
 in the dtype puts NaN or inf elsewhere than the truth are out of range). An output passes when it has
@@ -920,6 +921,8 @@ def random_spec(rng: random.Random, dtype: str | None = None, max_ops: int = 7) 
         spec = d.spec(seed, dt, outs, structure)
         if valid(spec):  # (how the call passes the inputs: drawn apart, so the graphs of a seed stay as they were)
             spec["call"] = random.Random(f"{seed}-call").choice(["positional", "keywords"])
+            if dt == "float32" and random.Random(f"{seed}-autocast").random() < 0.2:
+                spec["autocast"] = True  # (eager and compiled calls inside torch.autocast to bf16)
             return spec
 
 
@@ -1113,6 +1116,11 @@ def call(fn, spec: dict, xs: list):
     return fn(*xs[:lead], **{f"a{i}": xs[i] for i in order})
 
 
+def autocast(spec: dict, device: str = "cpu"):
+    """The spec's calls' autocast region: bf16 on `device` where the spec says so, else a region that does nothing."""
+    return torch.autocast(device, dtype=torch.bfloat16, enabled=bool(spec.get("autocast")))
+
+
 EAGER_SDPA = [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
 
 
@@ -1148,11 +1156,11 @@ def _check_backend(spec: dict, backend: str, model: nn.Module, eager_out, eager_
         if dev != "cpu":  # eager's layouts on the device (a copy of the model: a graph may write its parameters)
             # (not through cuDNN's attention, and through the math kernel where q, k or v is not 16-byte aligned:
             # `_AlignedSdpa`; eager's own faults there, not the backend's)
-            with torch.no_grad(), _AlignedSdpa(), sdpa_kernel(EAGER_SDPA):
+            with torch.no_grad(), _AlignedSdpa(), sdpa_kernel(EAGER_SDPA), autocast(spec, dev):
                 on_dev = copy.deepcopy(model).to(dev)(*make_inputs(spec, dtype, dev))
             contiguous = [e.is_contiguous() for e in leaves(on_dev)]
         cm = dc.compile(m, backend=backend, cuda_graphs=False)
-        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught, autocast(spec, dev):
             warnings.simplefilter("always")
             out = call(cm, spec, xs)
             res.kernels.update(k.pattern for k in cm.report().kernels if k.impl == "kernel")
@@ -1185,14 +1193,19 @@ def check(spec: dict, backends: list[str]) -> list[Outcome] | None:
     dtype = DTYPES[spec["dtype"]]
     model = build(spec).to(dtype)
     eager_xs = make_inputs(spec, dtype)
-    with torch.no_grad():
-        eager_out = model(*eager_xs)  # a graph that writes an input writes these
+    try:
+        with torch.no_grad(), autocast(spec):
+            eager_out = model(*eager_xs)  # a graph that writes an input writes these
+    except RuntimeError:
+        if spec.get("autocast"):  # eager's own error under autocast (bf16 written into an fp32 tensor): out of range
+            return None
+        raise
     eager = leaves(eager_out)
     if any(_nonfinite_diff(e, t) for e, t in zip(eager, truth)):
         return None  # eager overflows (or loses a NaN) in the dtype where float64 does not
     copies: dict[int, torch.Tensor] = {}  # one copy per tensor: an input passed twice stays one tensor
     contiguous = [copies.setdefault(id(t), t.contiguous()) for t in make_inputs(spec, dtype)]
-    with torch.no_grad():  # eager on contiguous copies of the inputs: torch's own rounding can depend on the layout
+    with torch.no_grad(), autocast(spec):  # eager on contiguous copies: torch's own rounding can depend on the layout
         eager_c = leaves(model(*contiguous))
     tol = ULPS[dtype] * torch.finfo(dtype).eps
     bounds = [tol * scale + 4 * max(_max_err(e, t), _max_err(c, t)) for e, c, t in zip(eager, eager_c, truth)]
@@ -1289,6 +1302,8 @@ def _candidates(spec: dict):
             yield s
     if spec.get("structure", "tuple") != "tuple":
         yield dict(copy.deepcopy(spec), structure="tuple")
+    if spec.get("autocast"):
+        yield {k: copy.deepcopy(v) for k, v in spec.items() if k != "autocast"}
     yield from _plainer_inputs(spec)
     for name, value in spec["dims"].items():
         for smaller in sorted({1, value // 2, value - 1}):
@@ -1374,4 +1389,6 @@ def features(spec: dict) -> set[str]:
         f.add("a value returned twice")
     if spec.get("call") == "keywords":
         f.add("call by keyword")
+    if spec.get("autocast"):
+        f.add("autocast bf16")
     return f
