@@ -390,6 +390,22 @@ def test_under_autocast_linears_and_attention_run_generated_kernels_on_weights_c
     assert set(_impls(cm).values()) == {"kernel"}
 
 
+@pytest.mark.gpu
+def test_autocast_on_the_gpu_runs_generated_kernels_with_eagers_dtypes():
+    """A fp32 Hugging Face Llama on the GPU, called inside CUDA autocast to bf16, outside it, and inside again, with
+    CUDA graphs: each call has eager's dtype, and its logits are within bf16 noise of eager's (within fp32's
+    outside); every region runs a generated kernel; two specializations."""
+    model, ids, mask = _padded_llama()
+    model, ids, mask = model.cuda(), ids.cuda(), mask.cuda()
+    cm = dc.compile(model, backend="triton", cuda_graphs=True)
+    for autocast in (True, False, True):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out, ref = cm(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits
+        assert out.dtype == ref.dtype == (torch.bfloat16 if autocast else torch.float32)
+        assert rel_error(out.float(), ref.float()) <= (2e-2 if autocast else 1e-4)
+    assert set(_impls(cm).values()) == {"kernel"} and cm.specializations == 2
+
+
 # -- 6. the same tensor passed twice ------------------------------------------------------------------------
 
 
