@@ -188,8 +188,8 @@ def input_kinds(example_inputs: list) -> str:
 def _precision_mode() -> tuple:
     """torch's switches a specialization is compiled under: TF32 for fp32 matmuls (the generated kernels follow it),
     and autocast on each device type, with its dtype. A program compiled outside autocast runs its kernels in the
-    model's dtypes, where eager computes linears and attention in the autocast dtype, and one compiled inside it
-    leaves those ops to torch (their dtypes differ from what the converters would make)."""
+    model's dtypes, where eager computes linears and attention in the autocast dtype; one compiled inside it casts
+    their operands as autocast does (`Importer._autocast`)."""
     return (torch.backends.cuda.matmul.allow_tf32, _autocast("cuda"), _autocast("cpu"))
 
 

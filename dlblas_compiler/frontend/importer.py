@@ -588,12 +588,11 @@ class Importer:
         elif key not in AUTOCAST_LOWER:
             return None
         target, casts = xdsl_dtype(value.dtype), []
+        castable = {xdsl_dtype(t) for t in (torch.float32, torch.float16, torch.bfloat16)} - {target}
 
         def cast(v: Any) -> Any:
             t = v.type if isinstance(v, SSAValue) else None
-            if not isinstance(t, TensorType) or t.element_type == target or t.element_type == xdsl_dtype(torch.float64):
-                return v
-            if t.element_type not in (xdsl_dtype(torch.float32), xdsl_dtype(torch.float16), xdsl_dtype(torch.bfloat16)):
+            if not isinstance(t, TensorType) or t.element_type not in castable:
                 return v
             op = ConvertOp(v, target)
             self.emitter.builder.insert(op)
