@@ -146,13 +146,20 @@ def _refuse_hf_caches(model: torch.nn.Module, args: tuple, kwargs: dict) -> None
 
 @functools.cache
 def _hf_caches_as_pytrees() -> None:
-    """Hugging Face's DynamicCache as a pytree node (transformers' own registration, made for torch.export): a model
-    called without a cache returns a new one (`use_cache` is on by default), its tensors the graph's outputs."""
+    """Hugging Face's DynamicCache, and the EncoderDecoderCache of seq2seq models, as pytree nodes (transformers' own
+    registrations, made for torch.export): a model called without a cache returns a new one (`use_cache` is on by
+    default), its tensors the graph's outputs."""
     try:
         from transformers.integrations.executorch import register_dynamic_cache_export_support
     except ImportError:
         return
     register_dynamic_cache_export_support()
+    try:
+        from transformers.cache_utils import EncoderDecoderCache
+        from transformers.exporters.exporter_dynamo import register_pytree_node
+    except ImportError:
+        return
+    register_pytree_node(EncoderDecoderCache)
 
 
 def check_arguments(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:

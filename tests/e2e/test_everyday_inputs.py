@@ -152,6 +152,26 @@ def test_hf_causal_lm_called_plainly_returns_eagers_logits_and_cache():
             cm(ids[:, -1:], past_key_values=ref.past_key_values, **step)
 
 
+def test_hf_seq2seq_called_plainly_returns_eagers_logits_and_encoder_decoder_cache():
+    """The same for a seq2seq model (T5): it returns an EncoderDecoderCache, the self-attention and cross-attention
+    caches of every decoder layer, equal to eager's."""
+    from transformers import EncoderDecoderCache, T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=128, decoder_start_token_id=0)
+    model = randomize_(T5ForConditionalGeneration(cfg), 0).eval()
+    ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    decoder_ids = torch.randint(1, 128, (2, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(input_ids=ids, decoder_input_ids=decoder_ids)
+        out = dc.compile(model, backend="interpret")(input_ids=ids, decoder_input_ids=decoder_ids)
+    assert isinstance(out.past_key_values, EncoderDecoderCache) and rel_error(out.logits, ref.logits) <= 1e-5
+    for part in ("self_attention_cache", "cross_attention_cache"):
+        mine, theirs = getattr(out.past_key_values, part).layers, getattr(ref.past_key_values, part).layers
+        assert len(mine) == len(theirs) == 2
+        for a, b in zip(mine, theirs, strict=True):
+            assert rel_error(a.keys, b.keys) <= 1e-5 and rel_error(a.values, b.values) <= 1e-5
+
+
 def test_hf_generate_on_a_left_padded_batch_gives_eagers_tokens():
     model, ids, mask = _padded_llama()
     kwargs = dict(attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
