@@ -185,6 +185,27 @@ def input_kinds(example_inputs: list) -> str:
     )
 
 
+def floats_as_scalars(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """The positions of a dynamo graph's inputs that are Python floats dynamo passes as 0-d tensors and reads with
+    `.item()` (module attributes such as a LayerNorm's eps under `torch.compile(dynamic=True)`, which leaves floats
+    unspecialized): the graph is rewritten to take the floats themselves, so that a specialization is compiled per
+    value as for any float argument (its `.item()` cannot be computed while tracing). Callers pass `a.item()` there."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found = []
+    for i, n in enumerate(placeholders):
+        arg = n.meta.get("grapharg")
+        if not getattr(arg, "pass_arg_as_tensor", False) or not n.users:
+            continue
+        if all(u.op == "call_method" and u.target == "item" and len(u.args) == 1 and not u.kwargs for u in n.users):
+            for u in list(n.users):
+                u.replace_all_uses_with(n)
+                gm.graph.erase_node(u)
+            found.append(i)
+    if found:
+        gm.recompile()
+    return tuple(found)
+
+
 def _precision_mode() -> tuple:
     """torch's switches a specialization is compiled under: TF32 for fp32 matmuls (the generated kernels follow it),
     and autocast on each device type, with its dtype. A program compiled outside autocast runs its kernels in the
@@ -680,12 +701,16 @@ class DynamoBackend:
     kept: traces.CompiledStore | None = None  # with `saveable`: where a saved graph's compiles are kept
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        cm = self.module(gm, self.name or traced_class() or type(gm).__name__, input_kinds(example_inputs))
+        floats = floats_as_scalars(gm)
+        kinds = "".join("V" if i in floats else k for i, k in enumerate(input_kinds(example_inputs)))
+        cm = self.module(gm, self.name or traced_class() or type(gm).__name__, kinds)
         log.info("%s: dynamo graph %d handed over (%d nodes)", cm.name, len(self.compilations) - 1, len(gm.graph.nodes))
         if self.saveable:
-            return SavedGraph(cm)
+            return SavedGraph(cm, floats)
 
         def run(*args):
+            if floats:
+                args = tuple(a.item() if i in floats else a for i, a in enumerate(args))
             return cm.guarded(args)
 
         run.compiled_module = cm  # for inspection: run.compiled_module.report()
@@ -711,10 +736,13 @@ class SavedGraph:
     CompiledModule of the loading backend, which compiles it at its first call as any other (the tuning cache then
     spares the tuning)."""
 
-    def __init__(self, cm: CompiledModule):
+    def __init__(self, cm: CompiledModule, floats: tuple[int, ...] = ()):
         self.compiled_module = cm
+        self.floats = floats  # (`floats_as_scalars`)
 
     def __call__(self, *args):
+        if self.floats:
+            args = tuple(a.item() if i in self.floats else a for i, a in enumerate(args))
         return self.compiled_module.guarded(args)
 
     @classmethod
@@ -722,7 +750,7 @@ class SavedGraph:
         cm = fn.compiled_module
         graph = traces.dump_graph(cm.model)
         cm.kept = _kept(cm.kept_in, graph)
-        return pickle.dumps({"graph": graph, "name": cm.name, "kinds": cm.kinds})
+        return pickle.dumps({"graph": graph, "name": cm.name, "kinds": cm.kinds, "floats": fn.floats})
 
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> SavedGraph:
@@ -730,7 +758,7 @@ class SavedGraph:
         backend = _LOADING.get()
         cm = backend.module(traces.load_graph(saved["graph"]), saved["name"], saved["kinds"])
         cm.kept = _kept(backend.kept, saved["graph"])
-        return cls(cm)
+        return cls(cm, saved.get("floats", ()))
 
 
 def _kept(store: traces.CompiledStore | None, graph: bytes) -> tuple[traces.CompiledStore, str] | None:

@@ -21,7 +21,9 @@ What was compiled: `dc.compilations()` lists the CompiledModule of every graph h
 `cm.name` is the class dynamo traced, `cm.report()` its last-used specialization's report) and `dc.reports()`
 their reports.
 
-A graph is specialized on the concrete shapes of each call (dynamo's symbolic sizes arrive as plain ints); with
+A graph is specialized on the concrete shapes of each call (dynamo's symbolic sizes arrive as plain ints), and on
+the value of each float dynamo leaves unspecialized (`dynamic=True` passes a module's float attributes as 0-d
+tensors read by `.item()`: `api.floats_as_scalars` passes the floats instead); with
 shape families (`Options.shape_families`, on by default) only the first two lengths of a power-of-two bucket are
 compiled and the others are instances of the first IR, and tuning results are keyed by the same buckets, so a
 growing sequence neither recompiles nor retunes per length.

@@ -55,8 +55,8 @@ class ParamOp(IRDLOperation):
 
 class InputFreeIsPure(MemoryEffect):
     """A torch_call the importer marked `input_free` (torch ops on constants: aranges, comparisons) or `pure` (an
-    allocation: new_empty, zeros_like...) has no effect but its result, so dead code elimination drops it once
-    nothing reads it; any other may write."""
+    allocation: new_empty, zeros_like...; a view taken again after a write) has no effect but its result, so dead
+    code elimination drops it once nothing reads it; any other may write."""
 
     @classmethod
     def get_effects(cls, op: Operation):

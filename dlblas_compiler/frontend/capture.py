@@ -38,6 +38,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..errors import FrontendError
+from .masks import is_random_name
 from .moe import moe_blocks_as_ops
 
 
@@ -265,9 +266,11 @@ def _symbolic_trace(model: torch.nn.Module, concrete: dict) -> torch.fx.GraphMod
     tracer.proxy_buffer_attributes = True
     before = _module_state(model)
     try:
-        graph = tracer.trace(model, concrete_args=concrete or None)
+        with _RandomWithoutInputs():
+            graph = tracer.trace(model, concrete_args=concrete or None)
     finally:
         changed = _restore(model, before)
+    _refuse_written_trace_constants(graph)
     buffers = dict(model.named_buffers(remove_duplicate=False))
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     for name, value in changed.items():
@@ -276,6 +279,48 @@ def _symbolic_trace(model: torch.nn.Module, concrete: dict) -> torch.fx.GraphMod
         with graph.inserting_before(output):
             graph.call_method("copy_", (graph.get_attr(name), value.node))
     return torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+
+
+class _RandomWithoutInputs(torch.overrides.TorchFunctionMode):
+    """Refuses a draw of random numbers with no traced value among its arguments (`torch.randn(4)`): symbolic_trace
+    would run it once and keep its numbers as a constant, the same on every call where eager draws new ones. Such
+    a forward is captured by dynamo, which traces the draw."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if is_random_name(name) and not any(isinstance(a, torch.fx.Proxy) for a in pytree.tree_leaves((args, kwargs))):
+            raise RuntimeError(f"forward draws random numbers ({name}) from no traced value, which symbolic_trace "
+                               "would keep as a constant")  # fmt: skip
+        return func(*args, **kwargs)
+
+
+# Ops whose result is a view of their first argument: a write through one writes that argument's tensor.
+_VIEW_METHODS = frozenset({
+    "__getitem__", "getitem", "view", "view_as", "reshape", "select", "narrow", "t", "transpose", "swapaxes",
+    "permute", "movedim", "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "expand_as", "diagonal",
+    "as_strided", "unfold", "split", "chunk", "unbind", "detach", "real", "imag",
+})  # fmt: skip
+
+
+def _refuse_written_trace_constants(graph: torch.fx.Graph) -> None:
+    """symbolic_trace runs the ops on tensors made without the inputs (`c = torch.zeros(4)`) at trace time and
+    keeps their results as constants (`_tensor_constant0`); an in-place write of such a tensor with a traced value
+    (`c.add_(x.sum())`, `c[1:3] += y`) is recorded on the constant, but what forward computed from it after the write
+    was baked before it: the graph would return `c * 2` as zeros, and the write would pile up in the constant call
+    after call. Such a forward is captured by dynamo, which traces the tensor's creation."""
+    from .mutation import mutated_arg
+
+    for n in graph.nodes:
+        target = mutated_arg(n, None) if n.op in ("call_function", "call_method") else None
+        while target is not None and target.op in ("call_function", "call_method") and target.args:
+            name = target.target if isinstance(target.target, str) else getattr(target.target, "__name__", "")
+            if name not in _VIEW_METHODS or not isinstance(target.args[0], torch.fx.Node):
+                break
+            target = target.args[0]
+        if target is not None and target.op == "get_attr" and target.target.startswith("_tensor_constant"):
+            raise RuntimeError(f"forward writes in place ({n.name}) a tensor it made without its inputs, which "
+                               "symbolic_trace computes at trace time")  # fmt: skip
 
 
 def _dynamo_capture(model, args, kwargs, symbolic_failure: str) -> Captured:
@@ -297,7 +342,9 @@ def _dynamo_capture(model, args, kwargs, symbolic_failure: str) -> Captured:
     except Exception as e:  # noqa: BLE001
         raise FrontendError(
             f"cannot trace {type(model).__name__}: torch.fx.symbolic_trace failed ({symbolic_failure}), "
-            f"and dynamo failed: {_dynamo_reason(e)}"
+            f"and dynamo failed: {_dynamo_reason(e)}. A module is captured as one graph; to compile the rest around "
+            "code dynamo cannot trace (run eagerly between compiled graphs), compile its forward: "
+            "`model.forward = dc.compile(model.forward)`"
         ) from e
     finally:
         changed = _restore(model, before)
@@ -406,7 +453,8 @@ def _user_frame(stack: list[traceback.FrameSummary]) -> str | None:
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
-_INTERNAL = ("/torch/fx/", "/torch/_dynamo/", "/torch/nn/modules/module.py", "/torch/_ops.py")
+# (and this file: symbolic_trace's calls pass through `_RandomWithoutInputs`)
+_INTERNAL = ("/torch/fx/", "/torch/_dynamo/", "/torch/nn/modules/module.py", "/torch/_ops.py", __file__)
 
 
 def source_line(node: torch.fx.Node) -> str | None:

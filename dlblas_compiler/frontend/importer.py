@@ -568,6 +568,7 @@ class Importer:
             return
         self.notes.append(f"torch_call {n.name}: {reason}")
         self.env[n] = self._torch_call(n, value)
+        self._note_view(n, value)
 
     def _autocast(self, n: torch.fx.Node, args: Any, kwargs: Any, value: Any) -> tuple | None:
         """Under torch.autocast, an op autocast runs in its lower precision (linear, matmul, attention) first casts
@@ -638,6 +639,8 @@ class Importer:
         if (st := _storage(value)) is None or st != _storage(self.values.get(src)):
             return
         steps = view_steps(self.env[n], self.env[src])
+        if steps is None and n.args[0] is src and n.all_input_nodes == [src] and not _layout_dependent(n):
+            steps = TorchView(n)  # (a strided slice, a diagonal, a view of an integer tensor: taken by PyTorch)
         if steps:
             self.views[n] = (src, steps)
 
@@ -660,7 +663,10 @@ class Importer:
             node = target
             while node in self.views:  # (a view of a view: put back step by step)
                 src, steps = self.views[node]
-                new = put(self.emitter, steps, self.env[src], new)
+                if isinstance(steps, TorchView):
+                    new = self._put_back(steps.node, src, new)
+                else:
+                    new = put(self.emitter, steps, self.env[src], new)
                 node = self.alias_base.get(src, src)
             base = node
         else:
@@ -677,7 +683,10 @@ class Importer:
             names.setdefault(b, []).append(k)
         for m in again:  # (in creation order: a view's source, and its other names, are taken again before it)
             src, steps = self.views[m]
-            self.env[m] = replay(self.emitter, steps, self.env[src])
+            if isinstance(steps, TorchView):  # (m may be an in-place op's result naming the view: steps.node's call)
+                self.env[m] = self._torch_call(steps.node, self.values[m], again=True)
+            else:
+                self.env[m] = replay(self.emitter, steps, self.env[src])
             for k in names.get(m, ()):
                 self.env[k] = self.env[m]
         if target in self.views:  # n (x.copy_(y) returns x) names the written view
@@ -753,9 +762,10 @@ class Importer:
                 if tuple(g.type.get_shape()) != tuple(w.shape) or g.type.element_type != xdsl_dtype(w.dtype):
                     raise ValueError(f"converter produced {g.type}, torch {tuple(w.shape)} {w.dtype}")
 
-    def _torch_call(self, n: torch.fx.Node, value: Any, clone: torch.fx.Node | None = None) -> Any:
+    def _torch_call(self, n: torch.fx.Node, value: Any, clone: torch.fx.Node | None = None, again: bool = False) -> Any:
         """`n` run by PyTorch. With `clone` (a node that `n` writes in place), the call writes a copy of
-        that tensor instead and returns the copy: its new value."""
+        that tensor instead and returns the copy: its new value. `again`: a view taken again of its source's new
+        value after a write (computed on every call, whatever its ancestors are)."""
         flat_in: list[SSAValue] = []
         contiguous: dict[SSAValue, bool] = {}  # eager's value of the input is contiguous
 
@@ -794,10 +804,12 @@ class Importer:
         flat = not any(isinstance(v, (list, tuple, dict)) for v in (*args, *kwargs.values()))
 
         call = TorchCall(target, args, kwargs, tuple(tensor_pos), clone is not None, dense, flat)
-        name = _safe_name(n.name)
+        name = self._call_name(n.name) if again else _safe_name(n.name)
         self.calls[name] = call
         op = TorchCallOp(_qualname(n, self.gm), name, flat_in, [tensor_type(leaves[i].shape, leaves[i].dtype) for i in tensor_pos])
-        if clone is None and self.input_free(n):
+        if again:
+            op.attributes["pure"] = UnitAttr()  # (a view: dead code elimination may drop it once unused)
+        elif clone is None and self.input_free(n):
             op.attributes["input_free"] = UnitAttr()  # dead code elimination may drop it once unused
         elif clone is None and op.callee.data in ALLOCATIONS:
             op.attributes["pure"] = UnitAttr()  # (reads its inputs' sizes and dtypes only): likewise
@@ -814,6 +826,30 @@ class Importer:
         res = list(op.results)
         out_leaves = [res[tensor_pos.index(i)] if i in tensor_pos else v for i, v in enumerate(leaves)]
         return pytree.tree_unflatten(out_leaves, spec)
+
+    def _put_back(self, view: torch.fx.Node, src: torch.fx.Node, new: SSAValue) -> SSAValue:
+        """The value of `src` with the elements its view `view` takes replaced by `new`, computed by PyTorch (a
+        view the IR does not take: a strided slice, a diagonal, any view of an integer tensor), as eager's write
+        through that view leaves it."""
+        example = self.values[src]
+        args = (_Slot(0, written=True), _Slot(1), *view.args[1:])
+        flat = not any(isinstance(v, (list, tuple, dict)) for v in (*args, *view.kwargs.values()))
+        name = self._call_name(f"{view.name}_put")
+        self.calls[name] = TorchCall(_PutBack(self._callable(view)), args, dict(view.kwargs), (0,), True, (), flat)
+        op = TorchCallOp(_qualname(view, self.gm), name, [self.env[src], new],
+                         [tensor_type(example.shape, example.dtype)])  # fmt: skip
+        op.writes = IntegerAttr(0, 64)
+        self.emitter.builder.insert(op)
+        op.results[0].name_hint = name
+        return op.results[0]
+
+    def _call_name(self, base: str) -> str:
+        """A torch call's name no other call has."""
+        name, i = _safe_name(base), 0
+        while name in self.calls:
+            i += 1
+            name = _safe_name(f"{base}_again{i}")
+        return name
 
     def _callable(self, n: torch.fx.Node) -> Callable:
         if n.op == "call_function":
@@ -879,6 +915,40 @@ def register_dataclasses(value: Any) -> None:
     elif isinstance(value, dict):
         for v in value.values():
             register_dataclasses(v)
+
+
+@dataclass(frozen=True)
+class TorchView:
+    """The steps of a view the IR does not take (`Importer.views`): PyTorch takes it again, by `node`'s call, after
+    a write to its source, and puts a write through it back into that source (`_PutBack`)."""
+
+    node: torch.fx.Node
+
+
+def _layout_dependent(n: torch.fx.Node) -> bool:
+    """Whether which elements the view `n` takes depends on its source's strides (as_strided), which ours may not
+    share with eager's."""
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return name in ("as_strided", "view_as_real") or "memory_format" in n.kwargs
+
+
+@dataclass(frozen=True)
+class _PutBack:
+    """`view(base, *args, **kwargs).copy_(new)`, writing `base`: the view's call (its node's target). Where our
+    `base`'s strides make the call a copy (a reshape of a non-contiguous tensor; eager's was a view), the write
+    goes through a contiguous copy of `base` that is then copied into it."""
+
+    view: Callable
+
+    def __call__(self, base: torch.Tensor, new: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        v = self.view(base, *args, **kwargs)
+        if v.untyped_storage().data_ptr() == base.untyped_storage().data_ptr():
+            v.copy_(new)
+        else:
+            dense = base.contiguous()
+            self.view(dense, *args, **kwargs).copy_(new)
+            base.copy_(dense)
+        return base
 
 
 @dataclass(frozen=True)

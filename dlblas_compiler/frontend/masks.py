@@ -20,7 +20,11 @@ _RANDOM = ("rand", "bernoulli", "normal", "dropout", "empty", "multinomial", "un
 
 
 def is_random(n: torch.fx.Node) -> bool:
-    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+    return is_random_name(n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target)))
+
+
+def is_random_name(name: str) -> bool:
+    """Whether the op called `name` gives other values on each call, though it reads no input."""
     return any(word in name.lower() for word in _RANDOM)
 
 

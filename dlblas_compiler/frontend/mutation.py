@@ -82,7 +82,9 @@ def out_of_place(n: torch.fx.Node) -> tuple[Any, tuple, dict] | None:
 # Ellipsis and None, narrow, select, view, reshape, flatten, unsqueeze, squeeze, permute, transpose. A write
 # through it (`x[..., :d].copy_(y)`, `h[:, :2].mul_(3)`) is then functionalized on the whole tensor: the view's new
 # value is put back through the chain (`put`: a slice's neighbours concatenated around it, a reshape or a
-# permutation undone), and every view of that tensor is taken again from its new value (`replay`).
+# permutation undone), and every view of that tensor is taken again from its new value (`replay`). A view these
+# steps do not take (a strided slice, a diagonal, a view of an integer tensor run by PyTorch) is PyTorch's to take
+# again and to put back (`importer.TorchView`).
 ViewStep = tuple  # ("slice", dim, start, end) | ("reshape", shape) | ("permute", perm)
 
 

@@ -77,7 +77,7 @@ class OutputGuard:
     checks: list[tuple[int, list[tuple]]] = field(default_factory=list)  # output -> what it must not share
     copies: list[int] = field(default_factory=list)  # outputs that are kept weights: always copied
     contiguous: list[int] = field(default_factory=list)
-    dense: list[int] = field(default_factory=list)  # fresh in eager, maybe a view here: no overlapping elements
+    dense: list[int] = field(default_factory=list)  # made in eager's forward, maybe a view here: no overlaps
 
     def __bool__(self) -> bool:
         return bool(self.checks or self.copies or self.contiguous or self.dense)
@@ -147,8 +147,8 @@ def output_guard(module: ModuleOp, imported) -> OutputGuard:
         against += [("output", j) for j in range(i) if roots[j] & r and ("output", j) not in eager]
         if against:
             guard.checks.append((i, against))
-        if not eager and r - {("fresh", v)}:
-            guard.dense.append(i)
+        if not any(kind in ("input", "param") for kind, _ in eager) and r - {("fresh", v)}:
+            guard.dense.append(i)  # (eager's made in forward, if maybe returned twice: `t.copy_(b)` returns t)
     return guard
 
 

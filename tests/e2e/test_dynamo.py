@@ -272,3 +272,27 @@ def test_more_compiles_of_one_forward_than_dynamos_recompile_limit_all_compile()
             assert len(fn.compilations) == 1, i  # (ran our program, not eager)
             assert "fused region" in str(fn.report())
     assert torch._dynamo.config.recompile_limit == 8
+
+
+def test_dynamic_true_floats_dynamo_leaves_unspecialized_compile_per_value():
+    """Under `dynamic=True` dynamo passes a module's float attributes (a LayerNorm's eps, a scale) as 0-d tensors
+    that the graph reads with `.item()`, whose value cannot be known while tracing: the graph takes the floats
+    themselves (`api.floats_as_scalars`), each value its own specialization, and a changed scale is followed."""
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.norm, self.scale = nn.Linear(16, 32), nn.LayerNorm(32), 0.5
+
+        def forward(self, x):
+            return torch.softmax(self.norm(self.lin(x)), -1) * self.scale
+
+    m = randomize_(Scaled()).eval()
+    f = torch.compile(m, backend="dlblas", dynamic=True, options={"backend": "interpret"})
+    with torch.no_grad():
+        for seq, scale in ((3, 0.5), (5, 0.5), (5, 2.0), (3, 0.5)):
+            m.scale = scale
+            x = torch.randn(2, seq, 16)
+            assert rel_error(f(x), m(x)) < 1e-5
+    (cm,) = dynamo.COMPILATIONS
+    assert cm.specializations == 3 and set(cm.report().impls().values()) == {"kernel"}

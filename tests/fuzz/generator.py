@@ -14,7 +14,7 @@ Besides fresh dense tensors, specs hold the inputs and outputs everyday models s
   explicit form);
 - an input that is another input passed again (`{"kind": "same", "of": k}`: `cm(x, x)`), maybe written
   in place; in-place writes through views (slices, reshapes, transposes) and to tensors views share, read
-  through every name afterwards (never where a strided slice views the tensor: the compiler refuses those);
+  through every name afterwards (strided slices among those views);
 - inputs given as views (`"layout"`): "transpose" (last two dims), "step" (every other element of a
   wider tensor, NaN between), "offset" (a storage offset, NaN before) and "expand" (`expand()`-ed along
   `expand_dim`, stride 0);
@@ -40,7 +40,8 @@ eager on the inputs as given and on contiguous copies of them (torch.mean of a c
 exact on an expanded input and an ulp off on its contiguous copy: a compiled program may copy). Measured on
 fuzzed graphs, generated kernels stay within 1.5 eps * scale (fp32) and 0.7 eps * scale (fp16; kernels
 compute in fp32 and round once per region output), so ULPS leaves a margin of about 10 and 6: a
-kernel off by a few percent on some elements fails.
+kernel off by a few percent on some elements fails. A graph called inside autocast takes bf16's ULPS and eps: its
+linears, and the ops after them in their dtype, compute in bf16.
 
 Beyond values: the inputs after the call equal eager's (in-place writes); outputs eager returns as
 distinct storages are distinct, and share no storage with an input or a parameter where eager's do not;
@@ -552,7 +553,6 @@ class _Draft:
     views: dict[int, int] = field(default_factory=dict)  # value id -> the value it is a view of
     twins: dict[int, int] = field(default_factory=dict)  # input id -> the input it is passed as again
     readonly: set[int] = field(default_factory=set)  # expand()-ed inputs (and their twins): never written
-    strided: set[int] = field(default_factory=set)  # tensors a strided slice views (a write there is refused)
     extra_outputs: list[int] = field(default_factory=list)  # values returned besides the last one
     angle_pairs: int = 0
 
@@ -600,22 +600,20 @@ class _Draft:
         self.ops.append((vid, op))
         if op["op"] in VIEW_OPS or (op["op"] == "identity" and op["fn"] == "contiguous"):
             self.views[vid] = self.views.get(op["args"][0], op["args"][0])
-            if op["op"] == "slice" and op["step"] > 1:
-                self.strided.add(self.views[vid])
         return vid
 
     def writable(self, x: int) -> bool:
         """Whether an in-place write to x stays within what the compiler supports: x is not expand()-ed; for an
         input passed twice, no view of any of its names is alive; otherwise x may be a view or have views (a write
-        through one is put back into the tensor and its other views taken again: frontend/mutation.py), but no
-        strided slice may view that tensor (such writes are refused)."""
+        through one is put back into the tensor and its other views taken again: frontend/mutation.py; through a
+        strided slice, by PyTorch: `importer.TorchView`)."""
         root = self.twins.get(x, x)
         names = {root, *(v for v, r in self.twins.items() if r == root)}
         viewed = set(self.views) | set(self.views.values())
         base = self.views.get(x, x)
         if x in self.readonly or base in self.readonly or (len(names) > 1 and names & viewed):
             return False  # (nor through a view of an expand()-ed input: eager refuses that as well)
-        return base not in self.strided
+        return True
 
     def pick(self, pred=lambda s: True, ok=lambda v: True) -> int | None:
         """A float value whose shape satisfies pred (and whose id, ok), recent ones more often."""
@@ -813,8 +811,8 @@ def _gen_op(d: _Draft) -> None:
     elif kind == "softmax":
         d.op(s, op="softmax", args=[x], how=rng.choice(["torch", "explicit", "fp32"]))
     elif kind == "inplace":
-        # an input (maybe passed twice) or an op's result, maybe a view or viewed (not by a strided slice, which
-        # the compiler refuses), never an expand()-ed input (eager refuses that)
+        # an input (maybe passed twice) or an op's result, maybe a view or viewed (a strided slice among those),
+        # never an expand()-ed input (eager refuses that)
         x = d.pick(ok=d.writable)
         if x is not None:
             s = d.shapes[x]
@@ -1207,7 +1205,11 @@ def check(spec: dict, backends: list[str]) -> list[Outcome] | None:
     contiguous = [copies.setdefault(id(t), t.contiguous()) for t in make_inputs(spec, dtype)]
     with torch.no_grad(), autocast(spec):  # eager on contiguous copies: torch's own rounding can depend on the layout
         eager_c = leaves(model(*contiguous))
-    tol = ULPS[dtype] * torch.finfo(dtype).eps
+    # (under autocast the linears, and the ops after them in their dtype, compute in bf16: eager rounds each of those
+    # ops to bf16 where a region rounds once, so the bound is bf16's; a mean of such values can land nearer the truth
+    # in eager by chance than 4x eager's own error allows: fuzz finding a022cc527aca)
+    low = torch.bfloat16 if spec.get("autocast") else dtype
+    tol = ULPS[low] * torch.finfo(low).eps
     bounds = [tol * scale + 4 * max(_max_err(e, t), _max_err(c, t)) for e, c, t in zip(eager, eager_c, truth)]
     written = [None if not x.is_floating_point() or _same(x, x0) else (t, tol * scale + 4 * _max_err(x, t))
                for x, x0, t in zip(eager_xs, make_inputs(spec, dtype), truth_xs)]  # fmt: skip

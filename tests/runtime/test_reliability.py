@@ -212,6 +212,12 @@ def test_untraceable_module_is_a_clear_error_naming_the_line():
     line = DataDependent.forward.__code__.co_firstlineno + 1
     assert "DataDependent" in msg and "symbolic_trace failed" in msg and "dynamo failed" in msg
     assert f"test_reliability.py:{line}" in msg, msg
+    assert "model.forward = dc.compile(model.forward)" in msg  # what it says to do works: the branch runs eagerly
+    m = DataDependent()
+    forward = dc.compile(m.forward, backend="interpret")
+    with torch.no_grad():
+        for x in (_x(2, 4).abs(), -_x(2, 4).abs()):
+            assert torch.equal(forward(x), m(x))
 
 
 class Arith(nn.Module):
@@ -512,18 +518,50 @@ class ViewsOfViews(nn.Module):
         return h * 1, early + 0, x * 1
 
 
+class WritesThroughStridedViews(nn.Module):
+    """Writes through views the IR does not take, which PyTorch takes and puts back: strided slices (of a
+    transpose, and a slice of one), a diagonal of the input, integer tensors' rows as BEiT's relative positions are
+    built (`c[:, 0] += k` traced by dynamo as getitem, iadd, setitem); a strided view taken before a write to its
+    tensor and read after it."""
+
+    def forward(self, x, **unused):  # (**: captured by dynamo, whose graph spells `a[i] += b` out)
+        h = x * 2
+        early = h[::2]
+        h.t()[::2] -= 1
+        h[1:, ::2][0].mul_(3.0)
+        x[:, :3].diagonal().add_(10.0)
+        c = torch.arange(12).view(3, 4).t().contiguous()
+        c[:, 0] += 2
+        c[:, 1] *= 3
+        i = (x > 0).long().cumsum(-1)
+        i[:, 0] -= 1
+        return h * 1, early + 0, x * 1, c.sum(-1), i
+
+
 class StridedViewWrite(nn.Module):
     def forward(self, x):
         h = x * 2
-        h[:, ::2].mul_(3.0)  # a strided view: not put back
+        h.as_strided((2, 2), (1, 2)).mul_(3.0)  # which elements depends on h's strides: not put back
         return h + 1
+
+
+class WritesAConstant(nn.Module):
+    """symbolic_trace computes `c * 2` from a tensor made without the inputs at trace time, before the traced
+    write: the graph would return zeros (and the write pile up in its constant); captured by dynamo instead."""
+
+    def forward(self, x):
+        c = torch.zeros(4)
+        c.add_(x.sum())
+        d = torch.arange(4)
+        d[1:3] += x.sum().long()
+        return c * 2, d * 2
 
 
 @pytest.mark.parametrize("backend", ["reference", "interpret"])
 def test_inplace_writes_through_views_have_eager_semantics(backend):
     with torch.no_grad():
         for model, args in ((WritesThroughView(), (_x(3, 4),)), (FillsPieces(), (_x(2, 3, 5), _x(2, 1, 4, seed=1))),
-                            (ViewsOfViews(), (_x(4, 3), _x(1, 3, seed=2)))):  # fmt: skip
+                            (ViewsOfViews(), (_x(4, 3), _x(1, 3, seed=2))), (WritesThroughStridedViews(), (_x(4, 5),))):  # fmt: skip
             mine = [a.clone() for a in args]
             out = dc.compile(model, backend=backend)(*mine)
             ref = model(*args)  # (eager writes `args` too: compared below)
@@ -545,11 +583,41 @@ def test_a_tensor_filled_piece_by_piece_imports_as_a_concatenation():
     assert names.count("dl.fused") == 1
 
 
-def test_inplace_write_through_a_strided_view_is_refused_with_the_line():
+def test_inplace_write_through_a_layout_dependent_view_is_refused_with_the_line():
     with pytest.raises(dc.FrontendError) as e:
         dc.compile(StridedViewWrite(), backend="interpret")(_x(3, 4))
     line = StridedViewWrite.forward.__code__.co_firstlineno + 2
     assert "in-place method .mul_()" in str(e.value) and f"test_reliability.py:{line}" in str(e.value)
+
+
+class DrawsNoise(nn.Module):
+    def forward(self, x):
+        return x * 2 + torch.randn(4)  # (drawn from no traced value: symbolic_trace would keep one draw)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_random_numbers_drawn_without_the_inputs_are_drawn_on_every_call(backend):
+    m, x = DrawsNoise(), _x(3, 4)
+    cm = dc.compile(m, backend=backend)
+    with torch.no_grad():
+        cm(x)
+        for seed in (1, 2):  # eager's numbers for the same seed
+            torch.manual_seed(seed)
+            ours = cm(x)
+            torch.manual_seed(seed)
+            _close(ours, m(x))
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_a_tensor_made_in_forward_and_written_with_the_inputs_follows_eager(backend):
+    m = WritesAConstant()
+    cm = dc.compile(m, backend=backend)
+    with torch.no_grad():
+        for seed in range(3):  # (a write piling up in a constant would show from the second call)
+            x = _x(3, seed=seed)
+            for o, r in zip(cm(x), m(x)):
+                assert torch.equal(o, r)
+    assert any("a tensor it made without its inputs" in note for note in cm.report().notes)  # (captured by dynamo)
 
 
 class Structured(nn.Module):
