@@ -185,6 +185,20 @@ def input_kinds(example_inputs: list) -> str:
     )
 
 
+# Modules of forward hooks a capture traces into its graph, each doing nothing unless its own forward records: Hugging
+# Face's output capturing (a call with output_hidden_states installs them and leaves them on the model).
+TRACED_HOOKS = ("transformers.utils.output_capturing",)
+
+
+def _traced_hook(hook: Callable) -> bool:
+    return getattr(hook, "__module__", None) in TRACED_HOOKS
+
+
+_GRAD = ("gradients are needed (grad mode is on and a parameter or an input requires grad), and the compiled "
+         "kernels do not build an autograd graph",
+         "call it under torch.no_grad() or torch.inference_mode() to run the compiled code")  # fmt: skip
+
+
 def floats_as_scalars(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     """The positions of a dynamo graph's inputs that are Python floats dynamo passes as 0-d tensors and reads with
     `.item()` (module attributes such as a LayerNorm's eps under `torch.compile(dynamic=True)`, which leaves floats
@@ -318,14 +332,22 @@ class CompiledModule(torch.nn.Module):
         self._unread = unread_ints(model)  # int inputs no op reads: not part of the key
         self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
         self._params = list(model.parameters())
-        self._warned_grad = False
+        self._warned: set[str] = set()  # why calls ran eagerly, each warned once
+        # forward hooks (a module's own and the global ones): a captured graph would keep what a hook did at trace time
+        # (or drop it), and a hook collecting activations would see fake tensors once. Their dicts, checked each call
+        # for being empty at C speed; a dynamo graph has its hooks traced into it already
+        self._hooks = [] if isinstance(model, torch.fx.GraphModule) else [
+            torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks,
+            *(d for m in self._submodules for d in (m._forward_hooks, m._forward_pre_hooks))]  # fmt: skip
         # where this graph's compiles are kept across processes (`keep_traces`): the store and the graph's digest
         self.kept: tuple[traces.CompiledStore, str] | None = None
         self.kept_loads = 0  # compiles loaded from there instead of made
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self._needs_grad(args, kwargs):
-            return self._eager(args, kwargs)
+            return self._eager(args, kwargs, _GRAD)
+        if any(self._hooks) and (why := self._hooked()) is not None:
+            return self._eager(args, kwargs, why)
         flat = call_structure(args, kwargs)
         key = _Key((signature_of(args, kwargs, self._unread, flat), tuple(m.training for m in self._submodules),
                     _precision_mode()))  # fmt: skip
@@ -416,17 +438,31 @@ class CompiledModule(torch.nn.Module):
         leaves = args if not kwargs else pytree.tree_leaves((args, kwargs))
         return any(isinstance(v, torch.Tensor) and v.requires_grad for v in leaves)
 
-    def _eager(self, args: tuple, kwargs: dict):
-        """Training is not compiled: a call that needs gradients runs the module eagerly (strict: an error)."""
-        why = ("gradients are needed (grad mode is on and a parameter or an input requires grad), and the compiled "
-               "kernels do not build an autograd graph")  # fmt: skip
+    def _eager(self, args: tuple, kwargs: dict, why: tuple[str, str]):
+        """A call the compiled code cannot serve runs the module eagerly, with one warning per reason (strict: an
+        error): training (`_GRAD`), forward hooks (`_hooked`). `why`: (the reason, what to do instead)."""
+        reason, instead = why
         if self.options.strict:
-            raise UnsupportedError(f"{why}; call the module under torch.no_grad() or torch.inference_mode()")
-        if not self._warned_grad:
-            self._warned_grad = True
-            warnings.warn(f"dlblas_compiler: {why}: running {type(self.model).__name__} eagerly; call it under "
-                          "torch.no_grad() or torch.inference_mode() to run the compiled code", stacklevel=3)  # fmt: skip
+            raise UnsupportedError(f"{reason}; {instead}")
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"dlblas_compiler: {reason}: running {type(self.model).__name__} eagerly; {instead}",
+                          stacklevel=3)  # fmt: skip
         return self.model(*args, **kwargs)
+
+    def _hooked(self) -> tuple[str, str] | None:
+        """Why a call with forward hooks runs eagerly, naming the hooked modules; None where every hook is one that
+        the capture traces into the graph and that does nothing outside its own forward's recording (`TRACED_HOOKS`:
+        Hugging Face's output capturing, left on the model by a call with output_hidden_states)."""
+        if all(_traced_hook(h) for d in self._hooks if d for h in d.values()):
+            return None
+        names = [name or type(self.model).__name__ for name, m in self.model.named_modules()
+                 if any(not _traced_hook(h) for d in (m._forward_hooks, m._forward_pre_hooks) for h in d.values())]
+        if any(not _traced_hook(h) for d in self._hooks[:2] for h in d.values()):
+            names.insert(0, "every module (global hooks)")
+        return (f"forward hooks are registered on {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}, which a "
+                "captured graph cannot run", "remove them, or compile through dynamo, which traces hooks into its "
+                "graphs: torch.compile(model, backend=\"dlblas\")")  # fmt: skip
 
     def _specialize(self, args: tuple, kwargs: dict, key: _Key | None = None) -> Specialization:
         t0 = time.perf_counter()

@@ -208,8 +208,15 @@ def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Nod
     recorder.extra_traceback = False  # (the FrontendError names the node and its source line)
     # (autocast's cache off: under autocast a linear casts its weight once per autocast region and keeps the copy,
     # and here that copy would be fake; the compiled program and the caller's own calls in the region then read it)
-    with mode, torch.no_grad(), disable_autocast_cache(), quiet_fake_tensor_log():
-        recorder.run(*fake_inputs)
+    # (and nn.MultiheadAttention's fast path off: on fake tensors its native kernel gives an empty tensor for the
+    # weights that need_weights=False leaves out, where eager's call returns None; its other path returns None too)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with mode, torch.no_grad(), disable_autocast_cache(), quiet_fake_tensor_log():
+            recorder.run(*fake_inputs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
     return values
 
 

@@ -733,6 +733,60 @@ def test_a_call_needing_gradients_under_strict_is_a_clear_error():
         dc.compile(nn.Identity(), backend="interpret", strict=True)(x)
 
 
+def test_forward_hooks_run_the_module_eagerly_with_one_warning():
+    """A hook collecting activations (feature extraction) gets eager's tensors, not one fake tensor from the trace,
+    and a hook changing an output changes it; without hooks the compiled code runs again. Through dynamo, which
+    traces hooks into its graphs, they run compiled."""
+    model, x = randomize_(QK()).eval(), _x(3, 8)
+    seen, q = [], model.q(x).detach()
+    handle = model.q.register_forward_hook(lambda mod, args, out: seen.append(out))
+    cm = dc.compile(model, backend="interpret")
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            out = cm(x)
+        assert len(seen) == 2 and all(type(t) is torch.Tensor and torch.equal(t, q) for t in seen)
+        handle.remove()
+        handle = model.k.register_forward_hook(lambda mod, args, out: out * 0)
+        assert torch.equal(cm(x), torch.zeros_like(out))  # (eager's output: the hook zeroes k)
+        handle.remove()
+        assert rel_error(cm(x), model(x)) <= 1e-5 and cm.compile_count == 1  # (compiled without hooks)
+    assert set(_impls(cm).values()) == {"kernel"}
+    assert sum("forward hooks are registered on q" in str(w.message) for w in caught) == 1
+    model.k.register_forward_hook(lambda mod, args, out: out)
+    with torch.no_grad(), pytest.raises(dc.UnsupportedError, match="forward hooks are registered on k.*torch.compile"):
+        dc.compile(model, backend="interpret", strict=True)(x)
+    model, seen = randomize_(QK()).eval(), []
+    q = model.q(x).detach()
+    model.q.register_forward_hook(lambda mod, args, out: seen.append(out))
+    with torch.no_grad():
+        torch.compile(model, backend="dlblas", options={"backend": "interpret"})(x)
+    assert len(seen) == 1 and type(seen[0]) is torch.Tensor and torch.allclose(seen[0], q)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x, need_weights):
+        return self.attn(x, x, x, need_weights=need_weights)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_multihead_attention_returns_eagers_weights_or_none(need_weights):
+    """nn.MultiheadAttention in eval under no_grad takes its native fast path, which on the fake tensors of shape
+    propagation gave an empty weights tensor where eager's call returns None (need_weights=False): the output
+    guard then met a None at run time and the call failed. Shape propagation runs it with the fast path off."""
+    model, x = randomize_(SelfAttention()).eval(), _x(2, 5, 16)
+    for backend in BACKENDS:
+        with torch.no_grad():
+            out, weights = dc.compile(model, backend=backend)(x, need_weights)
+            ref, ref_weights = model(x, need_weights)
+        assert rel_error(out, ref) <= 1e-5 and (weights is None) == (ref_weights is None)
+        assert weights is None or rel_error(weights, ref_weights) <= 1e-5
+
+
 def test_inputs_requiring_grad_with_a_frozen_model_run_eagerly():
     model = randomize_(QK()).requires_grad_(False)
     x = _x(3, 8).requires_grad_()
