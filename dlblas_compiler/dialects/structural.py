@@ -100,14 +100,16 @@ class TorchCallOp(IRDLOperation):
 
     def resolve(self):
         """The callable named by `callee` (used when no call table is at hand, e.g. IR read from text)."""
-        path = self.callee.data
-        mod, _, attr = path.rpartition(".")
-        try:
-            obj = importlib.import_module(mod)
-        except ImportError:
-            head, _, cls = mod.rpartition(".")
-            obj = getattr(importlib.import_module(head), cls)
-        return getattr(obj, attr)
+        parts = self.callee.data.split(".")
+        for i in range(len(parts) - 1, 0, -1):  # the longest importable prefix, then attributes (a class's method,
+            try:  # torch.ops.aten.slice.Tensor)
+                obj = importlib.import_module(".".join(parts[:i]))
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr)
+                return obj
+            except (ImportError, AttributeError):
+                continue
+        raise ImportError(f"cannot import {self.callee.data}")
 
 
 @irdl_op_definition

@@ -38,6 +38,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..errors import FrontendError
+from .functorch import transforms_as_calls
 from .masks import is_random_name
 from .moe import moe_blocks_as_ops
 
@@ -86,7 +87,8 @@ def _plain_signature(model: torch.nn.Module) -> inspect.Signature | None:
 
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
-    """Trace `model` for a call with these inputs (MoE blocks as one op each, see frontend/moe.py). Raises
+    """Trace `model` for a call with these inputs (MoE blocks as one op each, see frontend/moe.py; torch.func
+    transforms dynamo inlined, as vmap, as one PyTorch call each, frontend/functorch.py). Raises
     FrontendError naming why both tracers failed, or that the call does not fit forward's signature."""
     if not isinstance(model, torch.fx.GraphModule):
         check_arguments(model, args, kwargs)
@@ -95,6 +97,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
         captured = _capture(model, args, kwargs)
     if moe_names:
         captured.notes.append(f"MoE blocks captured as dl.moe: {', '.join(moe_names)}")
+    captured.gm = transforms_as_calls(captured.gm)
     return captured
 
 

@@ -1122,6 +1122,8 @@ ALLOCATIONS = {f"torch.Tensor.{m}" for m in ("new_empty", "new_zeros", "new_ones
 
 
 def _qualname_fn(fn: Any) -> str:
+    if isinstance(fn, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+        return f"torch.ops.{fn}"  # (torch.ops.aten.slice, torch.ops.aten.slice.Tensor)
     mod = getattr(fn, "__module__", None) or "builtins"
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     return f"{mod}.{name}"

@@ -296,3 +296,42 @@ def test_dynamic_true_floats_dynamo_leaves_unspecialized_compile_per_value():
             assert rel_error(f(x), m(x)) < 1e-5
     (cm,) = dynamo.COMPILATIONS
     assert cm.specializations == 3 and set(cm.report().impls().values()) == {"kernel"}
+
+
+class VmapsAndScans(nn.Module):
+    """torch.vmap in forward, and torch's associative_scan in its generic mode (which runs vmap), as Jamba's and
+    other Mamba-style layers use it while dynamo compiles them; linears and a norm around them."""
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.up, self.norm = nn.Linear(d, d), RMSNorm(d, 1e-6)
+
+    def forward(self, x):
+        from torch._higher_order_ops.associative_scan import associative_scan
+
+        h = self.up(x)
+        h = torch.vmap(lambda a, b: a * b.sigmoid() + b)(h, x)  # (batched over x's first dim)
+
+        def combine(left, right):
+            return left[0] * right[0], right[0] * left[1] + right[1]
+
+        _, states = associative_scan(combine, (h.sigmoid(), x), dim=1, combine_mode="generic")
+        return self.norm(states + h)
+
+
+def test_vmap_and_generic_associative_scan_run_as_one_torch_call_each():
+    """Dynamo inlines vmap into the graph as functorch's steps on batched tensors, which only PyTorch can run, in
+    order: each transform region is one PyTorch call (`frontend/functorch.py`), the linear and the norm around it
+    generated kernels; the result equals eager's. (It had failed while importing: "Cannot access storage of
+    BatchedTensorImpl".)"""
+    m = randomize_(VmapsAndScans()).eval()
+    f = torch.compile(m, backend="dlblas", options={"backend": "interpret"})
+    with torch.no_grad():
+        for seq in (6, 9):
+            x = torch.randn(2, seq, 16)
+            assert rel_error(f(x), m(x)) < 1e-5
+    assert dynamo.COMPILATIONS
+    for cm in dynamo.COMPILATIONS:
+        report = cm.report()
+        assert set(report.impls().values()) == {"kernel"}, report.impls()
+        assert "functorch_region" in {f.name.rsplit(".", 1)[-1] for f in report.fallbacks}, report.fallbacks
