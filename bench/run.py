@@ -6,7 +6,8 @@ Modes: eager, inductor (torch.compile default), max-autotune (with CUDA graphs),
 ours (dlblas_compiler, tuned, CUDA graphs), ours-nocg (same kernels, no CUDA graphs).
 GPU time: the call captured in a CUDA graph and replayed, L2 cleared before each replay (do_bench median):
 what the GPU spends. Call time: one Python call as a user makes it (do_bench median). All modes of a block
-and M are compiled first, then timed in `--rounds` rounds (order rotating); figures are medians over rounds.
+and M are compiled first, then each mode's call is run once untimed as a round would (the card leaves the idle
+of compiling), then timed in `--rounds` rounds (order rotating); figures are medians over rounds.
 Paired call time (`--paired N`): then N turns of one call of each mode, call by call (a random order each turn,
 `profiler.paired`), each timed as do_bench times one; the modes' calls share the GPU's state, which drifts between
 do_bench blocks (the power limiter's clock).
@@ -162,6 +163,12 @@ def bench_one(
             traceback.print_exc()
     try:
         with torch.no_grad():
+            # an untimed pass of every mode first: the card idles while the modes compile, and the mode timed first
+            # after that (ours, in round 0) ran at 1.8-2.0 GHz and 150-190 W, 6-15% faster than in round 1 at the
+            # power limit (bench/NOTES.md 183); the rounds now start with the card at its steady state
+            with smi.phase("heat") if smi else contextlib.nullcontext():
+                for _, fn, _, _ in timed:
+                    do_bench(fn)
             for r in range(rounds):
                 for row, fn, graph, _ in timed[r % max(1, len(timed)) :] + timed[: r % max(1, len(timed))]:
                     with smi.phase(f"{row['mode']}/{r}") if smi else contextlib.nullcontext():

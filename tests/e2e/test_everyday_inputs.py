@@ -414,15 +414,23 @@ def test_under_autocast_linears_and_attention_run_generated_kernels_on_weights_c
 def test_autocast_on_the_gpu_runs_generated_kernels_with_eagers_dtypes():
     """A fp32 Hugging Face Llama on the GPU, called inside CUDA autocast to bf16, outside it, and inside again, with
     CUDA graphs: each call has eager's dtype, and its logits are within bf16 noise of eager's (within fp32's
-    outside); every region runs a generated kernel; two specializations."""
+    outside); every region runs a generated kernel; two specializations.
+
+    Under autocast only the real tokens' logits are compared: on the left padding's positions, whose attention rows
+    have every key masked out, an H200 run (torch 2.11) found eager's bf16 SDPA giving another value than the 0 of
+    torch's math kernel and ours (docs/bad-inputs.md); in fp32 every position is compared."""
     model, ids, mask = _padded_llama()
     model, ids, mask = model.cuda(), ids.cuda(), mask.cuda()
     cm = dc.compile(model, backend="triton", cuda_graphs=True)
+    real = mask.bool()
     for autocast in (True, False, True):
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             out, ref = cm(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits
         assert out.dtype == ref.dtype == (torch.bfloat16 if autocast else torch.float32)
-        assert rel_error(out.float(), ref.float()) <= (2e-2 if autocast else 1e-4)
+        if autocast:
+            assert rel_error(out[real].float(), ref[real].float()) <= 2e-2 and torch.isfinite(out).all()
+        else:
+            assert rel_error(out, ref) <= 1e-4
     assert set(_impls(cm).values()) == {"kernel"} and cm.specializations == 2
 
 
