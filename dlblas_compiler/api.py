@@ -220,6 +220,11 @@ def floats_as_scalars(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     return tuple(found)
 
 
+def _scalars(args: tuple, floats: tuple[int, ...]) -> tuple:
+    """A dynamo graph's call arguments with the 0-d tensors at `floats` (`floats_as_scalars`) as Python floats."""
+    return tuple(a.item() if i in floats else a for i, a in enumerate(args)) if floats else args
+
+
 def _precision_mode() -> tuple:
     """torch's switches a specialization is compiled under: TF32 for fp32 matmuls (the generated kernels follow it),
     and autocast on each device type, with its dtype. A program compiled outside autocast runs its kernels in the
@@ -745,9 +750,7 @@ class DynamoBackend:
             return SavedGraph(cm, floats)
 
         def run(*args):
-            if floats:
-                args = tuple(a.item() if i in floats else a for i, a in enumerate(args))
-            return cm.guarded(args)
+            return cm.guarded(_scalars(args, floats))
 
         run.compiled_module = cm  # for inspection: run.compiled_module.report()
         return run
@@ -777,9 +780,7 @@ class SavedGraph:
         self.floats = floats  # (`floats_as_scalars`)
 
     def __call__(self, *args):
-        if self.floats:
-            args = tuple(a.item() if i in self.floats else a for i, a in enumerate(args))
-        return self.compiled_module.guarded(args)
+        return self.compiled_module.guarded(_scalars(args, self.floats))
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: SavedGraph) -> bytes:
