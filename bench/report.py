@@ -2277,6 +2277,53 @@ def paired_goal_section(goal: float, *runs: tuple[str, str, str]) -> str:
     return "\n".join(out) + "\n\n" + source_line(envs) + "\n"
 
 
+def _paired_after(rows: list[dict]) -> list[list[str | None]]:
+    """Per row with paired calls (in the file's row order, the order bench/run.py timed them in), the mode whose call
+    came just before each of its calls: recorded by bench/run.py since the sixty-eighth session
+    (`call_paired_after`), else rebuilt from profiler.paired's seeded turn order (`profiler.turn_orders`, whose
+    sequence this repeats without importing torch; tests/test_bench_report.py holds the two equal)."""
+    if all("call_paired_after" in r for r in rows):
+        return [r["call_paired_after"] for r in rows]
+    import random
+
+    n, turns = len(rows), len(rows[0]["call_us_paired_calls"])
+    rng = random.Random(0)
+    flat = [i for _ in range(turns) for i in rng.sample(range(n), n)]
+    after: list[list[str | None]] = [[] for _ in rows]
+    for k, i in enumerate(flat):
+        after[i].append(rows[flat[k - 1]]["mode"] if k else None)
+    return after
+
+
+def paired_after_section(*names: str) -> str:
+    """bench/run.py's paired calls split by the mode whose call came just before (`profiler.paired` does not wait for
+    the GPU between calls, so a call after one that left the GPU idle also times its own host work): per layer, M
+    and mode, the round-based median and the paired calls' median after each mode."""
+    out, envs = [], []
+    for name in names:
+        doc = _load(name)
+        for run in doc["runs"]:
+            groups: dict = {}
+            for r in run["rows"]:
+                if r.get("call_us_paired_calls"):
+                    groups.setdefault((r["block"], r["M"]), []).append(r)
+            for (block, m), rows in groups.items():
+                modes = [r["mode"] for r in rows]
+                for r, after in zip(rows, _paired_after(rows), strict=True):
+                    cells = []
+                    for prev in modes:
+                        ts = [t for t, a in zip(r["call_us_paired_calls"], after, strict=True) if a == prev]
+                        cells.append(_fmt(statistics.median(ts)) if ts else "–")
+                    out.append(f"| {block.removeprefix('layer_')} | {m} | {r['mode']} "
+                               f"| {_fmt(statistics.median(r['call_us_rounds']))} | {_fmt(r['call_us_paired'])} "
+                               f"| {' | '.join(cells)} |")
+            envs.append((name, run["meta"], "paired calls by predecessor"))
+    head = ["| layer | M | mode | call µs (rounds) | paired median µs | after ours | after inductor "
+            "| after max-autotune |", "|" + "---|" * 8]
+    merged: dict[str, tuple[str, dict, str]] = {name: (name, env, what) for name, env, what in envs}
+    return "\n".join(head + out) + "\n\n" + source_line(list(merged.values())) + "\n"
+
+
 def epilogue_ab_section(name: str) -> str:
     """The QKV region's epilogue with a runtime branch per output (the tree's form) against a branch-free one whose
     persistent loop flattens (a patch measured in the fifty-sixth session, not kept: bench/NOTES.md 162), each layer
@@ -2937,6 +2984,17 @@ SECTIONS = {
     "best-mode-goal-s67-m2048-rounds": functools.partial(best_mode_goal_section, 1.05,
                                                          ("a", "4958801, 2048 tokens, round-based calls",
                                                           "2026-12-05-h200-s67-layers-m2048-paired.json")),
+    "best-mode-goal-s68-m1-m128-rounds": functools.partial(
+        best_mode_goal_section, 1.1,
+        ("a", "b46bc8e, 1 and 128 tokens, round-based calls", "2026-12-05-h200-s68-layers-m1-m128-a.json"),
+        ("b", "b46bc8e, 1 and 128 tokens, round-based calls", "2026-12-05-h200-s68-layers-m1-m128-b.json")),
+    "paired-goal-s68-m1-m128": functools.partial(
+        paired_goal_section, 1.1,
+        ("a", "b46bc8e, random paired order", "2026-12-05-h200-s68-layers-m1-m128-a.json"),
+        ("b", "b46bc8e, random paired order", "2026-12-05-h200-s68-layers-m1-m128-b.json")),
+    "paired-after-s68": functools.partial(paired_after_section, "2026-12-05-h200-s68-layers-m1-m128-a.json",
+                                          "2026-12-05-h200-s68-layers-m1-m128-b.json",
+                                          "2026-12-05-h200-s67-layers-m2048-paired.json"),
     "best-mode-goal-s61-m2048-rounds": functools.partial(best_mode_goal_section, 1.05,
                                                          ("a", "6ef4fba, 2048 tokens, round-based calls",
                                                           "2026-12-04-h200-s61-layers-m2048-paired.json")),

@@ -126,3 +126,21 @@ def test_rounds_apart_by_more_than_five_per_cent_are_listed_under_the_table():
     line = report.rounds_spread({2048: modes}, ["eager", "ours"])
     assert line == "*Rounds apart by more than 5%:* M = 2048 ours call 140–160 µs."
     assert report.rounds_spread({2048: {"ours": {"call_us_rounds": [100.0, 104.0]}}}, ["ours"]) == ""
+
+
+def test_paired_calls_predecessors_rebuild_the_profilers_turn_order():
+    """bench/report.py rebuilds which mode's call came before each paired call (for results that did not record it)
+    with the profiler's seeded order, without importing torch: the two must agree; recorded ones are taken as they
+    are."""
+    from dlblas_compiler.tuning.profiler import turn_orders
+
+    modes = ("ours", "inductor", "max-autotune")
+    rows = [{"mode": m, "call_us_paired_calls": [1.0] * 7} for m in modes]
+    flat = [i for order in turn_orders(3, 7) for i in order]
+    expected: list[list] = [[] for _ in modes]
+    for k, i in enumerate(flat):
+        expected[i].append(modes[flat[k - 1]] if k else None)
+    assert report._paired_after(rows) == expected
+    assert sum(a.count(None) for a in expected) == 1 and all(len(a) == 7 for a in expected)
+    recorded = [dict(r, call_paired_after=["x"] * 7) for r in rows]
+    assert report._paired_after(recorded) == [["x"] * 7] * 3

@@ -138,6 +138,13 @@ def _gpu_seconds(call: Callable[[], None], warmup_ms: float, rep_ms: float, sett
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3
 
 
+def turn_orders(n: int, turns: int) -> list[list[int]]:
+    """The order of `paired`'s calls in each turn: a seeded random permutation of range(n) per turn, the same in every
+    run (bench/report.py rebuilds it for results that did not record it)."""
+    rng = random.Random(0)
+    return [rng.sample(range(n), n) for _ in range(turns)]
+
+
 def paired(calls: Sequence[Callable[[], Any]], turns: int, before: Callable[[], Any] | None = None) -> list[list[float]]:
     """`turns` calls of each of `calls` taken in turn, one call at a time (in a new order each turn), each timed
     as `triton.testing.do_bench` times one (L2 cleared, events around the call, no wait for the GPU between calls):
@@ -151,7 +158,10 @@ def paired(calls: Sequence[Callable[[], Any]], turns: int, before: Callable[[], 
     random permutation (seeded, so runs repeat), and every call follows each other one about equally often. A
     rotation made call i follow call i - 1 in all but one turn of n: with an eager model first in a rotation of three,
     the compiled call after it read 6-28% slower than the third, its twin, which later calls timing the two alone found
-    1.6-2.1% slower than it (bench/NOTES.md 179)."""
+    1.6-2.1% slower than it (bench/NOTES.md 179). Where a call leaves the GPU idle (a host-bound eager or Inductor
+    call, one token), the host work of the call after it is timed too: at 1 and 128 tokens a layer's call read up to
+    2x slower after Inductor's default mode than after itself, at 2048 tokens within 1% (bench/NOTES.md 184). There
+    only calls after a GPU-bound one compare like with like (bench/run.py records each call's predecessor)."""
     from triton import runtime
 
     driver = runtime.driver.active
@@ -164,9 +174,8 @@ def paired(calls: Sequence[Callable[[], Any]], turns: int, before: Callable[[], 
             before()
         call()
     torch.cuda.synchronize()
-    rng = random.Random(0)
-    for t in range(turns):
-        for i in rng.sample(range(n), n):
+    for t, order in enumerate(turn_orders(n, turns)):
+        for i in order:
             if before is not None:
                 before()
             driver.clear_cache(cache)

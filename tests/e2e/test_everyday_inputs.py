@@ -417,11 +417,12 @@ def test_autocast_on_the_gpu_runs_generated_kernels_with_eagers_dtypes():
     outside); every region runs a generated kernel; two specializations.
 
     Under autocast only the real tokens' logits are compared: on the left padding's positions, whose attention rows
-    have every key masked out, an H200 run (torch 2.11) found eager's bf16 SDPA giving another value than the 0 of
-    torch's math kernel and ours (docs/bad-inputs.md); in fp32 every position is compared."""
+    have every key masked out, eager's bf16 SDPA with a bool mask runs torch's cuDNN kernel, which gives such a row
+    neither the 0 of torch's math and memory-efficient kernels (and ours) nor the mean of v (docs/bad-inputs.md); in
+    fp32 every position is compared. `prefer_kernels`: the lone lm_head GEMM would otherwise run on cuBLAS."""
     model, ids, mask = _padded_llama()
     model, ids, mask = model.cuda(), ids.cuda(), mask.cuda()
-    cm = dc.compile(model, backend="triton", cuda_graphs=True)
+    cm = dc.compile(model, backend="triton", cuda_graphs=True, prefer_kernels=True)
     real = mask.bool()
     for autocast in (True, False, True):
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
