@@ -528,15 +528,22 @@ PARAMS = {"BLOCK_M": pow2(1, 16), "num_warps": [1, 2, 4, 8, 16]}
 
 
 def space(plan: RowPlan) -> SearchSpace:
-    """Rows per program and warps, within the registers a row block of the padded width needs."""
+    """Rows per program and warps, within the registers a row block of the padded width needs. A program holds
+    about 2048 elements by default: up to 16 rows of 128 or wider, more rows where they are narrower (a last dim
+    of one over a million rows had been 65536 programs of 16 elements; bench/NOTES.md 185), never more rows than
+    there are."""
     block_n = triton.next_power_of_2(plan.n)
+    rows = triton.next_power_of_2(max(1, numel(plan.rows)))
+    most = max(16, min(2048 // block_n, rows))
+    params = {**PARAMS, "BLOCK_M": pow2(1, most)}
     return SearchSpace(
-        PARAMS,
+        params,
         {
             "registers": lambda c: c["BLOCK_M"] * block_n <= 16384,
             "warps fit the block": lambda c: c["num_warps"] * 32 <= max(32, c["BLOCK_M"] * block_n // 2),
         },
-        default={"BLOCK_M": max(1, min(16, 2048 // block_n)), "num_warps": 4 if block_n <= 2048 else 8},
+        default={"BLOCK_M": max(1, min(16, 2048 // block_n), min(2048 // block_n, rows)),
+                 "num_warps": 4 if block_n <= 2048 else 8},
     )
 
 

@@ -110,6 +110,21 @@ def test_row_elementwise_chain_and_reduction(backend, dtype):
     _run(Chain(), [_x(5, 37), _x(37, seed=1), _x(5, 1, seed=2)], backend, dtype, expect_regions={"row": 1})
 
 
+class Narrow(nn.Module):
+    def forward(self, x, y):
+        return torch.tanh(x * y) + y, torch.exp(y * 0.5)
+
+
+@pytest.mark.parametrize("backend,dtype", CASES)
+def test_row_kernels_of_narrow_rows_take_many_rows_per_program(backend, dtype):
+    """Rows of 3 and of 1 element over 3001 rows (not a multiple of any block): a program takes about 2048
+    elements by default, not 16 rows (a last dim of one had been a program per 16 elements), and the last, ragged
+    block is masked."""
+    cm = _run(Narrow(), [_x(3001, 3), _x(3001, 1, seed=1)], backend, dtype)
+    blocks = sorted(k.config["BLOCK_M"] for k in cm.report().kernels if k.pattern == "row")
+    assert blocks and all(b >= 512 for b in blocks), blocks
+
+
 @pytest.mark.parametrize("backend,dtype", CASES)
 def test_row_softmax_both_spellings(backend, dtype):
     cm = _run(Softmaxes(), [_x(6, 3, 45) * 3], backend, dtype)
