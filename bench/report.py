@@ -2279,11 +2279,8 @@ def paired_goal_section(goal: float, *runs: tuple[str, str, str]) -> str:
 
 def _paired_after(rows: list[dict]) -> list[list[str | None]]:
     """Per row with paired calls (in the file's row order, the order bench/run.py timed them in), the mode whose call
-    came just before each of its calls: recorded by bench/run.py since the sixty-eighth session
-    (`call_paired_after`), else rebuilt from profiler.paired's seeded turn order (`profiler.turn_orders`, whose
-    sequence this repeats without importing torch; tests/test_bench_report.py holds the two equal)."""
-    if all("call_paired_after" in r for r in rows):
-        return [r["call_paired_after"] for r in rows]
+    came just before each of its calls, rebuilt from profiler.paired's seeded turn order (`profiler.turn_orders`,
+    whose sequence this repeats without importing torch; tests/test_bench_report.py holds the two equal)."""
     import random
 
     n, turns = len(rows), len(rows[0]["call_us_paired_calls"])

@@ -178,14 +178,9 @@ def bench_one(
             if paired_calls and timed:
                 with smi.phase("paired") if smi else contextlib.nullcontext():
                     calls_of = paired([fn for _, fn, _, _ in timed], paired_calls)
-                after = {}  # per mode, the mode whose call came just before each of its calls (None: the first)
-                flat = [i for order in profiler.turn_orders(len(timed), paired_calls) for i in order]
-                for k, i in enumerate(flat):
-                    after.setdefault(i, []).append(timed[flat[k - 1]][0]["mode"] if k else None)
-                for i, ((row, *_), calls) in enumerate(zip(timed, calls_of, strict=True)):
+                for (row, *_), calls in zip(timed, calls_of, strict=True):
                     row["call_us_paired"] = statistics.median(calls)
                     row["call_us_paired_calls"] = [round(c, 2) for c in calls]
-                    row["call_paired_after"] = after[i]
     except Exception as e:  # noqa: BLE001 - keep the rounds measured so far
         rows[0]["timing_error"] = f"{type(e).__name__}: {str(e)[:400]}"
         traceback.print_exc()
@@ -198,7 +193,7 @@ def bench_one(
             if row.get(f"{key}_rounds"):
                 row[key] = statistics.median(row[f"{key}_rounds"])
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
-                          if k not in ("kernels", "call_us_paired_calls", "call_paired_after")}), flush=True)  # fmt: skip
+                          if k not in ("kernels", "call_us_paired_calls")}), flush=True)  # fmt: skip
     if save is not None:
         save(rows)
     del timed, mod, args, kwargs

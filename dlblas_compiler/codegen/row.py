@@ -542,8 +542,7 @@ def space(plan: RowPlan) -> SearchSpace:
             "registers": lambda c: c["BLOCK_M"] * block_n <= 16384,
             "warps fit the block": lambda c: c["num_warps"] * 32 <= max(32, c["BLOCK_M"] * block_n // 2),
         },
-        default={"BLOCK_M": max(1, min(16, 2048 // block_n), min(2048 // block_n, rows)),
-                 "num_warps": 4 if block_n <= 2048 else 8},
+        default={"BLOCK_M": max(1, min(most, 2048 // block_n)), "num_warps": 4 if block_n <= 2048 else 8},
     )
 
 

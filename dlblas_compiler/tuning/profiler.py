@@ -161,7 +161,7 @@ def paired(calls: Sequence[Callable[[], Any]], turns: int, before: Callable[[], 
     1.6-2.1% slower than it (bench/NOTES.md 179). Where a call leaves the GPU idle (a host-bound eager or Inductor
     call, one token), the host work of the call after it is timed too: at 1 and 128 tokens a layer's call read up to
     2x slower after Inductor's default mode than after itself, at 2048 tokens within 1% (bench/NOTES.md 184). There
-    only calls after a GPU-bound one compare like with like (bench/run.py records each call's predecessor)."""
+    only calls after a GPU-bound one compare like with like (bench/report.py splits them by predecessor)."""
     from triton import runtime
 
     driver = runtime.driver.active
