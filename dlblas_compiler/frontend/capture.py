@@ -41,6 +41,7 @@ from ..errors import FrontendError
 from .functorch import transforms_as_calls
 from .masks import is_random_name
 from .moe import moe_blocks_as_ops
+from .torch_modules import torch_attention_in, torch_modules_traced
 
 
 @dataclass
@@ -93,7 +94,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
     if not isinstance(model, torch.fx.GraphModule):
         check_arguments(model, args, kwargs)
         _refuse_hf_caches(model, args, kwargs)
-    with moe_blocks_as_ops(model) as moe_names:
+    with moe_blocks_as_ops(model) as moe_names, torch_modules_traced(model):
         captured = _capture(model, args, kwargs)
     if moe_names:
         captured.notes.append(f"MoE blocks captured as dl.moe: {', '.join(moe_names)}")
@@ -110,6 +111,9 @@ def _capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> Captured:
         return Captured(model, "graph_module")
     if "forward" in vars(model):  # symbolic_trace would trace the class's forward, not this one
         return _dynamo_capture(model, args, kwargs, "forward is set on the instance")
+    if attention := torch_attention_in(model):  # symbolic_trace would keep it whole, as one opaque call
+        with contextlib.suppress(FrontendError):  # (else symbolic_trace's graph, with the attention as one call)
+            return _dynamo_capture(model, args, kwargs, f"it holds torch's {attention}, kept whole by symbolic_trace")
     sig = _plain_signature(model)
     failure = "its forward takes *args/**kwargs"
     if sig is not None:
