@@ -88,7 +88,11 @@ def _padded_as_nested(encoder: torch.nn.TransformerEncoder):
 @contextlib.contextmanager
 def torch_modules_traced(model: torch.nn.Module) -> Iterator[None]:
     """While capturing `model`: the attention fast path off, `_detect_is_causal_mask` on the hint alone, and each
-    `nn.TransformerEncoder` that eager would run nested giving eager's padded rows (see the module's docstring)."""
+    `nn.TransformerEncoder` that eager would run nested giving eager's padded rows (see the module's docstring).
+    A model without `nn.MultiheadAttention` (every torch transformer module holds one) is captured as it is."""
+    if torch_attention_in(model) is None:
+        yield
+        return
     fastpath = torch.backends.mha.get_fastpath_enabled()
     encoders = [m for m in model.modules() if isinstance(m, torch.nn.TransformerEncoder)] if fastpath else []
     nested = [m for m in encoders if getattr(m, "use_nested_tensor", False) and not m.layers[0].training
