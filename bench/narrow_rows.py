@@ -6,9 +6,10 @@ and after bench/NOTES.md 185, against eager and Inductor (bf16).
 Per case: one region of the row template, compiled untuned; its kernel timed at each config of a small grid (rows
 per program from the old default, at most 16 rows, up to the new bound of about 2048 elements; 1, 4 and 8 warps),
 at the old default, at the new default and at quick tuning's choice; eager's and Inductor's (default mode) call of
-the same function. Each time is per call from a CUDA graph of CALLS back-to-back calls (median of REPLAYS replays,
-L2 warm: the inputs are larger than L2 where it matters). The floor is the kernel's bytes at the copy bandwidth of
-bench/ceilings.py. Every config's outputs are checked against eager in float32 first. Writes OUT/narrow_rows.json.
+the same function. Each time is per call from a CUDA graph of 50 back-to-back calls (median of 7 replays; the
+inputs are larger than L2), timed as bench/decode_attention.py times its kernels. The floor is the kernel's bytes
+at the copy bandwidth of bench/ceilings.py. Every config's outputs are checked against eager in float32 first.
+Writes OUT/narrow_rows.json.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-CALLS, REPLAYS = 20, 7
+from decode_attention import per_call_us  # noqa: E402  (µs per call from a CUDA graph of back-to-back calls)
 
 
 class Gate(torch.nn.Module):
@@ -57,29 +57,6 @@ CASES = [
     ("softmax_n64", Softmax, [(1 << 18, 64)]),
     ("softmax_n128", Softmax, [(1 << 17, 128)]),
 ]
-
-
-def per_call_us(fn) -> float:
-    """µs per call of `fn` from a CUDA graph of CALLS calls (median of REPLAYS replays)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return statistics.median(times)
 
 
 def row_step(cm):
