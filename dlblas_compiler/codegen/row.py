@@ -117,7 +117,9 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
     candidates = [r for o in compute for r in o.results if not isinstance(o, (ConstantOp, IndexCopyOp))]
     if not candidates:
         return "a region of views and cache writes only: nothing to compute"
-    it = max((shape_of(r) for r in candidates), key=lambda s: (numel(s), len(s)))
+    # (a reduction's input counts: its rows are the row space even where every result is reduced, with keepdim)
+    spaces = [shape_of(r) for r in candidates] + [shape_of(o.input) for o in compute if isinstance(o, ReduceOp)]
+    it = max(spaces, key=lambda s: (numel(s), len(s)))
     if not it or it[-1] > MAX_N or it[-1] < 1:
         return f"the row length {it[-1] if it else 0} is outside 1..{MAX_N}"
     plan = RowPlan(it, compute)

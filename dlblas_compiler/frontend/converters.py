@@ -28,13 +28,18 @@ from ..dialects import (
     CatOp,
     ConvertOp,
     EmbeddingOp,
+    ExpOp,
     GeluOp,
     IndexCopyOp,
     LayerNormOp,
     LinearOp,
+    LogOp,
     MatmulOp,
+    MaximumOp,
+    MinimumOp,
     MoEOp,
     MulOp,
+    NegOp,
     PermuteOp,
     PowOp,
     ReduceMaxOp,
@@ -45,6 +50,7 @@ from ..dialects import (
     SDPAOp,
     SliceOp,
     SoftmaxOp,
+    SubOp,
 )
 from ..dialects.types import normalize_dim, shape_of, xdsl_dtype
 from .moe import moe
@@ -422,6 +428,29 @@ def _max(e, x, *args, **kwargs):
     raise Unsupported("max along a dim returns indices")
 
 
+@converts(torch.clamp, torch.clip, "clamp", "clip")
+def _clamp(e, x, min=None, max=None, *, out=None):
+    """min(max(x, lo), hi) (NaN in x or a bound gives NaN, and lo > hi gives hi, as eager's), a bound a number or
+    a tensor."""
+    x = _tensor(x)
+    if out is not None or (min is None and max is None):
+        raise Unsupported("clamp with out= or without bounds")
+    for bound, op_cls in ((min, MaximumOp), (max, MinimumOp)):
+        if bound is not None:
+            x = _emit(e, op_cls(x, e.const(bound, x) if isinstance(bound, Number) else _tensor(bound, "bound")))
+    return x
+
+
+@converts(torch.clamp_min, "clamp_min")
+def _clamp_min(e, x, min):
+    return _clamp(e, x, min=min)
+
+
+@converts(torch.clamp_max, "clamp_max")
+def _clamp_max(e, x, max):
+    return _clamp(e, x, max=max)
+
+
 # -- matmul, linear, softmax, norms, attention, embedding ----------------------------------------
 @converts(torch.matmul, operator.matmul, "matmul", "__matmul__", torch.bmm, "bmm", torch.mm, "mm")
 def _matmul(e, a, b):
@@ -516,6 +545,75 @@ def _softmax(e, x, dim=None, *args, dtype=None, _stacklevel=3, **kwargs):
 @converts(nn.Softmax)
 def _softmax_module(e, mod, x):
     return _softmax(e, x, mod.dim)
+
+
+@converts(F.softmin, "softmin")
+def _softmin(e, x, dim=None, *args, dtype=None, _stacklevel=3, **kwargs):
+    return _softmax(e, _emit(e, NegOp(_tensor(x))), dim, *args, dtype=dtype, **kwargs)
+
+
+@converts(nn.Softmin)
+def _softmin_module(e, mod, x):
+    return _softmin(e, x, mod.dim)
+
+
+def _in_f32(e, x, dtype, what: str) -> tuple[SSAValue, Any]:
+    """x in float32 (where eager computes log-softmax and logsumexp) and the result's element type: `dtype`'s if
+    given, else x's."""
+    x = _tensor(x)
+    out = xdsl_dtype(dtype) if isinstance(dtype, torch.dtype) else x.type.element_type
+    if out != x.type.element_type and dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise Unsupported(f"{what} to {dtype}")
+    f32 = xdsl_dtype(torch.float32)
+    return (x if x.type.element_type == f32 else _emit(e, ConvertOp(x, f32))), out
+
+
+def _cast(e, x: SSAValue, elem) -> SSAValue:
+    return x if x.type.element_type == elem else _emit(e, ConvertOp(x, elem))
+
+
+@converts(F.log_softmax, torch.log_softmax, "log_softmax", torch.special.log_softmax)
+def _log_softmax(e, x, dim=None, *args, dtype=None, _stacklevel=3, **kwargs):
+    """x - (max + log(sum(exp(x - max)))) along dim, in float32 and rounded once, as eager's kernels (a row of
+    -inf, or one holding +inf or NaN, gives NaN as there)."""
+    if dim is None:
+        raise Unsupported("log_softmax without dim")
+    if args and isinstance(args[0], torch.dtype):
+        dtype = args[0]
+    xf, out = _in_f32(e, x, dtype, "log_softmax")
+    d = normalize_dim(dim, len(shape_of(xf)))
+    m = _emit(e, ReduceMaxOp(xf, [d], True))
+    total = _emit(e, ReduceSumOp(_emit(e, ExpOp(_emit(e, SubOp(xf, m)))), [d], True))
+    return _cast(e, _emit(e, SubOp(xf, _emit(e, AddOp(m, _emit(e, LogOp(total)))))), out)
+
+
+@converts(nn.LogSoftmax)
+def _log_softmax_module(e, mod, x):
+    return _log_softmax(e, x, mod.dim)
+
+
+@converts(torch.logsumexp, "logsumexp", torch.special.logsumexp)
+def _logsumexp(e, x, dim, keepdim=False, *, out=None):
+    """m + log(sum(exp(x - m))) along dim(s), in float32, with m the max clamped to float32's finite range: eager
+    takes m = 0 where the max is infinite, which gives the same -inf (every entry -inf) or +inf (one is +inf)."""
+    if out is not None:
+        raise Unsupported("logsumexp with out=")
+    xf, elem = _in_f32(e, x, None, "logsumexp")
+    rank = len(shape_of(xf))
+    dims = sorted({normalize_dim(d, rank) for d in ([dim] if isinstance(dim, int) else dim)})
+    if not dims or not rank:
+        raise Unsupported("logsumexp over no dims or of a 0-d tensor")
+    big = torch.finfo(torch.float32).max
+
+    def clamped_max(keep: bool) -> SSAValue:
+        m = _emit(e, ReduceMaxOp(xf, dims, keep))
+        return _emit(e, MinimumOp(_emit(e, MaximumOp(m, e.const(-big, m))), e.const(big, m)))
+
+    # (without keepdim the max is taken twice, kept for the shift and reduced for the sum: one row kernel reads
+    # both, where a reshape of a computed value would end it)
+    m = clamped_max(True)
+    total = _emit(e, ReduceSumOp(_emit(e, ExpOp(_emit(e, SubOp(xf, m)))), dims, bool(keepdim)))
+    return _cast(e, _emit(e, AddOp(_emit(e, LogOp(total)), m if keepdim else clamped_max(False))), elem)
 
 
 def _last_dim_only(x: SSAValue, normalized_shape) -> None:

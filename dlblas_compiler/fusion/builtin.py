@@ -48,13 +48,38 @@ def row_pattern(op: Operation, plan: Plan):
             why = rule(kind_of(cand) if is_producer else kind_of(cur), kind_of(cur) if is_producer else kind_of(cand))
             if why.startswith("never"):
                 continue
-            trial = plan.sorted(region + [cand])
-            if _takes("row", trial) and plan.convex(trial):
-                region = trial
-                frontier.append(cand)
+            grown = _grown(plan, region, [cand])
+            if grown is None and (branch := _other_branch(plan, region, cand)):
+                grown = _grown(plan, region, branch + [cand])
+            if grown is not None:
+                region, frontier = grown, frontier + [cand]
     if all(isinstance(o, VIEW_OPS) for o in region):
         return None
     return region
+
+
+def _grown(plan: Plan, region: list[Operation], ops: list[Operation]) -> list[Operation] | None:
+    trial = plan.sorted(region + ops)
+    return trial if _takes("row", trial) and plan.convex(trial) else None
+
+
+def _other_branch(plan: Plan, region: list[Operation], cand: Operation, limit: int = 8) -> list[Operation]:
+    """The free ops outside `region` that feed `cand`, up to `limit` of them (else none): the other branch of a
+    diamond that joins at cand (`log(sum(exp(x - max_keepdim(x)))) + max(x)`), which growing one op at a time may
+    not take: the region can read the join's operand from outside, and then the branch's ops, one by one, do not
+    fit the row space without the ops before them."""
+    branch: list[Operation] = []
+    todo = [cand]
+    while todo:
+        for v in todo.pop().operands:
+            p = _in_block(plan, v)
+            if p is None or p in region or p in branch or not plan.free(p):
+                continue
+            branch.append(p)
+            todo.append(p)
+            if len(branch) > limit:
+                return []
+    return branch
 
 
 def gemm_pattern(op: Operation, plan: Plan):
