@@ -317,8 +317,38 @@ def _check_devices(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             raise FrontendError(f"input {i} is on {v.device} but the model's parameters are on {dev}; move it first")
 
 
+# Assignments of a parameter, buffer or submodule to any module in the process (`module.weight = nn.Parameter(..)`,
+# `module.proj = nn.Linear(..)`), counted by torch's global registration hooks: a compiled module whose model may
+# have changed since its last call compares what its model holds (`_holds`). Not while dynamo traces: Hugging Face's
+# forward slices its ModuleList of layers (a new ModuleList each call), and a count dynamo traced would be guarded on
+# its value, so every call would trace again.
+_ASSIGNMENTS = [0]
+
+
+def _count_assignment(*_args) -> None:
+    if not torch.compiler.is_compiling():
+        _ASSIGNMENTS[0] += 1  # (returns None: a hook's return value would replace what is assigned)
+
+
+for _register in (torch.nn.modules.module.register_module_parameter_registration_hook,
+                  torch.nn.modules.module.register_module_buffer_registration_hook,
+                  torch.nn.modules.module.register_module_module_registration_hook):  # fmt: skip
+    _register(_count_assignment)
+
+
+def _holds(model: torch.nn.Module) -> tuple:
+    """What a compile of `model` read and a later call must find again: its submodules, parameters and buffers (each
+    tensor by identity; values and `.data` swaps are checked where they are read, runtime/weights.py)."""
+    return (tuple(map(id, model.modules())), tuple((n, id(p)) for n, p in model.named_parameters(remove_duplicate=False)),
+            tuple((n, id(b)) for n, b in model.named_buffers(remove_duplicate=False)))  # fmt: skip
+
+
 class CompiledModule(torch.nn.Module):
-    """The compiled form of a module: call it like the module. See `ir()`, `passes`, `report()`."""
+    """The compiled form of a module: call it like the module. See `ir()`, `passes`, `report()`.
+
+    A parameter, buffer or submodule assigned anew after compiling (`model.proj.weight = nn.Parameter(w)`, a layer
+    replaced, weights tied) makes the next call compile again from the model as it is then; values written into
+    the same tensors (in place, `load_state_dict`, `p.data = t`) are read by the compiled code as they are."""
 
     def __init__(self, model: torch.nn.Module, options: Options, name: str | None = None):
         super().__init__()
@@ -335,20 +365,45 @@ class CompiledModule(torch.nn.Module):
         self._not_affine: set[tuple] = set()  # (skeleton, buckets) where a family failed to verify
         self._last: Specialization | None = None
         self._unread = unread_ints(model)  # int inputs no op reads: not part of the key
+        self._warned: set[str] = set()  # why calls ran eagerly, each warned once
+        self._read_model()
+        # (a dynamo graph's parameters are its inputs, or attributes of the graph module itself)
+        self._holding = None if isinstance(model, torch.fx.GraphModule) else _holds(model)
+        self._assignments = _ASSIGNMENTS[0]
+        # where this graph's compiles are kept across processes (`keep_traces`): the store and the graph's digest
+        self.kept: tuple[traces.CompiledStore, str] | None = None
+        self.kept_loads = 0  # compiles loaded from there instead of made
+
+    def _read_model(self) -> None:
+        model = self.model
         self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
         self._params = list(model.parameters())
-        self._warned: set[str] = set()  # why calls ran eagerly, each warned once
         # forward hooks (a module's own and the global ones): a captured graph would keep what a hook did at trace time
         # (or drop it), and a hook collecting activations would see fake tensors once. Their dicts, checked each call
         # for being empty at C speed; a dynamo graph has its hooks traced into it already
         self._hooks = [] if isinstance(model, torch.fx.GraphModule) else [
             torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks,
             *(d for m in self._submodules for d in (m._forward_hooks, m._forward_pre_hooks))]  # fmt: skip
-        # where this graph's compiles are kept across processes (`keep_traces`): the store and the graph's digest
-        self.kept: tuple[traces.CompiledStore, str] | None = None
-        self.kept_loads = 0  # compiles loaded from there instead of made
+
+    def _check_holdings(self) -> None:
+        """After an assignment somewhere in the process: if this model's submodules, parameters or buffers are no
+        longer the ones compiled with, every specialization goes and the next call compiles afresh."""
+        object.__setattr__(self, "_assignments", _ASSIGNMENTS[0])
+        if self._holding is None or (holding := _holds(self.model)) == self._holding:
+            return
+        log.info("%s: a parameter, buffer or submodule was assigned anew since compiling: compiling again", self.name)
+        for key in list(self._specs):
+            self._drop(key)
+        self._guarded.clear()
+        self._families.clear()
+        self._not_affine.clear()
+        self._last = None
+        self._holding = holding
+        self._read_model()
 
     def forward(self, *args, **kwargs):
+        if _ASSIGNMENTS[0] != self._assignments:
+            self._check_holdings()
         if torch.is_grad_enabled() and self._needs_grad(args, kwargs):
             return self._eager(args, kwargs, _GRAD)
         if any(self._hooks) and (why := self._hooked()) is not None:

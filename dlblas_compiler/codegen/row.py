@@ -154,10 +154,11 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> RowPlan | str:
             s = shape_of(r)
             if isinstance(o, ConstantOp):
                 continue
-            if not (_full(s, it) or _rowwise(s, it) or _broadcast(s, it)):
-                return f"{o.name} produces {s}, which does not broadcast to the row space {it}"
+            # (first: a why-not that names no size, so that the lengths of a shape family give the same notes)
             if isinstance(o, ReduceOp) and (o.axes != (len(shape_of(o.input)) - 1,) or shape_of(o.input) != it):
                 return f"{o.name} reduces dims {list(o.axes)}, not the last dim of the row space"
+            if not (_full(s, it) or _rowwise(s, it) or _broadcast(s, it)):
+                return f"{o.name} produces {s}, which does not broadcast to the row space {it}"
             if isinstance(o, SoftmaxOp) and o.axis != len(it) - 1:
                 return "dl.softmax not along the last dim"
         if isinstance(o, ROW_OPS) and shape_of(o.operands[0]) != it:
