@@ -48,11 +48,13 @@ def row_pattern(op: Operation, plan: Plan):
             why = rule(kind_of(cand) if is_producer else kind_of(cur), kind_of(cur) if is_producer else kind_of(cand))
             if why.startswith("never"):
                 continue
-            grown = _grown(plan, region, [cand])
+            added = [cand]
+            grown = _grown(plan, region, added)
             if grown is None and (branch := _other_branch(plan, region, cand)):
-                grown = _grown(plan, region, branch + [cand])
-            if grown is not None:
-                region, frontier = grown, frontier + [cand]
+                added = branch + [cand]
+                grown = _grown(plan, region, added)
+            if grown is not None:  # (a branch's ops are grown from too: they may have other consumers)
+                region, frontier = grown, frontier + added
     if all(isinstance(o, VIEW_OPS) for o in region):
         return None
     return region
