@@ -319,7 +319,7 @@ class RowEmitter:
         w(f"def {self.name}(")
         w.indent()
         w(", ".join(args) + ",")
-        w("N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, " + PDL_ARG)
+        w("N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr, " + PDL_ARG)
         w.dedent()
         w("):")
         w.indent()
@@ -333,7 +333,7 @@ class RowEmitter:
         n = p.n
         for j, (v, leaf) in enumerate(p.leaves.items()):
             base = " + ".join([f"off{j}", "rows * 0"] + [f"i{d} * s{j}_{d}" for d in range(nrow)])
-            w(f"b{j} = {base}")
+            w(f"b{j} = tl.multiple_of({base}, ALIGN)")
             last = shape_of(v)[-1] if len(shape_of(v)) == len(p.iter_shape) else (shape_of(v)[-1:] or (1,))[0]
             last = 1 if leaf.per_row else last
             if last == 1:
@@ -362,6 +362,7 @@ class RowEmitter:
                   f"tl.broadcast_to({self.names[o.source]}, [BLOCK_M, BLOCK_N]).to({TL_DTYPE[dtype_of(r)]}), mask={keep})")
                 continue
             base = " + ".join([f"i{d} * o{k}_{d}" for d in range(nrow)]) or "rows * 0"
+            base = f"tl.multiple_of({base}, ALIGN)"
             val = self.names[r]
             dt = TL_DTYPE[dtype_of(r)]
             if _stores_full(shape_of(r), p.iter_shape, r in p.per_row):
@@ -429,6 +430,7 @@ class RowEmitter:
                 pm = names.fresh("pm")
                 w(f"{pm} = (cols >= pa{q}) & (cols < pb{q})")
                 base = " + ".join([f"poff{q}"] + [f"i{d} * p{q}_{d}" for d in range(nrow)])
+                base = f"tl.multiple_of({base}, ALIGN)"
                 at = self.columns(f"(cols - pa{q})", f"p{q}_{nrow}", f"pf{q}", part)
                 w(f"{t} = tl.where({pm}[None, :], tl.load(in{part.arg} + ({base})[:, None] + {at}, "
                   f"mask=rmask[:, None] & {pm}[None, :], other=0.0).to(tl.float32), {t})")
@@ -480,18 +482,21 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
     it, n = plan.iter_shape, plan.n
     block_n = triton.next_power_of_2(n)
     leaf_args: list[int] = []
+    row_starts: list[int] = []  # every row's first element is at a sum of these (in elements): ALIGN divides them
     for leaf in plan.leaves.values():
         lay, vs = leaf.layout, shape_of(leaf.value)
         if leaf.per_row:  # aligned with the rows: a trailing column dim of one
             lay, vs = Layout((*lay.shape, 1), (*lay.strides, 0), lay.offset), (*vs, 1)
         lay = lay.broadcast_to((*it[:-1], vs[-1] if vs else 1))
         leaf_args += [lay.offset, *lay.strides, *(st for _, st in leaf.factors)]
+        row_starts += [lay.offset, *lay.strides[:-1]]
     for parts in plan.parts.values():  # the widths are arguments: the source is the same whatever they are
         start = 0
         for part in parts:
             width = shape_of(part.value)[-1]
             lay = part.layout.broadcast_to((*it[:-1], width))
             leaf_args += [lay.offset, *lay.strides, start, start + width, *(st for _, st in part.factors)]
+            row_starts += [lay.offset, *lay.strides[:-1]]
             start += width
     out_shapes = [shape_of(r) for r in plan.outputs]
     out_dtypes = [dtype_of(r) for r in plan.outputs]
@@ -503,6 +508,10 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
             out_args += [*Layout.contiguous(shp).strides, 0]
         else:  # broadcast strides: replicated rows write the same (identical) values
             out_args += list(Layout.contiguous(shp).broadcast_to((*it[:-1], shp[-1] if shp else 1)).strides)
+    per_out = len(plan.rows) + 1  # (each output's strides: its rows', then its columns')
+    row_starts += [st for k, r in enumerate(plan.outputs) if r not in plan.scatters
+                   for st in out_args[k * per_out:(k + 1) * per_out - 1]]  # fmt: skip
+    align = row_alignment(row_starts)
     out_args += [shape_of(r)[o.axis] for r in plan.outputs if (o := plan.scatters.get(r))]
     dest_of = {k: inputs.index(o.dest) for k, r in enumerate(plan.outputs) if (o := plan.scatters.get(r))}
     n_rows = numel(plan.rows)
@@ -515,7 +524,7 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
         bm = config["BLOCK_M"]
         kernel[(cdiv(n_rows, bm),)](
             *tensors, *outs, n_rows, *row_sizes, *leaf_args, *out_args,
-            N=n, BLOCK_M=bm, BLOCK_N=block_n, num_warps=config["num_warps"],
+            N=n, BLOCK_M=bm, BLOCK_N=block_n, ALIGN=align, num_warps=config["num_warps"],
         )  # fmt: skip
         return outs
 
@@ -525,6 +534,18 @@ def build(fused: FusedOp, plan: RowPlan, name: str) -> Kernel:
         for r, s, dt in zip(plan.outputs, out_shapes, out_dtypes)
     )
     return Kernel(name, src, launch, fused, {"rows": n_rows, "N": n}, bytes=nbytes)
+
+
+def row_alignment(row_starts: list[int], most: int = 16) -> int:
+    """The largest power of two, up to `most`, dividing every offset and row stride in `row_starts` (elements): the
+    kernel tells Triton its row bases are multiples of it (`tl.multiple_of(.., ALIGN)`). Triton itself only knows an
+    integer argument's divisibility by 16, so without the hint rows of 8 bf16 elements (a router's softmax over 8
+    experts) loaded and stored one element at a time, 1.8x the copy time (bench/NOTES.md 189)."""
+    align = most
+    for v in row_starts:
+        while v % align:
+            align //= 2
+    return align
 
 
 PARAMS = {"BLOCK_M": pow2(1, 16), "num_warps": [1, 2, 4, 8, 16]}

@@ -27,6 +27,7 @@ from ..dialects import (
     BroadcastOp,
     CatOp,
     ConvertOp,
+    DivOp,
     EmbeddingOp,
     ExpOp,
     GeluOp,
@@ -449,6 +450,67 @@ def _clamp_min(e, x, min):
 @converts(torch.clamp_max, "clamp_max")
 def _clamp_max(e, x, max):
     return _clamp(e, x, max=max)
+
+
+# -- piecewise-linear activations as max/min chains ---------------------------------------------------------------
+def _not_inplace(inplace: bool, what: str) -> None:
+    if inplace:
+        raise Unsupported(f"{what} with inplace=True")
+
+
+@converts(F.hardtanh)
+def _hardtanh(e, x, min_val=-1.0, max_val=1.0, inplace=False):
+    """clamp(x, min_val, max_val), NaN kept, as eager's."""
+    _not_inplace(inplace, "hardtanh")
+    return _clamp(e, x, min_val, max_val)
+
+
+@converts(F.relu6)
+def _relu6(e, x, inplace=False):
+    return _hardtanh(e, x, 0.0, 6.0, inplace)
+
+
+@converts(F.leaky_relu)
+def _leaky_relu(e, x, negative_slope=0.01, inplace=False):
+    """x where x > 0, else negative_slope * x: max(x, s x) for 0 < s <= 1, min(x, s x) for s > 1 (each picks the
+    same value as eager's select, infinities and NaN included). A slope of 0 or below is left to torch: there
+    eager's select gives NaN for -inf (-inf * 0), which no max or min of x and s x reproduces for every input."""
+    _not_inplace(inplace, "leaky_relu")
+    if not isinstance(negative_slope, Number) or negative_slope <= 0:
+        raise Unsupported(f"leaky_relu with negative_slope={negative_slope}")
+    x = _tensor(x)
+    sx = _emit(e, MulOp(x, e.const(negative_slope, x)))
+    return _emit(e, (MaximumOp if negative_slope <= 1 else MinimumOp)(x, sx))
+
+
+def _hard_gate(e, x, inplace: bool, swish: bool) -> SSAValue:
+    """hardsigmoid = min(max(x + 3, 0), 6) / 6 and hardswish = x min(max(x + 3, 0), 6) / 6, in float32 and rounded
+    once, as eager's CPU kernels compute them (its CUDA kernels multiply by 1/6: within an ulp of float32)."""
+    what = "hardswish" if swish else "hardsigmoid"
+    _not_inplace(inplace, what)
+    xf, out = _in_f32(e, x, None, what)
+    gate = _clamp(e, _emit(e, AddOp(xf, e.const(3.0, xf))), 0.0, 6.0)
+    return _cast(e, _emit(e, DivOp(_emit(e, MulOp(xf, gate)) if swish else gate, e.const(6.0, xf))), out)
+
+
+@converts(F.hardsigmoid)
+def _hardsigmoid(e, x, inplace=False):
+    return _hard_gate(e, x, inplace, swish=False)
+
+
+@converts(F.hardswish)
+def _hardswish(e, x, inplace=False):
+    return _hard_gate(e, x, inplace, swish=True)
+
+
+@converts(nn.Hardtanh, nn.ReLU6, nn.LeakyReLU, nn.Hardsigmoid, nn.Hardswish)
+def _piecewise_module(e, mod, x):
+    _not_inplace(mod.inplace, type(mod).__name__)
+    if isinstance(mod, nn.Hardtanh):  # (nn.ReLU6 is one, with 0 and 6)
+        return _clamp(e, x, mod.min_val, mod.max_val)
+    if isinstance(mod, nn.LeakyReLU):
+        return _leaky_relu(e, x, mod.negative_slope)
+    return _hard_gate(e, x, False, swish=isinstance(mod, nn.Hardswish))
 
 
 # -- matmul, linear, softmax, norms, attention, embedding ----------------------------------------

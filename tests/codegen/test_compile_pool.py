@@ -229,9 +229,10 @@ def test_a_kernel_compiles_after_the_interpreter_ran_a_program(tmp_path, monkeyp
     assert "ttng.warp_group_dot " in ttgir
 
 
-def _sm90_build(workers, step, tensors, c: dict) -> tuple[int, int, str]:
+def _sm90_build(workers, step, tensors, c: dict, ptx: bool = False) -> tuple[int, int, str]:
     """Build the region's kernel under config c for sm90 in a compile worker: (bytes of stack a thread, i.e.
-    spills; bytes of shared memory the launch takes; its TTGIR), read from the binary with Triton's cuobjdump."""
+    spills; bytes of shared memory the launch takes; its TTGIR, or with `ptx` its PTX), read from the binary with
+    Triton's cuobjdump."""
     before = driver._active
     driver.set_active(compile_pool.Sm90Driver())
     try:
@@ -244,7 +245,7 @@ def _sm90_build(workers, step, tensors, c: dict) -> tuple[int, int, str]:
                               text=True, check=True).stdout  # fmt: skip
         with open(cubin.removesuffix(".cubin") + ".json") as f:
             shared = json.load(f)["shared"]
-        with open(cubin.removesuffix(".cubin") + ".ttgir") as f:
+        with open(cubin.removesuffix(".cubin") + (".ptx" if ptx else ".ttgir")) as f:
             ttgir = f.read()
     finally:
         driver.set_active(before)
@@ -268,6 +269,39 @@ def test_persistent_loops_flatten_and_pipeline_across_tiles(workers):
          "TMA": 1, "MM": 0, "NORM_PASS": 0, "PERSISTENT": 1, "WS": 0}  # fmt: skip
     stack, shared, _ = _sm90_build(workers, step, tensors, c)
     assert stack == 0 and shared > 3 * (128 + 256) * 64 * 2 + 16384, (stack, shared)
+
+
+class _SoftmaxOf(torch.nn.Module):
+    """A softmax over columns [lo, lo + 8) of each row (a router's softmax over 8 experts, or over a slice)."""
+
+    def __init__(self, lo: int):
+        super().__init__()
+        self.lo = lo
+
+    def forward(self, x):
+        return torch.softmax(x[:, self.lo:self.lo + 8].float(), -1).to(x.dtype)
+
+
+@pytest.mark.parametrize("width,lo,vectors", [(8, 0, True), (24, 8, True), (16, 3, False)])
+def test_rows_of_a_few_elements_load_and_store_whole_vectors(workers, width, lo, vectors):
+    """Row kernels tell Triton their rows start at multiples of the largest power of two dividing every row's offset
+    (`row.row_alignment`): Triton knows an integer argument only as a multiple of 16 or not, so rows of 8 bf16
+    elements were loaded and stored two bytes at a time (1.8x the copy time on an H100, bench/NOTES.md 189). Built for
+    sm90: 16-byte loads and stores where every row starts at a multiple of 8 elements; where a slice starts rows at
+    odd offsets, two-byte accesses (the hint claims nothing it does not know), and the values are right."""
+    model = _SoftmaxOf(lo)
+    x = torch.randn(300, width, dtype=torch.bfloat16)
+    cm = dc.compile(model, backend="interpret", cuda_graphs=False, tune="none")
+    with torch.no_grad():
+        out = cm(x)
+        assert rel_error(out, model(x.double())) <= tolerance(torch.bfloat16)
+        program = cm._spec().executor
+        env = program._env([x])
+        (step,) = [s for s in program.steps if isinstance(s, RegionStep) and s.kernel is not None]
+        ptx = _sm90_build(workers, step, step.inputs(env), step.choice.config, ptx=True)[2]
+    accesses = set(re.findall(r"(?:ld|st)\.global[.\w]*", ptx))
+    wide = {"ld.global.v4.b32", "st.global.v4.b32"}
+    assert (wide <= accesses) == vectors and any(".b16" in a for a in accesses) != vectors, accesses
 
 
 def test_no_workers_when_switched_off(tmp_path, monkeypatch):

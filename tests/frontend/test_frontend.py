@@ -456,3 +456,58 @@ def test_clamp_is_elementwise(spelling):
     assert "dl.torch_call" not in cm.ir() and cm.report().patterns == ["row"]
     assert out.dtype == ref.dtype and torch.equal(out.isnan(), ref.isnan())
     assert torch.equal(out.nan_to_num(), ref.nan_to_num())
+
+
+ACTIVATIONS = {
+    "F.hardtanh": lambda x: F.hardtanh(x),
+    "nn.Hardtanh": nn.Hardtanh(-0.5, 0.7),
+    "F.relu6": lambda x: F.relu6(x * 4),
+    "nn.ReLU6": nn.ReLU6(),
+    "F.leaky_relu": lambda x: F.leaky_relu(x),
+    "nn.LeakyReLU(0.2)": nn.LeakyReLU(0.2),
+    "leaky_relu slope above 1": lambda x: F.leaky_relu(x, 1.5),
+    "F.hardsigmoid": lambda x: F.hardsigmoid(x * 2),
+    "nn.Hardsigmoid": nn.Hardsigmoid(),
+    "F.hardswish": lambda x: F.hardswish(x * 2),
+    "nn.Hardswish": nn.Hardswish(),
+}
+
+
+class Activation(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x * 0.5)  # (exact: each op rounds as eager's)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("spelling", list(ACTIVATIONS))
+def test_piecewise_linear_activations_are_elementwise(spelling, dtype):
+    """hardtanh, relu6, leaky_relu, hardsigmoid and hardswish (functions and modules) are max/min chains in one row
+    kernel with eager's values bit for bit on the CPU, NaN and infinities included (not the sign of a zero: a max of
+    -0.0 and 0.0 is 0.0 in Triton, as in eager's CUDA kernels, where eager's CPU clamp keeps -0.0), hardsigmoid and
+    hardswish computed in float32 and rounded once."""
+    model = Activation(ACTIVATIONS[spelling]).eval()
+    x = (torch.randn(6, 40) * 4).to(dtype)
+    x[0, :5] = torch.tensor([torch.nan, torch.inf, -torch.inf, -0.0, 0.0])
+    cm = dc.compile(model, backend="interpret", strict=True)
+    with torch.no_grad():
+        out, ref = cm(x), model(x)
+    assert "dl.torch_call" not in cm.ir() and cm.report().patterns == ["row"], cm.report()
+    assert out.dtype == ref.dtype and torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out.nan_to_num(), ref.nan_to_num()), (out - ref).abs().nan_to_num().max()
+
+
+@pytest.mark.parametrize("make", [lambda: nn.ReLU6(inplace=True), lambda: nn.LeakyReLU(0.0), lambda: nn.LeakyReLU(-0.5)])
+def test_activations_eager_computes_differently_stay_torch_calls(make):
+    """In-place forms, and leaky_relu with a slope of 0 or below (eager's select gives NaN at -inf there, which no
+    max or min of x and the slope times x gives), stay torch calls, with eager's values."""
+    model = Activation(make()).eval()
+    x = torch.randn(6, 40) * 4
+    x[0, 0] = -torch.inf
+    cm = dc.compile(model, backend="interpret")
+    with torch.no_grad():
+        out, ref = cm(x.clone()), model(x.clone())
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.nan_to_num(), ref.nan_to_num())
