@@ -2338,6 +2338,27 @@ def epilogue_ab_section(name: str) -> str:
     return "\n".join(out) + "\n\n" + source_line([(name, env, "M=2048, bf16, TMA, 8 warps, NORM_PASS 1")]) + "\n"
 
 
+def narrow_rows_section(*names: str) -> str:
+    """bench/narrow_rows.py: row kernels over narrow last dims, µs per call from a CUDA graph at the template's old
+    default (at most 16 rows a program), its new one (about 2048 elements a program, bench/NOTES.md 185), the best of
+    the script's small grid and quick tuning's pick, against eager, Inductor (default mode) and the copy-bandwidth
+    floor; one row per case and file."""
+    out = ["| case | card | rows × N | old default µs | new default µs | best of grid µs (config) | quick µs | "
+           "Inductor µs | eager µs | floor µs | Inductor / new |", "|" + "---|" * 11]  # fmt: skip
+    entries = []
+    for name in names:
+        doc = _load(name)
+        card = doc["gpu"].removeprefix("NVIDIA ").split(" ")[0]
+        for r in doc["rows"]:
+            out.append(f"| {r['case']} | {card} | {r['rows']} × {r['N']} | {r['old_us']:.1f} | {r['new_us']:.1f} | "
+                       f"{r['best_us']:.1f} ({r['best']}) | {r['quick_us']:.1f} | {r['inductor_us']:.1f} | "
+                       f"{r['eager_us']:.1f} | {r['floor_us']:.1f} | {r['inductor_us'] / r['new_us']:.2f}x |")
+        env = {"gpu": doc["gpu"], "torch": doc["torch"], "triton": doc["triton"],
+               "run": f"copy {doc['copy_tb_per_s']:.2f} TB/s measured by the script"}
+        entries.append((name, env, ""))
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
 def gemv_ab_section(name: str) -> str:
     """One-row (decode) GEMM kernels with x's slice exchanged through shared memory each K step (the tree's form,
     "slice") against x loaded straight into the weight tile's layout ("rows": a patch measured in the fifty-sixth
@@ -2981,6 +3002,14 @@ SECTIONS = {
     "best-mode-goal-s67-m2048-rounds": functools.partial(best_mode_goal_section, 1.05,
                                                          ("a", "4958801, 2048 tokens, round-based calls",
                                                           "2026-12-05-h200-s67-layers-m2048-paired.json")),
+    "best-mode-goal-s71-gemma-m1": functools.partial(
+        best_mode_goal_section, 1.1, ("a", "4d65314, 1 token, round-based calls", "2026-12-05-h100-s71-gemma-m1.json")),
+    "kernel-times-s71-gemma-m1": functools.partial(kernel_times_section, "2026-12-05-h100-s71-profile-gemma-m1.json"),
+    "gemv-study-s71-gemma": functools.partial(gemv_study_section, "2026-12-05-h100-s71-gemv-study-gemma.json",
+                                              "2026-12-05-h100-s71-ceilings.json"),
+    "narrow-rows-s71": functools.partial(narrow_rows_section, "2026-12-05-h100-s71-narrow-rows.json",
+                                         "2026-12-05-h200-s71-narrow-rows-aligned.json"),
+    "decode-ab-s71-llama-p2048": functools.partial(decode_ab_section, "2026-12-05-h100-s71-decode-ab-prompt2048.json"),
     "best-mode-goal-s68-m1-m128-rounds": functools.partial(
         best_mode_goal_section, 1.1,
         ("a", "b46bc8e, 1 and 128 tokens, round-based calls", "2026-12-05-h200-s68-layers-m1-m128-a.json"),
