@@ -97,6 +97,31 @@ TANH_EXPR = (f"tl.where(tl.abs({{x}}) < 0.625, {_TANH_SMALL}, "
 TanhOp = _unary("dl.tanh", torch.tanh, TANH_EXPR, (torch.tanh, F.tanh, "tanh"))
 ReluOp = _unary("dl.relu", torch.relu, "tl.where({x} < 0.0, 0.0, {x})", (torch.relu, F.relu, "relu"))
 
+
+def _horner(var: str, coefficients: list[float]) -> str:
+    """c0 + var (c1 + var (c2 + ...)) as a Triton expression."""
+    out = repr(coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        out = f"({c!r} + {var} * {out})"
+    return out
+
+
+# expm1 and log1p without libdevice (the interpreter has none), accurate where exp(x) - 1 and log(1 + x) cancel.
+# expm1: below |x| = 0.5 its Taylor polynomial to x^8 (the first term left out, x^9 / 9!, is under 1e-8 of the value
+# there), above exp(x) - 1 (which loses at most a factor 2.5 of exp's relative error there).
+EXPM1_EXPR = (f"tl.where(tl.abs({{x}}) < 0.5, {{x}} * {_horner('{x}', [1 / math.factorial(k) for k in range(1, 9)])}, "
+              "tl.exp({x}) - 1.0)")
+# log1p: below |x| = 0.5, 2 atanh(s) with s = x / (2 + x) (|s| <= 1/3) as its odd series to s^13 (the first term left
+# out is under 2e-8 of the value): the log's own cancellation near 1 is not taken (the GPU's fast log has an
+# absolute error there, not a relative one); above, log(1 + x).
+_S = "({x} / (2.0 + {x}))"
+_ATANH_SERIES = _horner(f"{_S} * {_S}", [1 / (2 * k + 1) for k in range(7)])  # (atanh(s) / s in powers of s^2)
+LOG1P_EXPR = (f"tl.where(tl.abs({{x}}) < 0.5, 2.0 * {_S} * {_ATANH_SERIES}, "
+              "tl.log(1.0 + {x}))")
+Expm1Op = _unary("dl.expm1", torch.expm1, EXPM1_EXPR, (torch.expm1, torch.special.expm1, "expm1"))
+Log1pOp = _unary("dl.log1p", torch.log1p, LOG1P_EXPR, (torch.log1p, torch.special.log1p, "log1p"))
+Log1pOp.__name__ = Log1pOp.__qualname__ = "Log1pOp"  # (not the title-cased "Log1POp")
+
 # GELU's Triton expressions by `approximate` (also the gated activations of dl.glu). The tanh form as
 # x sigmoid(2u), the same function as 0.5 x (1 + tanh(u)) (u = sqrt(2/pi) (x + 0.044715 x^3)): 1 + tanh(u) cancels
 # for x below about -3, where x sigmoid(2u) keeps every digit.
@@ -304,6 +329,7 @@ class ConstantOp(IRDLOperation):
         return repr(v)
 
 
-UNARY_OPS = [NegOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, AbsOp, SinOp, CosOp, SigmoidOp, SiluOp, ErfOp, TanhOp, ReluOp, GeluOp, PowOp]
+UNARY_OPS = [NegOp, ExpOp, Expm1Op, LogOp, Log1pOp, SqrtOp, RsqrtOp, ReciprocalOp, AbsOp, SinOp, CosOp, SigmoidOp,
+             SiluOp, ErfOp, TanhOp, ReluOp, GeluOp, PowOp]
 BINARY_OPS = [AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp]
 ELEMENTWISE_OPS = [*UNARY_OPS, *BINARY_OPS, ConvertOp, ConstantOp]

@@ -23,6 +23,7 @@ from xdsl.ir import SSAValue
 from ..dialects import (
     BINARY_OPS,
     UNARY_OPS,
+    AbsOp,
     AddOp,
     BroadcastOp,
     CatOp,
@@ -30,10 +31,12 @@ from ..dialects import (
     DivOp,
     EmbeddingOp,
     ExpOp,
+    Expm1Op,
     GeluOp,
     IndexCopyOp,
     LayerNormOp,
     LinearOp,
+    Log1pOp,
     LogOp,
     MatmulOp,
     MaximumOp,
@@ -52,6 +55,7 @@ from ..dialects import (
     SliceOp,
     SoftmaxOp,
     SubOp,
+    TanhOp,
 )
 from ..dialects.types import normalize_dim, shape_of, xdsl_dtype
 from .moe import moe
@@ -511,6 +515,99 @@ def _piecewise_module(e, mod, x):
     if isinstance(mod, nn.LeakyReLU):
         return _leaky_relu(e, x, mod.negative_slope)
     return _hard_gate(e, x, False, swish=isinstance(mod, nn.Hardswish))
+
+
+# -- exponential activations: max/min of the two branches, expm1 and log1p ----------------------------------------
+def _const_mul(e, x: SSAValue, c: float) -> SSAValue:
+    return x if c == 1 else _emit(e, MulOp(x, e.const(c, x)))
+
+
+def _elu_of(e, x, alpha: float, scale: float, input_scale: float) -> SSAValue:
+    """scale x where x > 0, else expm1(input_scale x) alpha scale (eager's ELU, SELU and CELU), as the sum of
+    max(x, 0) scale and min(0, expm1(..) alpha scale): where x > 0 the second is 0 (expm1 of a positive number is
+    positive) and where x <= 0 the first is, so each sum is eager's one branch, rounded as eager rounds it; NaN
+    stays NaN. A negative alpha or scale flips those signs: left to torch."""
+    if not all(isinstance(v, Number) and v > 0 for v in (alpha, scale, input_scale)):
+        raise Unsupported(f"elu with alpha={alpha}, scale={scale}, input_scale={input_scale}")
+    x = _tensor(x)
+    zero = e.const(0.0, x)
+    pos = _const_mul(e, _emit(e, MaximumOp(x, zero)), scale)
+    neg = _const_mul(e, _const_mul(e, _emit(e, Expm1Op(_const_mul(e, x, input_scale))), alpha), scale)
+    return _emit(e, AddOp(pos, _emit(e, MinimumOp(zero, neg))))
+
+
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+@converts(F.elu)
+def _elu(e, x, alpha=1.0, inplace=False):
+    _not_inplace(inplace, "elu")
+    return _elu_of(e, x, alpha, 1.0, 1.0)
+
+
+@converts(F.selu, torch.selu)
+def _selu(e, x, inplace=False):
+    _not_inplace(inplace, "selu")
+    return _elu_of(e, x, SELU_ALPHA, SELU_SCALE, 1.0)
+
+
+@converts(F.celu, torch.celu)
+def _celu(e, x, alpha=1.0, inplace=False):
+    _not_inplace(inplace, "celu")
+    return _elu_of(e, x, alpha, 1.0, 1.0 / alpha if isinstance(alpha, Number) and alpha else 0.0)
+
+
+def _log1p_exp_minus_abs(e, x: SSAValue) -> SSAValue:
+    return _emit(e, Log1pOp(_emit(e, ExpOp(_emit(e, NegOp(_emit(e, AbsOp(x))))))))
+
+
+def _softplus_of(e, x: SSAValue) -> SSAValue:
+    """log(1 + exp(x)) as max(x, 0) + log1p(exp(-|x|)): no overflow of exp for large x."""
+    return _emit(e, AddOp(_emit(e, MaximumOp(x, e.const(0.0, x))), _log1p_exp_minus_abs(e, x)))
+
+
+# above this threshold eager's softplus returns x itself: from here on, log1p(exp(-beta x)) / beta is under half an
+# ulp of x in float32, so the smooth form gives the same value (a smaller threshold is left to torch)
+SOFTPLUS_SMOOTH_FROM = 17.0
+
+
+@converts(F.softplus)
+def _softplus(e, x, beta=1.0, threshold=20.0):
+    """log1p(exp(beta x)) / beta, and x itself where beta x > threshold, as eager's: the smooth form (see
+    `SOFTPLUS_SMOOTH_FROM`)."""
+    if not (isinstance(beta, Number) and beta > 0 and isinstance(threshold, Number)
+            and threshold >= SOFTPLUS_SMOOTH_FROM):  # fmt: skip
+        raise Unsupported(f"softplus with beta={beta}, threshold={threshold}")
+    x = _tensor(x)
+    sp = _softplus_of(e, _const_mul(e, x, beta))
+    return sp if beta == 1 else _emit(e, DivOp(sp, e.const(beta, x)))
+
+
+@converts(F.mish)
+def _mish(e, x, inplace=False):
+    """x tanh(softplus(x)) (eager's mish has no threshold; its log1p(exp(x)) and the smooth form agree in float32)."""
+    _not_inplace(inplace, "mish")
+    x = _tensor(x)
+    return _emit(e, MulOp(x, _emit(e, TanhOp(_softplus_of(e, x)))))
+
+
+@converts(F.logsigmoid)
+def _logsigmoid(e, x):
+    """min(x, 0) - log1p(exp(-|x|)), eager's formula."""
+    x = _tensor(x)
+    return _emit(e, SubOp(_emit(e, MinimumOp(x, e.const(0.0, x))), _log1p_exp_minus_abs(e, x)))
+
+
+@converts(nn.ELU, nn.SELU, nn.CELU, nn.Softplus, nn.Mish, nn.LogSigmoid)
+def _exponential_module(e, mod, x):
+    _not_inplace(getattr(mod, "inplace", False), type(mod).__name__)
+    if isinstance(mod, nn.ELU):
+        return _elu(e, x, mod.alpha)
+    if isinstance(mod, nn.CELU):
+        return _celu(e, x, mod.alpha)
+    if isinstance(mod, nn.Softplus):
+        return _softplus(e, x, mod.beta, mod.threshold)
+    return {nn.SELU: _selu, nn.Mish: _mish, nn.LogSigmoid: _logsigmoid}[type(mod)](e, x)
 
 
 # -- matmul, linear, softmax, norms, attention, embedding ----------------------------------------

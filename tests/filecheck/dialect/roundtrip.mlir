@@ -18,8 +18,10 @@ builtin.module {
     %e = dl.minimum %a, %d : (tensor<2x8x1xf32>, tensor<2x8x1xf32>) -> tensor<2x8x1xf32>
     %r = dl.rsqrt %e : tensor<2x8x1xf32>
     %n1 = dl.neg %r : tensor<2x8x1xf32>
-    %n2 = dl.exp %n1 : tensor<2x8x1xf32>
-    %n3 = dl.log %n2 : tensor<2x8x1xf32>
+    %n2m = dl.exp %n1 : tensor<2x8x1xf32>
+    %n2 = dl.expm1 %n2m : tensor<2x8x1xf32>
+    %n3l = dl.log1p %n2 : tensor<2x8x1xf32>
+    %n3 = dl.log %n3l : tensor<2x8x1xf32>
     %n4 = dl.sqrt %n3 : tensor<2x8x1xf32>
     %n5 = dl.reciprocal %n4 : tensor<2x8x1xf32>
     %n6 = dl.abs %n5 : tensor<2x8x1xf32>
