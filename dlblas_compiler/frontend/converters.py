@@ -52,8 +52,10 @@ from ..dialects import (
     ReshapeOp,
     RMSNormOp,
     SDPAOp,
+    SigmoidOp,
     SliceOp,
     SoftmaxOp,
+    SqrtOp,
     SubOp,
     TanhOp,
 )
@@ -456,6 +458,47 @@ def _clamp_max(e, x, max):
     return _clamp(e, x, max=max)
 
 
+# -- 2-norms along dims and F.normalize --------------------------------------------------------------------------
+def _two_norm(e, x, dim, keepdim: bool, what: str) -> SSAValue:
+    """sqrt(sum(x^2)) over dims (all for None) in float32, rounded to x's type once, as eager's norm kernels (whose
+    float32 accumulators on a GPU overflow past 1.8e19 as these do; on the CPU eager accumulates in float64)."""
+    xf, out = _in_f32(e, x, None, what)
+    rank = len(shape_of(xf))
+    dims = range(rank) if dim is None else [dim] if isinstance(dim, int) else dim
+    dims = [normalize_dim(d, rank) for d in dims]
+    total = _emit(e, ReduceSumOp(_emit(e, MulOp(xf, xf)), dims, bool(keepdim)))
+    return _cast(e, _emit(e, SqrtOp(total)), out)
+
+
+@converts(torch.linalg.vector_norm)
+def _vector_norm(e, x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    if ord not in (2, 2.0) or dtype is not None or out is not None:
+        raise Unsupported(f"vector_norm of order {ord!r} (with dtype= or out=)")
+    return _two_norm(e, x, dim, keepdim, "vector_norm")
+
+
+@converts(torch.norm, "norm")
+def _norm(e, x, p="fro", dim=None, keepdim=False, dtype=None, out=None):
+    """The 2-norm along dims (p = 2, or "fro": over any dims the same root of the sum of squares); other orders,
+    dtype= and out= stay torch calls."""
+    if p not in (2, 2.0, "fro") or dtype is not None or out is not None:
+        raise Unsupported(f"norm of order {p!r} (with dtype= or out=)")
+    return _two_norm(e, x, dim, keepdim, "norm")
+
+
+@converts(F.normalize)
+def _normalize(e, x, p=2.0, dim=1, eps=1e-12, out=None):
+    """x / max(||x||_2, eps) along dim, the norm and then the clamped norm rounded to x's type, as eager's ops round
+    them: in float16 an eps of 1e-12 rounds to 0, so a row of zeros gives NaN, as eager's does."""
+    if p != 2 or out is not None:
+        raise Unsupported(f"normalize of order {p!r} (or with out=)")
+    x = _tensor(x)
+    f32 = xdsl_dtype(torch.float32)
+    norm = _cast(e, _two_norm(e, x, dim, True, "normalize"), f32)
+    denom = _cast(e, _emit(e, MaximumOp(norm, e.const(eps, norm))), x.type.element_type)
+    return _emit(e, DivOp(x, denom))
+
+
 # -- piecewise-linear activations as max/min chains ---------------------------------------------------------------
 def _not_inplace(inplace: bool, what: str) -> None:
     if inplace:
@@ -515,6 +558,23 @@ def _piecewise_module(e, mod, x):
     if isinstance(mod, nn.LeakyReLU):
         return _leaky_relu(e, x, mod.negative_slope)
     return _hard_gate(e, x, False, swish=isinstance(mod, nn.Hardswish))
+
+
+@converts(F.glu)
+def _glu(e, x, dim=-1):
+    """a sigmoid(b) for the halves a, b of x along dim (eager's one kernel, rounded once)."""
+    x = _tensor(x)
+    d = normalize_dim(dim, len(shape_of(x)))
+    n = shape_of(x)[d]
+    if n % 2:
+        raise Unsupported(f"glu over an odd size {n}")
+    a, b = (_emit(e, SliceOp(x, d, lo, lo + n // 2)) for lo in (0, n // 2))
+    return _emit(e, MulOp(a, _emit(e, SigmoidOp(b))))
+
+
+@converts(nn.GLU)
+def _glu_module(e, mod, x):
+    return _glu(e, x, mod.dim)
 
 
 # -- exponential activations: max/min of the two branches, expm1 and log1p ----------------------------------------
@@ -781,45 +841,54 @@ def _last_dim_only(x: SSAValue, normalized_shape) -> None:
         raise Unsupported(f"normalized_shape {ns} is not the last dim")
 
 
+def _filled(e, like: SSAValue, n: int, value: float, what: str) -> SSAValue:
+    """A parameter of n copies of `value` in like's dtype: a LayerNorm's missing weight (ones) or bias (zeros), which
+    leave each value as eager computes it without them (times 1 and plus 0 in float32)."""
+    from ..dialects.types import dtype_of
+
+    return e.param(f"{e.node.name}.{what}", torch.full((n,), value, dtype=dtype_of(like), device=e.value.device))
+
+
 @converts(F.layer_norm, torch.layer_norm)
 def _layer_norm(e, x, normalized_shape, weight=None, bias=None, eps=1e-5, *rest):
     x = _tensor(x)
     _last_dim_only(x, normalized_shape)
-    if weight is None or bias is None:
-        raise Unsupported("layer_norm without weight and bias")
-    return _emit(e, LayerNormOp(x, _tensor(weight), _tensor(bias), eps))
+    n = shape_of(x)[-1]
+    w = _filled(e, x, n, 1.0, "weight") if weight is None else _tensor(weight)
+    b = _filled(e, w, n, 0.0, "bias") if bias is None else _tensor(bias)
+    return _emit(e, LayerNormOp(x, w, b, eps))
 
 
 @converts(nn.LayerNorm)
 def _layer_norm_module(e, mod, x):
-    if mod.weight is None or mod.bias is None:
-        raise Unsupported("LayerNorm without affine weight and bias")
-    w = e.param(f"{e.node.target}.weight", mod.weight)
-    b = e.param(f"{e.node.target}.bias", mod.bias)
+    w = e.param(f"{e.node.target}.weight", mod.weight) if mod.weight is not None else None
+    b = e.param(f"{e.node.target}.bias", mod.bias) if mod.bias is not None else None
     return _layer_norm(e, x, mod.normalized_shape, w, b, mod.eps)
 
 
 def _default_eps(x: SSAValue) -> float:
+    """torch's rms_norm eps when none is given: the machine epsilon of the type it computes in (float32 for
+    float16 and bfloat16 inputs: not their own, 64 times larger for bfloat16, which on rows of small values changed
+    the result by 30%)."""
     from ..dialects.types import dtype_of
 
-    return torch.finfo(dtype_of(x)).eps
+    return torch.finfo(torch.promote_types(dtype_of(x), torch.float32)).eps
 
 
 if hasattr(F, "rms_norm"):
 
-    @converts(F.rms_norm)
+    @converts(F.rms_norm, torch.rms_norm)  # (dynamo's graphs call the latter)
     def _rms_norm(e, x, normalized_shape, weight=None, eps=None):
         x = _tensor(x)
         _last_dim_only(x, normalized_shape)
-        if weight is None:
-            raise Unsupported("rms_norm without weight")
-        return _emit(e, RMSNormOp(x, _tensor(weight), _default_eps(x) if eps is None else eps))
+        w = _tensor(weight) if weight is not None else None
+        # (torch scales by the weight in float32 and rounds once, where HF's RMSNorm rounds before the weight)
+        return _emit(e, RMSNormOp(x, w, _default_eps(x) if eps is None else eps, scale_in_f32=True))
 
     @converts(nn.RMSNorm)
     def _rms_norm_module(e, mod, x):
-        if mod.weight is None:
-            raise Unsupported("RMSNorm without weight")
-        return _rms_norm(e, x, mod.normalized_shape, e.param(f"{e.node.target}.weight", mod.weight), mod.eps)
+        w = e.param(f"{e.node.target}.weight", mod.weight) if mod.weight is not None else None
+        return _rms_norm(e, x, mod.normalized_shape, w, mod.eps)
 
 
 @converts(F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)

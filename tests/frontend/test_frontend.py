@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import dlblas_compiler as dc
 from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
-from dlblas_compiler.numerics import rel_error
+from dlblas_compiler.numerics import rel_error, tolerance
 
 from ..hf import llama_config, llama_layer_and_inputs
 
@@ -526,6 +526,8 @@ EXPONENTIAL_ACTIVATIONS = {
     "F.mish": F.mish,
     "nn.LogSigmoid": nn.LogSigmoid(),
     "F.logsigmoid": F.logsigmoid,
+    "F.glu": lambda x: F.glu(x, -1),
+    "nn.GLU(0)": nn.GLU(0),
     "torch.expm1": torch.expm1,
     "Tensor.log1p": lambda x: x.abs().log1p(),
 }
@@ -534,7 +536,7 @@ EXPONENTIAL_ACTIVATIONS = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("spelling", list(EXPONENTIAL_ACTIVATIONS))
 def test_exponential_activations_are_elementwise(spelling, dtype):
-    """ELU, SELU, CELU, softplus, mish, logsigmoid, expm1 and log1p are elementwise ops in one row kernel (the ELUs
+    """ELU, SELU, CELU, softplus, mish, logsigmoid, GLU, expm1 and log1p are elementwise ops in row kernels (the ELUs
     and softplus as max and min of their two branches, with dl.expm1 and dl.log1p computed without cancellation near
     0). Against float64: no more than four times eager's error plus 1e-7 (fp32; expm1's polynomial and exp branches
     are within 3 ulp), NaN and infinities where eager has them, over inputs from 1e-6 to 200 in magnitude."""
@@ -546,7 +548,9 @@ def test_exponential_activations_are_elementwise(spelling, dtype):
     cm = dc.compile(model, backend="interpret", strict=True)
     with torch.no_grad():
         out, ref, exact = cm(x), model(x), model.double()(x.double())
-    assert "dl.torch_call" not in cm.ir() and cm.report().patterns == ["row"], cm.report()
+    assert "dl.torch_call" not in cm.ir(), cm.report()
+    # (GLU's halves are narrower rows than its input: the scaling before it is a row kernel of its own)
+    assert cm.report().patterns == ["row"] * (2 if "glu" in spelling.lower() else 1), cm.report()
     assert out.dtype == ref.dtype and torch.equal(out.isnan(), ref.isnan())
     assert torch.equal(out[out.isinf()], ref[out.isinf()]) and torch.equal(out.isinf(), ref.isinf())
     fin = ref.isfinite()
@@ -562,3 +566,95 @@ def test_softplus_with_a_low_threshold_stays_a_torch_call():
     with torch.no_grad():
         assert torch.equal(cm(x), model(x))
     assert "dl.torch_call" in cm.ir()
+
+
+class Norms(nn.Module):
+    """torch's own norms with and without their affine parameters, after a Linear of small outputs (rows whose mean
+    square is near bfloat16's epsilon)."""
+
+    def __init__(self, n=40):
+        super().__init__()
+        self.proj = nn.Linear(n, n)
+        self.ln_plain, self.ln_no_bias = nn.LayerNorm(n, elementwise_affine=False), nn.LayerNorm(n, bias=False)
+        self.rms_plain = nn.RMSNorm(n, elementwise_affine=False)
+        self.rms, self.rms_eps = nn.RMSNorm(n), nn.RMSNorm(n, 1e-5)
+        with torch.no_grad():
+            self.proj.weight.mul_(0.05)
+            for w in (self.ln_no_bias.weight, self.rms.weight, self.rms_eps.weight):
+                w.normal_()
+
+    def forward(self, x):
+        y = self.proj(x)
+        return (self.ln_plain(y), self.ln_no_bias(y), F.layer_norm(y, y.shape[-1:]), self.rms_plain(y), self.rms(y),
+                self.rms_eps(y), F.rms_norm(y, y.shape[-1:]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("traced", ["module", "dynamo"])
+def test_torch_norms_with_and_without_affine_parameters_equal_eager(dtype, traced):
+    """nn.RMSNorm / F.rms_norm without eps use float32's epsilon for bfloat16 and float16 inputs, as torch does (the
+    input type's own, 64x larger in bfloat16, changed these rows by 30%: a silent wrong answer), and scale by the weight
+    in float32; LayerNorm and RMSNorm without weight or bias are row kernels too (they were torch calls). Eager's
+    values bit for bit, through the module and through dynamo (where F.rms_norm is `torch.rms_norm`)."""
+    model = Norms().to(dtype).eval()
+    x = (torch.randn(6, 40) * 0.05).to(dtype)
+    cm = dc.compile(model if traced == "module" else model.forward, backend="interpret", cuda_graphs=False)
+    with torch.no_grad():
+        outs, refs = cm(x), model(x)
+    for k, (o, r) in enumerate(zip(outs, refs, strict=True)):
+        assert torch.equal(o, r), (k, (o.float() - r.float()).abs().max())
+    assert "torch fallbacks (run" not in cm.report().text(), cm.report()
+
+
+TWO_NORMS = {
+    "F.normalize": lambda x: F.normalize(x, dim=-1),
+    "F.normalize of rows of zeros": lambda x: F.normalize(x * 0, dim=1),
+    "x / x.norm(p=2, dim=-1, keepdim=True)": lambda x: x / x.norm(p=2, dim=-1, keepdim=True),
+    "linalg.vector_norm": lambda x: torch.linalg.vector_norm(x, dim=-1),
+    "Tensor.norm over two dims": lambda x: x.norm(dim=(0, 1)),
+    "torch.norm of everything": lambda x: torch.norm(x),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("spelling", list(TWO_NORMS))
+def test_two_norms_and_normalize_are_row_kernels(spelling, dtype):
+    """2-norms along dims (torch.norm, Tensor.norm, linalg.vector_norm) and F.normalize (CLIP's and SigLIP's
+    embeddings) are reductions in row kernels: sums of squares in float32, the norm rounded to the input's type as
+    eager's is, and for F.normalize the clamped norm rounded too, so a row of zeros in float16 (whose eps of 1e-12
+    rounds to 0) gives NaN as eager's does. Eager's values bit for bit in half types; fp32 within an ulp (eager's CPU
+    kernels sum in float64)."""
+    model = Activation(TWO_NORMS[spelling]).eval()
+    x = (torch.randn(4, 6, 40) * 3).to(dtype)
+    x[0, 0, 0], x[1, 0, 0] = torch.nan, torch.inf
+    cm = dc.compile(model, backend="interpret", strict=True)
+    with torch.no_grad():
+        out, ref = cm(x), model(x)
+    assert "dl.torch_call" not in cm.ir(), cm.report()
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+    fin = ref.isfinite()
+    if dtype == torch.float32:
+        assert ((out[fin] - ref[fin]).abs() <= 2.4e-7 * ref[fin].abs()).all()
+    else:
+        assert torch.equal(out[fin], ref[fin])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activations_and_norms_on_the_gpu(dtype):
+    """The converters above on the GPU (`triton` backend; its exp and log are not the interpreter's): every spelling
+    within the dtype's tolerance of float64, with NaN and infinities where eager's CUDA kernels put them."""
+    spellings = {**ACTIVATIONS, **EXPONENTIAL_ACTIVATIONS, **TWO_NORMS}
+    x = torch.randn(6, 8, 64, device="cuda") * 8
+    x[0, 0, :5] = torch.tensor([torch.nan, torch.inf, -torch.inf, -0.0, 0.0])
+    x[1, 0, :4] = torch.tensor([400.0, -400.0, 2e-6, -2e-6])
+    x = x.to(dtype)
+    for name, fn in spellings.items():
+        model = Activation(fn).eval()
+        cm = dc.compile(model, backend="triton", strict=True, cuda_graphs=False)
+        with torch.no_grad():
+            out, ref, exact = cm(x), model(x), model.double()(x.double())
+        assert "dl.torch_call" not in cm.ir(), name
+        assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf()), name
+        fin = ref.isfinite()
+        assert rel_error(out[fin], exact[fin]) <= tolerance(dtype), name
