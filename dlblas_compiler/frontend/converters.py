@@ -59,7 +59,7 @@ from ..dialects import (
     SubOp,
     TanhOp,
 )
-from ..dialects.types import normalize_dim, shape_of, xdsl_dtype
+from ..dialects.types import dtype_of, normalize_dim, shape_of, xdsl_dtype
 from .moe import moe
 
 
@@ -844,8 +844,6 @@ def _last_dim_only(x: SSAValue, normalized_shape) -> None:
 def _filled(e, like: SSAValue, n: int, value: float, what: str) -> SSAValue:
     """A parameter of n copies of `value` in like's dtype: a LayerNorm's missing weight (ones) or bias (zeros), which
     leave each value as eager computes it without them (times 1 and plus 0 in float32)."""
-    from ..dialects.types import dtype_of
-
     return e.param(f"{e.node.name}.{what}", torch.full((n,), value, dtype=dtype_of(like), device=e.value.device))
 
 
@@ -870,8 +868,6 @@ def _default_eps(x: SSAValue) -> float:
     """torch's rms_norm eps when none is given: the machine epsilon of the type it computes in (float32 for
     float16 and bfloat16 inputs: not their own, 64 times larger for bfloat16, which on rows of small values changed
     the result by 30%)."""
-    from ..dialects.types import dtype_of
-
     return torch.finfo(torch.promote_types(dtype_of(x), torch.float32)).eps
 
 
