@@ -67,6 +67,43 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
+class NanoGPTBlock(nn.Module):
+    """nanoGPT's transformer block as its model.py writes it without flash attention: LayerNorm, one q/k/v linear
+    with bias, the scores' future keys set to -inf through a causal buffer (`masked_fill`), softmax, the output
+    projection and a GELU MLP, both with residuals. GPT-2 medium's dims (1024 wide, 16 heads of 64)."""
+
+    def __init__(self, d: int = 1024, heads: int = 16, block_size: int = 4096):
+        super().__init__()
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+    def attn(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+def make_nanogpt_block(m, dtype, device):
+    d, heads = 1024, 16
+    mod = randomize_(NanoGPTBlock(d, heads, max(m, 16))).to(device=device, dtype=dtype).eval()
+    x = _randn(1, m, d, dtype=dtype, device=device, seed=1)
+    weights = 12 * d * d + 13 * d
+    e = dtype.itemsize
+    flops = 2 * m * 12 * d * d + 4 * heads * m * m * (d // heads) / 2  # (causal attention: half the products)
+    return mod, (x,), {}, (weights + 2 * m * d + m * m) * e, flops
+
+
 def _randn(*shape, dtype, device, seed):
     g = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randn(*shape, generator=g).to(dtype=dtype, device=device)
@@ -225,6 +262,7 @@ BLOCKS = {
     "attention": make_attention,
     "decoder_layer": make_layer,
     "llama_2layer": make_model,
+    "nanogpt_block": make_nanogpt_block,
     **{f"layer_{n}": (lambda n: lambda m, dtype, device: make_hf_layer(n, m, dtype, device))(n) for n in HF_LAYERS},
 }
 

@@ -18,6 +18,7 @@ from ..dialects import (
     GluOp,
     SiluOp,
     UnaryOp,
+    WhereOp,
 )
 from ..dialects.types import dtype_of
 from .source import TL_DTYPE, Writer
@@ -61,7 +62,7 @@ class Names:
 
 
 def emit_pointwise(w: Writer, names: Names, op) -> bool:
-    """Write one elementwise op (unary, binary, convert, constant, glu). False if `op` is not one."""
+    """Write one elementwise op (unary, binary, convert, constant, glu, where). False if `op` is not one."""
     if isinstance(op, ConstantOp):
         names[op.result] = op.triton()
         return True
@@ -71,6 +72,8 @@ def emit_pointwise(w: Writer, names: Names, op) -> bool:
         expr = op.triton(names[op.lhs], names[op.rhs])
     elif isinstance(op, ConvertOp):
         expr = names[op.input]
+    elif isinstance(op, WhereOp):  # (rounded as eager's result is: a constant branch may be finer than its dtype)
+        expr = round_to(op.triton(names[op.cond], names[op.lhs], names[op.rhs]), op.result)
     elif isinstance(op, GluOp):
         g = names[op.gate]
         expr = f"{GLU_EXPR[op.act.data].format(x=g)} * {names[op.up]}"

@@ -33,6 +33,7 @@ from ..dialects import (
     RotaryOp,
     SoftmaxOp,
     UnaryOp,
+    WhereOp,
 )
 from ..dialects.types import dtype_of, numel, shape_of
 from ..fusion.templates import PlannedTemplate, register_template
@@ -43,7 +44,7 @@ from .source import PDL_ARG, TL_DTYPE, Writer, cdiv, chained_start, row_indices,
 from .views import VIEW_OPS, Layout, column_offsets, row_view_chain, view_source
 
 MAX_N = 32768
-POINTWISE = (UnaryOp, BinaryOp, ConvertOp, ConstantOp, GluOp)
+POINTWISE = (UnaryOp, BinaryOp, ConvertOp, ConstantOp, GluOp, WhereOp)
 ROW_OPS = (RMSNormOp, AddRMSNormOp, LayerNormOp, SoftmaxOp, RotaryOp)
 
 

@@ -460,6 +460,11 @@ class GluOp(IRDLOperation):
 
 
 MASKED_ROWS = ("zero", "nan")
+# how a boolean mask drops keys: "sdpa" (True keeps; -inf is added to a dropped key's score, so a NaN or +inf
+# score there still makes its row NaN, as torch's SDPA gives), "keep" (True keeps; a dropped key's score is
+# replaced by -inf and leaves no trace: softmax(where(mask, s, -inf))), "drop" (True drops, replaced by -inf:
+# softmax(s.masked_fill(mask, -inf)))
+MASK_MODES = ("sdpa", "keep", "drop")
 
 
 def _aligned(t):
@@ -480,6 +485,9 @@ class SDPAOp(IRDLOperation):
     explicit form's other non-finite rows follow from its math too (a NaN score makes its row NaN), where torch's
     fused SDPA kernels may give 0 (the CPU's flash kernel for a row whose scores are all NaN: fuzz finding
     8297d26b99c1): its reference runs torch's math kernel.
+
+    `mask_mode` (MASK_MODES) says how a boolean mask drops keys: as SDPA does, or as an explicit form that
+    selects -inf for the dropped scores (`where`, `masked_fill`), where a dropped key's NaN score leaves no trace.
     """
 
     name = "dl.sdpa"
@@ -492,6 +500,7 @@ class SDPAOp(IRDLOperation):
     scale = opt_prop_def(FloatAttr)
     enable_gqa = prop_def(BoolAttr, _bool(False))
     masked_rows = prop_def(StringAttr, StringAttr("zero"))
+    mask_mode = prop_def(StringAttr, StringAttr("sdpa"))
     traits = traits_def(Pure(), MANY_TO_MANY)
     assembly_format = (
         "$query `,` $key `,` $value (`mask` $mask^)? attr-dict `:` type($query) `,` type($key) `,` type($value)"
@@ -500,11 +509,13 @@ class SDPAOp(IRDLOperation):
     irdl_options = (ParsePropInAttrDict(),)
 
     def __init__(
-        self, q, k, v, mask=None, is_causal=False, scale: float | None = None, enable_gqa=False, masked_rows="zero"
+        self, q, k, v, mask=None, is_causal=False, scale: float | None = None, enable_gqa=False, masked_rows="zero",
+        mask_mode="sdpa",
     ):
         out = [*shape_of(q)[:-1], shape_of(v)[-1]]
         props: dict[str, Attribute] = {
-            "is_causal": _bool(is_causal), "enable_gqa": _bool(enable_gqa), "masked_rows": StringAttr(masked_rows)
+            "is_causal": _bool(is_causal), "enable_gqa": _bool(enable_gqa), "masked_rows": StringAttr(masked_rows),
+            "mask_mode": StringAttr(mask_mode),
         }
         if scale is not None:
             props["scale"] = _float(scale)
@@ -528,6 +539,10 @@ class SDPAOp(IRDLOperation):
     @property
     def gqa(self) -> bool:
         return bool(self.enable_gqa.value.data)
+
+    @property
+    def mode(self) -> str:
+        return self.mask_mode.data
 
     @property
     def nan_rows(self) -> bool:
@@ -554,11 +569,17 @@ class SDPAOp(IRDLOperation):
             et = elem_of(self.mask)
             if isinstance(et, IntegerType) and et.width.data != 1:
                 raise VerifyException(f"dl.sdpa: mask must be boolean or float, got {self.mask.type}")
+        if self.mode not in MASK_MODES:
+            raise VerifyException(f"dl.sdpa: mask_mode must be one of {MASK_MODES}, got {self.mode!r}")
+        if self.mode != "sdpa" and (self.mask is None or dtype_of(self.mask) != torch.bool):
+            raise VerifyException(f"dl.sdpa: mask_mode {self.mode!r} needs a boolean mask")
 
     def reference(self, q, k, v, mask=None):
         # torch's fused CUDA kernels read misaligned operands wrongly (a view with a storage offset: garbage or
         # "misaligned address"); an explicit softmax form raised to dl.sdpa must not meet that where eager didn't
         q, k, v, mask = (_aligned(t) for t in (q, k, v, mask))
+        if self.mode != "sdpa":
+            return self._selected(q, k, v, mask if self.mode == "keep" else ~mask)
         causal = self.causal
         if causal and mask is not None:  # torch takes one or the other: fold the causal mask (top-left aligned) in
             keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
@@ -578,6 +599,17 @@ class SDPAOp(IRDLOperation):
             fill = float("nan") if self.nan_rows else self._masked_rows(q, k, v)
             out = torch.where(empty, fill, out)
         return out
+
+    def _selected(self, q, k, v, keep):
+        """The explicit form `mask_mode` names, as eager computes it: softmax(where(keep, q k^T * scale, -inf)) v
+        (a row that keeps no key is NaN)."""
+        if self.gqa:
+            groups = q.shape[-3] // k.shape[-3]
+            k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+        s = (q @ k.transpose(-1, -2)) * self.softmax_scale
+        if self.causal:
+            keep = keep & torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        return s.masked_fill(~keep, float("-inf")).softmax(-1) @ v
 
     def _masked_rows(self, q, k, v):
         """What eager's math gives a row whose keys a boolean mask all drops: softmax(s + mask) @ v with every

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from xdsl.dialects.builtin import FloatAttr, StringAttr, TensorType, f64
+from xdsl.dialects.builtin import FloatAttr, IntegerType, StringAttr, TensorType, f64
 from xdsl.ir import Attribute, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -294,6 +294,48 @@ MinimumOp = _binary("dl.minimum", _minimum, "tl.minimum({a}, {b}, propagate_nan=
 
 
 @irdl_op_definition
+class WhereOp(IRDLOperation):
+    """`dl.where`: `cond ? lhs : rhs` elementwise (torch.where; `x.masked_fill(m, v)` is `where(m, v, x)`). `cond`
+    is a boolean tensor; the three broadcast like torch's operands and the result's dtype is promoted from lhs and
+    rhs alone. Selecting is exact: a NaN or inf of the branch not taken leaves no trace."""
+
+    name = "dl.where"
+    cond = operand_def(TensorType)
+    lhs = operand_def(DLFloatTensor)
+    rhs = operand_def(DLFloatTensor)
+    result = result_def(DLFloatTensor)
+    traits = traits_def(Pure(), ONE_TO_ONE)
+    assembly_format = (
+        "$cond `,` $lhs `,` $rhs attr-dict `:` `(` type($cond) `,` type($lhs) `,` type($rhs) `)` `->` type($result)"
+    )
+
+    def __init__(self, cond: SSAValue, lhs: SSAValue, rhs: SSAValue):
+        super().__init__(operands=[cond, lhs, rhs], result_types=[self.infer(cond.type, lhs.type, rhs.type)])
+
+    @staticmethod
+    def infer(c: TensorType, a: TensorType, b: TensorType) -> TensorType:
+        shape = broadcast_shapes(c.get_shape(), a.get_shape(), b.get_shape())
+        return TensorType(promote([a.element_type, b.element_type], [a.get_num_dims(), b.get_num_dims()]), shape)
+
+    def verify_(self):
+        et = self.cond.type.element_type
+        if not (isinstance(et, IntegerType) and et.width.data == 1):
+            raise VerifyException(f"dl.where: the condition must be boolean, got {self.cond.type}")
+        try:
+            want = self.infer(self.cond.type, self.lhs.type, self.rhs.type)
+        except VerifyException as e:
+            raise VerifyException(f"dl.where: {e}") from None
+        if self.result.type != want:
+            raise VerifyException(f"dl.where: operands give {want}, but the result is {self.result.type}")
+
+    def reference(self, c, a, b):
+        return torch.where(c, a, b)  # (a constant arrives as a Python float: weakly typed, as in eager)
+
+    def triton(self, c: str, a: str, b: str) -> str:
+        return f"tl.where({c} != 0.0, {a}, {b})"  # (kernels load the condition as 0.0 / 1.0)
+
+
+@irdl_op_definition
 class ConstantOp(IRDLOperation):
     """`dl.constant`: a scalar (0-d) constant. At run time its value is a Python float, so the
     torch references see exactly what eager code saw (a Python scalar)."""
@@ -332,4 +374,4 @@ class ConstantOp(IRDLOperation):
 UNARY_OPS = [NegOp, ExpOp, Expm1Op, LogOp, Log1pOp, SqrtOp, RsqrtOp, ReciprocalOp, AbsOp, SinOp, CosOp, SigmoidOp,
              SiluOp, ErfOp, TanhOp, ReluOp, GeluOp, PowOp]
 BINARY_OPS = [AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp]
-ELEMENTWISE_OPS = [*UNARY_OPS, *BINARY_OPS, ConvertOp, ConstantOp]
+ELEMENTWISE_OPS = [*UNARY_OPS, *BINARY_OPS, ConvertOp, ConstantOp, WhereOp]

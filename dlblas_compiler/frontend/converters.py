@@ -30,8 +30,8 @@ from ..dialects import (
     ConvertOp,
     DivOp,
     EmbeddingOp,
-    ExpOp,
     Expm1Op,
+    ExpOp,
     GeluOp,
     IndexCopyOp,
     LayerNormOp,
@@ -58,8 +58,9 @@ from ..dialects import (
     SqrtOp,
     SubOp,
     TanhOp,
+    WhereOp,
 )
-from ..dialects.types import dtype_of, normalize_dim, shape_of, xdsl_dtype
+from ..dialects.types import COMPUTE_DTYPES, broadcast_shapes, dtype_of, normalize_dim, shape_of, xdsl_dtype
 from .moe import moe
 
 
@@ -456,6 +457,56 @@ def _clamp_min(e, x, min):
 @converts(torch.clamp_max, "clamp_max")
 def _clamp_max(e, x, max):
     return _clamp(e, x, max=max)
+
+
+# -- where, masked_fill ------------------------------------------------------------------------------------------
+def _condition(c: Any) -> SSAValue:
+    if not isinstance(c, SSAValue) or dtype_of(c) != torch.bool:
+        raise Unsupported("a condition that is not a boolean tensor")
+    return c
+
+
+def _branch(e, v: Any, other: Any) -> SSAValue:
+    """A branch of where: a float tensor, or a number (weakly typed: the other branch's dtype)."""
+    if isinstance(v, Number) and not isinstance(v, bool):
+        return e.const(v, other)
+    if not isinstance(v, SSAValue) or dtype_of(v) not in COMPUTE_DTYPES:
+        raise Unsupported("a branch that is not a float tensor or a number")
+    return v
+
+
+@converts(torch.where)
+def _where(e, cond, a=None, b=None, *, out=None):
+    if a is None or b is None or out is not None:
+        raise Unsupported("where(cond) (the indices of nonzeros) or out=")
+    if not isinstance(a, SSAValue) and not isinstance(b, SSAValue):
+        raise Unsupported("two numbers: the result's dtype is the default one")
+    a, b = _branch(e, a, b), _branch(e, b, a)
+    return _emit(e, WhereOp(_condition(cond), a, b))
+
+
+@converts("where")
+def _where_method(e, x, cond, other):
+    return _where(e, cond, x, other)
+
+
+@converts(torch.masked_fill, "masked_fill")
+def _masked_fill(e, x, mask, value):
+    """where(mask, value, x): the value cast to x's dtype, the result x's shape (a mask broadcasting past it is
+    eager's error)."""
+    x, mask = _tensor(x), _condition(mask)
+    if dtype_of(x) not in COMPUTE_DTYPES:
+        raise Unsupported(f"masked_fill of a {dtype_of(x)} tensor")
+    if isinstance(value, SSAValue):
+        if shape_of(value) != ():
+            raise Unsupported("a value tensor that is not 0-d")
+        if dtype_of(value) != dtype_of(x):
+            value = _emit(e, ConvertOp(_branch(e, value, x), xdsl_dtype(dtype_of(x))))
+    elif not isinstance(value, Number) or isinstance(value, bool):
+        raise Unsupported(f"masked_fill with a {type(value).__name__} value")
+    if broadcast_shapes(shape_of(mask), shape_of(x)) != shape_of(x):
+        raise Unsupported("a mask that broadcasts past the tensor")
+    return _emit(e, WhereOp(mask, _branch(e, value, x), x))
 
 
 # -- 2-norms along dims and F.normalize --------------------------------------------------------------------------

@@ -12,7 +12,8 @@ Patterns (each robust to the spellings real model code uses):
   linear        x @ W with W weight-only and 2-D (a parameter or an expression of parameters: nn.Linear's
                 W.T / W.t() / W.transpose(0, 1), GPT-2 Conv1D's [in, out] W) -> linear(x, W^T), the transpose a
                 weight the runtime computes once; linear(x, W) + b with b weight-only [N] -> linear(x, W, b)
-  sdpa          softmax(q k^T * scale + mask) v
+  sdpa          softmax(q k^T * scale + mask) v; softmax(where(mask, q k^T * scale, -inf)) v and its
+                masked_fill(mask, -inf) form (a boolean mask whose dropped keys leave no trace)
   grouped sdpa  sdpa over k/v whose heads are repeated (repeat_kv's expand + reshape, before or after the
                 heads/sequence transpose; repeat_interleave imports as that) -> sdpa over the unrepeated k/v
                 with enable_gqa; a rotary of repeated heads (cos/sin alike for every head) is moved before the
@@ -76,6 +77,7 @@ from ..dialects import (
     SoftmaxOp,
     SqrtOp,
     SubOp,
+    WhereOp,
 )
 from .match import (
     discard,
@@ -485,7 +487,7 @@ class RecognizeGroupedAttention(RewritePattern):
             return
         (k, new_k), (v, new_v) = rk.unrepeated(), rv.unrepeated()
         scale = op.scale.value.data if op.scale is not None else None
-        new = SDPAOp(op.query, k, v, op.mask, op.causal, scale, True, op.masked_rows.data)
+        new = SDPAOp(op.query, k, v, op.mask, op.causal, scale, True, op.masked_rows.data, op.mode)
         install(rewriter, new, op.result, [*new_k, *new_v])
 
 
@@ -499,7 +501,7 @@ class RecognizeCausalMask(RewritePattern):
     def match_and_rewrite(self, op: SDPAOp, rewriter: PatternRewriter):
         owner = op.mask.owner if op.mask is not None else None
         offset = owner.attributes.get("causal_offset") if isinstance(owner, Operation) else None
-        if offset is None or offset.value.data != 0 or op.causal:
+        if offset is None or offset.value.data != 0 or op.causal or op.mode == "drop":
             return
         q, k, m = shape(op.query), shape(op.key), shape(op.mask)
         s, l_ = q[-2], k[-2]
@@ -532,13 +534,19 @@ class RecognizeAttention(RewritePattern):
         p, v = op.lhs, op.rhs
         probs = strip_convert(p)
         sm = producer(probs, SoftmaxOp)
-        if sm is None or sm.axis != len(shape(probs)) - 1 or not single_use(p, probs) or len(shape(v)) != 4:
+        if sm is None or sm.axis != len(shape(probs)) - 1 or not single_use(p, probs) or len(shape(v)) not in (3, 4):
             return
         s = strip_convert(sm.input)
         if s != sm.input and not single_use(sm.input):
             return
-        mask = None
-        add = producer(s, AddOp)
+        mask, mode = None, "sdpa"
+        sel = producer(s, WhereOp)
+        if sel is not None and s.has_one_use():  # (its condition is boolean: dl.where's verifier)
+            for sc, fill, how in ((sel.lhs, sel.rhs, "keep"), (sel.rhs, sel.lhs, "drop")):
+                if scalar(fill) == -math.inf and shape(sc) == shape(s) and _scaled_scores(sc) is not None:
+                    s, mask, mode = sc, sel.cond, how
+                    break
+        add = producer(s, AddOp) if mode == "sdpa" else None
         if add is not None and s.has_one_use():
             for sc, m in operand_pairs(add):
                 if _scaled_scores(sc) is not None and sc.has_one_use():
@@ -552,7 +560,7 @@ class RecognizeAttention(RewritePattern):
         q, kt = mm.lhs, mm.rhs
         tr = producer(kt, PermuteOp)
         r = len(shape(q))
-        if tr is None or tr.permutation != (*range(r - 2), r - 1, r - 2) or not kt.has_one_use() or r != 4:
+        if tr is None or tr.permutation != (*range(r - 2), r - 1, r - 2) or not kt.has_one_use() or r != len(shape(v)):
             return
         k = tr.input
         if q.type.element_type != k.type.element_type or op.result.type.element_type != q.type.element_type:
@@ -561,7 +569,20 @@ class RecognizeAttention(RewritePattern):
             return
         # softmax of a row that the mask empties, or whose scores hold NaN (a non-finite q or k), is NaN; SDPA's
         # kernels may give 0 there: the op keeps the explicit form's NaN, with or without a mask
-        install(rewriter, SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), "nan"), op.result)
+        if r == 4:
+            install(rewriter, SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), "nan", mode), op.result)
+            return
+        # [B, S, D] operands, one head a module (Karpathy's GPT lecture): the sdpa of their [1, B, S, D] views (a
+        # mask broadcasts alike against both: from the right)
+        views = [ReshapeOp(t, (1, *shape(t))) for t in (q, k, v)]
+        att = SDPAOp(*(o.result for o in views), mask, False, scale, False, "nan", mode)
+        try:
+            att.verify()
+        except Exception:  # noqa: BLE001 - batches that broadcast (k of batch 1 against q's B): left as they are
+            for o in (att, *reversed(views)):
+                discard(o)
+            return
+        install(rewriter, ReshapeOp(att.result, shape(op.result)), op.result, [*views, att])
 
 
 RECOGNIZERS: list[type[RewritePattern]] = [

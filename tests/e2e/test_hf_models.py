@@ -64,16 +64,17 @@ MORE_REGIONS = {
     "opt": Counter({"row": 2, "gemm": 4 * 2 + 1, "attention": 2}),
     "stablelm": Counter({"row": 1, "gemm": 4 * 2 + 1, "attention": 2}),
     "bert": Counter({"row": 5, "gemm": 4 * 2 + 1, "attention": 2}),
-    "t5_encoder": Counter({"row": 2, "gemm": 4 * 2, "attention": 2}),
+    "t5_encoder": Counter({"row": 3, "gemm": 4 * 2, "attention": 2}),  # (the mask's where(mask, 0, min) a row)
     "mixtral": Counter({"row": 5, "gemm": 2 * 2 + 1, "attention": 2}),
     # multi-head latent attention: q and kv through low-rank projections with their own RMSNorms, k and v expanded
     # from the latent per head (the key states filled piece by piece through views: a concatenation), the rotary on
     # a slice of each head; the query's and key's concatenations (of the unrotated and the rotated dims) are row
     # kernels, one each per layer, as are the two that widen cos and sin for the rotary; layer 1's MoE routes by
     # torch ops (group-limited top-k in V3) over GEMM regions; V3's sums of the routing weights (keepdim) are row
-    # kernels (before the seventieth session, with a region's rows taken from its results alone, torch calls)
-    "deepseek_v2": Counter({"row": 17, "gemm": 12, "attention": 2}),
-    "deepseek_v3": Counter({"row": 17, "gemm": 14, "attention": 2}),
+    # kernels (before the seventieth session, with a region's rows taken from its results alone, torch calls), and
+    # so are the routing's masked_fill's of scores and weights (torch calls before the seventy-second session)
+    "deepseek_v2": Counter({"row": 19, "gemm": 12, "attention": 2}),
+    "deepseek_v3": Counter({"row": 20, "gemm": 14, "attention": 2}),
     # (forty-third session: architectures no test named, each checked against eager first with a left-padded batch)
     # Gemma3: Gemma2's four norms a layer plus Qwen3's q/k norms, local and global rotary tables
     "gemma3": Counter({"row": 6, "gemm": 4 * 2 + 1, "attention": 2}),

@@ -639,6 +639,122 @@ def test_two_norms_and_normalize_are_row_kernels(spelling, dtype):
         assert torch.equal(out[fin], ref[fin])
 
 
+class Selects(nn.Module):
+    """torch.where and masked_fill in each form (function, method, a number, a 0-d tensor of another dtype, NaN)
+    after a linear, with masks broadcast over rows and columns."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 48)
+
+    def forward(self, x, m, y):
+        h = self.lin(x).masked_fill(m, 0.1)
+        z = torch.where(m, y, h * 2).where(m[:1], y * 3)
+        u = torch.masked_fill(h.relu(), m[..., :1], float("nan"))
+        return z + u.masked_fill(~m, torch.tensor(-2.5)) + torch.where(m, 1.5, h)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_where_and_masked_fill_are_elementwise(dtype):
+    """torch.where and masked_fill import as `dl.where` and run in the GEMM's epilogue, the mask loaded as a boolean
+    tensor: NaN where eager has it (a NaN of the branch not taken leaves no trace), finite values within 1e-6 of
+    eager's in float32 and within the dtype's tolerance of float64 in half types (the epilogue keeps its sums in
+    float32 where eager rounds each)."""
+    g = torch.Generator().manual_seed(0)
+    model = Selects().to(dtype).eval()
+    x, y = (torch.randn(5, n, generator=g).to(dtype) for n in (32, 48))
+    y[0, 0] = torch.nan
+    m = torch.rand(5, 48, generator=g) > 0.5
+    cm = dc.compile(model, backend="interpret", strict=True)
+    with torch.no_grad():
+        out, ref = cm(x, m, y), model(x, m, y)
+        exact = model.double()(x.double(), m, y.double())
+    assert "dl.where" in cm.ir() and "masked_fill" not in str(cm.report()), cm.report()
+    assert sorted(cm.report().patterns) == ["gemm", "row"], cm.report()  # (the row kernel: y * 3)
+    assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any()
+    fin = ~ref.isnan()
+    assert rel_error(out[fin], ref[fin] if dtype == torch.float32 else exact[fin]) <= (
+        1e-6 if dtype == torch.float32 else tolerance(dtype))
+
+
+class MaskedAttention(nn.Module):
+    """nanoGPT's attention: scores scaled, dropped keys set to `fill` (masked_fill or where), softmax, times v."""
+
+    def __init__(self, form: str, fill: float = float("-inf")):
+        super().__init__()
+        self.form, self.fill = form, fill
+
+    def forward(self, q, k, v, keep):
+        att = (q @ k.transpose(-2, -1)) * (1.0 / k.size(-1) ** 0.5)
+        if self.form == "masked_fill":
+            att = att.masked_fill(keep == 0, self.fill)
+        elif self.form == "torch.masked_fill":
+            att = torch.masked_fill(att, ~(keep != 0), self.fill)
+        else:
+            att = torch.where(keep != 0, att, self.fill)
+        return F.softmax(att, dim=-1) @ v
+
+
+def masked_attention_inputs(s: int, l_: int, dtype, device="cpu"):
+    """q, k, v of 2 x 4 heads and a float 0/1 mask of [2, 1, s, l_]: batch 0's first row keeps no key (its output
+    is NaN, as eager's softmax gives), batch 1 drops key 2 everywhere and that key is NaN (it leaves no trace)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=g).to(dtype) for n in (s, l_, l_))
+    keep = (torch.rand(2, 1, s, l_, generator=g) > 0.3).float()
+    keep[0, 0, 0] = 0
+    keep[1, :, :, 2] = 0
+    k[1, :, 2] = torch.nan
+    return [t.to(device) for t in (q, k, v, keep)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lengths", [(9, 9), (1, 13), (3, 40)])
+@pytest.mark.parametrize("form", ["masked_fill", "torch.masked_fill", "where"])
+def test_attention_with_masked_fill_is_an_attention_kernel(form, lengths, dtype):
+    """softmax(scores.masked_fill(~keep, -inf)) @ v (nanoGPT, minGPT and most hand-written transformers) and its
+    torch.where form become one attention region (prefill and decode kernels) reading the boolean mask, where the
+    matmuls, the fill and the softmax were torch calls and a row kernel: the dropped keys' scores are replaced, not
+    added to, so batch 1's NaN key changes nothing, as in eager (SDPA with that mask gives NaN rows), and a row
+    keeping no key is NaN. Finite values within the dtype's tolerance of float64."""
+    model = MaskedAttention(form).eval()
+    args = masked_attention_inputs(*lengths, dtype)
+    cm = dc.compile(model, backend="interpret", strict=True)
+    with torch.no_grad():
+        out, ref = cm(*args), model(*args)
+        exact = model(*(t.double() for t in args))
+    assert cm.report().patterns == ["attention"], cm.report()
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(ref.isnan(), exact.isnan())
+    assert ref.isnan().sum() == 4 * 16  # (batch 0's first row, every head)
+    fin = ~ref.isnan()
+    assert rel_error(out[fin], exact[fin]) <= tolerance(dtype)
+
+
+@pytest.mark.parametrize("lengths", [(9, 9), (1, 13)])
+def test_attention_of_one_head_a_module_is_an_attention_kernel(lengths):
+    """Karpathy's GPT lecture writes attention per head, [B, T, head size] operands without a heads dim: it becomes
+    an attention kernel over [1, B, T, D] views, with eager's NaN and values."""
+    model = MaskedAttention("masked_fill").eval()
+    q, k, v, keep = (t[:, 0] for t in masked_attention_inputs(*lengths, torch.float32))
+    cm = dc.compile(model, backend="interpret", strict=True)
+    with torch.no_grad():
+        out, ref = cm(q, k, v, keep), model(q, k, v, keep)
+    assert cm.report().patterns == ["attention"], cm.report()
+    assert torch.equal(out.isnan(), ref.isnan()) and ref.isnan().any()
+    assert rel_error(out[~ref.isnan()], ref[~ref.isnan()]) <= 1e-5
+
+
+def test_attention_filled_with_a_finite_value_stays_a_row_kernel():
+    """A finite fill (the Annotated Transformer's -1e9) is not -inf: a row keeping no key averages every value, so
+    the fill, scale and softmax stay one row kernel between the matmuls, with eager's values."""
+    model = MaskedAttention("masked_fill", -1e9).eval()
+    args = masked_attention_inputs(9, 9, torch.float32)
+    cm = dc.compile(model, backend="interpret", strict=True)
+    with torch.no_grad():
+        out, ref = cm(*args), model(*args)
+    assert cm.report().patterns == ["row"] and not ref.isnan().any()
+    assert rel_error(out, ref) <= 1e-6
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_activations_and_norms_on_the_gpu(dtype):
@@ -658,3 +774,31 @@ def test_activations_and_norms_on_the_gpu(dtype):
         assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf()), name
         fin = ref.isfinite()
         assert rel_error(out[fin], exact[fin]) <= tolerance(dtype), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_where_and_masked_attention_on_the_gpu(dtype):
+    """dl.where in a GEMM epilogue and a row kernel, and the masked_fill attention's prefill and decode kernels,
+    compiled by Triton for the GPU (boolean masks loaded by real loads): NaN where eager has it, finite values
+    within the dtype's tolerance of float64."""
+    g = torch.Generator().manual_seed(0)
+    model = Selects().to(dtype).cuda().eval()
+    x, y = (torch.randn(5, n, generator=g).to(dtype).cuda() for n in (32, 48))
+    m = (torch.rand(5, 48, generator=g) > 0.5).cuda()
+    cm = dc.compile(model, backend="triton", strict=True, cuda_graphs=False)
+    with torch.no_grad():
+        out, ref, exact = cm(x, m, y), model(x, m, y), model.double()(x.double(), m, y.double())
+    assert torch.equal(out.isnan(), ref.isnan())
+    fin = ~ref.isnan()
+    assert rel_error(out[fin], exact[fin]) <= tolerance(dtype)
+    for lengths in [(200, 200), (1, 300)]:
+        attn = MaskedAttention("masked_fill").eval()
+        args = masked_attention_inputs(*lengths, dtype, "cuda")
+        cm = dc.compile(attn, backend="triton", strict=True, cuda_graphs=False)
+        with torch.no_grad():
+            out, ref, exact = cm(*args), attn(*args), attn(*(t.double() for t in args))
+        assert cm.report().patterns == ["attention"] and set(cm.report().impls().values()) <= {"kernel", "reference"}
+        assert torch.equal(out.isnan(), ref.isnan()), lengths
+        fin = ~ref.isnan()
+        assert rel_error(out[fin], exact[fin]) <= tolerance(dtype), lengths

@@ -10,7 +10,7 @@ from ...dialects.types import dtype_of, shape_of
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import PDL_ARG, TL_DTYPE, Writer, cdiv, chained_start
-from .dims import dim_ranges, drop_scores, scores
+from .dims import dim_ranges, drop_scores, keep_test, scores
 from .plan import AttentionPlan
 
 DECODE_PARAMS = {"BLOCK_N": [16, 32, 64, 128], "SPLITS": [1, 2, 4, 8, 16, 32], "num_warps": [4, 8], "num_stages": [1, 2, 3, 4]}
@@ -18,7 +18,7 @@ DECODE_PARAMS = {"BLOCK_N": [16, 32, 64, 128], "SPLITS": [1, 2, 4, 8, 16, 32], "
 
 def decode_source(
     name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, nan_rows: bool,
-    in_dtype: torch.dtype, dims: tuple[int, int], wide: bool = False,
+    in_dtype: torch.dtype, dims: tuple[int, int], wide: bool = False, mask_mode: str = "sdpa",
 ) -> str:
     """The split-KV decode kernel (see the module docstring). Rows r = g * S + s of a program are query head
     hk * GROUPS + g at query position s; partial results go to `ws` as (max, sum, acc) per row, in the same
@@ -74,10 +74,7 @@ def decode_source(
     if has_mask:
         w("mv = tl.load(m_ptr + b * sm_b + h[:, None] * sm_h + si[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
         w("seen = keep  # (in range and, causal, not in the future: where the mask's drops count)")
-        if mask_bool:
-            w("keep = keep & (mv != 0)")
-        else:
-            w("keep = keep & (mv.to(tl.float32) != float('-inf'))")
+        w(keep_test(mask_bool, mask_mode))
     w("# a tile no row keeps (a cache's unused tail) reads no K/V: its loads are masked off, not branched")
     w("# around, so the K and V loads of a tile issue together and the loop can be pipelined")
     w("live = nmask & (tl.max(keep.to(tl.int32)) > 0)")
@@ -88,7 +85,7 @@ def decode_source(
     scores(w, "q", "k", qk, dot)
     if float_mask:
         w("s = s + mv.to(tl.float32)")
-    drop_scores(w, has_mask)
+    drop_scores(w, has_mask and mask_mode == "sdpa")
     w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
     w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
     w(f"p = tl.exp2((s - m_safe[:, None]){to_log2})")

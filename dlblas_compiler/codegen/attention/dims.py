@@ -59,11 +59,20 @@ def scores(w: Writer, q: str, k: str, pieces: list[tuple[str, int]], dot: str) -
         w(f"s = tl.dot({q}{sfx}, tl.trans({k}{sfx}){', s' if i else ''}{dot})")
 
 
+def keep_test(mask_bool: bool, mask_mode: str) -> str:
+    """The statement narrowing `keep` to the keys the loaded mask tile `mv` keeps: a boolean mask's True keeps,
+    or drops in mask_mode "drop" (masked_fill's mask); an additive mask drops where it is -inf."""
+    if not mask_bool:
+        return "keep = keep & (mv.to(tl.float32) != float('-inf'))"
+    return "keep = keep & (mv == 0)" if mask_mode == "drop" else "keep = keep & (mv != 0)"
+
+
 def drop_scores(w: Writer, has_mask: bool) -> None:
     """The scores of dropped keys become -inf. A key the mask drops is dropped as eager's math drops it, by adding
     -inf: a NaN or +inf score there stays NaN (NaN + -inf, inf - inf) and turns its row NaN, as in eager; a key
     past the length, or in the future under is_causal (which eager skips), leaves no trace. (A tile whose keys the
-    mask drops for every row is still not read: docs/bad-inputs.md.)"""
+    mask drops for every row is still not read: docs/bad-inputs.md.) `has_mask` False also for a mask whose dropped
+    keys are replaced by -inf (dl.sdpa's mask_mode "keep" and "drop"): they leave no trace either."""
     if has_mask:
         w("s = tl.where(keep, s, tl.where(seen, s + float('-inf'), float('-inf')))")
     else:

@@ -28,10 +28,10 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     nan_rows = op.nan_rows and has_mask
     if plan.decode:
         src = decode_source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), nan_rows, dtype_of(op.query),
-                            (d, dv), wide)  # fmt: skip
+                            (d, dv), wide, op.mode)  # fmt: skip
     else:
         src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), (d, dv), wide, nan_rows,
-                     dtype_of(op.query))  # fmt: skip
+                     dtype_of(op.query), op.mode)  # fmt: skip
     strides, idx = [], {}
     for key in ("q", "k", "v", "mask"):
         if key not in plan.chains:

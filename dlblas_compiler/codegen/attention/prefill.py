@@ -11,7 +11,7 @@ from ...dialects.types import dtype_of, shape_of
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import PDL_ARG, TL_DTYPE, Writer, chained_start
-from .dims import dim_ranges, drop_scores, head_parts, padded_range, padded_width, scores
+from .dims import dim_ranges, drop_scores, head_parts, keep_test, padded_range, padded_width, scores
 from .plan import AttentionPlan
 
 # num_stages 1 is left out: unpipelined, 128-key tiles of heads read in pieces of 32 columns (Phi-3's 96 = 64 + 32)
@@ -31,13 +31,13 @@ def padded(dims: tuple[int, int], has_mask: bool) -> bool:
 
 def source(
     name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, dims: tuple[int, int],
-    wide: bool = False, nan_rows: bool = False, in_dtype: torch.dtype = torch.float16,
+    wide: bool = False, nan_rows: bool = False, in_dtype: torch.dtype = torch.float16, mask_mode: str = "sdpa",
 ) -> str:
     """The kernel text. Scores are kept in log2 units (q pre-scaled by scale * log2(e), exp2), except with an
     additive float mask: mask values as large as the dtype's minimum would overflow once multiplied by log2(e),
     so scores stay in natural units and exp2 takes (s - max) * log2(e). A row whose keys are all masked out
     gives 0 (SDPA's), or NaN with `nan_rows` (an explicit softmax's). `dims`: the head dims of q/k and of v,
-    each read in power-of-two pieces (dims.py)."""
+    each read in power-of-two pieces (dims.py). `mask_mode`: how a boolean mask drops keys (dl.sdpa's)."""
     float_mask = has_mask and not mask_bool
     dot = device.dot_args(in_dtype)
     w = Writer()
@@ -99,7 +99,7 @@ def source(
             # a materialized mask spells, a cache's unused tail) costs no K/V reads and no dots
             w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
             w("seen = keep  # (in range and, causal, not in the future: where the mask's drops count)")
-            w("keep = keep & (mv != 0)" if mask_bool else "keep = keep & (mv.to(tl.float32) != float('-inf'))")
+            w(keep_test(mask_bool, mask_mode))
             w("if tl.max(keep.to(tl.int32)) > 0:")
             w.indent()
         for sfx, _ in qk:
@@ -110,7 +110,7 @@ def source(
         if masked:
             if has_mask and not mask_bool:
                 w("s = s + mv.to(tl.float32)")
-            drop_scores(w, has_mask)
+            drop_scores(w, has_mask and mask_mode == "sdpa")
         w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
         if masked:
             w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")

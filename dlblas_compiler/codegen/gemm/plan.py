@@ -28,11 +28,12 @@ from ...dialects import (
     RotaryOp,
     SliceOp,
     UnaryOp,
+    WhereOp,
 )
 from ...dialects.types import dtype_of, numel, shape_of
 from ..views import VIEW_OPS, Layout, view_chain, view_source
 
-POINTWISE = (UnaryOp, BinaryOp, ConvertOp, GluOp, ConstantOp)
+POINTWISE = (UnaryOp, BinaryOp, ConvertOp, GluOp, ConstantOp, WhereOp)
 GEMV_ROWS = 4  # up to this many rows one-row tiles (CUDA cores, the weight read once per row) are tried
 
 

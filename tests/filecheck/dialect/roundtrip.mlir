@@ -53,6 +53,8 @@ builtin.module {
     %kt = dl.permute %at {perm = array<i64: 0, 1, 3, 2>} : tensor<2x4x8x16xf32> -> tensor<2x4x16x8xf32>
     %mm = dl.matmul %at, %kt : (tensor<2x4x8x16xf32>, tensor<2x4x16x8xf32>) -> tensor<2x4x8x8xf32>
     %sm = dl.softmax %mm {dim = 3 : i64} : tensor<2x4x8x8xf32>
+    %wh = dl.where %mask, %sm, %eps : (tensor<8x8xi1>, tensor<2x4x8x8xf32>, tensor<f32>) -> tensor<2x4x8x8xf32>
+    %at2 = dl.sdpa %ro, %ro, %t mask %mask {mask_mode = "drop", masked_rows = "nan"} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<8x8xi1> -> tensor<2x4x8x16xf32>
     %bc = dl.broadcast %w : tensor<64xf32> -> tensor<2x8x64xf32>
     %pos = dl.param "pos" : tensor<2xi64>
     %upd = dl.slice %bc {dim = 1 : i64, start = 0 : i64, end = 2 : i64, step = 1 : i64} : tensor<2x8x64xf32> -> tensor<2x2x64xf32>
@@ -84,6 +86,8 @@ builtin.module {
 // CHECK:      dl.slice {{.*}} {dim = 3 : i64, start = 0 : i64, end = 16 : i64, step = 2 : i64}
 // CHECK:      dl.rotary {{.*}} {layout = "interleaved", rotary_dim = 8 : i64}
 // CHECK:      dl.sdpa {{.*}} mask %{{.*}} {is_causal = true, scale = 2.500000e-01 : f64}
+// CHECK:      dl.where %{{.*}}, %{{.*}}, %{{.*}} : (tensor<8x8xi1>, tensor<2x4x8x8xf32>, tensor<f32>) -> tensor<2x4x8x8xf32>
+// CHECK:      dl.sdpa {{.*}} mask %{{.*}} {mask_mode = "drop", masked_rows = "nan"}
 // CHECK:      dl.index_copy %{{.*}}[%{{.*}}] = %{{.*}} {dim = 1 : i64} : tensor<2x8x64xf32>, tensor<2xi64>, tensor<2x2x64xf32> -> tensor<2x8x64xf32>
 // CHECK:      dl.moe %{{.*}} {top_k = 2 : i64, renormalize = true} : (tensor<3x64xf32>, tensor<4x64xf32>, tensor<4x32x64xf32>, tensor<4x64x16xf32>) -> tensor<3x64xf32>
 // CHECK:      dl.torch_call "torch.flip"(%{{.*}}) {node = "flip"}
