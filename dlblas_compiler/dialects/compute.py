@@ -501,6 +501,7 @@ class SDPAOp(IRDLOperation):
     enable_gqa = prop_def(BoolAttr, _bool(False))
     masked_rows = prop_def(StringAttr, StringAttr("zero"))
     mask_mode = prop_def(StringAttr, StringAttr("sdpa"))
+    mask_fill = opt_prop_def(FloatAttr)  # what mask_mode "keep" / "drop" puts in a dropped score (default -inf)
     traits = traits_def(Pure(), MANY_TO_MANY)
     assembly_format = (
         "$query `,` $key `,` $value (`mask` $mask^)? attr-dict `:` type($query) `,` type($key) `,` type($value)"
@@ -510,7 +511,7 @@ class SDPAOp(IRDLOperation):
 
     def __init__(
         self, q, k, v, mask=None, is_causal=False, scale: float | None = None, enable_gqa=False, masked_rows="zero",
-        mask_mode="sdpa",
+        mask_mode="sdpa", mask_fill: float | None = None,
     ):
         out = [*shape_of(q)[:-1], shape_of(v)[-1]]
         props: dict[str, Attribute] = {
@@ -519,6 +520,8 @@ class SDPAOp(IRDLOperation):
         }
         if scale is not None:
             props["scale"] = _float(scale)
+        if mask_fill is not None:
+            props["mask_fill"] = _float(mask_fill)
         super().__init__(operands=[q, k, v, mask], result_types=[TensorType(elem_of(q), out)], properties=props)
 
     @staticmethod
@@ -543,6 +546,12 @@ class SDPAOp(IRDLOperation):
     @property
     def mode(self) -> str:
         return self.mask_mode.data
+
+    @property
+    def fill(self) -> float:
+        """The score of a key mask_mode "keep" / "drop" drops: -inf, or a finite value (the Annotated Transformer's
+        -1e9): then every key still counts, and a row that keeps none averages every value."""
+        return self.mask_fill.value.data if self.mask_fill is not None else -math.inf
 
     @property
     def nan_rows(self) -> bool:
@@ -573,6 +582,8 @@ class SDPAOp(IRDLOperation):
             raise VerifyException(f"dl.sdpa: mask_mode must be one of {MASK_MODES}, got {self.mode!r}")
         if self.mode != "sdpa" and (self.mask is None or dtype_of(self.mask) != torch.bool):
             raise VerifyException(f"dl.sdpa: mask_mode {self.mode!r} needs a boolean mask")
+        if self.mask_fill is not None and (self.mode == "sdpa" or math.isnan(self.fill) or self.fill == math.inf):
+            raise VerifyException(f"dl.sdpa: mask_fill {self.fill} needs mask_mode keep or drop and a value below inf")
 
     def reference(self, q, k, v, mask=None):
         # torch's fused CUDA kernels read misaligned operands wrongly (a view with a storage offset: garbage or
@@ -601,15 +612,17 @@ class SDPAOp(IRDLOperation):
         return out
 
     def _selected(self, q, k, v, keep):
-        """The explicit form `mask_mode` names, as eager computes it: softmax(where(keep, q k^T * scale, -inf)) v
-        (a row that keeps no key is NaN)."""
+        """The explicit form `mask_mode` names, as eager computes it: softmax(where(keep, q k^T * scale, fill)) v
+        (with a fill of -inf, a row that keeps no key is NaN)."""
         if self.gqa:
             groups = q.shape[-3] // k.shape[-3]
             k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
         s = (q @ k.transpose(-1, -2)) * self.softmax_scale
+        s = s.masked_fill(~keep, self.fill)
         if self.causal:
-            keep = keep & torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        return s.masked_fill(~keep, float("-inf")).softmax(-1) @ v
+            future = ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+            s = s.masked_fill(future, -math.inf)
+        return s.softmax(-1) @ v
 
     def _masked_rows(self, q, k, v):
         """What eager's math gives a row whose keys a boolean mask all drops: softmax(s + mask) @ v with every

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
@@ -79,6 +80,7 @@ from ..dialects import (
     SubOp,
     WhereOp,
 )
+from ..dialects.types import dtype_of
 from .match import (
     discard,
     install,
@@ -487,7 +489,8 @@ class RecognizeGroupedAttention(RewritePattern):
             return
         (k, new_k), (v, new_v) = rk.unrepeated(), rv.unrepeated()
         scale = op.scale.value.data if op.scale is not None else None
-        new = SDPAOp(op.query, k, v, op.mask, op.causal, scale, True, op.masked_rows.data, op.mode)
+        fill = op.fill if op.mask_fill is not None else None
+        new = SDPAOp(op.query, k, v, op.mask, op.causal, scale, True, op.masked_rows.data, op.mode, fill)
         install(rewriter, new, op.result, [*new_k, *new_v])
 
 
@@ -501,7 +504,7 @@ class RecognizeCausalMask(RewritePattern):
     def match_and_rewrite(self, op: SDPAOp, rewriter: PatternRewriter):
         owner = op.mask.owner if op.mask is not None else None
         offset = owner.attributes.get("causal_offset") if isinstance(owner, Operation) else None
-        if offset is None or offset.value.data != 0 or op.causal or op.mode == "drop":
+        if offset is None or offset.value.data != 0 or op.causal or op.mode == "drop" or op.mask_fill is not None:
             return
         q, k, m = shape(op.query), shape(op.key), shape(op.mask)
         s, l_ = q[-2], k[-2]
@@ -539,11 +542,16 @@ class RecognizeAttention(RewritePattern):
         s = strip_convert(sm.input)
         if s != sm.input and not single_use(sm.input):
             return
-        mask, mode = None, "sdpa"
+        mask, mode, fill = None, "sdpa", None
         sel = producer(s, WhereOp)
         if sel is not None and s.has_one_use():  # (its condition is boolean: dl.where's verifier)
-            for sc, fill, how in ((sel.lhs, sel.rhs, "keep"), (sel.rhs, sel.lhs, "drop")):
-                if scalar(fill) == -math.inf and shape(sc) == shape(s) and _scaled_scores(sc) is not None:
+            for sc, f, how in ((sel.lhs, sel.rhs, "keep"), (sel.rhs, sel.lhs, "drop")):
+                value = scalar(f)
+                if value is None or math.isnan(value) or value == math.inf or shape(sc) != shape(s):
+                    continue
+                if _scaled_scores(sc) is not None:
+                    # (a finite fill as the scores' dtype holds it, as eager's masked_fill writes it)
+                    fill = None if value == -math.inf else torch.tensor(value, dtype=dtype_of(sc)).item()
                     s, mask, mode = sc, sel.cond, how
                     break
         add = producer(s, AddOp) if mode == "sdpa" else None
@@ -570,12 +578,13 @@ class RecognizeAttention(RewritePattern):
         # softmax of a row that the mask empties, or whose scores hold NaN (a non-finite q or k), is NaN; SDPA's
         # kernels may give 0 there: the op keeps the explicit form's NaN, with or without a mask
         if r == 4:
-            install(rewriter, SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), "nan", mode), op.result)
+            sdpa = SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), "nan", mode, fill)
+            install(rewriter, sdpa, op.result)
             return
         # [B, S, D] operands, one head a module (Karpathy's GPT lecture): the sdpa of their [1, B, S, D] views (a
         # mask broadcasts alike against both: from the right)
         views = [ReshapeOp(t, (1, *shape(t))) for t in (q, k, v)]
-        att = SDPAOp(*(o.result for o in views), mask, False, scale, False, "nan", mode)
+        att = SDPAOp(*(o.result for o in views), mask, False, scale, False, "nan", mode, fill)
         try:
             att.verify()
         except Exception:  # noqa: BLE001 - batches that broadcast (k of batch 1 against q's B): left as they are

@@ -743,16 +743,24 @@ def test_attention_of_one_head_a_module_is_an_attention_kernel(lengths):
     assert rel_error(out[~ref.isnan()], ref[~ref.isnan()]) <= 1e-5
 
 
-def test_attention_filled_with_a_finite_value_stays_a_row_kernel():
-    """A finite fill (the Annotated Transformer's -1e9) is not -inf: a row keeping no key averages every value, so
-    the fill, scale and softmax stay one row kernel between the matmuls, with eager's values."""
-    model = MaskedAttention("masked_fill", -1e9).eval()
-    args = masked_attention_inputs(9, 9, torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lengths", [(9, 9), (1, 13), (3, 40)])
+@pytest.mark.parametrize("fill", [-1e9, -1e4, "min"])
+def test_attention_filled_with_a_finite_value_is_an_attention_kernel(fill, lengths, dtype):
+    """A finite fill (the Annotated Transformer's -1e9, HF's dtype minimum) is not -inf: a dropped key still counts,
+    so a row keeping no key averages every value (no NaN), and a NaN score there leaves no trace. It is one
+    attention region (`mask_fill`) reading every key tile, within the dtype's tolerance of float64."""
+    value = torch.finfo(dtype).min if fill == "min" else fill
+    model = MaskedAttention("masked_fill", value).eval()
+    args = masked_attention_inputs(*lengths, dtype)
     cm = dc.compile(model, backend="interpret", strict=True)
     with torch.no_grad():
         out, ref = cm(*args), model(*args)
-    assert cm.report().patterns == ["row"] and not ref.isnan().any()
-    assert rel_error(out, ref) <= 1e-6
+        exact = model(*(t.double() for t in args))
+    assert cm.report().patterns == ["attention"], cm.report()
+    assert not ref.isnan().any() and not out.isnan().any()
+    assert rel_error(out, exact) <= tolerance(dtype)
+
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ DECODE_PARAMS = {"BLOCK_N": [16, 32, 64, 128], "SPLITS": [1, 2, 4, 8, 16, 32], "
 
 def decode_source(
     name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, nan_rows: bool,
-    in_dtype: torch.dtype, dims: tuple[int, int], wide: bool = False, mask_mode: str = "sdpa",
+    in_dtype: torch.dtype, dims: tuple[int, int], wide: bool = False, mask_mode: str = "sdpa", fill: str | None = None,
 ) -> str:
     """The split-KV decode kernel (see the module docstring). Rows r = g * S + s of a program are query head
     hk * GROUPS + g at query position s; partial results go to `ws` as (max, sum, acc) per row, in the same
@@ -77,7 +77,7 @@ def decode_source(
         w(keep_test(mask_bool, mask_mode))
     w("# a tile no row keeps (a cache's unused tail) reads no K/V: its loads are masked off, not branched")
     w("# around, so the K and V loads of a tile issue together and the loop can be pipelined")
-    w("live = nmask & (tl.max(keep.to(tl.int32)) > 0)")
+    w("live = nmask" if fill is not None else "live = nmask & (tl.max(keep.to(tl.int32)) > 0)")
     for sfx, _ in qk:
         w(f"k{sfx} = tl.load(k_base + rn[:, None] * sk_s + rd{sfx}[None, :] * sk_d, mask=live[:, None], other=0.0)")
     for sfx, _ in vp:
@@ -85,7 +85,7 @@ def decode_source(
     scores(w, "q", "k", qk, dot)
     if float_mask:
         w("s = s + mv.to(tl.float32)")
-    drop_scores(w, has_mask and mask_mode == "sdpa")
+    drop_scores(w, has_mask and mask_mode == "sdpa", fill)
     w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
     w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
     w(f"p = tl.exp2((s - m_safe[:, None]){to_log2})")

@@ -67,13 +67,26 @@ def keep_test(mask_bool: bool, mask_mode: str) -> str:
     return "keep = keep & (mv == 0)" if mask_mode == "drop" else "keep = keep & (mv != 0)"
 
 
-def drop_scores(w: Writer, has_mask: bool) -> None:
+def drop_scores(w: Writer, has_mask: bool, fill: str | None = None) -> None:
     """The scores of dropped keys become -inf. A key the mask drops is dropped as eager's math drops it, by adding
     -inf: a NaN or +inf score there stays NaN (NaN + -inf, inf - inf) and turns its row NaN, as in eager; a key
     past the length, or in the future under is_causal (which eager skips), leaves no trace. (A tile whose keys the
     mask drops for every row is still not read: docs/bad-inputs.md.) `has_mask` False also for a mask whose dropped
-    keys are replaced by -inf (dl.sdpa's mask_mode "keep" and "drop"): they leave no trace either."""
-    if has_mask:
+    keys are replaced by -inf (dl.sdpa's mask_mode "keep" and "drop"): they leave no trace either. `fill`: the
+    finite score (in the kernel's units) such a mask puts in place of a dropped key's, where the key still counts."""
+    if fill is not None:
+        w(f"s = tl.where(keep, s, tl.where(seen, {fill}, float('-inf')))")
+    elif has_mask:
         w("s = tl.where(keep, s, tl.where(seen, s + float('-inf'), float('-inf')))")
     else:
         w("s = tl.where(keep, s, float('-inf'))")
+
+
+def fill_score(mask_mode: str, fill: float) -> str | None:
+    """The score a mask_mode "keep" / "drop" mask puts in a dropped key's place, in log2 units (a boolean mask's), as
+    kernel text; None for -inf (or mask_mode "sdpa"). A fill below float32's range once times log2(e) (the dtype's
+    minimum, HF's masks) is float32's most negative value: the same softmax, since every dropped score of a row is
+    the same value."""
+    if mask_mode == "sdpa" or fill == float("-inf"):
+        return None
+    return repr(max(fill * 1.4426950408889634, -3.4028234663852886e38))

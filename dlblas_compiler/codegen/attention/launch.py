@@ -11,6 +11,7 @@ from ..kernel import Kernel
 from ..source import cdiv, wide_indices
 from ..views import Layout, view_chain
 from .decode import decode_rows, decode_source
+from .dims import fill_score
 from .plan import AttentionPlan, out_layout
 from .prefill import source
 
@@ -26,12 +27,13 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     mask_bool = has_mask and dtype_of(op.mask) == torch.bool
     wide = wide_indices([*args, *fused.yielded.values])
     nan_rows = op.nan_rows and has_mask
+    fill = fill_score(op.mode, op.fill)
     if plan.decode:
         src = decode_source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), nan_rows, dtype_of(op.query),
-                            (d, dv), wide, op.mode)  # fmt: skip
+                            (d, dv), wide, op.mode, fill)  # fmt: skip
     else:
         src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), (d, dv), wide, nan_rows,
-                     dtype_of(op.query), op.mode)  # fmt: skip
+                     dtype_of(op.query), op.mode, fill)  # fmt: skip
     strides, idx = [], {}
     for key in ("q", "k", "v", "mask"):
         if key not in plan.chains:

@@ -32,12 +32,14 @@ def padded(dims: tuple[int, int], has_mask: bool) -> bool:
 def source(
     name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, dims: tuple[int, int],
     wide: bool = False, nan_rows: bool = False, in_dtype: torch.dtype = torch.float16, mask_mode: str = "sdpa",
+    fill: str | None = None,
 ) -> str:
     """The kernel text. Scores are kept in log2 units (q pre-scaled by scale * log2(e), exp2), except with an
     additive float mask: mask values as large as the dtype's minimum would overflow once multiplied by log2(e),
     so scores stay in natural units and exp2 takes (s - max) * log2(e). A row whose keys are all masked out
     gives 0 (SDPA's), or NaN with `nan_rows` (an explicit softmax's). `dims`: the head dims of q/k and of v,
-    each read in power-of-two pieces (dims.py). `mask_mode`: how a boolean mask drops keys (dl.sdpa's)."""
+    each read in power-of-two pieces (dims.py). `mask_mode`: how a boolean mask drops keys (dl.sdpa's); `fill`: the
+    finite score it puts in their place (dims.fill_score), where every key tile is read."""
     float_mask = has_mask and not mask_bool
     dot = device.dot_args(in_dtype)
     w = Writer()
@@ -100,8 +102,9 @@ def source(
             w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
             w("seen = keep  # (in range and, causal, not in the future: where the mask's drops count)")
             w(keep_test(mask_bool, mask_mode))
-            w("if tl.max(keep.to(tl.int32)) > 0:")
-            w.indent()
+            if fill is None:  # (with a finite fill a dropped key still counts)
+                w("if tl.max(keep.to(tl.int32)) > 0:")
+                w.indent()
         for sfx, _ in qk:
             load = f"k{sfx} = tl.load(k_base + rn[:, None] * sk_s + rd{sfx}[None, :] * sk_d"
             w(load + (f", mask=nmask[:, None]{qcol}, other=0.0)" if masked else ", mask=rd_in[None, :], other=0.0)"
@@ -110,7 +113,7 @@ def source(
         if masked:
             if has_mask and not mask_bool:
                 w("s = s + mv.to(tl.float32)")
-            drop_scores(w, has_mask and mask_mode == "sdpa")
+            drop_scores(w, has_mask and mask_mode == "sdpa", fill)
         w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
         if masked:
             w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
@@ -129,7 +132,7 @@ def source(
                       if pad else ")"))  # fmt: skip
             w(f"acc{sfx} = acc{sfx} * alpha[:, None] + tl.dot(p.to(v{sfx}.dtype), v{sfx}{dot})")
         w("m_i = m_new")
-        if masked and has_mask:
+        if masked and has_mask and fill is None:
             w.dedent()
         w.dedent()
     if nan_rows:
