@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, TensorType, i1
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -78,9 +78,10 @@ from ..dialects import (
     SoftmaxOp,
     SqrtOp,
     SubOp,
+    TorchCallOp,
     WhereOp,
 )
-from ..dialects.types import dtype_of
+from ..dialects.types import broadcast_shapes, dtype_of
 from .match import (
     discard,
     install,
@@ -531,6 +532,28 @@ def _scaled_scores(s: SSAValue) -> tuple[SSAValue, float] | None:
     return None
 
 
+def _filled_scores(s: SSAValue) -> tuple[SSAValue, list[SSAValue], str, float] | None:
+    """(scaled scores, masks, mask_mode, fill) for s = where(mask, scores, fill) ("keep") or where(mask, fill,
+    scores) (masked_fill's, "drop"), the fill a number below inf; masks filled in turn with one fill and polarity
+    (a causal mask, then a padding mask) are peeled too, outermost first."""
+    masks, mode, value = [], None, None
+    while (sel := producer(s, WhereOp)) is not None and s.has_one_use():
+        for sc, f, how in ((sel.lhs, sel.rhs, "keep"), (sel.rhs, sel.lhs, "drop")):
+            v = scalar(f)
+            if v is None or math.isnan(v) or v == math.inf or shape(sc) != shape(s) or mode not in (None, how):
+                continue
+            if value is not None and v != value:
+                continue
+            masks.append(sel.cond)
+            s, mode, value = sc, how, v
+            break
+        else:
+            break
+    if not masks or _scaled_scores(s) is None:
+        return None
+    return s, masks, mode, value
+
+
 class RecognizeAttention(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: MatmulOp, rewriter: PatternRewriter):
@@ -542,18 +565,19 @@ class RecognizeAttention(RewritePattern):
         s = strip_convert(sm.input)
         if s != sm.input and not single_use(sm.input):
             return
-        mask, mode, fill = None, "sdpa", None
-        sel = producer(s, WhereOp)
-        if sel is not None and s.has_one_use():  # (its condition is boolean: dl.where's verifier)
-            for sc, f, how in ((sel.lhs, sel.rhs, "keep"), (sel.rhs, sel.lhs, "drop")):
-                value = scalar(f)
-                if value is None or math.isnan(value) or value == math.inf or shape(sc) != shape(s):
-                    continue
-                if _scaled_scores(sc) is not None:
-                    # (a finite fill as the scores' dtype holds it, as eager's masked_fill writes it)
-                    fill = None if value == -math.inf else torch.tensor(value, dtype=dtype_of(sc)).item()
-                    s, mask, mode = sc, sel.cond, how
-                    break
+        mask, mode, fill, unions = None, "sdpa", None, []
+        filled = _filled_scores(s)
+        if filled is not None:
+            s, masks, mode, value = filled
+            # (a finite fill as the scores' dtype holds it, as eager's masked_fill writes it)
+            fill = None if value == -math.inf else torch.tensor(value, dtype=dtype_of(s)).item()
+            mask = masks[0]
+            for i, m in enumerate(masks[1:]):  # masks filled in turn: dropped by any (kept by all) of them
+                both = TorchCallOp("torch.logical_and" if mode == "keep" else "torch.logical_or",
+                                   f"{op.result.name_hint or 'attention'}_mask_{i}", [mask, m],
+                                   [TensorType(i1, broadcast_shapes(shape(mask), shape(m)))])  # fmt: skip
+                unions.append(both)
+                mask = both.res[0]
         add = producer(s, AddOp) if mode == "sdpa" else None
         if add is not None and s.has_one_use():
             for sc, m in operand_pairs(add):
@@ -579,7 +603,7 @@ class RecognizeAttention(RewritePattern):
         # kernels may give 0 there: the op keeps the explicit form's NaN, with or without a mask
         if r == 4:
             sdpa = SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), "nan", mode, fill)
-            install(rewriter, sdpa, op.result)
+            install(rewriter, sdpa, op.result, unions)
             return
         # [B, S, D] operands, one head a module (Karpathy's GPT lecture): the sdpa of their [1, B, S, D] views (a
         # mask broadcasts alike against both: from the right)
@@ -588,10 +612,10 @@ class RecognizeAttention(RewritePattern):
         try:
             att.verify()
         except Exception:  # noqa: BLE001 - batches that broadcast (k of batch 1 against q's B): left as they are
-            for o in (att, *reversed(views)):
+            for o in (att, *reversed(views), *reversed(unions)):
                 discard(o)
             return
-        install(rewriter, ReshapeOp(att.result, shape(op.result)), op.result, [*views, att])
+        install(rewriter, ReshapeOp(att.result, shape(op.result)), op.result, [*unions, *views, att])
 
 
 RECOGNIZERS: list[type[RewritePattern]] = [

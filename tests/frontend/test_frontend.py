@@ -690,6 +690,9 @@ class MaskedAttention(nn.Module):
             att = att.masked_fill(keep == 0, self.fill)
         elif self.form == "torch.masked_fill":
             att = torch.masked_fill(att, ~(keep != 0), self.fill)
+        elif self.form == "masked_fill twice":  # (then the last key dropped for every row: two masks in turn)
+            att = att.masked_fill(keep == 0, self.fill)
+            att = att.masked_fill(torch.arange(att.size(-1)) == att.size(-1) - 1, self.fill)
         else:
             att = torch.where(keep != 0, att, self.fill)
         return F.softmax(att, dim=-1) @ v
@@ -709,13 +712,14 @@ def masked_attention_inputs(s: int, l_: int, dtype, device="cpu"):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lengths", [(9, 9), (1, 13), (3, 40)])
-@pytest.mark.parametrize("form", ["masked_fill", "torch.masked_fill", "where"])
+@pytest.mark.parametrize("form", ["masked_fill", "torch.masked_fill", "where", "masked_fill twice"])
 def test_attention_with_masked_fill_is_an_attention_kernel(form, lengths, dtype):
     """softmax(scores.masked_fill(~keep, -inf)) @ v (nanoGPT, minGPT and most hand-written transformers) and its
     torch.where form become one attention region (prefill and decode kernels) reading the boolean mask, where the
     matmuls, the fill and the softmax were torch calls and a row kernel: the dropped keys' scores are replaced, not
     added to, so batch 1's NaN key changes nothing, as in eager (SDPA with that mask gives NaN rows), and a row
-    keeping no key is NaN. Finite values within the dtype's tolerance of float64."""
+    keeping no key is NaN. Two masks filled in turn are one mask (their union, a torch call). Finite values
+    within the dtype's tolerance of float64."""
     model = MaskedAttention(form).eval()
     args = masked_attention_inputs(*lengths, dtype)
     cm = dc.compile(model, backend="interpret", strict=True)
