@@ -609,7 +609,7 @@ class CompiledModule(torch.nn.Module):
                 continue
             if (spec.skeleton, tuple(map(bucket, spec.sizes))) in self._not_affine:
                 return
-            if why := sizes_unseen(spec.captured):
+            if why := sizes_unseen(spec.captured, (other.imported.sizes, spec.imported.sizes)):
                 log.info("%s: no shape family for sizes %s and %s: %s", self.name, other.sizes, spec.sizes, why)
                 spec.notes.append(f"no shape family (each new length is compiled): {why}")
                 return

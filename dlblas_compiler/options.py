@@ -67,7 +67,8 @@ class Options:
     power-of-two buckets, and the two compiled IRs have one structure, every further size of those buckets is
     instantiated from the first IR (its sizes affine in the new ones, verified) instead of compiled: a prompt or
     cache length whose bucket was seen twice compiles no more (`passes.families`), where the graph holds its
-    integer arithmetic on sizes and that is affine (`frontend.sizes_unseen`). False compiles every signature.
+    integer arithmetic on sizes and that is affine, or reads only sizes the two compiles share
+    (`frontend.sizes_unseen`). False compiles every signature.
     keep_traces: for `dc.compile(model.forward)` (a module's forward compiled through dynamo): keep dynamo's
     traces on disk beside the tuning cache (`traces/` in `$DLBLAS_CACHE_DIR`, else `~/.cache/dlblas_compiler`), so
     that a new process loads a call's trace instead of tracing the model again (`api.TracedForward`; torch's

@@ -482,12 +482,14 @@ _NOT_AFFINE = {operator.floordiv, operator.mod, operator.truediv, operator.pow, 
                math.sqrt, torch.sym_max, torch.sym_min, torch.sym_float, torch.sym_int}  # fmt: skip
 
 
-def sizes_unseen(captured: Captured) -> str | None:
+def sizes_unseen(captured: Captured, values: tuple[dict, dict] | None = None) -> str | None:
     """Why integers the graph computes from its input sizes may not be affine in them (None: every such integer is
     a graph node, and each is a sum of sizes times constants). A shape family infers each integer's line in the
     sizes from two compiles, which is only sound for those: `x[:, : x.shape[1] // 2]` has 5 at 10 and 11 tokens and
     6 at 12. A graph whose capture evaluated sizes in Python (dynamo's static export, a static dynamo graph) hides
-    them as constants, so it gets no family."""
+    them as constants, so it gets no family. `values`: the two compiles' sizes by node name (`Imported.sizes`):
+    any arithmetic on sizes equal in both (nanoGPT's `C // n_head`, a head's `k.size(-1) ** -0.5`) is a constant
+    of the family (affine sizes equal at two points of its line are equal along all of it)."""
     gm = captured.gm
     if captured.how == "dynamo":
         return "the capture evaluated the input sizes in Python (static shapes): integers made from them are constants"
@@ -514,6 +516,9 @@ def sizes_unseen(captured: Captured) -> str | None:
             continue  # (an op on tensors, which may read sizes: not integer arithmetic on sizes)
         elif target is operator.getitem or target in _AFFINE or (target is operator.mul and len(inputs) == 1):
             sized.add(node)  # (a size plus or times a constant)
+        elif values is not None and all(a.name in values[0] and values[0][a.name] == values[1].get(a.name, None)
+                                        for a in inputs):  # fmt: skip
+            sized.add(node)  # (of sizes that do not move: a constant)
         elif target is operator.mul or target in _NOT_AFFINE or (
             isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
         ):  # (and any other op making an integer of sizes: not known to be affine)

@@ -158,6 +158,9 @@ class Imported:
     # decisions taken from a tensor's values at this specialization's sizes (a constant mask found causal): they
     # may not hold at other sizes, so no shape family is formed over them
     value_decisions: tuple[str, ...] = ()
+    # the numbers (and tuples of ints: sizes) the graph's nodes computed at this specialization's sizes, by node
+    # name: a shape family lets through integer arithmetic on sizes that do not move (`frontend.sizes_unseen`)
+    sizes: dict[str, Any] = field(default_factory=dict)
 
     def program_inputs(self, flat: Any) -> list:
         """The function's arguments from the call's flat inputs."""
@@ -165,6 +168,11 @@ class Imported:
         for j in self.complex_inputs:
             inputs[j] = torch.view_as_real(inputs[j])
         return inputs
+
+
+def _is_size(v: Any) -> bool:
+    """An int or float (not a bool), or a tuple of ints (torch.Size): what arithmetic on sizes makes."""
+    return type(v) in (int, float) or (isinstance(v, tuple) and all(type(x) is int for x in v))
 
 
 def _safe_name(name: str) -> str:
@@ -380,7 +388,7 @@ class Importer:
         return Imported(
             module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
             param_placeholders, writes, eager_aliases, contiguous, moves, tuple(self.complex_inputs),
-            tuple(self.value_decisions),
+            tuple(self.value_decisions), {n.name: v for n, v in values.items() if _is_size(v)},
         )  # fmt: skip
 
     # -- values that depend on no input ------------------------------------------------------------

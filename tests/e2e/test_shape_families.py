@@ -96,6 +96,27 @@ def test_a_capture_that_hides_its_sizes_forms_no_family():
     assert any("no shape family" in n and "static shapes" in n for n in cm.report().notes)
 
 
+class _Heads(torch.nn.Module):
+    """Attention as hand-written models spell it: the head width `C // heads` and the scale `D ** -0.5` are
+    arithmetic on sizes that do not change with the length."""
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h = x.view(b, t, 4, c // 4).transpose(1, 2)
+        att = (h @ h.transpose(-2, -1)) * h.size(-1) ** -0.5
+        return (att.softmax(-1) @ h).transpose(1, 2).reshape(b, t, c)
+
+
+def test_arithmetic_on_sizes_that_do_not_move_keeps_the_family():
+    """A floor division or power of sizes equal at both compiles (the hidden size, the head width) is a constant of
+    the family: each of its inputs is affine in the sizes and equal at two points of the family's line, so equal
+    along all of it. 11 and 12 are instances with eager's answers (before, every length was compiled)."""
+    model = _Heads()
+    cm = dc.compile(model, backend="reference")
+    _run(cm, model, [9, 10, 11, 12], lambda n: torch.randn(2, n, 32))
+    assert (cm.compile_count, cm.instances) == (2, 2)
+
+
 class _Half(torch.nn.Module):
     def forward(self, x):
         return x[:, : x.shape[1] // 2] * 2
