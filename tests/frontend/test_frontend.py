@@ -710,6 +710,15 @@ def masked_attention_inputs(s: int, l_: int, dtype, device="cpu"):
     return [t.to(device) for t in (q, k, v, keep)]
 
 
+def attention_against_eager(model, args, backend="interpret"):
+    """(ours, eager's, eager's in float64) for `model` compiled to one attention region."""
+    cm = dc.compile(model, backend=backend, strict=True, cuda_graphs=False)
+    with torch.no_grad():
+        out, ref, exact = cm(*args), model(*args), model(*(t.double() for t in args))
+    assert cm.report().patterns == ["attention"], cm.report()
+    return out, ref, exact
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lengths", [(9, 9), (1, 13), (3, 40)])
 @pytest.mark.parametrize("form", ["masked_fill", "torch.masked_fill", "where", "masked_fill twice"])
@@ -720,13 +729,7 @@ def test_attention_with_masked_fill_is_an_attention_kernel(form, lengths, dtype)
     added to, so batch 1's NaN key changes nothing, as in eager (SDPA with that mask gives NaN rows), and a row
     keeping no key is NaN. Two masks filled in turn are one mask (their union, a torch call). Finite values
     within the dtype's tolerance of float64."""
-    model = MaskedAttention(form).eval()
-    args = masked_attention_inputs(*lengths, dtype)
-    cm = dc.compile(model, backend="interpret", strict=True)
-    with torch.no_grad():
-        out, ref = cm(*args), model(*args)
-        exact = model(*(t.double() for t in args))
-    assert cm.report().patterns == ["attention"], cm.report()
+    out, ref, exact = attention_against_eager(MaskedAttention(form).eval(), masked_attention_inputs(*lengths, dtype))
     assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(ref.isnan(), exact.isnan())
     assert ref.isnan().sum() == 4 * 16  # (batch 0's first row, every head)
     fin = ~ref.isnan()
@@ -737,14 +740,10 @@ def test_attention_with_masked_fill_is_an_attention_kernel(form, lengths, dtype)
 def test_attention_of_one_head_a_module_is_an_attention_kernel(lengths):
     """Karpathy's GPT lecture writes attention per head, [B, T, head size] operands without a heads dim: it becomes
     an attention kernel over [1, B, T, D] views, with eager's NaN and values."""
-    model = MaskedAttention("masked_fill").eval()
-    q, k, v, keep = (t[:, 0] for t in masked_attention_inputs(*lengths, torch.float32))
-    cm = dc.compile(model, backend="interpret", strict=True)
-    with torch.no_grad():
-        out, ref = cm(q, k, v, keep), model(q, k, v, keep)
-    assert cm.report().patterns == ["attention"], cm.report()
+    args = [t[:, 0] for t in masked_attention_inputs(*lengths, torch.float32)]
+    out, ref, exact = attention_against_eager(MaskedAttention("masked_fill").eval(), args)
     assert torch.equal(out.isnan(), ref.isnan()) and ref.isnan().any()
-    assert rel_error(out[~ref.isnan()], ref[~ref.isnan()]) <= 1e-5
+    assert rel_error(out[~ref.isnan()], exact[~ref.isnan()]) <= tolerance(torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -754,17 +753,10 @@ def test_attention_filled_with_a_finite_value_is_an_attention_kernel(fill, lengt
     """A finite fill (the Annotated Transformer's -1e9, HF's dtype minimum) is not -inf: a dropped key still counts,
     so a row keeping no key averages every value (no NaN), and a NaN score there leaves no trace. It is one
     attention region (`mask_fill`) reading every key tile, within the dtype's tolerance of float64."""
-    value = torch.finfo(dtype).min if fill == "min" else fill
-    model = MaskedAttention("masked_fill", value).eval()
-    args = masked_attention_inputs(*lengths, dtype)
-    cm = dc.compile(model, backend="interpret", strict=True)
-    with torch.no_grad():
-        out, ref = cm(*args), model(*args)
-        exact = model(*(t.double() for t in args))
-    assert cm.report().patterns == ["attention"], cm.report()
+    model = MaskedAttention("masked_fill", torch.finfo(dtype).min if fill == "min" else fill).eval()
+    out, ref, exact = attention_against_eager(model, masked_attention_inputs(*lengths, dtype))
     assert not ref.isnan().any() and not out.isnan().any()
     assert rel_error(out, exact) <= tolerance(dtype)
-
 
 
 @pytest.mark.gpu
@@ -805,12 +797,8 @@ def test_where_and_masked_attention_on_the_gpu(dtype):
     fin = ~ref.isnan()
     assert rel_error(out[fin], exact[fin]) <= tolerance(dtype)
     for lengths in [(200, 200), (1, 300)]:
-        attn = MaskedAttention("masked_fill").eval()
         args = masked_attention_inputs(*lengths, dtype, "cuda")
-        cm = dc.compile(attn, backend="triton", strict=True, cuda_graphs=False)
-        with torch.no_grad():
-            out, ref, exact = cm(*args), attn(*args), attn(*(t.double() for t in args))
-        assert cm.report().patterns == ["attention"] and set(cm.report().impls().values()) <= {"kernel", "reference"}
+        out, ref, exact = attention_against_eager(MaskedAttention("masked_fill").eval(), args, "triton")
         assert torch.equal(out.isnan(), ref.isnan()), lengths
         fin = ~ref.isnan()
         assert rel_error(out[fin], exact[fin]) <= tolerance(dtype), lengths
