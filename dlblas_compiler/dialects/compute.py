@@ -554,6 +554,13 @@ class SDPAOp(IRDLOperation):
         return self.mask_fill.value.data if self.mask_fill is not None else -math.inf
 
     @property
+    def mask_semantics(self) -> dict:
+        """The constructor's arguments saying what the mask does (`masked_rows`, `mask_mode`, `mask_fill`): for a
+        rewrite that makes this op again over other operands."""
+        fill = self.fill if self.mask_fill is not None else None
+        return {"masked_rows": self.masked_rows.data, "mask_mode": self.mode, "mask_fill": fill}
+
+    @property
     def nan_rows(self) -> bool:
         """Fully masked rows give NaN (the explicit softmax form), not 0 (SDPA's)."""
         return self.masked_rows.data == "nan"

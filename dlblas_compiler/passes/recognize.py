@@ -490,8 +490,7 @@ class RecognizeGroupedAttention(RewritePattern):
             return
         (k, new_k), (v, new_v) = rk.unrepeated(), rv.unrepeated()
         scale = op.scale.value.data if op.scale is not None else None
-        fill = op.fill if op.mask_fill is not None else None
-        new = SDPAOp(op.query, k, v, op.mask, op.causal, scale, True, op.masked_rows.data, op.mode, fill)
+        new = SDPAOp(op.query, k, v, op.mask, op.causal, scale, True, **op.mask_semantics)
         install(rewriter, new, op.result, [*new_k, *new_v])
 
 
@@ -532,6 +531,18 @@ def _scaled_scores(s: SSAValue) -> tuple[SSAValue, float] | None:
     return None
 
 
+def _joined(masks: list[SSAValue], mode: str, name: str) -> list[TorchCallOp]:
+    """The torch calls joining masks filled in turn into one: a key is dropped by any of them (`logical_or`), or
+    kept by all (`logical_and`, for where's keep masks)."""
+    calls, mask = [], masks[0] if masks else None
+    for i, m in enumerate(masks[1:]):
+        both = TorchCallOp("torch.logical_and" if mode == "keep" else "torch.logical_or", f"{name}_mask_{i}",
+                           [mask, m], [TensorType(i1, broadcast_shapes(shape(mask), shape(m)))])  # fmt: skip
+        calls.append(both)
+        mask = both.res[0]
+    return calls
+
+
 def _filled_scores(s: SSAValue) -> tuple[SSAValue, list[SSAValue], str, float] | None:
     """(scaled scores, masks, mask_mode, fill) for s = where(mask, scores, fill) ("keep") or where(mask, fill,
     scores) (masked_fill's, "drop"), the fill a number below inf; masks filled in turn with one fill and polarity
@@ -565,19 +576,12 @@ class RecognizeAttention(RewritePattern):
         s = strip_convert(sm.input)
         if s != sm.input and not single_use(sm.input):
             return
-        mask, mode, fill, unions = None, "sdpa", None, []
+        mask, masks, mode, fill = None, [], "sdpa", None
         filled = _filled_scores(s)
         if filled is not None:
             s, masks, mode, value = filled
             # (a finite fill as the scores' dtype holds it, as eager's masked_fill writes it)
             fill = None if value == -math.inf else torch.tensor(value, dtype=dtype_of(s)).item()
-            mask = masks[0]
-            for i, m in enumerate(masks[1:]):  # masks filled in turn: dropped by any (kept by all) of them
-                both = TorchCallOp("torch.logical_and" if mode == "keep" else "torch.logical_or",
-                                   f"{op.result.name_hint or 'attention'}_mask_{i}", [mask, m],
-                                   [TensorType(i1, broadcast_shapes(shape(mask), shape(m)))])  # fmt: skip
-                unions.append(both)
-                mask = both.res[0]
         add = producer(s, AddOp) if mode == "sdpa" else None
         if add is not None and s.has_one_use():
             for sc, m in operand_pairs(add):
@@ -601,6 +605,9 @@ class RecognizeAttention(RewritePattern):
             return
         # softmax of a row that the mask empties, or whose scores hold NaN (a non-finite q or k), is NaN; SDPA's
         # kernels may give 0 there: the op keeps the explicit form's NaN, with or without a mask
+        unions = _joined(masks, mode, op.result.name_hint or "attention")  # (made once the match holds)
+        if masks:
+            mask = unions[-1].res[0] if unions else masks[0]
         if r == 4:
             sdpa = SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), "nan", mode, fill)
             install(rewriter, sdpa, op.result, unions)

@@ -716,6 +716,7 @@ def attention_against_eager(model, args, backend="interpret"):
     with torch.no_grad():
         out, ref, exact = cm(*args), model(*args), model(*(t.double() for t in args))
     assert cm.report().patterns == ["attention"], cm.report()
+    assert set(cm.report().impls().values()) <= {"kernel", "reference"}
     return out, ref, exact
 
 
@@ -734,6 +735,41 @@ def test_attention_with_masked_fill_is_an_attention_kernel(form, lengths, dtype)
     assert ref.isnan().sum() == 4 * 16  # (batch 0's first row, every head)
     fin = ~ref.isnan()
     assert rel_error(out[fin], exact[fin]) <= tolerance(dtype)
+
+
+class TwoMasks(nn.Module):
+    """Scores filled with -1e9 through two masks in turn, with k and v repeated over head pairs (grouped attention),
+    or scaled by a negative number (not attention: a softmax of negated scores)."""
+
+    def __init__(self, grouped: bool):
+        super().__init__()
+        self.grouped = grouped
+
+    def forward(self, q, k, v, keep):
+        if self.grouped:
+            k, v = k[:, :2].repeat_interleave(2, dim=1), v[:, :2].repeat_interleave(2, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (0.25 if self.grouped else -0.25)
+        att = att.masked_fill(keep == 0, -1e9).masked_fill(torch.arange(att.size(-1)) == 0, -1e9)
+        return att.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_two_masks_in_grouped_attention_and_in_what_is_not_attention(grouped):
+    """Grouped attention keeps the masks' union, mask_mode and mask_fill when its k/v repeat is undone; where the
+    match fails after the masks were peeled (a negative scale), nothing the recognizer made is left behind: the
+    fills and softmax stay a row kernel between the matmuls. Eager's values either way."""
+    model = TwoMasks(grouped).eval()
+    args = masked_attention_inputs(9, 9, torch.float32)
+    cm = dc.compile(model, backend="interpret", strict=True)
+    with torch.no_grad():
+        out, ref = cm(*args), model(*args)
+    assert cm.report().patterns == (["attention"] if grouped else ["row"]), cm.report()
+    if grouped:
+        assert 'mask_mode = "drop"' in cm.ir() and "mask_fill = -1.000000e+09" in cm.ir() and "enable_gqa" in cm.ir()
+    assert "logical_or" in cm.ir() if grouped else "logical_or" not in cm.ir()
+    module = cm._spec().pipeline.module  # (every use of every value is by an op in the IR: none left dangling)
+    assert all(u.operation.parent_block() is not None for op in module.walk() for r in op.results for u in r.uses)
+    assert not ref.isnan().any() and rel_error(out, ref) <= 1e-5
 
 
 @pytest.mark.parametrize("lengths", [(9, 9), (1, 13)])
