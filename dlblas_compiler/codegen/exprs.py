@@ -8,14 +8,18 @@ A cast to a narrower dtype rounds (x.to(bf16).to(fp32)) so results follow the ea
 
 from __future__ import annotations
 
+import torch
 from xdsl.ir import SSAValue
 
 from ..dialects import (
     GELU_EXPR,
     BinaryOp,
+    CompareOp,
     ConstantOp,
     ConvertOp,
     GluOp,
+    LogicalOp,
+    NotOp,
     SiluOp,
     UnaryOp,
     WhereOp,
@@ -30,14 +34,19 @@ GLU_EXPR = {  # dl.glu's activations, as the dialect's own ops compute them
 }
 
 
-def round_to(expr: str, v: SSAValue) -> str:
-    """Round an fp32 expression to v's dtype (no-op for fp32). The whole expression: `a + b` is rounded as
-    `(a + b)`, not as `a + b.to(..)` (fuzz seed 2304: an add+RMSNorm's sum left unrounded, its residual rounded
-    twice, so `-x + x` was not 0 and the norm of a one-wide row read its rounding error as ±1)."""
-    dt = dtype_of(v)
-    if TL_DTYPE[dt] == "tl.float32":
+def round_to(expr: str, v: SSAValue | torch.dtype) -> str:
+    """Round an fp32 expression to v's dtype (no-op for fp32 and for booleans, held as 0.0 / 1.0). The whole
+    expression: `a + b` is rounded as `(a + b)`, not as `a + b.to(..)` (fuzz seed 2304: an add+RMSNorm's sum left
+    unrounded, its residual rounded twice, so `-x + x` was not 0 and the norm of a one-wide row read its rounding
+    error as ±1)."""
+    dt = v if isinstance(v, torch.dtype) else dtype_of(v)
+    if dt == torch.bool or TL_DTYPE[dt] == "tl.float32":
         return expr
     return f"{expr if expr.isidentifier() else f'({expr})'}.to({TL_DTYPE[dt]}).to(tl.float32)"
+
+
+# the ops `emit_pointwise` writes: a template computes them in registers over its tile
+POINTWISE = (UnaryOp, BinaryOp, ConvertOp, ConstantOp, GluOp, WhereOp, CompareOp, LogicalOp, NotOp)
 
 
 class Names:
@@ -61,14 +70,25 @@ class Names:
         return v in self.names
 
 
+def compared(names: Names, v: SSAValue, dt: torch.dtype) -> str:
+    """Operand v of a comparison made in dtype dt, rounded to it as eager rounds it (a constant's literal rounded
+    here: a Python float in Triton has no `.to`)."""
+    if isinstance(v.owner, ConstantOp):
+        return ConstantOp.literal(torch.tensor(v.owner.scalar, dtype=torch.float64).to(dt).item())
+    return round_to(names[v], dt)
+
+
 def emit_pointwise(w: Writer, names: Names, op) -> bool:
-    """Write one elementwise op (unary, binary, convert, constant, glu, where). False if `op` is not one."""
+    """Write one elementwise op (unary, binary, convert, constant, glu, where, compare, logical). False if `op` is
+    not one. Booleans are held as 0.0 and 1.0."""
     if isinstance(op, ConstantOp):
         names[op.result] = op.triton()
         return True
-    if isinstance(op, UnaryOp):
+    if isinstance(op, (UnaryOp, NotOp)):
         expr = op.triton(names[op.input])
-    elif isinstance(op, BinaryOp):
+    elif isinstance(op, CompareOp):
+        expr = op.triton(compared(names, op.lhs, op.dtype), compared(names, op.rhs, op.dtype))
+    elif isinstance(op, (BinaryOp, LogicalOp)):
         expr = op.triton(names[op.lhs], names[op.rhs])
     elif isinstance(op, ConvertOp):
         expr = names[op.input]

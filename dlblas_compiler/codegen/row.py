@@ -17,12 +17,9 @@ from xdsl.ir import Operation, SSAValue
 
 from ..dialects import (
     AddRMSNormOp,
-    BinaryOp,
     CatOp,
     ConstantOp,
-    ConvertOp,
     FusedOp,
-    GluOp,
     IndexCopyOp,
     LayerNormOp,
     ReduceMaxOp,
@@ -32,19 +29,16 @@ from ..dialects import (
     RMSNormOp,
     RotaryOp,
     SoftmaxOp,
-    UnaryOp,
-    WhereOp,
 )
 from ..dialects.types import dtype_of, numel, shape_of
 from ..fusion.templates import PlannedTemplate, register_template
 from ..tuning.space import SearchSpace, pow2
-from .exprs import Names, emit_pointwise, rotate_in_registers, round_to
+from .exprs import POINTWISE, Names, emit_pointwise, rotate_in_registers, round_to
 from .kernel import Kernel
-from .source import PDL_ARG, TL_DTYPE, Writer, cdiv, chained_start, row_indices, wide_indices
+from .source import PDL_ARG, Writer, cdiv, chained_start, row_indices, stored, wide_indices
 from .views import VIEW_OPS, Layout, column_offsets, row_view_chain, view_source
 
 MAX_N = 32768
-POINTWISE = (UnaryOp, BinaryOp, ConvertOp, ConstantOp, GluOp, WhereOp)
 ROW_OPS = (RMSNormOp, AddRMSNormOp, LayerNormOp, SoftmaxOp, RotaryOp)
 
 
@@ -359,17 +353,18 @@ class RowEmitter:
                 base = " + ".join(f"{pos if d == o.axis else f'i{d}'} * o{k}_{d}" for d in range(nrow))
                 # (a position outside the destination, where torch's index_copy_ fails, writes nothing)
                 keep = f"(rmask & ({pos} >= 0) & ({pos} < ix{k}_n))[:, None] & cmask[None, :]"
-                w(f"tl.store(out{k} + ({base})[:, None] + cols[None, :] * o{k}_{nrow}, "
-                  f"tl.broadcast_to({self.names[o.source]}, [BLOCK_M, BLOCK_N]).to({TL_DTYPE[dtype_of(r)]}), mask={keep})")
+                tile = stored(f"tl.broadcast_to({self.names[o.source]}, [BLOCK_M, BLOCK_N])", dtype_of(r))
+                w(f"tl.store(out{k} + ({base})[:, None] + cols[None, :] * o{k}_{nrow}, {tile}, mask={keep})")
                 continue
             base = " + ".join([f"i{d} * o{k}_{d}" for d in range(nrow)]) or "rows * 0"
             base = f"tl.multiple_of({base}, ALIGN)"
             val = self.names[r]
-            dt = TL_DTYPE[dtype_of(r)]
             if _stores_full(shape_of(r), p.iter_shape, r in p.per_row):
-                w(f"tl.store(out{k} + ({base})[:, None] + cols[None, :] * o{k}_{nrow}, tl.broadcast_to({val}, [BLOCK_M, BLOCK_N]).to({dt}), mask=mask)")
+                tile = stored(f"tl.broadcast_to({val}, [BLOCK_M, BLOCK_N])", dtype_of(r))
+                w(f"tl.store(out{k} + ({base})[:, None] + cols[None, :] * o{k}_{nrow}, {tile}, mask=mask)")
             else:
-                w(f"tl.store(out{k} + ({base})[:, None], tl.broadcast_to({val}, [BLOCK_M, 1]).to({dt}), mask=rmask[:, None])")
+                one = stored(f"tl.broadcast_to({val}, [BLOCK_M, 1])", dtype_of(r))
+                w(f"tl.store(out{k} + ({base})[:, None], {one}, mask=rmask[:, None])")
         w.dedent()
         return w.text()
 

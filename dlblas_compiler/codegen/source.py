@@ -10,6 +10,11 @@ HEADER = "import triton\nimport triton.language as tl\n\n"
 
 TL_DTYPE = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32"}
 
+
+def stored(expr: str, dtype: torch.dtype) -> str:
+    """A register value (fp32; a boolean as 0.0 / 1.0) as a store into a tensor of `dtype` writes it."""
+    return f"({expr} != 0.0)" if dtype == torch.bool else f"{expr}.to({TL_DTYPE[dtype]})"
+
 # A kernel touching a tensor of this many elements or more computes its offsets in 64-bit integers
 # (int32 products such as row * stride would wrap); smaller ones keep the cheaper 32-bit arithmetic.
 INT32_LIMIT = 2**31

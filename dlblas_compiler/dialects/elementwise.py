@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from xdsl.dialects.builtin import FloatAttr, IntegerType, StringAttr, TensorType, f64
+from xdsl.dialects.builtin import FloatAttr, StringAttr, TensorType, f64, i1
 from xdsl.ir import Attribute, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -31,7 +31,7 @@ from xdsl.traits import ConstantLike, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from .traits import ONE_TO_ONE
-from .types import DLFloatTensor, broadcast_shapes, promote, shape_of
+from .types import DLBoolTensor, DLFloatTensor, broadcast_shapes, dtype_of, promote, shape_of, torch_dtype
 
 
 class UnaryOp(IRDLOperation, abc.ABC):
@@ -195,10 +195,11 @@ class PowOp(UnaryOp):
 
 @irdl_op_definition
 class ConvertOp(IRDLOperation):
-    """`dl.convert`: cast to another float dtype (x.to(dtype), x.float(), x.type_as(y))."""
+    """`dl.convert`: cast to another float dtype (x.to(dtype), x.float(), x.type_as(y)); a boolean tensor casts
+    to 0.0 and 1.0."""
 
     name = "dl.convert"
-    input = operand_def(DLFloatTensor)
+    input = operand_def(TensorType)
     result = result_def(DLFloatTensor)
     traits = traits_def(Pure(), ONE_TO_ONE)
     assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
@@ -207,12 +208,12 @@ class ConvertOp(IRDLOperation):
         super().__init__(operands=[x], result_types=[TensorType(elem, shape_of(x))])
 
     def verify_(self):
+        if dtype_of(self.input) not in (torch.bool, torch.float16, torch.bfloat16, torch.float32):
+            raise VerifyException(f"dl.convert: expected a tensor of f16, bf16, f32 or i1, got {self.input.type}")
         if shape_of(self.input) != shape_of(self.result):
             raise VerifyException(f"dl.convert: shape changes from {shape_of(self.input)} to {shape_of(self.result)}")
 
     def reference(self, x):
-        from .types import dtype_of
-
         return x.to(dtype_of(self.result))
 
     def triton(self, x: str) -> str:
@@ -300,7 +301,7 @@ class WhereOp(IRDLOperation):
     rhs alone. Selecting is exact: a NaN or inf of the branch not taken leaves no trace."""
 
     name = "dl.where"
-    cond = operand_def(TensorType)
+    cond = operand_def(DLBoolTensor)
     lhs = operand_def(DLFloatTensor)
     rhs = operand_def(DLFloatTensor)
     result = result_def(DLFloatTensor)
@@ -318,9 +319,6 @@ class WhereOp(IRDLOperation):
         return TensorType(promote([a.element_type, b.element_type], [a.get_num_dims(), b.get_num_dims()]), shape)
 
     def verify_(self):
-        et = self.cond.type.element_type
-        if not (isinstance(et, IntegerType) and et.width.data == 1):
-            raise VerifyException(f"dl.where: the condition must be boolean, got {self.cond.type}")
         try:
             want = self.infer(self.cond.type, self.lhs.type, self.rhs.type)
         except VerifyException as e:
@@ -332,7 +330,115 @@ class WhereOp(IRDLOperation):
         return torch.where(c, a, b)  # (a constant arrives as a Python float: weakly typed, as in eager)
 
     def triton(self, c: str, a: str, b: str) -> str:
-        return f"tl.where({c} != 0.0, {a}, {b})"  # (kernels load the condition as 0.0 / 1.0)
+        return f"tl.where({c} != 0.0, {a}, {b})"  # (kernels hold a boolean as 0.0 / 1.0)
+
+
+COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+@irdl_op_definition
+class CompareOp(IRDLOperation):
+    """`dl.compare`: `lhs <predicate> rhs` elementwise, a boolean tensor (torch.eq, ne, lt, le, gt, ge and their
+    operators; `predicate` is one of COMPARISONS). The operands broadcast like torch's and are compared in the dtype
+    torch promotes them to (`dtype`): a number or a 0-d tensor is rounded to it first, as in eager (bf16 `x > 0.1`
+    compares x with 0.10009765625). NaN is unequal to everything, itself included."""
+
+    name = "dl.compare"
+    predicate = prop_def(StringAttr)
+    lhs = operand_def(DLFloatTensor)
+    rhs = operand_def(DLFloatTensor)
+    result = result_def(DLBoolTensor)
+    traits = traits_def(Pure(), ONE_TO_ONE)
+    assembly_format = (
+        "$predicate $lhs `,` $rhs attr-dict `:` `(` type($lhs) `,` type($rhs) `)` `->` type($result)"
+    )
+
+    def __init__(self, predicate: str, lhs: SSAValue, rhs: SSAValue):
+        shape = broadcast_shapes(shape_of(lhs), shape_of(rhs))
+        super().__init__(operands=[lhs, rhs], result_types=[TensorType(i1, shape)],
+                         properties={"predicate": StringAttr(predicate)})  # fmt: skip
+
+    @property
+    def dtype(self) -> torch.dtype:
+        a, b = self.lhs.type, self.rhs.type
+        return torch_dtype(promote([a.element_type, b.element_type], [a.get_num_dims(), b.get_num_dims()]))
+
+    def verify_(self):
+        if self.predicate.data not in COMPARISONS:
+            raise VerifyException(f"dl.compare: predicate {self.predicate.data!r} is not one of {sorted(COMPARISONS)}")
+        try:
+            shape = broadcast_shapes(shape_of(self.lhs), shape_of(self.rhs))
+        except VerifyException as e:
+            raise VerifyException(f"dl.compare: {e}") from None
+        if shape_of(self.result) != shape:
+            raise VerifyException(f"dl.compare: operands give shape {shape}, but the result is {self.result.type}")
+
+    def reference(self, a, b):
+        return getattr(operator, self.predicate.data)(a, b)  # (a constant arrives as a Python float, as in eager)
+
+    def triton(self, a: str, b: str) -> str:
+        """Over a and b already rounded to `dtype`."""
+        return f"({a} {COMPARISONS[self.predicate.data]} {b}).to(tl.float32)"
+
+
+LOGICAL = {"and": (torch.logical_and, "({a} * {b})"), "or": (torch.logical_or, "tl.maximum({a}, {b})"),
+           "xor": (torch.logical_xor, "tl.abs({a} - {b})")}  # fmt: skip
+
+
+@irdl_op_definition
+class LogicalOp(IRDLOperation):
+    """`dl.logical`: `lhs <kind> rhs` of boolean tensors (`kind` "and", "or" or "xor": torch.logical_and, `&` of
+    booleans, ...), broadcasting like torch's."""
+
+    name = "dl.logical"
+    kind = prop_def(StringAttr)
+    lhs = operand_def(DLBoolTensor)
+    rhs = operand_def(DLBoolTensor)
+    result = result_def(DLBoolTensor)
+    traits = traits_def(Pure(), ONE_TO_ONE)
+    assembly_format = "$kind $lhs `,` $rhs attr-dict `:` `(` type($lhs) `,` type($rhs) `)` `->` type($result)"
+
+    def __init__(self, kind: str, lhs: SSAValue, rhs: SSAValue):
+        shape = broadcast_shapes(shape_of(lhs), shape_of(rhs))
+        super().__init__(operands=[lhs, rhs], result_types=[TensorType(i1, shape)],
+                         properties={"kind": StringAttr(kind)})  # fmt: skip
+
+    def verify_(self):
+        if self.kind.data not in LOGICAL:
+            raise VerifyException(f"dl.logical: kind {self.kind.data!r} is not one of {sorted(LOGICAL)}")
+        try:
+            shape = broadcast_shapes(shape_of(self.lhs), shape_of(self.rhs))
+        except VerifyException as e:
+            raise VerifyException(f"dl.logical: {e}") from None
+        if shape_of(self.result) != shape:
+            raise VerifyException(f"dl.logical: operands give shape {shape}, but the result is {self.result.type}")
+
+    def reference(self, a, b):
+        return LOGICAL[self.kind.data][0](a, b)
+
+    def triton(self, a: str, b: str) -> str:
+        return LOGICAL[self.kind.data][1].format(a=a, b=b)
+
+
+@irdl_op_definition
+class NotOp(IRDLOperation):
+    """`dl.not`: logical negation of a boolean tensor (torch.logical_not, `~` of booleans)."""
+
+    name = "dl.not"
+    T: ClassVar = VarConstraint("T", DLBoolTensor)
+    input = operand_def(T)
+    result = result_def(T)
+    traits = traits_def(Pure(), ONE_TO_ONE)
+    assembly_format = "$input attr-dict `:` type($input)"
+
+    def __init__(self, x: SSAValue):
+        super().__init__(operands=[x], result_types=[x.type])
+
+    def reference(self, x):
+        return torch.logical_not(x)
+
+    def triton(self, x: str) -> str:
+        return f"(1.0 - {x})"
 
 
 @irdl_op_definition
@@ -361,7 +467,11 @@ class ConstantOp(IRDLOperation):
         return self.scalar
 
     def triton(self) -> str:
-        v = self.scalar
+        return self.literal(self.scalar)
+
+    @staticmethod
+    def literal(v: float) -> str:
+        """v as a Triton scalar expression."""
         if math.isnan(v):
             return 'float("nan")'
         if math.isinf(v):
@@ -374,4 +484,4 @@ class ConstantOp(IRDLOperation):
 UNARY_OPS = [NegOp, ExpOp, Expm1Op, LogOp, Log1pOp, SqrtOp, RsqrtOp, ReciprocalOp, AbsOp, SinOp, CosOp, SigmoidOp,
              SiluOp, ErfOp, TanhOp, ReluOp, GeluOp, PowOp]
 BINARY_OPS = [AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp]
-ELEMENTWISE_OPS = [*UNARY_OPS, *BINARY_OPS, ConvertOp, ConstantOp, WhereOp]
+ELEMENTWISE_OPS = [*UNARY_OPS, *BINARY_OPS, ConvertOp, ConstantOp, WhereOp, CompareOp, LogicalOp, NotOp]

@@ -44,6 +44,24 @@ class FloatTensorConstraint(AttrConstraint):
 
 DLFloatTensor = FloatTensorConstraint()
 
+
+@dataclass(frozen=True)
+class BoolTensorConstraint(AttrConstraint):
+    """Operands and results of comparisons and logical ops: tensors of i1 (torch.bool)."""
+
+    def verify(self, attr: Attribute, constraint_context: VerificationContext) -> None:
+        if not isinstance(attr, TensorType) or attr.element_type != i1:
+            raise VerifyException(f"expected a boolean tensor (i1), got {attr}")
+
+    def get_bases(self) -> set[type[Attribute]] | None:
+        return {TensorType}
+
+    def mapping_type_vars(self, type_var_mapping) -> BoolTensorConstraint:
+        return self
+
+
+DLBoolTensor = BoolTensorConstraint()
+
 _TORCH_TO_XDSL: dict[torch.dtype, Attribute] = {
     torch.float16: f16,
     torch.bfloat16: bf16,

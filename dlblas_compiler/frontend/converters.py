@@ -9,6 +9,7 @@ Elementwise ops come from the dialect's own `TORCH_FNS`; everything else is list
 from __future__ import annotations
 
 import builtins
+import math
 import operator
 from collections.abc import Callable, Sequence
 from numbers import Number
@@ -27,6 +28,7 @@ from ..dialects import (
     AddOp,
     BroadcastOp,
     CatOp,
+    CompareOp,
     ConvertOp,
     DivOp,
     EmbeddingOp,
@@ -37,6 +39,7 @@ from ..dialects import (
     LayerNormOp,
     LinearOp,
     Log1pOp,
+    LogicalOp,
     LogOp,
     MatmulOp,
     MaximumOp,
@@ -44,6 +47,7 @@ from ..dialects import (
     MoEOp,
     MulOp,
     NegOp,
+    NotOp,
     PermuteOp,
     PowOp,
     ReduceMaxOp,
@@ -110,12 +114,21 @@ def _unary_converter(op_cls):
     return conv
 
 
+def _bool_as_float(e, v: Any) -> Any:
+    """A boolean operand of float arithmetic (`x * mask`, `(x > 0) * 2.0`), cast to the result's dtype as torch
+    promotes it (exactly: to 0 and 1)."""
+    if isinstance(v, SSAValue) and dtype_of(v) == torch.bool and getattr(e.value, "dtype", None) in COMPUTE_DTYPES:
+        return _emit(e, ConvertOp(v, xdsl_dtype(e.value.dtype)))
+    return v
+
+
 def _binary_converter(op_cls):
     def conv(e, a, b, *rest, alpha=1, out=None, rounding_mode=None):
         if rest or alpha != 1 or out is not None or rounding_mode is not None:
             raise Unsupported("alpha, out= or rounding_mode")
         if not isinstance(a, SSAValue) and not isinstance(b, SSAValue):
             raise Unsupported("no tensor operand")
+        a, b = _bool_as_float(e, a), _bool_as_float(e, b)
         if isinstance(a, Number):
             a = e.const(a, b)
         if isinstance(b, Number):
@@ -167,10 +180,12 @@ def _convert_to(e, x) -> SSAValue:
     want = xdsl_dtype(e.value.dtype)
     if x.type.element_type == want:
         return x
+    if e.value.dtype == torch.bool:  # (x != 0: NaN is True, as in eager)
+        return _compare("ne", e, x, 0.0)
     return _emit(e, ConvertOp(x, want))
 
 
-@converts("to", "type", "type_as", "float", "half", "bfloat16", "double")
+@converts("to", "type", "type_as", "float", "half", "bfloat16", "double", "bool")
 def _to(e, x, *args, **kwargs):
     src = e.arg_value(0)
     if isinstance(src, torch.Tensor) and src.device != e.value.device:
@@ -507,6 +522,89 @@ def _masked_fill(e, x, mask, value):
     if broadcast_shapes(shape_of(mask), shape_of(x)) != shape_of(x):
         raise Unsupported("a mask that broadcasts past the tensor")
     return _emit(e, WhereOp(mask, _branch(e, value, x), x))
+
+
+# -- comparisons and logic --------------------------------------------------------------------------------------
+def _not_of_constants(e) -> None:
+    """Comparisons and logic of constants alone stay torch calls: frontend/masks.py finds the causal masks among
+    such calls from their values."""
+    if e.importer.input_free(e.node):
+        raise Unsupported("a mask made from constants alone stays a torch call, its values known to the compiler")
+
+
+def _compare(pred: str, e, a: Any, b: Any) -> SSAValue:
+    _not_of_constants(e)
+    if not isinstance(a, SSAValue) and not isinstance(b, SSAValue):
+        raise Unsupported("no tensor operand")
+    for v in (a, b):
+        if not isinstance(v, SSAValue) and (not isinstance(v, Number) or isinstance(v, bool)):
+            raise Unsupported(f"a comparison with a {type(v).__name__}")
+    a = e.const(a, b) if isinstance(a, Number) else a
+    b = e.const(b, a) if isinstance(b, Number) else b
+    return _emit(e, CompareOp(pred, a, b))
+
+
+def _compare_converter(pred: str):
+    def conv(e, a, b, *, out=None):
+        if out is not None:
+            raise Unsupported("out=")
+        return _compare(pred, e, a, b)
+
+    return conv
+
+
+for _pred, _keys in {
+    "eq": (torch.eq, operator.eq, "eq", "__eq__"),
+    "ne": (torch.ne, torch.not_equal, operator.ne, "ne", "not_equal", "__ne__"),
+    "lt": (torch.lt, torch.less, operator.lt, "lt", "less", "__lt__"),
+    "le": (torch.le, torch.less_equal, operator.le, "le", "less_equal", "__le__"),
+    "gt": (torch.gt, torch.greater, operator.gt, "gt", "greater", "__gt__"),
+    "ge": (torch.ge, torch.greater_equal, operator.ge, "ge", "greater_equal", "__ge__"),
+}.items():
+    converts(*_keys)(_compare_converter(_pred))
+
+
+@converts(torch.isnan, "isnan")
+def _isnan(e, x):
+    return _compare("ne", e, x, x)
+
+
+@converts(torch.isinf, "isinf", torch.isfinite, "isfinite")
+def _isinf(e, x):
+    """|x| == inf, or |x| < inf for isfinite (NaN is neither)."""
+    finite = e.node.target in (torch.isfinite, "isfinite")
+    return _compare("lt" if finite else "eq", e, _emit(e, AbsOp(_tensor(x))), math.inf)
+
+
+@converts(torch.isposinf, "isposinf", torch.isneginf, "isneginf")
+def _isposinf(e, x):
+    return _compare("eq", e, x, -math.inf if e.node.target in (torch.isneginf, "isneginf") else math.inf)
+
+
+def _logical_converter(kind: str):
+    def conv(e, a, b, *, out=None):
+        if out is not None or not isinstance(a, SSAValue) or not isinstance(b, SSAValue):
+            raise Unsupported("out=, or an operand that is not a tensor")
+        _not_of_constants(e)
+        return _emit(e, LogicalOp(kind, a, b))  # (dl.logical takes booleans: an integer & is a torch call)
+
+    return conv
+
+
+for _kind, _keys in {
+    "and": (torch.logical_and, torch.bitwise_and, operator.and_, "logical_and", "bitwise_and", "__and__"),
+    "or": (torch.logical_or, torch.bitwise_or, operator.or_, "logical_or", "bitwise_or", "__or__"),
+    "xor": (torch.logical_xor, torch.bitwise_xor, operator.xor, "logical_xor", "bitwise_xor", "__xor__"),
+}.items():
+    converts(*_keys)(_logical_converter(_kind))
+
+
+@converts(torch.logical_not, torch.bitwise_not, operator.invert, "logical_not", "bitwise_not", "__invert__")
+def _not(e, x, *, out=None):
+    if out is not None:
+        raise Unsupported("out=")
+    _not_of_constants(e)
+    return _emit(e, NotOp(_tensor(x)))
 
 
 # -- 2-norms along dims and F.normalize --------------------------------------------------------------------------

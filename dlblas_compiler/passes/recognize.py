@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, TensorType, i1
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -58,6 +58,7 @@ from ..dialects import (
     GluOp,
     LayerNormOp,
     LinearOp,
+    LogicalOp,
     MatmulOp,
     MulOp,
     NegOp,
@@ -78,10 +79,9 @@ from ..dialects import (
     SoftmaxOp,
     SqrtOp,
     SubOp,
-    TorchCallOp,
     WhereOp,
 )
-from ..dialects.types import broadcast_shapes, dtype_of
+from ..dialects.types import dtype_of
 from .match import (
     discard,
     install,
@@ -531,16 +531,15 @@ def _scaled_scores(s: SSAValue) -> tuple[SSAValue, float] | None:
     return None
 
 
-def _joined(masks: list[SSAValue], mode: str, name: str) -> list[TorchCallOp]:
-    """The torch calls joining masks filled in turn into one: a key is dropped by any of them (`logical_or`), or
-    kept by all (`logical_and`, for where's keep masks)."""
-    calls, mask = [], masks[0] if masks else None
-    for i, m in enumerate(masks[1:]):
-        both = TorchCallOp("torch.logical_and" if mode == "keep" else "torch.logical_or", f"{name}_mask_{i}",
-                           [mask, m], [TensorType(i1, broadcast_shapes(shape(mask), shape(m)))])  # fmt: skip
-        calls.append(both)
-        mask = both.res[0]
-    return calls
+def _joined(masks: list[SSAValue], mode: str) -> list[LogicalOp]:
+    """The ops joining masks filled in turn into one: a key is dropped by any of them (or), or kept by all (and, for
+    where's keep masks)."""
+    ops, mask = [], masks[0] if masks else None
+    for m in masks[1:]:
+        both = LogicalOp("and" if mode == "keep" else "or", mask, m)
+        ops.append(both)
+        mask = both.result
+    return ops
 
 
 def _filled_scores(s: SSAValue) -> tuple[SSAValue, list[SSAValue], str, float] | None:
@@ -605,9 +604,9 @@ class RecognizeAttention(RewritePattern):
             return
         # softmax of a row that the mask empties, or whose scores hold NaN (a non-finite q or k), is NaN; SDPA's
         # kernels may give 0 there: the op keeps the explicit form's NaN, with or without a mask
-        unions = _joined(masks, mode, op.result.name_hint or "attention")  # (made once the match holds)
+        unions = _joined(masks, mode)  # (made once the match holds)
         if masks:
-            mask = unions[-1].res[0] if unions else masks[0]
+            mask = unions[-1].result if unions else masks[0]
         if r == 4:
             sdpa = SDPAOp(q, k, v, mask, False, scale, SDPAOp.multi_query(q, k, v), "nan", mode, fill)
             install(rewriter, sdpa, op.result, unions)

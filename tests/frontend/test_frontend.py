@@ -670,11 +670,62 @@ def test_where_and_masked_fill_are_elementwise(dtype):
         out, ref = cm(x, m, y), model(x, m, y)
         exact = model.double()(x.double(), m, y.double())
     assert "dl.where" in cm.ir() and "masked_fill" not in str(cm.report()), cm.report()
-    assert sorted(cm.report().patterns) == ["gemm", "row"], cm.report()  # (the row kernel: y * 3)
+    assert sorted(cm.report().patterns) == ["gemm", "row", "row"], cm.report()  # (the row kernels: y * 3 and ~m)
     assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any()
     fin = ~ref.isnan()
     assert rel_error(out[fin], ref[fin] if dtype == torch.float32 else exact[fin]) <= (
         1e-6 if dtype == torch.float32 else tolerance(dtype))
+
+
+class Compares(nn.Module):
+    """Comparisons, logic and booleans in float arithmetic: a leaky ReLU written by hand after a linear, a mask
+    from ranges and NaNs, booleans times floats, and boolean outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 48)
+
+    def forward(self, x, y, t):
+        h = self.lin(x)
+        leaky = torch.where(h > 0, h, 0.01 * h) * (y <= 3)
+        keep = ((y >= -0.5) & (y < t)) | torch.isnan(y)
+        z = leaky.masked_fill(~keep, -1.0) + torch.isinf(y) * 2.0 + (y > 0.1).to(y.dtype) - torch.isposinf(y).float()
+        return z, keep, y.bool() ^ (y < 70000.0), torch.isfinite(y).logical_not(), 0.1 >= y
+
+
+def compares_inputs(dtype, device="cpu"):
+    """Inputs of `Compares` with NaN, infinities, 0 and the number 0.1 rounded to the dtype (which eager's `y > 0.1`
+    compares in the dtype: equal, in bfloat16)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(5, n, generator=g).to(dtype) for n in (32, 48))
+    y[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])
+    y[1, :2] = torch.tensor([0.1, 1e5])  # (1e5 and 70000 are inf in float16)
+    return x.to(device), y.to(device), torch.tensor(0.3, device=device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_comparisons_and_logic_are_elementwise(dtype):
+    """Comparisons, logical ops and booleans cast to floats import as `dl.compare`, `dl.logical`, `dl.not` and
+    `dl.convert`: the hand-written leaky ReLU runs in the GEMM's epilogue, everything else in row kernels, no torch
+    call. Booleans equal eager's (numbers compared in the dtype, as eager compares them; NaN unequal to itself);
+    floats within 1e-6 of eager's in float32 and within the dtype's tolerance of eager's in half types (not of float64:
+    there y > 0.1 compares other numbers)."""
+    model = Compares().to(dtype).eval()
+    args = compares_inputs(dtype)
+    cm = dc.compile(model, backend="interpret", strict=True)
+    with torch.no_grad():
+        out, ref = cm(*args), model(*args)
+    ir = cm.ir()
+    assert all(f"dl.{name}" in ir for name in ("compare", "logical", "not", "convert")), ir
+    counts = cm.report().counts()
+    assert counts["torch_fallbacks"] == counts["unfused"] == 0 and counts["kernels"] == counts["regions"], counts
+    gemm = [r for r in cm.report().regions if r.pattern == "gemm"]
+    assert len(gemm) == 1 and {"dl.compare", "dl.where"} <= set(gemm[0].ops), cm.report()
+    assert ref[4][1, 0]  # (0.1 >= y: true, y being 0.1 in the dtype; in bfloat16 only if 0.1 is rounded first)
+    for o, r in zip(out[1:], ref[1:], strict=True):
+        assert o.dtype == torch.bool and torch.equal(o, r)
+    assert torch.equal(out[0].isnan(), ref[0].isnan())
+    assert rel_error(out[0], ref[0]) <= (1e-6 if dtype == torch.float32 else tolerance(dtype))
 
 
 class MaskedAttention(nn.Module):
@@ -711,11 +762,12 @@ def masked_attention_inputs(s: int, l_: int, dtype, device="cpu"):
 
 
 def attention_against_eager(model, args, backend="interpret"):
-    """(ours, eager's, eager's in float64) for `model` compiled to one attention region."""
+    """(ours, eager's, eager's in float64) for `model` compiled to one attention region (after the row kernel that
+    compares the float `keep` with 0, where the model does)."""
     cm = dc.compile(model, backend=backend, strict=True, cuda_graphs=False)
     with torch.no_grad():
         out, ref, exact = cm(*args), model(*args), model(*(t.double() for t in args))
-    assert cm.report().patterns == ["attention"], cm.report()
+    assert cm.report().patterns in (["attention"], ["row", "attention"]), cm.report()
     assert set(cm.report().impls().values()) <= {"kernel", "reference"}
     return out, ref, exact
 
@@ -728,7 +780,7 @@ def test_attention_with_masked_fill_is_an_attention_kernel(form, lengths, dtype)
     torch.where form become one attention region (prefill and decode kernels) reading the boolean mask, where the
     matmuls, the fill and the softmax were torch calls and a row kernel: the dropped keys' scores are replaced, not
     added to, so batch 1's NaN key changes nothing, as in eager (SDPA with that mask gives NaN rows), and a row
-    keeping no key is NaN. Two masks filled in turn are one mask (their union, a torch call). Finite values
+    keeping no key is NaN. Two masks filled in turn are one mask (their union, a `dl.logical`). Finite values
     within the dtype's tolerance of float64."""
     out, ref, exact = attention_against_eager(MaskedAttention(form).eval(), masked_attention_inputs(*lengths, dtype))
     assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(ref.isnan(), exact.isnan())
@@ -763,10 +815,10 @@ def test_two_masks_in_grouped_attention_and_in_what_is_not_attention(grouped):
     cm = dc.compile(model, backend="interpret", strict=True)
     with torch.no_grad():
         out, ref = cm(*args), model(*args)
-    assert cm.report().patterns == (["attention"] if grouped else ["row"]), cm.report()
+    assert cm.report().patterns == (["row", "attention"] if grouped else ["row"]), cm.report()
     if grouped:
         assert 'mask_mode = "drop"' in cm.ir() and "mask_fill = -1.000000e+09" in cm.ir() and "enable_gqa" in cm.ir()
-    assert "logical_or" in cm.ir() if grouped else "logical_or" not in cm.ir()
+    assert 'dl.logical "or"' in cm.ir() if grouped else "dl.logical" not in cm.ir()
     module = cm._spec().pipeline.module  # (every use of every value is by an op in the IR: none left dangling)
     assert all(u.operation.parent_block() is not None for op in module.walk() for r in op.results for u in r.uses)
     assert not ref.isnan().any() and rel_error(out, ref) <= 1e-5
@@ -814,6 +866,22 @@ def test_activations_and_norms_on_the_gpu(dtype):
         assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf()), name
         fin = ref.isfinite()
         assert rel_error(out[fin], exact[fin]) <= tolerance(dtype), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_comparisons_on_the_gpu(dtype):
+    """`Compares` compiled by Triton for the GPU (booleans loaded and stored by real loads and stores, compared in
+    the GEMM's epilogue): booleans equal eager's, floats within the dtype's tolerance of eager's."""
+    model = Compares().to(dtype).cuda().eval()
+    args = compares_inputs(dtype, "cuda")
+    cm = dc.compile(model, backend="triton", strict=True, cuda_graphs=False)
+    with torch.no_grad():
+        out, ref = cm(*args), model(*args)
+    for o, r in zip(out[1:], ref[1:], strict=True):
+        assert o.dtype == torch.bool and torch.equal(o, r)
+    assert torch.equal(out[0].isnan(), ref[0].isnan())
+    assert rel_error(out[0], ref[0]) <= tolerance(dtype)
 
 
 @pytest.mark.gpu

@@ -19,7 +19,7 @@ from ...dialects import ConstantOp, FusedOp, IndexCopyOp, PermuteOp, ReshapeOp, 
 from ...dialects.types import dtype_of, shape_of
 from .. import device
 from ..exprs import Names, emit_pointwise, rotate_in_registers, round_to
-from ..source import TL_DTYPE, Writer, row_indices, wide_indices
+from ..source import TL_DTYPE, Writer, row_indices, stored, wide_indices
 from ..views import Layout, view_chain
 from .plan import Cols, GemmPlan, canonical_strides, input_view
 from .prologue import ONE_ROW_SQUARES, row_scale
@@ -194,7 +194,7 @@ class EpilogueEmitter:
             rows = f"(mmask & ({pos} >= 0) & ({pos} < ix{k}_n))"
             idx[d] = f"{pos}[:, None]"
         addr = " + ".join(f"({e}) * o{k}_s{d}" for d, e in enumerate(idx))
-        w(f"tl.store(out{k}_ptr + {addr}, {self.names[r]}.to({TL_DTYPE[dtype_of(r)]}), mask={rows}[:, None] & {member})")
+        w(f"tl.store(out{k}_ptr + {addr}, {stored(self.names[r], dtype_of(r))}, mask={rows}[:, None] & {member})")
 
 
     def _split_k(self, w: Writer) -> None:

@@ -9,16 +9,14 @@ canonical order, so one formula serves every layout.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 
 import torch
 from xdsl.ir import Operation, SSAValue
 
 from ...dialects import (
-    BinaryOp,
     ConstantOp,
-    ConvertOp,
-    GluOp,
     IndexCopyOp,
     LayerNormOp,
     LinearOp,
@@ -27,13 +25,11 @@ from ...dialects import (
     RMSNormOp,
     RotaryOp,
     SliceOp,
-    UnaryOp,
-    WhereOp,
 )
 from ...dialects.types import dtype_of, numel, shape_of
+from ..exprs import POINTWISE
 from ..views import VIEW_OPS, Layout, view_chain, view_source
 
-POINTWISE = (UnaryOp, BinaryOp, ConvertOp, GluOp, ConstantOp, WhereOp)
 GEMV_ROWS = 4  # up to this many rows one-row tiles (CUDA cores, the weight read once per row) are tried
 
 
@@ -188,11 +184,8 @@ def analyze(ops: list[Operation], inputs: list[SSAValue]) -> GemmPlan | str:
     # streams: a pointwise op combining values from different column ranges of Y
     pairs = set()
     for o in plan.epilogue:
-        tile = [v for v in o.operands if v in plan.info]
-        if isinstance(o, (BinaryOp, GluOp)) and len(tile) == 2:
-            a, b = (plan.info[v].lo + plan.info[v].stream_lo for v in tile)
-            if a != b:
-                pairs.add((a, b))
+        starts = sorted({plan.info[v].lo + plan.info[v].stream_lo for v in o.operands if v in plan.info})
+        pairs.update(itertools.combinations(starts, 2))
     if pairs:
         offsets = sorted({p for pair in pairs for p in pair})
         widths = {plan.info[v].hi - plan.info[v].lo for v in plan.info if v is not lin.result}

@@ -54,6 +54,10 @@ builtin.module {
     %mm = dl.matmul %at, %kt : (tensor<2x4x8x16xf32>, tensor<2x4x16x8xf32>) -> tensor<2x4x8x8xf32>
     %sm = dl.softmax %mm {dim = 3 : i64} : tensor<2x4x8x8xf32>
     %wh = dl.where %mask, %sm, %eps : (tensor<8x8xi1>, tensor<2x4x8x8xf32>, tensor<f32>) -> tensor<2x4x8x8xf32>
+    %gt = dl.compare "gt" %sm, %eps : (tensor<2x4x8x8xf32>, tensor<f32>) -> tensor<2x4x8x8xi1>
+    %both = dl.logical "and" %gt, %mask : (tensor<2x4x8x8xi1>, tensor<8x8xi1>) -> tensor<2x4x8x8xi1>
+    %neither = dl.not %both : tensor<2x4x8x8xi1>
+    %zeros = dl.convert %neither : tensor<2x4x8x8xi1> -> tensor<2x4x8x8xbf16>
     %at2 = dl.sdpa %ro, %ro, %t mask %mask {mask_fill = -1.000000e+09 : f64, mask_mode = "drop", masked_rows = "nan"} : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<8x8xi1> -> tensor<2x4x8x16xf32>
     %bc = dl.broadcast %w : tensor<64xf32> -> tensor<2x8x64xf32>
     %pos = dl.param "pos" : tensor<2xi64>
@@ -87,6 +91,10 @@ builtin.module {
 // CHECK:      dl.rotary {{.*}} {layout = "interleaved", rotary_dim = 8 : i64}
 // CHECK:      dl.sdpa {{.*}} mask %{{.*}} {is_causal = true, scale = 2.500000e-01 : f64}
 // CHECK:      dl.where %{{.*}}, %{{.*}}, %{{.*}} : (tensor<8x8xi1>, tensor<2x4x8x8xf32>, tensor<f32>) -> tensor<2x4x8x8xf32>
+// CHECK:      dl.compare "gt" %{{.*}}, %{{.*}} : (tensor<2x4x8x8xf32>, tensor<f32>) -> tensor<2x4x8x8xi1>
+// CHECK:      dl.logical "and" %{{.*}}, %{{.*}} : (tensor<2x4x8x8xi1>, tensor<8x8xi1>) -> tensor<2x4x8x8xi1>
+// CHECK:      dl.not %{{.*}} : tensor<2x4x8x8xi1>
+// CHECK:      dl.convert %{{.*}} : tensor<2x4x8x8xi1> -> tensor<2x4x8x8xbf16>
 // CHECK:      dl.sdpa {{.*}} mask %{{.*}} {mask_fill = -1.000000e+09 : f64, mask_mode = "drop", masked_rows = "nan"}
 // CHECK:      dl.index_copy %{{.*}}[%{{.*}}] = %{{.*}} {dim = 1 : i64} : tensor<2x8x64xf32>, tensor<2xi64>, tensor<2x2x64xf32> -> tensor<2x8x64xf32>
 // CHECK:      dl.moe %{{.*}} {top_k = 2 : i64, renormalize = true} : (tensor<3x64xf32>, tensor<4x64xf32>, tensor<4x32x64xf32>, tensor<4x64x16xf32>) -> tensor<3x64xf32>
