@@ -71,11 +71,27 @@ class Names:
 
 
 def compared(names: Names, v: SSAValue, dt: torch.dtype) -> str:
-    """Operand v of a comparison made in dtype dt, rounded to it as eager rounds it (a constant's literal rounded
-    here: a Python float in Triton has no `.to`)."""
+    """Operand v of a comparison made in dtype dt: rounded to its own dtype, as eager holds it, then to dt, as eager
+    compares it (a constant's literal rounded here: a Python float in Triton has no `.to`)."""
     if isinstance(v.owner, ConstantOp):
         return ConstantOp.literal(torch.tensor(v.owner.scalar, dtype=torch.float64).to(dt).item())
-    return round_to(names[v], dt)
+    return round_to(round_to(names[v], v), dt)
+
+
+def feeds_compare(v: SSAValue) -> bool:
+    """v reaches a `dl.compare` through elementwise ops. Kernels keep such ops' results in float32 where eager rounds
+    each to its dtype (within tolerance, for a float output); a comparison of them must see eager's values, so along
+    such a chain every result is rounded."""
+    seen, todo = set(), [v]
+    while todo:
+        for u in todo.pop().uses:
+            o = u.operation
+            if isinstance(o, CompareOp):
+                return True
+            if isinstance(o, POINTWISE) and o not in seen:
+                seen.add(o)
+                todo.extend(o.results)
+    return False
 
 
 def emit_pointwise(w: Writer, names: Names, op) -> bool:
@@ -100,7 +116,8 @@ def emit_pointwise(w: Writer, names: Names, op) -> bool:
     else:
         return False
     t = names.fresh("v")
-    w(f"{t} = {round_to(expr, op.results[0]) if isinstance(op, ConvertOp) else expr}")
+    exact = isinstance(op, ConvertOp) or (isinstance(op, (UnaryOp, BinaryOp, GluOp)) and feeds_compare(op.results[0]))
+    w(f"{t} = {round_to(expr, op.results[0]) if exact else expr}")
     names[op.results[0]] = t
     return True
 

@@ -336,6 +336,20 @@ class WhereOp(IRDLOperation):
 COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
+def _verify_boolean(op: IRDLOperation, choice: str, table: dict) -> None:
+    """A boolean-valued binary op: its `choice` property names an entry of `table`, its result is the operands'
+    broadcast shape."""
+    name = getattr(op, choice).data
+    if name not in table:
+        raise VerifyException(f"{op.name}: {choice} {name!r} is not one of {sorted(table)}")
+    try:
+        shape = broadcast_shapes(shape_of(op.lhs), shape_of(op.rhs))
+    except VerifyException as e:
+        raise VerifyException(f"{op.name}: {e}") from None
+    if shape_of(op.result) != shape:
+        raise VerifyException(f"{op.name}: operands give shape {shape}, but the result is {op.result.type}")
+
+
 @irdl_op_definition
 class CompareOp(IRDLOperation):
     """`dl.compare`: `lhs <predicate> rhs` elementwise, a boolean tensor (torch.eq, ne, lt, le, gt, ge and their
@@ -364,14 +378,7 @@ class CompareOp(IRDLOperation):
         return torch_dtype(promote([a.element_type, b.element_type], [a.get_num_dims(), b.get_num_dims()]))
 
     def verify_(self):
-        if self.predicate.data not in COMPARISONS:
-            raise VerifyException(f"dl.compare: predicate {self.predicate.data!r} is not one of {sorted(COMPARISONS)}")
-        try:
-            shape = broadcast_shapes(shape_of(self.lhs), shape_of(self.rhs))
-        except VerifyException as e:
-            raise VerifyException(f"dl.compare: {e}") from None
-        if shape_of(self.result) != shape:
-            raise VerifyException(f"dl.compare: operands give shape {shape}, but the result is {self.result.type}")
+        _verify_boolean(self, "predicate", COMPARISONS)
 
     def reference(self, a, b):
         return getattr(operator, self.predicate.data)(a, b)  # (a constant arrives as a Python float, as in eager)
@@ -404,14 +411,7 @@ class LogicalOp(IRDLOperation):
                          properties={"kind": StringAttr(kind)})  # fmt: skip
 
     def verify_(self):
-        if self.kind.data not in LOGICAL:
-            raise VerifyException(f"dl.logical: kind {self.kind.data!r} is not one of {sorted(LOGICAL)}")
-        try:
-            shape = broadcast_shapes(shape_of(self.lhs), shape_of(self.rhs))
-        except VerifyException as e:
-            raise VerifyException(f"dl.logical: {e}") from None
-        if shape_of(self.result) != shape:
-            raise VerifyException(f"dl.logical: operands give shape {shape}, but the result is {self.result.type}")
+        _verify_boolean(self, "kind", LOGICAL)
 
     def reference(self, a, b):
         return LOGICAL[self.kind.data][0](a, b)

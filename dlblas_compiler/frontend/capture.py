@@ -41,6 +41,7 @@ from ..errors import FrontendError
 from .functorch import transforms_as_calls
 from .masks import is_random_name
 from .moe import moe_blocks_as_ops
+from .mutation import INPLACE_OPERATORS
 from .torch_modules import torch_attention_in, torch_modules_traced
 
 
@@ -257,7 +258,7 @@ def _inplace_method(op):
     return lambda self, other: self.tracer.create_proxy("call_function", op, (self, other), {})
 
 
-for _op in (operator.iadd, operator.isub, operator.imul, operator.itruediv):
+for _op in INPLACE_OPERATORS:
     setattr(_InplaceProxy, f"__{_op.__name__}__", _inplace_method(_op))
 
 

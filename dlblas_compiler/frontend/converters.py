@@ -539,9 +539,17 @@ def _compare(pred: str, e, a: Any, b: Any) -> SSAValue:
     for v in (a, b):
         if not isinstance(v, SSAValue) and (not isinstance(v, Number) or isinstance(v, bool)):
             raise Unsupported(f"a comparison with a {type(v).__name__}")
-    a = e.const(a, b) if isinstance(a, Number) else a
-    b = e.const(b, a) if isinstance(b, Number) else b
+    a = e.const(_number_in(a, b), b) if isinstance(a, Number) else a
+    b = e.const(_number_in(b, a), a) if isinstance(b, Number) else b
     return _emit(e, CompareOp(pred, a, b))
+
+
+def _number_in(v: Number, t: SSAValue) -> float:
+    """A number compared with float tensor t, converted to t's dtype once as eager converts it (an int above 2**53
+    through float64 first would round twice)."""
+    if isinstance(v, int) and not -(2**63) <= v < 2**63:
+        raise Unsupported(f"the integer {v} (eager's comparison refuses it)")
+    return torch.tensor(v, dtype=torch.int64 if isinstance(v, int) else torch.float64).to(dtype_of(t)).item()
 
 
 def _compare_converter(pred: str):

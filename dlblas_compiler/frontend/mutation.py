@@ -24,8 +24,18 @@ INPLACE_OPERATORS = {
     operator.imul: operator.mul,
     operator.itruediv: operator.truediv,
     operator.ipow: operator.pow,
+    operator.ifloordiv: operator.floordiv,
+    operator.imod: operator.mod,
+    operator.iand: operator.and_,
+    operator.ior: operator.or_,
+    operator.ixor: operator.xor,
+    operator.ilshift: operator.lshift,
+    operator.irshift: operator.rshift,
 }
-INPLACE_DUNDERS = {"__iadd__": "add", "__isub__": "sub", "__imul__": "mul", "__itruediv__": "div"}
+INPLACE_DUNDERS = {"__iadd__": "add", "__isub__": "sub", "__imul__": "mul", "__itruediv__": "div", "__ipow__": "pow",
+                   "__ifloordiv__": "floor_divide", "__imod__": "remainder", "__iand__": "bitwise_and",
+                   "__ior__": "bitwise_or", "__ixor__": "bitwise_xor", "__ilshift__": "bitwise_left_shift",
+                   "__irshift__": "bitwise_right_shift"}  # fmt: skip
 NOT_WRITES = {"requires_grad_", "share_memory_", "retain_grad", "record_stream"}  # end in "_" but change no values
 
 

@@ -868,6 +868,63 @@ def test_activations_and_norms_on_the_gpu(dtype):
         assert rel_error(out[fin], exact[fin]) <= tolerance(dtype), name
 
 
+class RoundedBeforeCompared(nn.Module):
+    """Half-precision sums compared: with each other, with themselves after a second add, against a float32 tensor,
+    and with a large integer; each boolean flips on the last bit eager rounds the sums to."""
+
+    def forward(self, a, b, c):
+        s = a + b
+        return s > c, (s + b) == a, (s - a).bool(), c == 2**60 + 2**36 + 1
+
+
+def test_comparisons_see_the_values_eager_compares():
+    """Kernels keep elementwise results in float32 where eager rounds each to its dtype; along a chain into a
+    comparison every result is rounded (1 + 2**-9 is 1 in bfloat16, and 1 + 2**-8 + 2**-8 is 1 + 2**-8 + 2**-8
+    rounded twice: 1), and an integer is converted to the tensor's dtype once, as eager converts it."""
+    bf = torch.bfloat16
+    a, b = torch.ones(2, 4, dtype=bf), torch.full((2, 4), 2**-9, dtype=bf)
+    b[1] = 2**-8
+    c = torch.full((2, 4), 1 + 2**-10)
+    c[1] = 2.0**60 + 2.0**37
+    cm = dc.compile(RoundedBeforeCompared().eval(), backend="interpret", strict=True)
+    with torch.no_grad():
+        out, ref = cm(a, b, c), RoundedBeforeCompared()(a, b, c)
+    assert set(cm.report().patterns) == {"row"} and cm.report().counts()["torch_fallbacks"] == 0, cm.report()
+    for o, r in zip(out, ref, strict=True):
+        assert torch.equal(o, r), (o, r)
+
+
+class InplaceLogic(nn.Module):
+    """`m &= ...` and `m |= ...` on a boolean input mask (written in place, as eager writes the caller's tensor)."""
+
+    def forward(self, x, m):
+        m &= x > 0
+        m |= x < -1.5
+        return x * m
+
+
+class InplaceLogicOfArgs(InplaceLogic):
+    """The same, with `*args`: symbolic_trace refuses it, so dynamo captures it (as operator.iand and ior)."""
+
+    def forward(self, *args):
+        return super().forward(*args)
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_inplace_logic_writes_its_tensor(dynamo):
+    """`&=`, `|=` (and the other in-place operators) write their tensor: the result and the caller's mask are eager's
+    (they were dropped: the mask kept its values, and under dynamo the result read the unwritten mask)."""
+    x = torch.tensor([[1.0, -1.0, 2.0, -2.0]])
+    model = (InplaceLogicOfArgs() if dynamo else InplaceLogic()).eval()
+    cm = dc.compile(model, backend="interpret", strict=True)
+    m_ref, m_out = torch.ones(1, 4, dtype=torch.bool), torch.ones(1, 4, dtype=torch.bool)
+    with torch.no_grad():
+        ref, out = model(x, m_ref), cm(x, m_out)
+    assert torch.equal(out, ref) and torch.equal(m_out, m_ref), (out, m_out, ref, m_ref)
+    assert cm._spec().captured.how == ("dynamo" if dynamo else "symbolic_trace")
+    assert cm._spec().captured.how == ("dynamo" if dynamo else "symbolic_trace")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_comparisons_on_the_gpu(dtype):
