@@ -41,7 +41,7 @@ from . import complex as complex_parts
 from .capture import Captured, quiet_fake_tensor_log, source_line
 from .converters import CONVERTERS, Unsupported, converter_key
 from .masks import causal_offset, is_random
-from .mutation import mutated_arg, out_of_place, put, replay, view_steps
+from .mutation import mutated_arg, out_of_place, put, replay, reshapes_in_place, view_steps
 
 
 @dataclass(frozen=True)
@@ -687,6 +687,15 @@ class Importer:
         else:
             base = target
         self._refuse_aliased_write(n, base)
+        if base.op in ("placeholder", "get_attr") and reshapes_in_place(n):
+            where = source_line(n)
+            what = "input" if base.op == "placeholder" else "module tensor"
+            at = f", at {where}" if where else ""
+            raise FrontendError(
+                f"in-place {_describe(n)} (node '{n.name}'{at}) changes the shape or strides of {what} "
+                f"'{base.target}': the compiled module writes the caller's tensors' values, not their shapes; write it "
+                "out of place (x = x.t())"
+            )
         self.written_bases.add(base)
         if new is None:
             new = self._written_value(n, written)

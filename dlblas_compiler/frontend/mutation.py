@@ -37,6 +37,15 @@ INPLACE_DUNDERS = {"__iadd__": "add", "__isub__": "sub", "__imul__": "mul", "__i
                    "__ior__": "bitwise_or", "__ixor__": "bitwise_xor", "__ilshift__": "bitwise_left_shift",
                    "__irshift__": "bitwise_right_shift"}  # fmt: skip
 NOT_WRITES = {"requires_grad_", "share_memory_", "retain_grad", "record_stream"}  # end in "_" but change no values
+# in-place ops that change a tensor's shape or strides, not (only) its values
+RESHAPES_IN_PLACE = {"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_", "as_strided_", "resize_",
+                     "resize_as_", "set_"}  # fmt: skip
+
+
+def reshapes_in_place(n: torch.fx.Node) -> bool:
+    """n changes its tensor's shape or strides in place (x.t_(), x.unsqueeze_(0))."""
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return n.op in ("call_method", "call_function") and name in RESHAPES_IN_PLACE
 
 
 def _writes_by_name(name: str) -> bool:

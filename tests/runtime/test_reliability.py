@@ -427,6 +427,38 @@ class Stateful(nn.Module):
         return y * self.count + x
 
 
+class ReshapedInPlace(nn.Module):
+    """`t_()` and `unsqueeze_()` change a tensor's shape in place: of a computed tensor (made functional: eager's
+    values), then of the input (the caller's tensor's shape: refused)."""
+
+    def __init__(self, of_input: bool):
+        super().__init__()
+        self.of_input = of_input
+
+    def forward(self, x):
+        y = x * 2
+        y.t_().unsqueeze_(0)
+        if self.of_input:
+            x.t_()
+        return y + 1
+
+
+@pytest.mark.parametrize("of_input", [False, True])
+def test_an_inplace_reshape_follows_eager_or_is_a_clear_error(of_input):
+    """An in-place shape change of a computed tensor gives eager's values; of an input or buffer it is a clear error
+    naming the op and the line (the runtime's copy back into the caller's tensor failed: "some elements of the input
+    tensor and the written-to tensor refer to a single memory location")."""
+    model, x = ReshapedInPlace(of_input).eval(), _x(3, 4)
+    cm = dc.compile(model, backend="interpret")
+    if of_input:
+        with pytest.raises(dc.FrontendError, match=r"in-place method \.t_\(\) .*test_reliability\.py:\d+.* changes the "
+                           r"shape or strides of input 'x'"), torch.no_grad():  # fmt: skip
+            cm(x)
+        return
+    out, warned = _calls(cm, x, n=1)
+    assert torch.equal(out, model(x)) and out.shape == (1, 4, 3) and not warned
+
+
 @pytest.mark.parametrize("backend", ["reference", "interpret"])
 def test_inplace_ops_and_buffer_updates_follow_eager(backend):
     m = randomize_(Stateful()).eval()
