@@ -98,8 +98,6 @@ def surroundings(a: Any, b: Any) -> dict[str, list[tuple[int, int, int]]]:
         if isinstance(op, TorchCallOp) and op.node.data not in moves:
             name = op.node.data
             ca, cb = ia.calls.get(name), ib.calls.get(name)
-            if ca is None and cb is None:  # (a call a pass made, run by its callee's name: no constants)
-                continue
             if ca is None or cb is None:
                 raise NotAFamily(f"torch call {name} is not in both compiles")
             (la, sa), (lb, sb) = pytree.tree_flatten(_baked(ca)), pytree.tree_flatten(_baked(cb))
