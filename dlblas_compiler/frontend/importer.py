@@ -175,6 +175,10 @@ def _is_size(v: Any) -> bool:
     return type(v) in (int, float) or (isinstance(v, tuple) and all(type(x) is int for x in v))
 
 
+def _moved_to(fn: Callable, dev: torch.device, *args, **kwargs) -> torch.Tensor:
+    return fn(*args, **kwargs).to(dev)
+
+
 def _safe_name(name: str) -> str:
     """A valid xDSL SSA name (xDSL drops a trailing `_<digits>`, so `_0` would become empty)."""
     name = "".join(c if c.isalnum() or c in "_.$-" else "_" for c in name)
@@ -452,10 +456,13 @@ class Importer:
                 self.value_decisions.append(f"the mask of {n.name} was found causal (offset {d}) from its values at these sizes")
 
     def _moved(self, n: torch.fx.Node) -> torch.device | None:
-        """The device a host input is only ever moved to (`.to(device)`, `.cuda()` by every user), else None."""
+        """The device a host input is only ever moved to (`.to(device)`, `.cuda()` by every user), or the one a
+        host scalar is read on (`_host_scalar`), else None."""
         example = self.values.get(n)
         if not isinstance(example, torch.Tensor) or example.device.type != "cpu" or not n.users:
             return None
+        if (dev := self._host_scalar(n)) is not None:
+            return dev
         devices = set()
         for u in n.users:
             moves = (u.op == "call_method" and u.target in ("to", "cuda")) or (
@@ -465,6 +472,22 @@ class Importer:
             if not moves or u.args[0] is not n or not isinstance(out, torch.Tensor) or out.dtype != example.dtype:
                 return None
             devices.add(out.device)
+        (dev,) = devices if len(devices) == 1 else (None,)
+        return dev if dev is not None and dev.type != "cpu" else None
+
+    def _host_scalar(self, n: torch.fx.Node) -> torch.device | None:
+        """The device every user of a 0-d host tensor computes on, where that is one device other than the CPU:
+        eager reads such a tensor as a number (`x.masked_fill(m, torch.tensor(-2.5))` on the GPU), a kernel
+        cannot read host memory, so the program reads a copy on that device (made before it runs)."""
+        example = self.values.get(n)
+        if not isinstance(example, torch.Tensor) or example.device.type != "cpu" or example.dim() != 0 or not n.users:
+            return None
+        devices = set()
+        for u in n.users:
+            out = [v for v in pytree.tree_leaves(self.values.get(u)) if isinstance(v, torch.Tensor)]
+            if u.op == "output" or not out:
+                return None
+            devices.update(v.device for v in out)
         (dev,) = devices if len(devices) == 1 else (None,)
         return dev if dev is not None and dev.type != "cpu" else None
 
@@ -536,7 +559,12 @@ class Importer:
                 if attr.is_complex():  # a rotary table of complex numbers: its two real parts
                     self.env[n] = complex_parts.param_parts(self, n.target, attr)
                 else:
-                    self.env[n] = self._emit_param(self._param_name(n.target, attr), attr)
+                    name = self._param_name(n.target, attr)
+                    # (a constant symbolic_trace made, never written: capture.py refuses that; read on the device)
+                    dev = self._host_scalar(n) if n.target.startswith("_tensor_constant") else None
+                    if dev is not None:
+                        self.params[name] = attr.to(dev)
+                    self.env[n] = self._emit_param(name, attr)
             else:
                 self.env[n] = attr
             return
@@ -813,6 +841,8 @@ class Importer:
         args = pytree.tree_map(slot, resolve(n.args), is_leaf=leaf)
         kwargs = pytree.tree_map(slot, resolve(n.kwargs), is_leaf=leaf)
         target = self._callable(n)
+        if clone is None and not again and self.input_free(n) and (dev := self._host_scalar(n)) is not None:
+            target = functools.partial(_moved_to, target, dev)  # (computed once, `TorchStep.once`)
         leaves, spec = pytree.tree_flatten(value)
         tensor_pos = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
         for i in tensor_pos:

@@ -922,6 +922,68 @@ def test_inplace_logic_writes_its_tensor(dynamo):
         ref, out = model(x, m_ref), cm(x, m_out)
     assert torch.equal(out, ref) and torch.equal(m_out, m_ref), (out, m_out, ref, m_ref)
     assert cm._spec().captured.how == ("dynamo" if dynamo else "symbolic_trace")
+
+
+class HostScalars(nn.Module):
+    """0-d host tensors beside device tensors, which eager reads as numbers: a constant made in forward (a trace
+    constant under symbolic_trace, a `torch.tensor` call under dynamo) and an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, m, s):
+        return self.lin(x).masked_fill(m, torch.tensor(-2.5)) * s
+
+
+class HostScalarsOfArgs(HostScalars):
+    """The same, with `*args`: dynamo captures it."""
+
+    def forward(self, *args):
+        return super().forward(*args)
+
+
+def host_scalars_inputs(device: str) -> tuple:
+    g = torch.Generator().manual_seed(0)
+    x, m = torch.randn(4, 8, generator=g).to(device), (torch.rand(4, 8, generator=g) > 0.5).to(device)
+    return x, m, torch.tensor(3.0)  # (the scale stays on the host)
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_host_scalars_are_read_on_the_device(dynamo):
+    """A kernel cannot read host memory: a 0-d host tensor that every user reads on one device is read from a copy
+    there (an input moved before the program runs, a constant copied once), so the GEMM epilogue gets a device
+    pointer (it got the host's: a launch error, then the reference). Checked on the meta device here, by values
+    on the GPU in `test_host_scalars_on_the_gpu`."""
+    from dlblas_compiler.frontend.capture import capture
+    from dlblas_compiler.frontend.importer import import_graph
+
+    model, args = (HostScalarsOfArgs() if dynamo else HostScalars()).to("meta"), host_scalars_inputs("meta")
+    captured = capture(model, args, {})
+    imported = import_graph(captured, captured.flatten(args, {}))
+    assert captured.how == ("dynamo" if dynamo else "symbolic_trace")
+    assert imported.device_moves == {2: torch.device("meta")}
+    assert all(p.device.type == "meta" for p in imported.params.values())
+    constants = [name for name, call in imported.calls.items() if "tensor" in name]
+    assert len(constants) == dynamo
+    for name in constants:
+        call = imported.calls[name]
+        assert call.target(*call.args, **call.kwargs).device.type == "meta"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_host_scalars_on_the_gpu(dynamo):
+    """`HostScalars` on the GPU, with CUDA graphs: eager's values (float32, within 1e-5), on both capture paths,
+    for two values of the host input."""
+    model = (HostScalarsOfArgs() if dynamo else HostScalars()).cuda().eval()
+    x, m, s = host_scalars_inputs("cuda")
+    cm = dc.compile(model, backend="triton", strict=True)
+    with torch.no_grad():
+        for v in (3.0, -0.5):
+            s.fill_(v)
+            out, ref = cm(x, m, s), model(x, m, s)
+            assert rel_error(out, ref) <= 1e-5, v
     assert cm._spec().captured.how == ("dynamo" if dynamo else "symbolic_trace")
 
 
