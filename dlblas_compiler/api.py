@@ -313,7 +313,8 @@ def _check_devices(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         return
     (dev,) = devices
     for i, v in enumerate(pytree.tree_leaves((args, kwargs))):
-        if isinstance(v, torch.Tensor) and v.device != dev:
+        host_scalar = isinstance(v, torch.Tensor) and v.dim() == 0 and v.device.type == "cpu"  # (read as a number)
+        if isinstance(v, torch.Tensor) and v.device != dev and not host_scalar:
             raise FrontendError(f"input {i} is on {v.device} but the model's parameters are on {dev}; move it first")
 
 

@@ -161,6 +161,9 @@ class Imported:
     # the numbers (and tuples of ints: sizes) the graph's nodes computed at this specialization's sizes, by node
     # name: a shape family lets through integer arithmetic on sizes that do not move (`frontend.sizes_unseen`)
     sizes: dict[str, Any] = field(default_factory=dict)
+    # 0-d host tensors of the module read on a device (param name -> device): the program reads a copy there, made
+    # again when the tensor changes (`DerivedWeight`), as eager reads such a tensor as a number
+    param_devices: dict[str, torch.device] = field(default_factory=dict)
 
     def program_inputs(self, flat: Any) -> list:
         """The function's arguments from the call's flat inputs."""
@@ -300,6 +303,7 @@ class Importer:
         self._input_free: dict[torch.fx.Node, bool] = {}
         self._real: dict[torch.fx.Node, Any] = {}
         self.written_bases: set[torch.fx.Node] = set()  # tensors some node writes in place
+        self.param_devices: dict[str, torch.device] = {}
         # a view eager shares storage with (of its first argument), as the view steps the IR takes of that
         # argument's value: a write through it is put back into the whole tensor (`mutation.put`)
         self.views: dict[torch.fx.Node, tuple[torch.fx.Node, tuple]] = {}
@@ -392,7 +396,7 @@ class Importer:
         return Imported(
             module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
             param_placeholders, writes, eager_aliases, contiguous, moves, tuple(self.complex_inputs),
-            tuple(self.value_decisions), {n.name: v for n, v in values.items() if _is_size(v)},
+            tuple(self.value_decisions), {n.name: v for n, v in values.items() if _is_size(v)}, self.param_devices,
         )  # fmt: skip
 
     # -- values that depend on no input ------------------------------------------------------------
@@ -560,10 +564,8 @@ class Importer:
                     self.env[n] = complex_parts.param_parts(self, n.target, attr)
                 else:
                     name = self._param_name(n.target, attr)
-                    # (a constant symbolic_trace made, never written: capture.py refuses that; read on the device)
-                    dev = self._host_scalar(n) if n.target.startswith("_tensor_constant") else None
-                    if dev is not None:
-                        self.params[name] = attr.to(dev)
+                    if (dev := self._host_scalar(n)) is not None:
+                        self.param_devices[name] = dev
                     self.env[n] = self._emit_param(name, attr)
             else:
                 self.env[n] = attr

@@ -11,7 +11,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter
 from xdsl.rewriter import InsertPoint
 
-from ..dialects import AddOp, BinaryOp, CatOp, ConstantOp, ConvertOp, MulOp, ParamOp, PermuteOp, ReshapeOp, SliceOp
+from ..dialects import ELEMENTWISE_OPS, BinaryOp, CatOp, ConstantOp, ConvertOp, ParamOp, PermuteOp, ReshapeOp, SliceOp
 
 OpT = TypeVar("OpT", bound=Operation)
 
@@ -31,14 +31,18 @@ def scalar(v: SSAValue | None) -> float | None:
 
 
 def is_constant(v: SSAValue) -> bool:
-    """v depends only on parameters and constants (a weight-only expression, which the runtime computes once)."""
+    """v depends only on parameters and constants through elementwise ops and layout ops (a weight-only
+    expression, which the runtime computes once and again when a parameter changes: `DerivedWeight`), such as a
+    norm's `1 + weight` or a causal buffer's `bias == 0`."""
     op = v.owner
     if not isinstance(op, Operation):
         return False
     if isinstance(op, (ParamOp, ConstantOp)):
         return True
-    weight_ops = (CatOp, MulOp, AddOp, SliceOp, PermuteOp, ConvertOp)
-    return isinstance(op, weight_ops) and all(is_constant(o) for o in op.operands)
+    return isinstance(op, _WEIGHT_OPS) and all(is_constant(o) for o in op.operands)
+
+
+_WEIGHT_OPS = (*ELEMENTWISE_OPS, CatOp, SliceOp, PermuteOp, ReshapeOp)
 
 
 def users(v: SSAValue) -> list[Operation]:
