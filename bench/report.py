@@ -3004,6 +3004,10 @@ SECTIONS = {
                                                           "2026-12-05-h200-s67-layers-m2048-paired.json")),
     "block-nanogpt-h100-s74": functools.partial(layer_section, "2026-12-06-h100-s74-nanogpt.json", "nanogpt_block"),
     "block-nanogpt-h200-s74": functools.partial(layer_section, "2026-12-06-h200-s74-nanogpt.json", "nanogpt_block"),
+    "block-nanogpt-ab-old-h200-s74": functools.partial(layer_section, "2026-12-06-h200-s74-nanogpt-ab-old.json",
+                                                       "nanogpt_block"),
+    "block-nanogpt-ab-new-h200-s74": functools.partial(layer_section, "2026-12-06-h200-s74-nanogpt-ab-new.json",
+                                                       "nanogpt_block"),
     "best-mode-goal-s71-gemma-m1": functools.partial(
         best_mode_goal_section, 1.1, ("a", "4d65314, 1 token, round-based calls", "2026-12-05-h100-s71-gemma-m1.json")),
     "kernel-times-s71-gemma-m1": functools.partial(kernel_times_section, "2026-12-05-h100-s71-profile-gemma-m1.json"),
