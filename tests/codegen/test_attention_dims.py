@@ -168,3 +168,45 @@ def test_masked_attention_of_heads_in_pieces_in_every_config(d, dv, s, every):
         (out,) = step.launch(args, config)
         torch.cuda.synchronize()
         assert rel_error(out.float(), truth) <= 1e-2, config
+
+
+def _structured_mask(kind: str, s: int, l_: int) -> torch.Tensor:
+    """Keep masks [1, 1, s, l_] that drop whole key tiles: causal (a materialized lower triangle), a band of 24 keys
+    before each query, a padded tail (keys from 50 on), and a causal mask with one row that keeps nothing."""
+    i, j = torch.arange(s)[:, None], torch.arange(l_)[None, :]
+    keep = {"causal": j <= i, "band": (j <= i) & (j > i - 24), "tail": (j < 50).expand(s, l_),
+            "causal, a row empty": j <= i}[kind].clone()  # fmt: skip
+    if kind == "causal, a row empty":
+        keep[37] = False
+    return keep[None, None]
+
+
+@pytest.mark.parametrize("kind", ["causal", "band", "tail", "causal, a row empty"])
+@pytest.mark.parametrize("additive", [False, True])
+def test_a_mask_run_over_its_kept_key_range_equals_the_branch(kind, additive):
+    """The prefill kernel skips the key tiles a mask drops entirely either by a branch per tile or (MASK_RANGE=1)
+    by a first pass over the block's mask rows for the key range they keep, then the keys in it without the branch:
+    both equal the float64 reference (NaN where it is) in the default config and in sampled configs, on masks that
+    drop whole tiles (causal, a band, a padded tail, a row keeping nothing)."""
+    g = torch.Generator().manual_seed(3)
+    s, l_ = 96, 96
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (s, l_, l_))
+    mask = _structured_mask(kind, s, l_)
+    if additive:
+        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    model = Attend(causal=False)
+    cm = dc.compile(model, backend="interpret", strict=True)
+    with torch.no_grad():
+        cm(q, k, v, mask)
+    (step,) = [x for x in cm._spec().executor.steps if isinstance(x, RegionStep)]
+    assert "MASK_RANGE: tl.constexpr" in step.kernel.source
+    truth = model(q.double(), k.double(), v.double(), mask if not additive else mask.double())
+    space, rng = step.kernel.space, random.Random(1)
+    assert space.default()["MASK_RANGE"] == 0 and set(space.params["MASK_RANGE"]) == {0, 1}
+    configs = [space.default(), {**space.default(), "MASK_RANGE": 1}]
+    configs += [{**space.sample(rng), "MASK_RANGE": r} for r in (0, 1, 1)]
+    for config in configs:
+        (out,) = step.launch([q, k, v, mask], config)
+        assert torch.equal(out.isnan(), truth.isnan()), config
+        fin = ~truth.isnan()
+        assert rel_error(out[fin], truth[fin].float()) <= 1e-5, config

@@ -83,6 +83,9 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
         )  # fmt: skip
         return [out]
 
+    def ranged(config: dict) -> dict:  # (the kernel takes MASK_RANGE where a mask's dropped tiles can be skipped)
+        return {"MASK_RANGE": config.get("MASK_RANGE", 0)} if has_mask and fill is None else {}
+
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         q = ptr(tensors, "q")
         out = torch.empty(out_shape, dtype=out_dtype, device=q.device)
@@ -90,7 +93,7 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
         grid = (cdiv(s, config["BLOCK_M"]), b * hq)
         kernel[grid](
             q, ptr(tensors, "k"), ptr(tensors, "v"), m, out, *strides, *olay.strides, hq, s, l_, groups, qk_scale,
-            D=d, DV=dv, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+            D=d, DV=dv, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], **ranged(config),
             num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return [out]

@@ -1,6 +1,7 @@
 """The prefill kernel (S > DECODE_ROWS query rows): one program per block of BLOCK_M query rows of one head,
 looping over all keys with an online softmax; a key tile the mask keeps nothing of (a materialized causal
-mask's upper triangle) is skipped after reading the mask tile. Its search space."""
+mask's upper triangle) is skipped: after reading the mask tile, by a branch, or (MASK_RANGE, tuned) by a first pass
+over the block's mask rows for the range of keys they keep, run without the branch. Its search space."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ...dialects.types import dtype_of, shape_of
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import PDL_ARG, TL_DTYPE, Writer, chained_start
-from .dims import dim_ranges, drop_scores, head_parts, keep_test, padded_range, padded_width, scores
+from .dims import dim_ranges, drop_scores, fill_score, head_parts, keep_test, padded_range, padded_width, scores
 from .plan import AttentionPlan
 
 # num_stages 1 is left out: unpipelined, 128-key tiles of heads read in pieces of 32 columns (Phi-3's 96 = 64 + 32)
@@ -50,7 +51,8 @@ def source(
     w("sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,")
     w("sm_b, sm_h, sm_s, sm_l, so_b, so_h, so_s, so_d,")
     w("H, S, L, GROUPS, qk_scale,")
-    w("D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, " + PDL_ARG)
+    ranged = "MASK_RANGE: tl.constexpr, " if has_mask and fill is None else ""
+    w(f"D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, {ranged}" + PDL_ARG)
     w.dedent()
     w("):")
     w.indent()
@@ -88,52 +90,20 @@ def source(
     else:
         w("full = L // BLOCK_N * BLOCK_N")
     w("hi = (pid_m + 1) * BLOCK_M" if causal else "hi = L")
-    for masked in (False, True):
-        w("for start in range(0, full, BLOCK_N):" if not masked else "for start in range(full, hi, BLOCK_N):")
+    skips = has_mask and fill is None  # (a tile the mask keeps nothing of can be skipped)
+    if skips:  # MASK_RANGE (tuned): the keys the block's rows keep anything of, found first, run without a branch
+        w("if MASK_RANGE:")
         w.indent()
-        w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
-        if masked:
-            w("nmask = rn < L")
-            w("keep = nmask[None, :] & mmask[:, None]")
-            if causal:
-                w("keep = keep & (rn[None, :] <= rm[:, None])")
-        if masked and has_mask:  # the mask tile first: a tile it keeps nothing of (the causal upper triangle that
-            # a materialized mask spells, a cache's unused tail) costs no K/V reads and no dots
-            w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
-            w("seen = keep  # (in range and, causal, not in the future: where the mask's drops count)")
-            w(keep_test(mask_bool, mask_mode))
-            if fill is None:  # (with a finite fill a dropped key still counts)
-                w("if tl.max(keep.to(tl.int32)) > 0:")
-                w.indent()
-        for sfx, _ in qk:
-            load = f"k{sfx} = tl.load(k_base + rn[:, None] * sk_s + rd{sfx}[None, :] * sk_d"
-            w(load + (f", mask=nmask[:, None]{qcol}, other=0.0)" if masked else ", mask=rd_in[None, :], other=0.0)"
-                      if pad else ")"))  # fmt: skip
-        scores(w, "q", "k", qk, dot)
-        if masked:
-            if has_mask and not mask_bool:
-                w("s = s + mv.to(tl.float32)")
-            drop_scores(w, has_mask and mask_mode == "sdpa", fill)
-        w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
-        if masked:
-            w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
-        else:
-            w("m_safe = m_new")
-        if float_mask:
-            w("p = tl.exp2((s - m_safe[:, None]) * 1.4426950408889634)")
-            w("alpha = tl.exp2((m_i - m_safe) * 1.4426950408889634)")
-        else:
-            w("p = tl.exp2(s - m_safe[:, None])")
-            w("alpha = tl.exp2(m_i - m_safe)")
-        w("l_i = l_i * alpha + tl.sum(p, axis=1)")
-        for sfx, _ in vp:
-            load = f"v{sfx} = tl.load(v_base + rn[:, None] * sv_s + {rv}{sfx}[None, :] * sv_d"
-            w(load + (f", mask=nmask[:, None]{vcol}, other=0.0)" if masked else f", mask={rv}_in[None, :], other=0.0)"
-                      if pad else ")"))  # fmt: skip
-            w(f"acc{sfx} = acc{sfx} * alpha[:, None] + tl.dot(p.to(v{sfx}.dtype), v{sfx}{dot})")
-        w("m_i = m_new")
-        if masked and has_mask and fill is None:
-            w.dedent()
+        _key_range(w, causal, mask_bool, mask_mode, wide)
+        _key_loop(w, qk, vp, rv, dot, pad, qcol, vcol, float_mask, True, has_mask, mask_bool, mask_mode, fill,
+                  causal, wide, branch=False, lo="lo")  # fmt: skip
+        w.dedent()
+        w("else:")
+        w.indent()
+    for masked in (False, True):
+        _key_loop(w, qk, vp, rv, dot, pad, qcol, vcol, float_mask, masked, has_mask, mask_bool, mask_mode, fill,
+                  causal, wide, branch=skips)  # fmt: skip
+    if skips:
         w.dedent()
     if nan_rows:
         w("l_i = tl.where(mmask, l_i, 1.0)  # a fully masked row: 0 / 0 = NaN, as softmax gives")
@@ -144,6 +114,85 @@ def source(
         w(f"tl.store(o_ptr + b * so_b + h * so_h + rm[:, None] * so_s + {rv}{sfx}[None, :] * so_d, out{sfx}.to({TL_DTYPE[out_dtype]}), mask=mmask[:, None]{vcol})")
     w.dedent()
     return w.text()
+
+
+def _key_range(w: Writer, causal: bool, mask_bool: bool, mask_mode: str, wide: bool) -> None:
+    """`lo`, `hi`: from the first key tile to the last key the block's rows keep anything of (one pass over their
+    mask rows; BLOCK_M x L mask elements against the K and V tiles' BLOCK_N x (D + DV) a tile). A row keeping no key
+    leaves the range empty for itself: its sums stay 0, as when every tile is skipped."""
+    w("first = L + tl.zeros((), tl.int64)" if wide else "first = L + 0")
+    w("last = tl.zeros((), tl.int64)" if wide else "last = L * 0")
+    w("for start in range(0, hi, BLOCK_N):")
+    w.indent()
+    w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
+    w("keep = (rn < L)[None, :] & mmask[:, None]")
+    if causal:
+        w("keep = keep & (rn[None, :] <= rm[:, None])")
+    w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
+    w(keep_test(mask_bool, mask_mode))
+    w("kept = tl.max(keep.to(tl.int32), axis=0) > 0")
+    w("first = tl.minimum(first, tl.min(tl.where(kept, rn, L)))")
+    w("last = tl.maximum(last, tl.max(tl.where(kept, rn + 1, 0)))")
+    w.dedent()
+    w("lo = first // BLOCK_N * BLOCK_N")
+    w("hi = last")
+
+
+def _key_loop(w: Writer, qk, vp, rv: str, dot: str, pad: bool, qcol: str, vcol: str, float_mask: bool, masked: bool,
+              has_mask: bool, mask_bool: bool, mask_mode: str, fill: str | None, causal: bool, wide: bool,
+              branch: bool, lo: str = "full") -> None:
+    """One loop over key tiles with the online softmax: below `full` unmasked, then (`masked`) from `lo` to `hi`
+    with the bounds, the causal future and the mask applied; `branch`: a tile the mask keeps nothing of is skipped
+    after reading the mask tile (its K and V loads then sit in a branch, which Triton does not pipeline)."""
+    if not masked:
+        w("for start in range(0, full, BLOCK_N):")
+    else:
+        w(f"for start in range({lo}, hi, BLOCK_N):")
+    w.indent()
+    w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
+    if masked:
+        w("nmask = rn < L")
+        w("keep = nmask[None, :] & mmask[:, None]")
+        if causal:
+            w("keep = keep & (rn[None, :] <= rm[:, None])")
+    if masked and has_mask:  # the mask tile first: with `branch`, a tile it keeps nothing of (the causal upper
+        # triangle a materialized mask spells, a cache's unused tail) costs no K/V reads and no dots
+        w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
+        w("seen = keep  # (in range and, causal, not in the future: where the mask's drops count)")
+        w(keep_test(mask_bool, mask_mode))
+        if branch:
+            w("if tl.max(keep.to(tl.int32)) > 0:")
+            w.indent()
+    for sfx, _ in qk:
+        load = f"k{sfx} = tl.load(k_base + rn[:, None] * sk_s + rd{sfx}[None, :] * sk_d"
+        w(load + (f", mask=nmask[:, None]{qcol}, other=0.0)" if masked else ", mask=rd_in[None, :], other=0.0)"
+                  if pad else ")"))  # fmt: skip
+    scores(w, "q", "k", qk, dot)
+    if masked:
+        if has_mask and not mask_bool:
+            w("s = s + mv.to(tl.float32)")
+        drop_scores(w, has_mask and mask_mode == "sdpa", fill)
+    w("m_new = tl.maximum(m_i, tl.max(s, axis=1))")
+    if masked:
+        w("m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
+    else:
+        w("m_safe = m_new")
+    if float_mask:
+        w("p = tl.exp2((s - m_safe[:, None]) * 1.4426950408889634)")
+        w("alpha = tl.exp2((m_i - m_safe) * 1.4426950408889634)")
+    else:
+        w("p = tl.exp2(s - m_safe[:, None])")
+        w("alpha = tl.exp2(m_i - m_safe)")
+    w("l_i = l_i * alpha + tl.sum(p, axis=1)")
+    for sfx, _ in vp:
+        load = f"v{sfx} = tl.load(v_base + rn[:, None] * sv_s + {rv}{sfx}[None, :] * sv_d"
+        w(load + (f", mask=nmask[:, None]{vcol}, other=0.0)" if masked else f", mask={rv}_in[None, :], other=0.0)"
+                  if pad else ")"))  # fmt: skip
+        w(f"acc{sfx} = acc{sfx} * alpha[:, None] + tl.dot(p.to(v{sfx}.dtype), v{sfx}{dot})")
+    w("m_i = m_new")
+    if masked and has_mask and branch:
+        w.dedent()
+    w.dedent()
 
 
 def prefill_space(plan: AttentionPlan) -> SearchSpace:
@@ -159,8 +208,11 @@ def prefill_space(plan: AttentionPlan) -> SearchSpace:
     if padded(plan.dims, op.mask is not None):  # (the widths the kernel reads)
         d, dv = padded_width(d), padded_width(dv)
     elem, smem = dtype_of(op.query).itemsize, device.smem_limit()
+    # a mask whose dropped tiles can be skipped: skipped by a branch per tile, or run over its kept key range
+    skips = op.mask is not None and fill_score(op.mode, op.fill) is None
+    params = {**PARAMS, "MASK_RANGE": [0, 1]} if skips else PARAMS
     return SearchSpace(
-        PARAMS,
+        params,
         {
             "no block much larger than S": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(s)),
             "no block much larger than L": lambda c: c["BLOCK_N"] <= max(16, triton.next_power_of_2(l_)),
@@ -168,5 +220,6 @@ def prefill_space(plan: AttentionPlan) -> SearchSpace:
             "registers": lambda c: c["BLOCK_M"] * (dv + c["BLOCK_N"]) <= 128 * 32 * c["num_warps"],
         },
         default={"BLOCK_M": 16 if s <= 16 else 64 if s <= 64 else 128, "BLOCK_N": 64 if l_ >= 64 else 16 if l_ <= 16 else 32,
-                 "num_warps": 4 if d <= 64 or s <= 16 else 8, "num_stages": 2},  # fmt: skip
+                 "num_warps": 4 if d <= 64 or s <= 16 else 8, "num_stages": 2,
+                 **({"MASK_RANGE": 0} if skips else {})},  # fmt: skip
     )
