@@ -389,11 +389,13 @@ class Builder:
         table = self.imported.params
         params = [table[o.pname] for o in ops if isinstance(o, ParamOp)]
 
-        devices = self.imported.param_devices  # (0-d host tensors read on a device: a copy there)
+        devices = self.imported.param_devices
+
+        def param(name: str) -> torch.Tensor:  # (a 0-d host tensor read on a device: a copy there)
+            return table[name].to(devices[name]) if name in devices else table[name]
 
         def compute() -> torch.Tensor:
-            env: dict[SSAValue, Any] = {o.result: table[o.pname] if o.pname not in devices else
-                                        table[o.pname].to(devices[o.pname]) for o in ops if isinstance(o, ParamOp)}  # fmt: skip
+            env: dict[SSAValue, Any] = {o.result: param(o.pname) for o in ops if isinstance(o, ParamOp)}
             run_ops([o for o in ops if not isinstance(o, ParamOp)], env)
             out = env[v]
             return out.contiguous() if isinstance(out, torch.Tensor) else out

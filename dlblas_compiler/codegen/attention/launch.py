@@ -13,7 +13,7 @@ from ..views import Layout, view_chain
 from .decode import decode_rows, decode_source
 from .dims import fill_score
 from .plan import AttentionPlan, out_layout
-from .prefill import source
+from .prefill import skips_tiles, source
 
 
 def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
@@ -84,7 +84,7 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
         return [out]
 
     def ranged(config: dict) -> dict:  # (the kernel takes MASK_RANGE where a mask's dropped tiles can be skipped)
-        return {"MASK_RANGE": config.get("MASK_RANGE", 0)} if has_mask and fill is None else {}
+        return {"MASK_RANGE": config.get("MASK_RANGE", 0)} if skips_tiles(has_mask, fill) else {}
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         q = ptr(tensors, "q")

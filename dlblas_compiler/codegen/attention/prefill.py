@@ -30,6 +30,12 @@ def padded(dims: tuple[int, int], has_mask: bool) -> bool:
     return has_mask and any(len(head_parts(d) or ()) > 1 for d in dims)
 
 
+def skips_tiles(has_mask: bool, fill: str | None) -> bool:
+    """A mask whose fully dropped key tiles can be skipped (with a finite fill a dropped key still counts): by a
+    branch per tile, or over the kept key range (MASK_RANGE, tuned)."""
+    return has_mask and fill is None
+
+
 def source(
     name: str, has_mask: bool, mask_bool: bool, causal: bool, out_dtype: torch.dtype, dims: tuple[int, int],
     wide: bool = False, nan_rows: bool = False, in_dtype: torch.dtype = torch.float16, mask_mode: str = "sdpa",
@@ -51,7 +57,8 @@ def source(
     w("sq_b, sq_h, sq_s, sq_d, sk_b, sk_h, sk_s, sk_d, sv_b, sv_h, sv_s, sv_d,")
     w("sm_b, sm_h, sm_s, sm_l, so_b, so_h, so_s, so_d,")
     w("H, S, L, GROUPS, qk_scale,")
-    ranged = "MASK_RANGE: tl.constexpr, " if has_mask and fill is None else ""
+    skips = skips_tiles(has_mask, fill)
+    ranged = "MASK_RANGE: tl.constexpr, " if skips else ""
     w(f"D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, {ranged}" + PDL_ARG)
     w.dedent()
     w("):")
@@ -90,7 +97,6 @@ def source(
     else:
         w("full = L // BLOCK_N * BLOCK_N")
     w("hi = (pid_m + 1) * BLOCK_M" if causal else "hi = L")
-    skips = has_mask and fill is None  # (a tile the mask keeps nothing of can be skipped)
     if skips:  # MASK_RANGE (tuned): the keys the block's rows keep anything of, found first, run without a branch
         w("if MASK_RANGE:")
         w.indent()
@@ -120,8 +126,9 @@ def _key_range(w: Writer, causal: bool, mask_bool: bool, mask_mode: str, wide: b
     """`lo`, `hi`: from the first key tile to the last key the block's rows keep anything of (one pass over their
     mask rows; BLOCK_M x L mask elements against the K and V tiles' BLOCK_N x (D + DV) a tile). A row keeping no key
     leaves the range empty for itself: its sums stay 0, as when every tile is skipped."""
-    w("first = L + tl.zeros((), tl.int64)" if wide else "first = L + 0")
-    w("last = tl.zeros((), tl.int64)" if wide else "last = L * 0")
+    index = "tl.int64" if wide else "tl.int32"  # (tensors from the start: an L of 1 is a constexpr to Triton)
+    w(f"first = tl.zeros((), {index}) + L")
+    w(f"last = tl.zeros((), {index})")
     w("for start in range(0, hi, BLOCK_N):")
     w.indent()
     w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
@@ -208,8 +215,7 @@ def prefill_space(plan: AttentionPlan) -> SearchSpace:
     if padded(plan.dims, op.mask is not None):  # (the widths the kernel reads)
         d, dv = padded_width(d), padded_width(dv)
     elem, smem = dtype_of(op.query).itemsize, device.smem_limit()
-    # a mask whose dropped tiles can be skipped: skipped by a branch per tile, or run over its kept key range
-    skips = op.mask is not None and fill_score(op.mode, op.fill) is None
+    skips = skips_tiles(op.mask is not None, fill_score(op.mode, op.fill))
     params = {**PARAMS, "MASK_RANGE": [0, 1]} if skips else PARAMS
     return SearchSpace(
         params,
