@@ -171,9 +171,14 @@ def test_masked_attention_of_heads_in_pieces_in_every_config(d, dv, s, every):
 
 
 def _structured_mask(kind: str, s: int, l_: int) -> torch.Tensor:
-    """Keep masks [1, 1, s, l_] that drop whole key tiles: causal (a materialized lower triangle), a band of 24 keys
-    before each query, a padded tail (keys from 50 on), and a causal mask with one row that keeps nothing."""
+    """Keep masks that drop whole key tiles: causal (a materialized lower triangle, [1, 1, s, l_]), a band of 24 keys
+    before each query, a padded tail (keys from 50 on), a causal mask with one row that keeps nothing, and one mask
+    per sequence and head ([2, 2, s, l_]: a left-padded batch, causal, a different band per head)."""
     i, j = torch.arange(s)[:, None], torch.arange(l_)[None, :]
+    if kind == "per sequence and head":
+        pad = torch.tensor([0, 37])[:, None, None, None]
+        band = torch.tensor([24, 70])[None, :, None, None]
+        return (j <= i) & (j >= pad) & (j > i - band)
     keep = {"causal": j <= i, "band": (j <= i) & (j > i - 24), "tail": (j < 50).expand(s, l_),
             "causal, a row empty": j <= i}[kind].clone()  # fmt: skip
     if kind == "causal, a row empty":
@@ -181,30 +186,34 @@ def _structured_mask(kind: str, s: int, l_: int) -> torch.Tensor:
     return keep[None, None]
 
 
-@pytest.mark.parametrize("kind", ["causal", "band", "tail", "causal, a row empty"])
-@pytest.mark.parametrize("additive", [False, True])
-def test_a_mask_run_over_its_kept_key_range_equals_the_branch(kind, additive):
-    """The prefill kernel skips the key tiles a mask drops entirely either by a branch per tile or (MASK_RANGE=1)
-    by a first pass over the block's mask rows for the key range they keep, then the keys in it without the branch:
-    both equal the float64 reference (NaN where it is) in the default config and in sampled configs, on masks that
-    drop whole tiles (causal, a band, a padded tail, a row keeping nothing)."""
+@pytest.mark.parametrize("kind", ["causal", "band", "tail", "causal, a row empty", "per sequence and head"])
+@pytest.mark.parametrize("additive", [False, True, "bias"])
+def test_a_mask_run_from_its_lists_of_kept_tiles_equals_the_branch(kind, additive):
+    """The prefill kernel skips the key tiles a mask drops entirely either by a branch per tile or (MASK_BLOCKS=1)
+    from the lists a first kernel writes of the tiles each block of rows keeps whole (run without the mask) and in
+    part (run under it): both equal the float64 reference (NaN where it is) in the default config and in sampled
+    configs, on masks that drop whole tiles (causal, a band, a padded tail, a row keeping nothing, a mask per
+    sequence and head), boolean, additive (0 / -inf) and additive with a finite bias where kept (a kept tile
+    whose values are not all 0 is not run as without the mask)."""
     g = torch.Generator().manual_seed(3)
     s, l_ = 96, 96
-    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (s, l_, l_))
+    q, k, v = (torch.randn(2, 2, n, 32, generator=g) for n in (s, l_, l_))
     mask = _structured_mask(kind, s, l_)
     if additive:
-        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        bias = torch.rand(mask.shape, generator=g) if additive == "bias" else torch.zeros(mask.shape)
+        mask = bias.masked_fill(~mask, float("-inf"))
     model = Attend(causal=False)
     cm = dc.compile(model, backend="interpret", strict=True)
     with torch.no_grad():
         cm(q, k, v, mask)
     (step,) = [x for x in cm._spec().executor.steps if isinstance(x, RegionStep)]
-    assert "MASK_RANGE: tl.constexpr" in step.kernel.source
+    assert "MASK_BLOCKS: tl.constexpr" in step.kernel.source and "_blocks(" in step.kernel.source
     truth = model(q.double(), k.double(), v.double(), mask if not additive else mask.double())
     space, rng = step.kernel.space, random.Random(1)
-    assert space.default()["MASK_RANGE"] == 0 and set(space.params["MASK_RANGE"]) == {0, 1}
-    configs = [space.default(), {**space.default(), "MASK_RANGE": 1}]
-    configs += [{**space.sample(rng), "MASK_RANGE": r} for r in (0, 1, 1)]
+    assert set(space.params["MASK_BLOCKS"]) == {0, 1}
+    configs = [space.default(), {**space.default(), "MASK_BLOCKS": 1 - space.default()["MASK_BLOCKS"]}]
+    configs += [{**space.sample(rng), "MASK_BLOCKS": r} for r in (0, 1, 1)]
+    configs += [{**space.default(), "BLOCK_M": m, "BLOCK_N": n, "MASK_BLOCKS": 1} for m, n in ((16, 16), (32, 64))]
     for config in configs:
         (out,) = step.launch([q, k, v, mask], config)
         assert torch.equal(out.isnan(), truth.isnan()), config

@@ -1,5 +1,6 @@
 """An attention region's launch: the strides of q, k, v and the mask through their views, the output's layout,
-the grid; the decode kernel's workspace for the splits' partial results and its counters."""
+the grid; the decode kernel's workspace for the splits' partial results and its counters; under a mask, the
+lists of kept key tiles (MASK_BLOCKS) its first kernel writes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..views import Layout, view_chain
 from .decode import decode_rows, decode_source
 from .dims import fill_score
 from .plan import AttentionPlan, out_layout
-from .prefill import skips_tiles, source
+from .prefill import blocks_source, skips_tiles, source
 
 
 def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
@@ -34,6 +35,9 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     else:
         src = source(name, has_mask, mask_bool, op.causal, dtype_of(op.result), (d, dv), wide, nan_rows,
                      dtype_of(op.query), op.mode, fill)  # fmt: skip
+    listed = not plan.decode and skips_tiles(has_mask, fill)
+    if listed:
+        src += "\n\n" + blocks_source(name, mask_bool, op.mode, op.causal, wide)
     strides, idx = [], {}
     for key in ("q", "k", "v", "mask"):
         if key not in plan.chains:
@@ -83,8 +87,23 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
         )  # fmt: skip
         return [out]
 
-    def ranged(config: dict) -> dict:  # (the kernel takes MASK_RANGE where a mask's dropped tiles can be skipped)
-        return {"MASK_RANGE": config.get("MASK_RANGE", 0)} if skips_tiles(has_mask, fill) else {}
+    # the mask's own batches and heads (one list per block of rows of each; a broadcast dimension has one)
+    mask_b, mask_h = (1, 1) if not listed else (b if strides[12] and b > 1 else 1, hq if strides[13] and hq > 1 else 1)
+
+    def blocks(kernel, m: torch.Tensor, config: dict) -> tuple:
+        """The kept key tiles' lists for MASK_BLOCKS (prefill.blocks_source), as the kernel's arguments."""
+        if not listed:
+            return ()
+        if not config.get("MASK_BLOCKS"):
+            return m, m, 0, 0, 0
+        bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+        rows, nb = mask_b * mask_h * cdiv(s, bm), cdiv(l_, bn)
+        lists = torch.empty(rows * 2 * nb, dtype=torch.int32, device=m.device)
+        counts = torch.empty(rows * 2, dtype=torch.int32, device=m.device)
+        find = kernel.variant("blocks") if hasattr(kernel, "variant") else kernel.variants["blocks"]
+        find[(cdiv(s, bm), mask_b * mask_h)](m, lists, counts, *strides[12:], mask_h, s, l_, nb, BLOCK_M=bm,
+                                             BLOCK_N=bn, num_warps=4)  # fmt: skip
+        return lists, counts, mask_h * cdiv(s, bm) if mask_b > 1 else 0, cdiv(s, bm) if mask_h > 1 else 0, nb
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
         q = ptr(tensors, "q")
@@ -93,7 +112,8 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
         grid = (cdiv(s, config["BLOCK_M"]), b * hq)
         kernel[grid](
             q, ptr(tensors, "k"), ptr(tensors, "v"), m, out, *strides, *olay.strides, hq, s, l_, groups, qk_scale,
-            D=d, DV=dv, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], **ranged(config),
+            *blocks(kernel, m, config), D=d, DV=dv, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+            **({"MASK_BLOCKS": config.get("MASK_BLOCKS", 0)} if listed else {}),
             num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return [out]

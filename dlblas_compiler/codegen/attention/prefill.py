@@ -1,7 +1,8 @@
 """The prefill kernel (S > DECODE_ROWS query rows): one program per block of BLOCK_M query rows of one head,
 looping over all keys with an online softmax; a key tile the mask keeps nothing of (a materialized causal
-mask's upper triangle) is skipped: after reading the mask tile, by a branch, or (MASK_RANGE, tuned) by a first pass
-over the block's mask rows for the range of keys they keep, run without the branch. Its search space."""
+mask's upper triangle, a sliding window's far past, a padded batch's padding) is skipped: after reading the mask
+tile, by a branch, or (MASK_BLOCKS, tuned) from lists a first kernel (`blocks_source`) writes of the tiles each
+block of rows keeps whole (run as without a mask) and in part (run under it). Its search space."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def padded(dims: tuple[int, int], has_mask: bool) -> bool:
 
 def skips_tiles(has_mask: bool, fill: str | None) -> bool:
     """A mask whose fully dropped key tiles can be skipped (with a finite fill a dropped key still counts): by a
-    branch per tile, or over the kept key range (MASK_RANGE, tuned)."""
+    branch per tile, or from the lists of kept tiles (MASK_BLOCKS, tuned)."""
     return has_mask and fill is None
 
 
@@ -58,8 +59,10 @@ def source(
     w("sm_b, sm_h, sm_s, sm_l, so_b, so_h, so_s, so_d,")
     w("H, S, L, GROUPS, qk_scale,")
     skips = skips_tiles(has_mask, fill)
-    ranged = "MASK_RANGE: tl.constexpr, " if skips else ""
-    w(f"D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, {ranged}" + PDL_ARG)
+    if skips:  # (the lists of kept key tiles, MASK_BLOCKS: `blocks_source`)
+        w("blk_ptr, cnt_ptr, sl_b, sl_h, NB,")
+    listed = "MASK_BLOCKS: tl.constexpr, " if skips else ""
+    w(f"D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, {listed}" + PDL_ARG)
     w.dedent()
     w("):")
     w.indent()
@@ -97,12 +100,13 @@ def source(
     else:
         w("full = L // BLOCK_N * BLOCK_N")
     w("hi = (pid_m + 1) * BLOCK_M" if causal else "hi = L")
-    if skips:  # MASK_RANGE (tuned): the keys the block's rows keep anything of, found first, run without a branch
-        w("if MASK_RANGE:")
+    if skips:  # MASK_BLOCKS (tuned): the tiles the mask keeps whole, as without a mask, then those it keeps in part
+        w("if MASK_BLOCKS:")
         w.indent()
-        _key_range(w, causal, mask_bool, mask_mode, wide)
-        _key_loop(w, qk, vp, rv, dot, pad, qcol, vcol, float_mask, True, has_mask, mask_bool, mask_mode, fill,
-                  causal, wide, branch=False, lo="lo")  # fmt: skip
+        w("row = (b * sl_b + h * sl_h + pid_m) * 2  # (this block's lists: partly kept tiles, then whole ones)")
+        for masked, at in ((False, "row + 1"), (True, "row")):
+            _key_loop(w, qk, vp, rv, dot, pad, qcol, vcol, float_mask, masked, has_mask, mask_bool, mask_mode, fill,
+                      causal, wide, branch=False, listed=at)  # fmt: skip
         w.dedent()
         w("else:")
         w.indent()
@@ -122,13 +126,29 @@ def source(
     return w.text()
 
 
-def _key_range(w: Writer, causal: bool, mask_bool: bool, mask_mode: str, wide: bool) -> None:
-    """`lo`, `hi`: from the first key tile to the last key the block's rows keep anything of (one pass over their
-    mask rows; BLOCK_M x L mask elements against the K and V tiles' BLOCK_N x (D + DV) a tile). A row keeping no key
-    leaves the range empty for itself: its sums stay 0, as when every tile is skipped."""
-    index = "tl.int64" if wide else "tl.int32"  # (tensors from the start: an L of 1 is a constexpr to Triton)
-    w(f"first = tl.zeros((), {index}) + L")
-    w(f"last = tl.zeros((), {index})")
+def blocks_source(name: str, mask_bool: bool, mask_mode: str, causal: bool, wide: bool) -> str:
+    """The kernel `<name>_blocks` listing, for each block of BLOCK_M query rows of each (batch, head) the mask has
+    its own rows for, the key tiles it keeps (MASK_BLOCKS): at list `row * 2 + 1` those it keeps whole (every
+    row every key, an additive mask adding 0 throughout: the prefill runs them as without a mask), at `row * 2`
+    those it keeps in part, and their counts (`cnt_ptr`). One pass over the mask, against the prefill's
+    BLOCK_M x BLOCK_N mask-tile read (and the branch on it) for every tile of every head."""
+    w = Writer()
+    w("@triton.jit")
+    w(f"def {name}_blocks(m_ptr, blk_ptr, cnt_ptr, sm_b, sm_h, sm_s, sm_l, HM, S, L, NB,")
+    w("    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):")
+    w.indent()
+    w("pid_m = tl.program_id(0)")
+    w("bh = tl.program_id(1)")
+    w("row = (bh * tl.num_programs(0) + pid_m) * 2")
+    w("b = bh // HM")
+    w("h = bh % HM")
+    w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    if wide:
+        w("b, h, rm = b.to(tl.int64), h.to(tl.int64), rm.to(tl.int64)")
+    w("mmask = rm < S")
+    w("n_part = tl.zeros((), tl.int32)")
+    w("n_whole = tl.zeros((), tl.int32)")
+    w("hi = tl.minimum((pid_m + 1) * BLOCK_M, L)" if causal else "hi = L")
     w("for start in range(0, hi, BLOCK_N):")
     w.indent()
     w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
@@ -137,25 +157,36 @@ def _key_range(w: Writer, causal: bool, mask_bool: bool, mask_mode: str, wide: b
         w("keep = keep & (rn[None, :] <= rm[:, None])")
     w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
     w(keep_test(mask_bool, mask_mode))
-    w("kept = tl.max(keep.to(tl.int32), axis=0) > 0")
-    w("first = tl.minimum(first, tl.min(tl.where(kept, rn, L)))")
-    w("last = tl.maximum(last, tl.max(tl.where(kept, rn + 1, 0)))")
+    plain = "keep" if mask_bool else "keep & (mv.to(tl.float32) == 0.0)"  # (a NaN or a finite bias is added)
+    w(f"whole = (tl.sum(tl.where(mmask[:, None], ({plain}) == 0, 0).to(tl.int32)) == 0).to(tl.int32)")
+    w("part = (tl.sum(keep.to(tl.int32)) > 0).to(tl.int32) - whole")
+    w("tile = start // BLOCK_N")
+    w("tl.store(blk_ptr + (row + 1) * NB + n_whole, tile, mask=whole > 0)")
+    w("tl.store(blk_ptr + row * NB + n_part, tile, mask=part > 0)")
+    w("n_whole += whole")
+    w("n_part += part")
     w.dedent()
-    w("lo = first // BLOCK_N * BLOCK_N")
-    w("hi = last")
+    w("tl.store(cnt_ptr + row, n_part)")
+    w("tl.store(cnt_ptr + row + 1, n_whole)")
+    w.dedent()
+    return w.text()
 
 
 def _key_loop(w: Writer, qk, vp, rv: str, dot: str, pad: bool, qcol: str, vcol: str, float_mask: bool, masked: bool,
               has_mask: bool, mask_bool: bool, mask_mode: str, fill: str | None, causal: bool, wide: bool,
-              branch: bool, lo: str = "full") -> None:
-    """One loop over key tiles with the online softmax: below `full` unmasked, then (`masked`) from `lo` to `hi`
-    with the bounds, the causal future and the mask applied; `branch`: a tile the mask keeps nothing of is skipped
-    after reading the mask tile (its K and V loads then sit in a branch, which Triton does not pipeline)."""
-    if not masked:
+              branch: bool, listed: str | None = None) -> None:
+    """One loop over key tiles with the online softmax: below `full` unmasked, then (`masked`) up to `hi` with the
+    bounds, the causal future and the mask applied; `branch`: a tile the mask keeps nothing of is skipped after
+    reading the mask tile. `listed`: over the tiles of the list at that row of `blk_ptr` instead (MASK_BLOCKS)."""
+    if listed is not None:
+        w(f"for i in range(0, tl.load(cnt_ptr + {listed})):")
+    elif not masked:
         w("for start in range(0, full, BLOCK_N):")
     else:
-        w(f"for start in range({lo}, hi, BLOCK_N):")
+        w("for start in range(full, hi, BLOCK_N):")
     w.indent()
+    if listed is not None:
+        w(f"start = tl.load(blk_ptr + ({listed}) * NB + i) * BLOCK_N")
     w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
     if masked:
         w("nmask = rn < L")
@@ -216,16 +247,22 @@ def prefill_space(plan: AttentionPlan) -> SearchSpace:
         d, dv = padded_width(d), padded_width(dv)
     elem, smem = dtype_of(op.query).itemsize, device.smem_limit()
     skips = skips_tiles(op.mask is not None, fill_score(op.mode, op.fill))
-    params = {**PARAMS, "MASK_RANGE": [0, 1]} if skips else PARAMS
+    params = {**PARAMS, "MASK_BLOCKS": [0, 1]} if skips else PARAMS
+    melem = dtype_of(op.mask).itemsize if skips else 0
+
+    def smem_ok(c: dict) -> bool:  # (with MASK_BLOCKS the masked loop's mask tiles are pipelined too: NOTES 198)
+        mask_tiles = (c["num_stages"] - 1) * c["BLOCK_M"] * c["BLOCK_N"] * melem if c.get("MASK_BLOCKS") else 0
+        return (c["BLOCK_M"] * d + c["num_stages"] * c["BLOCK_N"] * (d + dv)) * elem + mask_tiles <= smem
+
     return SearchSpace(
         params,
         {
             "no block much larger than S": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(s)),
             "no block much larger than L": lambda c: c["BLOCK_N"] <= max(16, triton.next_power_of_2(l_)),
-            "shared memory": lambda c: (c["BLOCK_M"] * d + c["num_stages"] * c["BLOCK_N"] * (d + dv)) * elem <= smem,
+            "shared memory": smem_ok,
             "registers": lambda c: c["BLOCK_M"] * (dv + c["BLOCK_N"]) <= 128 * 32 * c["num_warps"],
         },
         default={"BLOCK_M": 16 if s <= 16 else 64 if s <= 64 else 128, "BLOCK_N": 64 if l_ >= 64 else 16 if l_ <= 16 else 32,
                  "num_warps": 4 if d <= 64 or s <= 16 else 8, "num_stages": 2,
-                 **({"MASK_RANGE": 0} if skips else {})},  # fmt: skip
+                 **({"MASK_BLOCKS": 0} if skips else {})},  # fmt: skip
     )
