@@ -1,8 +1,7 @@
-"""Masked prefill attention by its two ways of skipping the key tiles a mask drops (NOTES 197, 198): a branch per
-tile on the mask tile read (MASK_BLOCKS=0) or lists of the kept tiles written by a first kernel (MASK_BLOCKS=1;
-in the seventy-fourth session's tree MASK_RANGE instead: its first pass over the block's mask rows for the
-key range they keep). Every config of the kernel's search space, on masks as models build them, beside the
-causal kernel (no mask, `is_causal`) on the same shapes and torch's SDPA.
+"""Masked prefill attention (NOTES 197, 198): every config of the kernel's search space, on masks as models build
+them, beside the causal kernel (no mask, `is_causal`) on the same shapes and torch's SDPA. Where the tree's
+space has a choice of how dropped tiles are skipped (the seventy-fifth session's MASK_BLOCKS: a branch per tile
+or lists of kept tiles; the seventy-fourth's MASK_RANGE), the best config of each value too.
 
     python bench/mask_tiles.py --out OUT [--cases nanogpt:2048,window:2048,padded:2048]
 
@@ -34,16 +33,10 @@ from dlblas_compiler.codegen.kernel import compile_configs  # noqa: E402
 from dlblas_compiler.numerics import rel_error  # noqa: E402
 from dlblas_compiler.runtime.steps import RegionStep  # noqa: E402
 
+sys.path.insert(0, HERE)
+from attention_dims import Attend  # noqa: E402
+
 DEVICE, BACKEND = "cuda", "triton"  # (a CPU smoke test sets "cpu", "interpret")
-
-
-class Attend(torch.nn.Module):
-    def __init__(self, causal: bool):
-        super().__init__()
-        self.causal = causal
-
-    def forward(self, q, k, v, mask=None):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
 
 
 def inputs(case: str):
@@ -100,9 +93,10 @@ def run_case(case: str) -> dict:
         truth = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
         masked = sweep(Attend(False), (q, k, v, mask), truth)
         out["masked"] = masked
-        knob = next(k for k in ("MASK_BLOCKS", "MASK_RANGE") if k in masked["default"])
-        for value in (0, 1):
+        knob = next((k for k in ("MASK_BLOCKS", "MASK_RANGE") if k in masked["default"]), None)  # (earlier trees)
+        for value in (0, 1) if knob else ():
             out[f"best_{knob.lower()}_{value}"] = best(masked["configs"], **{knob: value})
+        out["best_masked"] = best(masked["configs"])
         bad = [r for r in masked["configs"] if "us" in r and r["err"] >= 2e-2]
         out["wrong"] = bad
         out["failed"] = [r for r in masked["configs"] if "failed" in r]

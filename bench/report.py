@@ -1707,6 +1707,33 @@ def attention_dims_section(*runs: tuple[str, str]) -> str:
     return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
 
 
+def mask_tiles_section(*runs: tuple[str, str]) -> str:
+    """bench/mask_tiles.py: masked prefill attention, best of every config of the kernel's space, per (tree label,
+    file): overall, and per value of the tree's choice of how dropped tiles are skipped (MASK_RANGE, MASK_BLOCKS),
+    beside our causal kernel on the same work without a mask tensor and torch's SDPA with the mask and `is_causal`."""
+    out = ["| tree | mask | ours, best µs | its config | the choice at 0, best µs | at 1, best µs "
+           "| configs wrong / failed | our causal kernel µs | SDPA with the mask µs | SDPA is_causal µs |",
+           "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    entries = []
+    for label, name in runs:
+        doc = _load(name)
+        for c in doc["cases"]:
+            knob = next((k for k in ("mask_blocks", "mask_range") if f"best_{k}_0" in c), None)
+            at = [c.get(f"best_{knob}_{v}") if knob else None for v in (0, 1)]
+            best = c.get("best_masked") or min((b for b in at if b), key=lambda b: b["us"])
+            cfg = best["config"]
+            text = f"{cfg['BLOCK_M']}×{cfg['BLOCK_N']}, {cfg['num_warps']}w, {cfg['num_stages']}s" + (
+                f", {knob.upper()} {cfg[knob.upper()]}" if knob else "")
+            causal = c.get("best_causal")
+            out.append(f"| {label} | {c['case']} | {best['us']:.1f} | {text} | "
+                       + " | ".join(f"{b['us']:.1f}" if b else "–" for b in at)
+                       + f" | {len(c['wrong'])} / {len(c['failed'])} | {_num(causal and causal['us'], '.1f')} | "
+                       f"{c['sdpa_masked_us']:.1f} | {_num(c.get('sdpa_causal_us'), '.1f')} |")  # fmt: skip
+        entries.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"),
+                               "date": doc.get("date")}, label))  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
 def attention_sweep_section(name: str) -> str:
     """bench/attention_dims.py --sweep: the prefill kernel at 16 configs, inside its search space then or not."""
     doc = _load(name)
@@ -3008,6 +3035,14 @@ SECTIONS = {
                                                        "nanogpt_block"),
     "block-nanogpt-ab-new-h200-s74": functools.partial(layer_section, "2026-12-06-h200-s74-nanogpt-ab-new.json",
                                                        "nanogpt_block"),
+    "mask-tiles-s75": functools.partial(
+        mask_tiles_section, ("MASK_RANGE (s74)", "2026-12-06-h100-s75-mask-range.json"),
+        ("lists, one program a block of rows", "2026-12-06-h100-s75-mask-tiles.json"),
+        ("lists, one program a tile", "2026-12-06-h100-s75-mask-tiles-parallel.json")),
+    "block-nanogpt-mask-range-h100-s75": functools.partial(
+        layer_section, "2026-12-06-h100-s75-nanogpt-mask-range.json", "nanogpt_block"),
+    "block-nanogpt-lists-h100-s75": functools.partial(
+        layer_section, "2026-12-06-h100-s75-nanogpt-mask-blocks-parallel.json", "nanogpt_block"),
     "best-mode-goal-s71-gemma-m1": functools.partial(
         best_mode_goal_section, 1.1, ("a", "4d65314, 1 token, round-based calls", "2026-12-05-h100-s71-gemma-m1.json")),
     "kernel-times-s71-gemma-m1": functools.partial(kernel_times_section, "2026-12-05-h100-s71-profile-gemma-m1.json"),

@@ -63,8 +63,8 @@ def compile_source(source: str, name: str, interpret: bool) -> Callable:
     fn = namespace[name]
     fn.dlblas_source = (text, module, name, filename)  # (what a compile worker builds it from: `compile_pool`)
     # the source's other kernels: a GEMM's warp-specialized Gluon kernel (gemm/warp_specialized.py), a masked
-    # attention's lists of kept key tiles (attention/prefill.py `blocks_source`)
-    fn.variants = {v: namespace[f"{name}_{v}"] for v in ("ws", "blocks") if f"{name}_{v}" in namespace}
+    # attention's kept key tiles and their lists (attention/prefill.py `blocks_source`)
+    fn.variants = {v: namespace[f"{name}_{v}"] for v in ("ws", "blocks", "lists") if f"{name}_{v}" in namespace}
     for v, other in fn.variants.items():
         other.dlblas_source = (text, module, f"{name}_{v}", filename)
     _COMPILED[key] = fn

@@ -113,9 +113,9 @@ class Launcher:
         return self.fn.run(*args, **{**kwargs, **self.extra})
 
     def variant(self, name: str) -> Launcher:
-        """The launcher of another kernel of the same source (a GEMM's warp-specialized one: `"ws"`, a masked
-        attention's kept-tile lists: `"blocks"`), launched without programmatic dependent launch (it has no wait
-        for the kernel before it)."""
+        """The launcher of another kernel of the same source (a GEMM's warp-specialized one: `"ws"`; a masked
+        attention's kept tiles and their lists: `"blocks"`, `"lists"`), launched without programmatic dependent
+        launch (it has no wait for the kernel before it)."""
         return launcher(self.fn.variants[name])
 
     def __getattr__(self, name: str) -> Any:  # the jitted function's own state (its compiled binaries, ...)

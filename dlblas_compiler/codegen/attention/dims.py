@@ -1,8 +1,8 @@
 """Head dims as power-of-two pieces: tl.arange and tl.dot take power-of-two widths, so a head of 192 dims
 (DeepSeek's queries and keys) or 96 (Phi-3's) is read as pieces of 128 + 64 or 64 + 32 columns, its scores
 summed over the pieces' products and its output accumulated piece by piece. A power-of-two head is one piece
-and its kernel reads as before: `rd = tl.arange(0, D)`, one q, one k, one accumulator. Where pieces are not safe
-(the prefill kernel's masked-tile branch, see prefill.py), a head is read as one piece padded to the next power of
+and its kernel reads as before: `rd = tl.arange(0, D)`, one q, one k, one accumulator. Where pieces were not safe
+(the prefill kernel under a mask, see prefill.padded), a head is read as one piece padded to the next power of
 two, its columns past D masked (`padded_range`)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """An attention region's launch: the strides of q, k, v and the mask through their views, the output's layout,
 the grid; the decode kernel's workspace for the splits' partial results and its counters; under a mask, the
-lists of kept key tiles (MASK_BLOCKS) its first kernel writes."""
+lists of kept key tiles its first two kernels write (prefill.blocks_source)."""
 
 from __future__ import annotations
 
@@ -91,18 +91,19 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
     mask_b, mask_h = (1, 1) if not listed else (b if strides[12] and b > 1 else 1, hq if strides[13] and hq > 1 else 1)
 
     def blocks(kernel, m: torch.Tensor, config: dict) -> tuple:
-        """The kept key tiles' lists for MASK_BLOCKS (prefill.blocks_source), as the kernel's arguments."""
+        """The lists of kept key tiles (prefill.blocks_source), as the kernel's arguments."""
         if not listed:
             return ()
-        if not config.get("MASK_BLOCKS"):
-            return m, m, 0, 0, 0
         bm, bn = config["BLOCK_M"], config["BLOCK_N"]
         rows, nb = mask_b * mask_h * cdiv(s, bm), cdiv(l_, bn)
+        classes = torch.empty(rows * nb, dtype=torch.int8, device=m.device)
         lists = torch.empty(rows * 2 * nb, dtype=torch.int32, device=m.device)
         counts = torch.empty(rows * 2, dtype=torch.int32, device=m.device)
-        find = kernel.variant("blocks") if hasattr(kernel, "variant") else kernel.variants["blocks"]
-        find[(cdiv(s, bm), mask_b * mask_h)](m, lists, counts, *strides[12:], mask_h, s, l_, nb, BLOCK_M=bm,
-                                             BLOCK_N=bn, num_warps=4)  # fmt: skip
+        classify, compact = (kernel.variant(v) if hasattr(kernel, "variant") else kernel.variants[v]
+                             for v in ("blocks", "lists"))  # (on the interpreter: the jitted functions themselves)
+        classify[(nb, cdiv(s, bm), mask_b * mask_h)](m, classes, *strides[12:], mask_h, s, l_, nb, BLOCK_M=bm,
+                                                    BLOCK_N=bn, num_warps=4)  # fmt: skip
+        compact[(rows,)](classes, lists, counts, nb, CHUNK=128, num_warps=4)
         return lists, counts, mask_h * cdiv(s, bm) if mask_b > 1 else 0, cdiv(s, bm) if mask_h > 1 else 0, nb
 
     def launch(kernel, tensors: list[torch.Tensor], config: dict) -> list[torch.Tensor]:
@@ -113,7 +114,6 @@ def build(fused: FusedOp, plan: AttentionPlan, name: str) -> Kernel:
         kernel[grid](
             q, ptr(tensors, "k"), ptr(tensors, "v"), m, out, *strides, *olay.strides, hq, s, l_, groups, qk_scale,
             *blocks(kernel, m, config), D=d, DV=dv, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
-            **({"MASK_BLOCKS": config.get("MASK_BLOCKS", 0)} if listed else {}),
             num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
         return [out]

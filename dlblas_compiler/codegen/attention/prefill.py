@@ -1,8 +1,8 @@
 """The prefill kernel (S > DECODE_ROWS query rows): one program per block of BLOCK_M query rows of one head,
 looping over all keys with an online softmax; a key tile the mask keeps nothing of (a materialized causal
-mask's upper triangle, a sliding window's far past, a padded batch's padding) is skipped: after reading the mask
-tile, by a branch, or (MASK_BLOCKS, tuned) from lists a first kernel (`blocks_source`) writes of the tiles each
-block of rows keeps whole (run as without a mask) and in part (run under it). Its search space."""
+mask's upper triangle, a sliding window's far past, a padded batch's padding) is skipped: the kernel runs over
+lists two first kernels (`blocks_source`) write of the tiles each block of rows keeps whole (run as without a
+mask) and in part (run under it). Its search space."""
 
 from __future__ import annotations
 
@@ -23,17 +23,17 @@ PARAMS = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64, 128], "num_warps
 
 def padded(dims: tuple[int, int], has_mask: bool) -> bool:
     """Whether the kernel reads its heads as one padded piece (`dims.padded_range`) instead of power-of-two pieces:
-    with a mask, where the key loop's body is a branch taken for the tiles the mask keeps something of. Heads of
-    64 + 32 columns (Phi-3's 96) in that branch ran wrong (relative errors of 0.5-0.7) or faulted in 12 of 90
-    configs on an H200 under Triton 3.6, the default config among the faults: compute-sanitizer puts an
-    out-of-bounds shared-memory read in the branch's row sum (`tl.sum`), so Triton miscompiles it; one 128-column
-    piece ran right in every config (NOTES 112)."""
+    with a mask. When the masked loop's body was a branch taken for the tiles the mask keeps something of (before
+    the seventy-fifth session's lists, NOTES 198), heads of 64 + 32 columns (Phi-3's 96) in that branch ran wrong
+    (relative errors of 0.5-0.7) or faulted in 12 of 90 configs on an H200 under Triton 3.6: compute-sanitizer put
+    an out-of-bounds shared-memory read in the branch's row sum (`tl.sum`); one 128-column piece ran right in every
+    config (NOTES 112). Kept without the branch (pieces under a mask not measured since)."""
     return has_mask and any(len(head_parts(d) or ()) > 1 for d in dims)
 
 
 def skips_tiles(has_mask: bool, fill: str | None) -> bool:
-    """A mask whose fully dropped key tiles can be skipped (with a finite fill a dropped key still counts): by a
-    branch per tile, or from the lists of kept tiles (MASK_BLOCKS, tuned)."""
+    """A mask whose fully dropped key tiles can be skipped (with a finite fill a dropped key still counts): the
+    kernel runs over the lists of the tiles it keeps (`blocks_source`)."""
     return has_mask and fill is None
 
 
@@ -59,10 +59,9 @@ def source(
     w("sm_b, sm_h, sm_s, sm_l, so_b, so_h, so_s, so_d,")
     w("H, S, L, GROUPS, qk_scale,")
     skips = skips_tiles(has_mask, fill)
-    if skips:  # (the lists of kept key tiles, MASK_BLOCKS: `blocks_source`)
+    if skips:  # (the lists of kept key tiles: `blocks_source`)
         w("blk_ptr, cnt_ptr, sl_b, sl_h, NB,")
-    listed = "MASK_BLOCKS: tl.constexpr, " if skips else ""
-    w(f"D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, {listed}" + PDL_ARG)
+    w("D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, " + PDL_ARG)
     w.dedent()
     w("):")
     w.indent()
@@ -100,21 +99,11 @@ def source(
     else:
         w("full = L // BLOCK_N * BLOCK_N")
     w("hi = (pid_m + 1) * BLOCK_M" if causal else "hi = L")
-    if skips:  # MASK_BLOCKS (tuned): the tiles the mask keeps whole, as without a mask, then those it keeps in part
-        w("if MASK_BLOCKS:")
-        w.indent()
+    if skips:  # the tiles the mask keeps whole, as without a mask, then those it keeps in part, under it
         w("row = (b * sl_b + h * sl_h + pid_m) * 2  # (this block's lists: partly kept tiles, then whole ones)")
-        for masked, at in ((False, "row + 1"), (True, "row")):
-            _key_loop(w, qk, vp, rv, dot, pad, qcol, vcol, float_mask, masked, has_mask, mask_bool, mask_mode, fill,
-                      causal, wide, branch=False, listed=at)  # fmt: skip
-        w.dedent()
-        w("else:")
-        w.indent()
-    for masked in (False, True):
+    for masked, at in ((False, "row + 1"), (True, "row")):
         _key_loop(w, qk, vp, rv, dot, pad, qcol, vcol, float_mask, masked, has_mask, mask_bool, mask_mode, fill,
-                  causal, wide, branch=skips)  # fmt: skip
-    if skips:
-        w.dedent()
+                  causal, wide, listed=at if skips else None)  # fmt: skip
     if nan_rows:
         w("l_i = tl.where(mmask, l_i, 1.0)  # a fully masked row: 0 / 0 = NaN, as softmax gives")
     else:
@@ -127,57 +116,68 @@ def source(
 
 
 def blocks_source(name: str, mask_bool: bool, mask_mode: str, causal: bool, wide: bool) -> str:
-    """The kernel `<name>_blocks` listing, for each block of BLOCK_M query rows of each (batch, head) the mask has
-    its own rows for, the key tiles it keeps (MASK_BLOCKS): at list `row * 2 + 1` those it keeps whole (every
-    row every key, an additive mask adding 0 throughout: the prefill runs them as without a mask), at `row * 2`
-    those it keeps in part, and their counts (`cnt_ptr`). One pass over the mask, against the prefill's
-    BLOCK_M x BLOCK_N mask-tile read (and the branch on it) for every tile of every head."""
+    """The two kernels listing, for each block of BLOCK_M query rows of each (batch, head) the mask has its own rows
+    for, the key tiles it keeps. `<name>_blocks`, one program per mask tile, classes it: 2 kept whole
+    (every row every key; an additive mask adding 0 throughout: the prefill runs it as without a mask), 1 kept in
+    part, 0 dropped. `<name>_lists`, one program per block of rows, writes its whole tiles' indices at list
+    `row * 2 + 1` and its partial ones' at `row * 2`, in key order, and their counts (`cnt_ptr`). One parallel pass
+    over the mask, instead of the prefill reading every mask tile for every head to branch on it (NOTES 198)."""
     w = Writer()
     w("@triton.jit")
-    w(f"def {name}_blocks(m_ptr, blk_ptr, cnt_ptr, sm_b, sm_h, sm_s, sm_l, HM, S, L, NB,")
-    w("    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):")
+    w(f"def {name}_blocks(m_ptr, cls_ptr, sm_b, sm_h, sm_s, sm_l, HM, S, L, NB,")
+    w("                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):")
     w.indent()
-    w("pid_m = tl.program_id(0)")
-    w("bh = tl.program_id(1)")
-    w("row = (bh * tl.num_programs(0) + pid_m) * 2")
+    w("tile = tl.program_id(0)")
+    w("pid_m = tl.program_id(1)")
+    w("bh = tl.program_id(2)")
     w("b = bh // HM")
     w("h = bh % HM")
     w("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    w("rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)")
     if wide:
-        w("b, h, rm = b.to(tl.int64), h.to(tl.int64), rm.to(tl.int64)")
+        w("b, h, rm, rn = b.to(tl.int64), h.to(tl.int64), rm.to(tl.int64), rn.to(tl.int64)")
     w("mmask = rm < S")
-    w("n_part = tl.zeros((), tl.int32)")
-    w("n_whole = tl.zeros((), tl.int32)")
-    w("hi = tl.minimum((pid_m + 1) * BLOCK_M, L)" if causal else "hi = L")
-    w("for start in range(0, hi, BLOCK_N):")
-    w.indent()
-    w("rn = start + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""))
     w("keep = (rn < L)[None, :] & mmask[:, None]")
     if causal:
         w("keep = keep & (rn[None, :] <= rm[:, None])")
     w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
     w(keep_test(mask_bool, mask_mode))
     plain = "keep" if mask_bool else "keep & (mv.to(tl.float32) == 0.0)"  # (a NaN or a finite bias is added)
-    w(f"whole = (tl.sum(tl.where(mmask[:, None], ({plain}) == 0, 0).to(tl.int32)) == 0).to(tl.int32)")
-    w("part = (tl.sum(keep.to(tl.int32)) > 0).to(tl.int32) - whole")
-    w("tile = start // BLOCK_N")
-    w("tl.store(blk_ptr + (row + 1) * NB + n_whole, tile, mask=whole > 0)")
-    w("tl.store(blk_ptr + row * NB + n_part, tile, mask=part > 0)")
-    w("n_whole += whole")
-    w("n_part += part")
+    w(f"whole = tl.sum(tl.where(mmask[:, None], ({plain}) == 0, 0).to(tl.int32)) == 0")
+    w("kept = tl.sum(keep.to(tl.int32)) > 0")
+    w("tl.store(cls_ptr + (bh * tl.num_programs(1) + pid_m) * NB + tile, kept.to(tl.int8) + whole.to(tl.int8))")
     w.dedent()
-    w("tl.store(cnt_ptr + row, n_part)")
-    w("tl.store(cnt_ptr + row + 1, n_whole)")
+    w("")
+    w("")
+    w("@triton.jit")
+    w(f"def {name}_lists(cls_ptr, blk_ptr, cnt_ptr, NB, CHUNK: tl.constexpr):")
+    w.indent()
+    w("row = tl.program_id(0)")
+    w("n_part = tl.zeros((), tl.int32)")
+    w("n_whole = tl.zeros((), tl.int32)")
+    w("for start in range(0, NB, CHUNK):")
+    w.indent()
+    w("tiles = start + tl.arange(0, CHUNK)")
+    w("cls = tl.load(cls_ptr + row * NB + tiles, mask=tiles < NB, other=0)")
+    w("whole = (cls == 2).to(tl.int32)")
+    w("part = (cls == 1).to(tl.int32)")
+    w("tl.store(blk_ptr + (row * 2 + 1) * NB + n_whole + tl.cumsum(whole, 0) - whole, tiles, mask=whole > 0)")
+    w("tl.store(blk_ptr + row * 2 * NB + n_part + tl.cumsum(part, 0) - part, tiles, mask=part > 0)")
+    w("n_whole += tl.sum(whole, 0)")
+    w("n_part += tl.sum(part, 0)")
+    w.dedent()
+    w("tl.store(cnt_ptr + row * 2, n_part)")
+    w("tl.store(cnt_ptr + row * 2 + 1, n_whole)")
     w.dedent()
     return w.text()
 
 
 def _key_loop(w: Writer, qk, vp, rv: str, dot: str, pad: bool, qcol: str, vcol: str, float_mask: bool, masked: bool,
               has_mask: bool, mask_bool: bool, mask_mode: str, fill: str | None, causal: bool, wide: bool,
-              branch: bool, listed: str | None = None) -> None:
+              listed: str | None = None) -> None:
     """One loop over key tiles with the online softmax: below `full` unmasked, then (`masked`) up to `hi` with the
-    bounds, the causal future and the mask applied; `branch`: a tile the mask keeps nothing of is skipped after
-    reading the mask tile. `listed`: over the tiles of the list at that row of `blk_ptr` instead (MASK_BLOCKS)."""
+    bounds, the causal future and the mask applied. `listed`: over the tiles of the list at that row of `blk_ptr`
+    instead (a mask's kept tiles: `blocks_source`)."""
     if listed is not None:
         w(f"for i in range(0, tl.load(cnt_ptr + {listed})):")
     elif not masked:
@@ -193,14 +193,10 @@ def _key_loop(w: Writer, qk, vp, rv: str, dot: str, pad: bool, qcol: str, vcol: 
         w("keep = nmask[None, :] & mmask[:, None]")
         if causal:
             w("keep = keep & (rn[None, :] <= rm[:, None])")
-    if masked and has_mask:  # the mask tile first: with `branch`, a tile it keeps nothing of (the causal upper
-        # triangle a materialized mask spells, a cache's unused tail) costs no K/V reads and no dots
+    if masked and has_mask:
         w("mv = tl.load(m_ptr + b * sm_b + h * sm_h + rm[:, None] * sm_s + rn[None, :] * sm_l, mask=keep, other=0)")
         w("seen = keep  # (in range and, causal, not in the future: where the mask's drops count)")
         w(keep_test(mask_bool, mask_mode))
-        if branch:
-            w("if tl.max(keep.to(tl.int32)) > 0:")
-            w.indent()
     for sfx, _ in qk:
         load = f"k{sfx} = tl.load(k_base + rn[:, None] * sk_s + rd{sfx}[None, :] * sk_d"
         w(load + (f", mask=nmask[:, None]{qcol}, other=0.0)" if masked else ", mask=rd_in[None, :], other=0.0)"
@@ -228,8 +224,6 @@ def _key_loop(w: Writer, qk, vp, rv: str, dot: str, pad: bool, qcol: str, vcol: 
                   if pad else ")"))  # fmt: skip
         w(f"acc{sfx} = acc{sfx} * alpha[:, None] + tl.dot(p.to(v{sfx}.dtype), v{sfx}{dot})")
     w("m_i = m_new")
-    if masked and has_mask and branch:
-        w.dedent()
     w.dedent()
 
 
@@ -247,15 +241,14 @@ def prefill_space(plan: AttentionPlan) -> SearchSpace:
         d, dv = padded_width(d), padded_width(dv)
     elem, smem = dtype_of(op.query).itemsize, device.smem_limit()
     skips = skips_tiles(op.mask is not None, fill_score(op.mode, op.fill))
-    params = {**PARAMS, "MASK_BLOCKS": [0, 1]} if skips else PARAMS
     melem = dtype_of(op.mask).itemsize if skips else 0
 
-    def smem_ok(c: dict) -> bool:  # (with MASK_BLOCKS the masked loop's mask tiles are pipelined too: NOTES 198)
-        mask_tiles = (c["num_stages"] - 1) * c["BLOCK_M"] * c["BLOCK_N"] * melem if c.get("MASK_BLOCKS") else 0
+    def smem_ok(c: dict) -> bool:  # (over the lists the masked loop's mask tiles are pipelined too: NOTES 197)
+        mask_tiles = (c["num_stages"] - 1) * c["BLOCK_M"] * c["BLOCK_N"] * melem
         return (c["BLOCK_M"] * d + c["num_stages"] * c["BLOCK_N"] * (d + dv)) * elem + mask_tiles <= smem
 
     return SearchSpace(
-        params,
+        PARAMS,
         {
             "no block much larger than S": lambda c: c["BLOCK_M"] <= max(16, triton.next_power_of_2(s)),
             "no block much larger than L": lambda c: c["BLOCK_N"] <= max(16, triton.next_power_of_2(l_)),
@@ -263,6 +256,5 @@ def prefill_space(plan: AttentionPlan) -> SearchSpace:
             "registers": lambda c: c["BLOCK_M"] * (dv + c["BLOCK_N"]) <= 128 * 32 * c["num_warps"],
         },
         default={"BLOCK_M": 16 if s <= 16 else 64 if s <= 64 else 128, "BLOCK_N": 64 if l_ >= 64 else 16 if l_ <= 16 else 32,
-                 "num_warps": 4 if d <= 64 or s <= 16 else 8, "num_stages": 2,
-                 **({"MASK_BLOCKS": 0} if skips else {})},  # fmt: skip
+                 "num_warps": 4 if d <= 64 or s <= 16 else 8, "num_stages": 2},  # fmt: skip
     )
