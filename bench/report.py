@@ -3038,7 +3038,8 @@ SECTIONS = {
     "mask-tiles-s75": functools.partial(
         mask_tiles_section, ("MASK_RANGE (s74)", "2026-12-06-h100-s75-mask-range.json"),
         ("lists, one program a block of rows", "2026-12-06-h100-s75-mask-tiles.json"),
-        ("lists, one program a tile", "2026-12-06-h100-s75-mask-tiles-parallel.json")),
+        ("lists, one program a tile", "2026-12-06-h100-s75-mask-tiles-parallel.json"),
+        ("lists only (as committed), another run", "2026-12-06-h100-s75-mask-tiles-final.json")),
     "block-nanogpt-mask-range-h100-s75": functools.partial(
         layer_section, "2026-12-06-h100-s75-nanogpt-mask-range.json", "nanogpt_block"),
     "block-nanogpt-lists-h100-s75": functools.partial(
