@@ -9,7 +9,8 @@ backends)` compiles it with each backend and compares with eager; `shrink(spec, 
 spec while it keeps failing the same way.
 
 Besides fresh dense tensors, specs hold the inputs and outputs everyday models see:
-- attention masks, bool or additive (-inf), on SDPA and on the explicit softmax(q k^T s + mask) v, with
+- attention masks, bool or additive (-inf), random or as models build them (causal, a band, a padded tail: whole
+  key tiles kept or dropped), on SDPA and on the explicit softmax(q k^T s + mask) v, with
   padded and fully masked query rows (`"masked_rows": true`; eager gives 0 there for SDPA, NaN for the
   explicit form);
 - an input that is another input passed again (`{"kind": "same", "of": k}`: `cm(x, x)`), maybe written
@@ -429,11 +430,18 @@ def build(spec: dict) -> FuzzModule:
     return FuzzModule(spec).eval()
 
 
-def _keep(s: tuple, g: torch.Generator, masked_rows: bool) -> torch.Tensor:
-    """Which keys each query row attends to: random, the first key always kept; with `masked_rows`, padding
-    (the first keys of one sequence, maybe all of them) and one query row that sees no key at all."""
+def _keep(s: tuple, g: torch.Generator, masked_rows: bool, pattern: str | None = None) -> torch.Tensor:
+    """Which keys each query row attends to: random, the first key always kept, or a `pattern` as models build
+    them, which keeps or drops whole key tiles (causal with the queries last, a band of a third of the keys before
+    each query, the first two thirds of the keys); with `masked_rows`, padding (the first keys of one sequence,
+    maybe all of them) and one query row that sees no key at all."""
     keep = torch.rand(s, generator=g) > 0.3
     keep[..., 0] = True
+    if pattern is not None:
+        n, l_ = s[-2], s[-1]
+        i, j = torch.arange(n)[:, None] + max(l_ - n, 0), torch.arange(l_)[None, :]
+        keep = {"causal": j <= i, "band": (j <= i) & (j > i - max(1, l_ // 3)),
+                "tail": (j < max(1, 2 * l_ // 3)).expand(n, l_)}[pattern].expand(s).clone()  # fmt: skip
     if masked_rows and len(s) >= 2:
         pad = int(torch.randint(1, s[-1] + 1, (), generator=g))
         seq = keep[int(torch.randint(s[0], (), generator=g))] if len(s) == 4 else keep
@@ -485,9 +493,9 @@ def make_inputs(spec: dict, dtype: torch.dtype, device: str = "cpu") -> list[tor
         elif kind == "positions":  # distinct, in range, in any order
             t = torch.randperm(size(inp["high"], dims), generator=g)[: s[0]]
         elif kind == "mask_bool":
-            t = _keep(s, g, inp.get("masked_rows", False))
+            t = _keep(s, g, inp.get("masked_rows", False), inp.get("pattern"))
         else:  # mask_add: 0 where kept, -inf where masked
-            t = torch.where(_keep(s, g, inp.get("masked_rows", False)), 0.0, float("-inf")).to(dtype)
+            t = torch.where(_keep(s, g, inp.get("masked_rows", False), inp.get("pattern")), 0.0, float("-inf")).to(dtype)
         out.append(_layout(t.to(device), inp))
     return out
 
@@ -693,7 +701,8 @@ def _gen_attention(d: _Draft, explicit: bool) -> None:
     if not causal and rng.random() < 0.8:  # a padding mask, mostly with fully masked rows
         kind = "mask_add" if explicit else rng.choice(["mask_bool", "mask_add"])
         mshape = rng.choice([[s, length], [b, 1, s, length], [b, hq, s, length]])
-        args.append(d.inp(mshape, kind, masked_rows=rng.random() < 0.7))
+        pattern = {"pattern": p} if (p := rng.choice([None, None, "causal", "band", "tail"])) else {}
+        args.append(d.inp(mshape, kind, masked_rows=rng.random() < 0.7, **pattern))
     if explicit:
         o = d.op(out_shape, op="attention", args=args, causal=causal, scale=1.0 / math.sqrt(d.size(hd)))
     else:
@@ -1373,6 +1382,8 @@ def features(spec: dict) -> set[str]:
             f.add(f"layout {inp['layout']}")
         if inp.get("masked_rows"):
             f.add(f"fully masked rows {inp['kind']}")
+        if inp.get("pattern"):
+            f.add(f"mask pattern {inp['pattern']}")
     views = {n_in + i for i, op in enumerate(spec["ops"]) if op["op"] in ("reshape", "transpose", "slice", "view")}
     viewed = {spec["ops"][v - n_in]["args"][0] for v in views}
     for op in spec["ops"]:

@@ -63,6 +63,7 @@ def test_the_sample_draws_every_everyday_input():
         "op cross_entropy", "op slice", "op view", "op param", "op identity clone", "op identity mul1",
         "op identity add0", "op identity contiguous", "a value returned twice", "call by keyword",
         *(f"layout {h}" for h in ("transpose", "step", "offset", "expand")),
+        *(f"mask pattern {p}" for p in ("causal", "band", "tail")),
         *(f"structure {s}" for s in ("tuple", "namedtuple", "dataclass", "dict", "list")),
         *(f"dtype {d}" for d in ("float32", "float16", "bfloat16")),
     }  # fmt: skip
