@@ -13,7 +13,7 @@ from ...dialects.types import dtype_of, shape_of
 from ...tuning.space import SearchSpace
 from .. import device
 from ..source import PDL_ARG, TL_DTYPE, Writer, chained_start
-from .dims import dim_ranges, drop_scores, fill_score, head_parts, keep_test, padded_range, padded_width, scores
+from .dims import dim_ranges, drop_scores, head_parts, keep_test, padded_range, padded_width, scores
 from .plan import AttentionPlan
 
 # num_stages 1 is left out: unpipelined, 128-key tiles of heads read in pieces of 32 columns (Phi-3's 96 = 64 + 32)
@@ -240,10 +240,9 @@ def prefill_space(plan: AttentionPlan) -> SearchSpace:
     if padded(plan.dims, op.mask is not None):  # (the widths the kernel reads)
         d, dv = padded_width(d), padded_width(dv)
     elem, smem = dtype_of(op.query).itemsize, device.smem_limit()
-    skips = skips_tiles(op.mask is not None, fill_score(op.mode, op.fill))
-    melem = dtype_of(op.mask).itemsize if skips else 0
+    melem = dtype_of(op.mask).itemsize if op.mask is not None else 0
 
-    def smem_ok(c: dict) -> bool:  # (over the lists the masked loop's mask tiles are pipelined too: NOTES 197)
+    def smem_ok(c: dict) -> bool:  # (the masked loop's mask tiles are pipelined too: NOTES 197)
         mask_tiles = (c["num_stages"] - 1) * c["BLOCK_M"] * c["BLOCK_N"] * melem
         return (c["BLOCK_M"] * d + c["num_stages"] * c["BLOCK_N"] * (d + dv)) * elem + mask_tiles <= smem
 
