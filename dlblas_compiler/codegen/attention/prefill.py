@@ -91,16 +91,16 @@ def source(
         w(f"acc{sfx} = tl.zeros((BLOCK_M, {'DV' if len(vp) == 1 and not pad else width}), tl.float32)")
     w("k_base = k_ptr + b * sk_b + hk * sk_h")
     w("v_base = v_ptr + b * sv_b + hk * sv_h")
-    # blocks entirely below the diagonal (or before L's ragged tail) need no mask
-    if has_mask:
-        w("full = 0")
-    elif causal:
-        w("full = tl.minimum(pid_m * BLOCK_M, L) // BLOCK_N * BLOCK_N")
-    else:
-        w("full = L // BLOCK_N * BLOCK_N")
-    w("hi = (pid_m + 1) * BLOCK_M" if causal else "hi = L")
     if skips:  # the tiles the mask keeps whole, as without a mask, then those it keeps in part, under it
         w("row = (b * sl_b + h * sl_h + pid_m) * 2  # (this block's lists: partly kept tiles, then whole ones)")
+    else:  # blocks entirely below the diagonal (or before L's ragged tail) need no mask; a finite fill reads all
+        if has_mask:
+            w("full = 0")
+        elif causal:
+            w("full = tl.minimum(pid_m * BLOCK_M, L) // BLOCK_N * BLOCK_N")
+        else:
+            w("full = L // BLOCK_N * BLOCK_N")
+        w("hi = (pid_m + 1) * BLOCK_M" if causal else "hi = L")
     for masked, at in ((False, "row + 1"), (True, "row")):
         _key_loop(w, qk, vp, rv, dot, pad, qcol, vcol, float_mask, masked, has_mask, mask_bool, mask_mode, fill,
                   causal, wide, listed=at if skips else None)  # fmt: skip
