@@ -45,7 +45,17 @@ from .passes.families import NotAFamily, unify
 from .report import Report, debug
 from .report.text import count, times
 from .runtime import Program, build_program
-from .runtime.families import Family, first_choices, masks_hold, moved_calls, no_gc, sizes_of, surroundings
+from .runtime.families import (
+    Family,
+    calls_hold,
+    first_choices,
+    int_positions,
+    masks_hold,
+    moved_calls,
+    no_gc,
+    sizes_of,
+    surroundings,
+)
 from .runtime.outputs import OutputGuard, output_guard
 from .runtime.program import rebuild_program
 from .tuning.cache import bucket, default_path
@@ -610,7 +620,12 @@ class CompiledModule(torch.nn.Module):
                 continue
             if (spec.skeleton, tuple(map(bucket, spec.sizes))) in self._not_affine:
                 return
-            if why := sizes_unseen(spec.captured, (other.imported.sizes, spec.imported.sizes)):
+            why = sizes_unseen(spec.captured, (other.imported.sizes, spec.imported.sizes))
+            ints = int_positions(spec.skeleton)
+            if spec.captured.how == "symbolic_trace" and any(other.sizes[i] != spec.sizes[i] for i in ints):
+                why = ("an int argument differs, and symbolic_trace ran the Python code on it (branches, `%`, `//`) at "
+                       "the trace: its graph holds the results as constants")  # fmt: skip
+            if why:
                 log.info("%s: no shape family for sizes %s and %s: %s", self.name, other.sizes, spec.sizes, why)
                 spec.notes.append(f"no shape family (each new length is compiled): {why}")
                 return
@@ -648,6 +663,8 @@ class CompiledModule(torch.nn.Module):
                 if family.inputs is not None and (why := masks_hold(family, sizes, imported)):
                     log.info("%s: sizes %s compiled in full: %s", self.name, sizes, why)
                     return None
+                if why := calls_hold(family, sizes, imported):
+                    raise NotAFamily(why)
             except NotAFamily as e:  # a size that is not affine in the others: the family's instances go with it
                 log.warning("%s: shape family of sizes %s dropped: %s", self.name, family.shapes.sizes, e)
                 self._families.remove(family)

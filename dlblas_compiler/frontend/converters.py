@@ -392,11 +392,18 @@ def _repeat_interleave(e, x, repeats, dim=None, *, output_size=None):
     return _emit(e, ReshapeOp(wide, _out_shape(e)))
 
 
-@converts("split", torch.split, "chunk", torch.chunk, "tensor_split")
+@converts("split", torch.split, "chunk", torch.chunk, "tensor_split", torch.tensor_split)
 def _split(e, x, *args, dim=0, **kwargs):
     if args and len(args) > 1:  # split(sizes, dim), chunk(n, dim), tensor_split(sections, dim)
         dim = args[1]
-    return _pieces(e, _tensor(x), kwargs.get("dim", dim))
+    x, dim = _tensor(x), kwargs.get("dim", dim)
+    parts = args[0] if args else next((kwargs[k] for k in ("split_size_or_sections", "split_size", "chunks", "sections",
+                                                           "indices_or_sections") if k in kwargs), None)  # fmt: skip
+    if isinstance(parts, int):  # chunk's and tensor_split's ceil(n / parts) rows, split's ceil(n / parts) pieces:
+        n = shape_of(x)[normalize_dim(dim, len(shape_of(x)))]  # not affine in n
+        name = getattr(e.node.target, "__name__", e.node.target)
+        e.importer.size_decisions.append(f"{e.node.name} = {name}({parts}) of {n} rows")
+    return _pieces(e, x, dim)
 
 
 @converts("unbind", torch.unbind)

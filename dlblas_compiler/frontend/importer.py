@@ -158,6 +158,9 @@ class Imported:
     # decisions taken from a tensor's values at this specialization's sizes (a constant mask found causal): they
     # may not hold at other sizes, so no shape family is formed over them
     value_decisions: tuple[str, ...] = ()
+    # integers a converter computed from sizes in a way that is not affine in them (a chunk's piece sizes, ceil(n /
+    # pieces)), each with the sizes it read: where those differ between two compiles, they form no shape family
+    size_decisions: tuple[str, ...] = ()
     # the numbers (and tuples of ints: sizes) the graph's nodes computed at this specialization's sizes, by node
     # name: a shape family lets through integer arithmetic on sizes that do not move (`frontend.sizes_unseen`)
     sizes: dict[str, Any] = field(default_factory=dict)
@@ -194,6 +197,11 @@ def _has_tensor(value: Any) -> bool:
     return any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(value))
 
 
+_DATA_DEPENDENT = (". What it computes depends on a tensor's values (`.tolist()`, `.item()`, `nonzero`), which one "
+                   "graph cannot hold: compile the forward instead (`model.forward = dc.compile(model.forward)`), "
+                   "where dynamo runs that code eagerly between compiled graphs")
+
+
 def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Node, Any]:
     """Run the graph on fake tensors; record every node's value."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -212,6 +220,7 @@ def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Nod
                     f"cannot compute the shape of node '{n.name}' ({n.format_node()})"
                     + (f" at {where}" if where else "")
                     + f": {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    + (_DATA_DEPENDENT if "DataDependent" in type(e).__name__ or "data-dependent" in str(e) else "")
                 ) from e
             if n.op == "get_attr" and isinstance(out, torch.Tensor):  # fake, so views of it share its storage
                 out = mode.from_tensor(out, static_shapes=True)
@@ -310,6 +319,7 @@ class Importer:
         self.complex_inputs: list[int] = []  # function arguments that are complex inputs' real views
         self._by_storage: dict[int, list[torch.fx.Node]] | None = None  # storage -> nodes whose value is in it
         self.value_decisions: list[str] = []
+        self.size_decisions: list[str] = []
 
     def run(self) -> Imported:
         values = self.values = _example_values(self.gm, self.inputs)
@@ -396,7 +406,8 @@ class Importer:
         return Imported(
             module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
             param_placeholders, writes, eager_aliases, contiguous, moves, tuple(self.complex_inputs),
-            tuple(self.value_decisions), {n.name: v for n, v in values.items() if _is_size(v)}, self.param_devices,
+            tuple(self.value_decisions), tuple(self.size_decisions),
+            {n.name: v for n, v in values.items() if _is_size(v)}, self.param_devices,
         )  # fmt: skip
 
     # -- values that depend on no input ------------------------------------------------------------

@@ -213,6 +213,17 @@ class ShapeFamily:
             raise NotAFamily(f"the IR at sizes {sizes} does not verify: {str(e).splitlines()[0]}") from None
         return Replacements(replaced, aliases, shared, tuple(retyped))
 
+    def types_at(self, sizes: tuple[int, ...]) -> Callable[[SSAValue], Attribute]:
+        """value -> its type at these sizes, for the values of the function body (its arguments, its ops' results)."""
+        value = self._evaluator(sizes)
+        self._changed()
+        return lambda v: self._type_at(v, value)
+
+    def _type_at(self, v: SSAValue, value) -> Attribute:
+        if isinstance(v, BlockArgument):
+            return self._arg_type(v.index, value)
+        return self._result_type(v.owner, v.index, value)
+
     def _arg_type(self, j: int, value) -> Attribute:
         """The type of the function's j-th argument at the sizes `value` evaluates."""
         fn = next(op for op in self._ops if isinstance(op, func.FuncOp))

@@ -18,6 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..dialects import ConstantOp, ParamOp, TorchCallOp
+from ..dialects.types import shape_of, torch_dtype
 from ..frontend import Captured, Imported, TorchCall
 from ..frontend.masks import causal_offset
 from ..passes import PipelineResult
@@ -46,6 +47,18 @@ def sizes_of(key: tuple) -> tuple[tuple, tuple[int, ...]]:
     return (spec, tuple(skeleton), alias, *modes), tuple(sizes)
 
 
+def int_positions(skeleton: tuple) -> tuple[int, ...]:
+    """The positions among a key's sizes (`sizes_of`) that are int arguments, not dims of input tensors."""
+    out, at = [], 0
+    for e in skeleton[1]:
+        if e == ("V", "int"):
+            out.append(at)
+            at += 1
+        elif e[0] not in ("P", "V"):  # (a tensor's rank, dtype, device)
+            at += e[0]
+    return tuple(out)
+
+
 @dataclass
 class Family:
     """A shape family and what its instances share with the first compile."""
@@ -68,6 +81,14 @@ class Family:
         return frozenset(op for op in self.shapes.module.walk() if isinstance(op, TorchCallOp) and op.node.data in self.call_moves)
 
     @functools.cached_property
+    def sized_calls(self) -> list[TorchCallOp]:
+        """The torch calls of the first compile's IR whose operands' sizes or constant integers move: their results'
+        sizes at an instance's sizes are checked (`calls_hold`)."""
+        ops, changed = self.shapes._changed()
+        return [op for i, op in enumerate(ops)
+                if isinstance(op, TorchCallOp) and (i in changed or op in self.moved_calls)]  # fmt: skip
+
+    @functools.cached_property
     def masks(self) -> list[TorchCallOp]:
         """The torch calls of the imported IR whose mask the import found causal from its values (`masks_hold`)."""
         return [op for op in self.inputs.module.walk()
@@ -84,6 +105,9 @@ def surroundings(a: Any, b: Any) -> dict[str, list[tuple[int, int, int]]]:
     for f in ("arg_positions", "out_leaves", "writes", "eager_aliases", "contiguous", "device_moves", "complex_inputs"):
         if getattr(ia, f) != getattr(ib, f):
             raise NotAFamily(f"their {f.replace('_', ' ')} differ")
+    if ia.size_decisions != ib.size_decisions:
+        differ = [f"{x} against {y}" for x, y in zip(ia.size_decisions, ib.size_decisions) if x != y]
+        raise NotAFamily("sizes computed in a way not affine in the input sizes differ: " + "; ".join(differ))
     if ia.value_decisions != ib.value_decisions:
         raise NotAFamily("the import took other decisions from values: " + "; ".join(ia.value_decisions or ib.value_decisions))
     ka = [s.kernel.source for s in a.executor.steps if getattr(s, "kernel", None) is not None]
@@ -122,6 +146,66 @@ def masks_hold(family: Family, sizes: tuple[int, ...], imported: Imported) -> st
         if d != op.attributes["causal_offset"].value.data:
             return f"the mask {op.node.data} is not causal with offset {op.attributes['causal_offset'].value.data} at these sizes"
     return None
+
+
+def calls_hold(family: Family, sizes: tuple[int, ...], imported: Imported) -> str | None:
+    """None where every torch call whose input sizes or constants move (`Family.sized_calls`) returns, at these sizes,
+    results of the sizes the family's line gives them; else which one does not. A torch call is opaque: the line
+    through two compiles holds for `torch.cat` or `torch.arange(p, p + n)`, not for a pooling's or an unfold's
+    `(n - k) // stride + 1` rows, which two compiles fit to a line that is wrong at the third length. Each call runs
+    on meta tensors of its operands' types at these sizes (one run per form and operand types)."""
+    type_at, seen = family.shapes.types_at(sizes), {}
+    for op in family.sized_calls:
+        name = op.node.data
+        fn = imported.calls[name]
+        ins = tuple(type_at(v) for v in op.args)
+        want = [shape_of(type_at(r)) for r in op.res]
+        form = fn.form() if isinstance(fn, TorchCall) else None
+        key = (form, ins) if form is not None else (name, ins)
+        if key not in seen:
+            seen[key] = _result_shapes(fn, ins)
+        got = seen[key]
+        if isinstance(got, str):
+            return f"the torch call {name} could not run on meta tensors at these sizes ({got})"
+        if got != want[: len(got)]:
+            return f"the torch call {name} returns sizes {got} at these sizes, where the family's line gives {want}"
+    return None
+
+
+class _OnMeta(torch.overrides.TorchFunctionMode):
+    """Every torch function and method on meta tensors: a tensor it is given (a module's weight, a constant) and a
+    device it names (`mask.to(device)`, `torch.arange(n, device=...)`) taken to the meta device, `.cpu()` and
+    `.cuda()` as they are. Only sizes and dtypes come out."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.cpu, torch.Tensor.cuda):
+            return args[0]
+        meta = func is torch.Tensor.to
+        args, kwargs = pytree.tree_map(lambda a: _meta(a, meta), (args, kwargs or {}))
+        if "device" in kwargs:
+            kwargs["device"] = _META
+        return func(*args, **kwargs)
+
+
+_META = torch.device("meta")
+
+
+def _meta(a: Any, device_strings: bool) -> Any:
+    if isinstance(a, torch.Tensor):
+        return a if a.device.type == "meta" else a.to(_META)
+    if isinstance(a, torch.device) or (device_strings and isinstance(a, str)):  # (`.to("cuda")`)
+        return _META
+    return a
+
+
+def _result_shapes(fn: Callable, types: tuple) -> list[tuple[int, ...]] | str:
+    """The sizes of what `fn` returns on meta tensors of these types (the reason where it cannot run)."""
+    try:
+        with torch.no_grad(), _OnMeta():
+            out = fn(*[torch.empty(shape_of(t), dtype=torch_dtype(t.element_type), device="meta") for t in types])
+    except Exception as e:  # noqa: BLE001 - a call that needs values or one device: the caller compiles in full
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return [tuple(x.shape) for x in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(x, torch.Tensor)]
 
 
 def _evaluate(v, imported: Imported, memo: dict) -> Any:

@@ -546,6 +546,16 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
         name, at = op.node.data, recipe.made[op]
         if steps[at].once or imported.calls.get(name) is not base.imported.calls.get(name):
             steps[at] = b.step(op)
+    # an input-free call the sizes leave alone keeps its first values too, but where it reads a value these sizes
+    # compute anew (`pos = torch.arange(p, p + 1)[None]`: the slice of a moved arange) those values are stale
+    moved = {r for op in (*replaced, *(shared or {}), *retyped) for r in op.results}
+    for op in base.fn.body.block.ops:
+        if op in replaced or op in (shared or {}) or op in retyped or moved.isdisjoint(op.operands):
+            continue
+        moved.update(op.results)
+        at = recipe.made.get(op)
+        if isinstance(at, int) and getattr(steps[at], "once", False):
+            steps[at] = b.step(op)
     for st in steps:
         if isinstance(st, RegionStep):
             st.choice = _shallow(st.choice)

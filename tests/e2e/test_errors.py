@@ -98,3 +98,20 @@ def test_a_plain_function_compiles_through_dynamo():
 def test_not_callable_is_a_type_error():
     with pytest.raises(TypeError, match="takes an nn.Module or a callable, got int"):
         dc.compile(3)
+
+
+class _DataDependent(torch.nn.Module):
+    def forward(self, x):
+        k = x.argmax().item()  # (a size from a tensor's values: JetMoE's `expert_size.tolist()`)
+        return x[: k + 1] * 2
+
+
+def test_a_size_from_a_tensors_values_names_the_line_and_says_to_compile_the_forward(fresh_dynamo):
+    """One graph cannot hold a size read from values; the error names the node and its line, and says what works:
+    compiling the forward, where dynamo runs that code eagerly between graphs (checked: it gives eager's answer)."""
+    model, x = _DataDependent(), torch.randn(8)
+    with pytest.raises(dc.FrontendError, match=r"(?s)test_errors.py.*model.forward = dc.compile\(model.forward\)"):
+        dc.compile(model, backend="reference")(x)
+    model.forward = dc.compile(model.forward, backend="reference")
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), _DataDependent()(x))

@@ -289,3 +289,111 @@ def test_dynamic_cache_instances_copy_no_torch_call(fresh_dynamo):
         assert calls and isinstance(first[made[calls[0]]], TorchStep)
         assert kept, "every changed torch call's step was built again"
         assert len(kept) < len(calls)  # (the moving ones, the mask's aranges, are not: a stale one changes tokens)
+
+
+class _Pieces(torch.nn.Module):
+    """Pieces along the length whose sizes are not affine in it: chunk's and tensor_split's ceil(n / 2) rows,
+    split's ceil(n / 4) pieces."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, x):
+        parts = {"chunk": x.chunk(2, 1), "tensor_split": x.tensor_split(2, 1), "split": x.split(4, 1)}[self.how]
+        return torch.cat(parts[::-1], 1) * 2
+
+
+@pytest.mark.parametrize("how", ["chunk", "tensor_split", "split"])
+def test_pieces_of_sizes_not_affine_in_the_length_form_no_family(how):
+    """chunk(2) cuts 9 and 10 rows after row 5, 11 after row 6; split(4) cuts 9 and 10 rows into 3 pieces, 13 into
+    4: two compiles fit a line that is wrong at the third length (before, 11's halves came out swapped at the wrong
+    row, with no error). The converter records what it computed from the length (`Imported.size_decisions`), and
+    pieces of lengths that differ form no family: every length is compiled, with eager's answer."""
+    model = _Pieces(how)
+    cm = dc.compile(model, backend="reference")
+    _run(cm, model, [9, 10, 11, 12, 13], lambda n: torch.randn(2, n, 3))
+    assert (cm.compile_count, cm.instances) == (5, 0)
+
+
+class _SplitHidden(torch.nn.Module):
+    def forward(self, x):
+        q, k = x.split(4, dim=2)  # (nanoGPT's qkv.split(n_embd, dim=2): the pieces' sizes do not move)
+        return q * k.sigmoid()
+
+
+def test_pieces_along_a_dim_that_does_not_move_keep_the_family():
+    model = _SplitHidden()
+    cm = dc.compile(model, backend="reference")
+    _run(cm, model, [9, 10, 11, 12], lambda n: torch.randn(2, n, 8))
+    assert (cm.compile_count, cm.instances) == (2, 2)
+
+
+class _IntArgument(torch.nn.Module):
+    def forward(self, x, k: int):
+        y = x * 2 if k > 10 else x
+        return y[:, : k // 3] + k % 3
+
+
+def test_an_int_argument_symbolic_trace_ran_python_on_forms_no_family():
+    """symbolic_trace takes an int argument as a constant and runs the Python code on it (`if k > 10`, `k // 3`,
+    `k % 3`): its graph holds the results, which two compiles cannot place on a line (before, k = 11 to 13 were
+    instances of the line through 9 and 10, taking the branch of k <= 10). Every value is compiled."""
+    model = _IntArgument()
+    cm = dc.compile(model, backend="reference")
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        for k in (9, 10, 11, 12, 13):
+            torch.testing.assert_close(cm(x, k), model(x, k), rtol=0, atol=0, msg=f"k = {k}")
+    assert (cm.compile_count, cm.instances) == (5, 0)
+    assert any("int argument" in n for n in cm.report().notes)
+
+
+class _Positions(torch.nn.Module):
+    """A decode step over a cache passed as a tensor: the new tokens' positions `arange(p, p + t)[None]` (a learned
+    position table) and the causal mask of the new rows over the cache and them, from the same positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(64, 8)
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x, past):
+        p, t = past.shape[1], x.shape[1]
+        h = self.proj(x + self.emb(torch.arange(p, p + t)[None]))
+        k = torch.cat([past, h], 1)
+        future = torch.arange(p + t)[None, :] > torch.arange(p, p + t)[:, None]
+        return (h @ k.transpose(1, 2)).masked_fill(future, float("-inf")).softmax(-1) @ k
+
+
+def test_values_made_from_a_moved_arange_are_made_again_in_an_instance():
+    """`arange(p, p + t)` has the same size at every cache length p, its constants move; the calls after it
+    (`[None]`, the comparison) read no input, so the first program runs them once and keeps their values. An
+    instance now builds again every such call reading a value the new sizes compute anew (before, cache lengths
+    11 to 13 read the positions of 9: wrong rows, no error)."""
+    model = _Positions().eval()
+    cm = dc.compile(model, backend="reference")
+    with torch.no_grad():
+        for p in (9, 10, 11, 12, 13):
+            x, past = torch.randn(1, 2, 8), torch.randn(1, p, 8)
+            torch.testing.assert_close(cm(x, past), model(x, past), rtol=1e-5, atol=1e-5, msg=f"cache of {p}")
+    assert (cm.compile_count, cm.instances) == (2, 3)
+
+
+class _Pooled(torch.nn.Module):
+    def forward(self, x):
+        return x.unfold(1, 3, 2).sum(-1) * 2  # (n - 3) // 2 + 1 windows: 4 at 9 and 10 tokens, 5 at 11
+
+
+def test_a_torch_call_whose_sizes_are_not_affine_drops_the_family(caplog):
+    """The windows of an unfold are a torch call to the IR, opaque: its result has 4 rows at 9 and 10 tokens, so
+    the family's line keeps 4, and 11 tokens have 5 (before, the kernels read 4 rows: a wrong answer of the wrong
+    shape). An instance first runs each torch call whose operands' sizes move on meta tensors
+    (`runtime.families.calls_hold`); at 11 the unfold returns 5 rows, so the family is dropped and 11 and the
+    lengths after it are compiled, with eager's answers (interpret: the generated kernels)."""
+    model = _Pooled()
+    cm = dc.compile(model, backend="interpret")
+    with caplog.at_level(logging.INFO, logger="dlblas_compiler.compile"):
+        _run(cm, model, [9, 10, 11, 12], lambda n: torch.randn(2, n, 4))
+    assert (cm.compile_count, cm.instances) == (4, 0)
+    assert "dropped: the torch call" in caplog.text and "returns sizes" in caplog.text
