@@ -1734,6 +1734,35 @@ def mask_tiles_section(*runs: tuple[str, str]) -> str:
     return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
 
 
+def mask_kernels_section(*runs: tuple[str, str]) -> str:
+    """bench/mask_tiles.py with the host's launch path hidden (seventy-sixth session on): per (run label, file) and
+    mask, the best config's GPU time, the same config timed by `do_bench` (the host's launch path included), and its
+    three kernels' mean GPU time by the profiler (no L2 clear), beside our causal kernel and torch's SDPA."""
+    out = ["| run | mask | ours, best µs (GPU) | its config | same, do_bench µs (host included) | classify µs | lists µs "
+           "| attention µs | our causal kernel µs (GPU) | its profiled µs | SDPA with the mask µs | SDPA is_causal µs |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    entries = []
+    for label, name in runs:
+        doc = _load(name)
+        for c in doc["cases"]:
+            best, cfg = c["best_masked"], c["best_masked"]["config"]
+            k = c.get("best_masked_kernels") or {}
+            part = {p: next((v for n, v in k.items() if n.endswith(p)), None) for p in ("_blocks", "_lists")}
+            main = next((v for n, v in k.items() if not n.endswith(("_blocks", "_lists"))), None)
+            hidden = "best_masked_do_bench_us" in c  # (a run before: every time is do_bench's, the host included)
+            causal = c.get("best_causal") if hidden else None
+            ck = c.get("best_causal_kernels") or {}
+            out.append(f"| {label} | {c['case']} | {_num(best['us'] if hidden else None, '.1f')} | {cfg['BLOCK_M']}×"
+                       f"{cfg['BLOCK_N']}, {cfg['num_warps']}w, {cfg['num_stages']}s | "
+                       f"{_num(c['best_masked_do_bench_us'] if hidden else best['us'], '.1f')} | "
+                       f"{_num(part['_blocks'], '.1f')} | {_num(part['_lists'], '.1f')} | {_num(main, '.1f')} | "
+                       f"{_num(causal and causal['us'], '.1f')} | {_num(sum(ck.values()) if ck else None, '.1f')} | "
+                       f"{c['sdpa_masked_us']:.1f} | {_num(c.get('sdpa_causal_us'), '.1f')} |")  # fmt: skip
+        entries.append((name, {"gpu": doc.get("gpu"), "torch": doc.get("torch"), "triton": doc.get("triton"),
+                               "date": doc.get("date")}, label))  # fmt: skip
+    return "\n".join(out) + "\n\n" + source_line(entries) + "\n"
+
+
 def attention_sweep_section(name: str) -> str:
     """bench/attention_dims.py --sweep: the prefill kernel at 16 configs, inside its search space then or not."""
     doc = _load(name)
@@ -3040,6 +3069,10 @@ SECTIONS = {
         ("lists, one program a block of rows", "2026-12-06-h100-s75-mask-tiles.json"),
         ("lists, one program a tile", "2026-12-06-h100-s75-mask-tiles-parallel.json"),
         ("lists only (as committed), another run", "2026-12-06-h100-s75-mask-tiles-final.json")),
+    "mask-kernels-s76": functools.partial(
+        mask_kernels_section, ("a (do_bench)", "2026-12-06-h100-s76-mask-tiles-repeat.json"),
+        ("b (host hidden)", "2026-12-06-h100-s76-mask-tiles-gpu-time.json")),
+    "block-nanogpt-h100-s76": functools.partial(layer_section, "2026-12-06-h100-s76-nanogpt.json", "nanogpt_block"),
     "block-nanogpt-mask-range-h100-s75": functools.partial(
         layer_section, "2026-12-06-h100-s75-nanogpt-mask-range.json", "nanogpt_block"),
     "block-nanogpt-lists-h100-s75": functools.partial(
