@@ -483,6 +483,23 @@ _NOT_AFFINE = {operator.floordiv, operator.mod, operator.truediv, operator.pow, 
                math.sqrt, torch.sym_max, torch.sym_min, torch.sym_float, torch.sym_int}  # fmt: skip
 
 
+# a tensor's numel and strides: products of its sizes
+_PRODUCTS = {"numel", "nelement", "stride", torch.numel, torch.ops.aten.sym_numel, torch.ops.aten.sym_numel.default,
+             torch.ops.aten.sym_stride, torch.ops.aten.sym_stride.int}  # fmt: skip
+
+
+_COMPARE = {operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge, operator.not_}
+
+
+def _is_assert(target: Any) -> bool:
+    return target in (torch._assert, torch._check, torch._check_is_size) or "assert" in str(target)
+
+
+def _python_op(target: Any) -> bool:
+    """A Python operator, builtin or math function (integer arithmetic), not a torch op on tensors."""
+    return getattr(target, "__module__", None) in ("_operator", "operator", "builtins", "math")
+
+
 def sizes_unseen(captured: Captured, values: tuple[dict, dict] | None = None) -> str | None:
     """Why integers the graph computes from its input sizes may not be affine in them (None: every such integer is
     a graph node, and each is a sum of sizes times constants). A shape family infers each integer's line in the
@@ -496,6 +513,19 @@ def sizes_unseen(captured: Captured, values: tuple[dict, dict] | None = None) ->
         return "the capture evaluated the input sizes in Python (static shapes): integers made from them are constants"
     sized: set[torch.fx.Node] = set()
     symbolic = captured.how == "symbolic_trace"
+
+    def constant(nodes) -> bool:  # (each equal at both compiles)
+        return values is not None and all(n.name in values[0] and values[0][n.name] == values[1].get(n.name, None)
+                                          for n in nodes)  # fmt: skip
+
+    def refused(node, what: str) -> str:
+        where = source_line(node)
+        return f"{node.name} = {what}" + (f" ({where})" if where else "")
+
+    # numbers made from sizes in a way not known to be affine -> why: refused once one reaches a value of the graph
+    # (a tensor op, an output); one only compared or checked (HF's cache `keys.numel() == 0`, which dynamo guards)
+    # changes nothing the graph computes
+    bad: dict[torch.fx.Node, str] = {}
     for node in gm.graph.nodes:
         value = node.meta.get("example_value", node.meta.get("val"))
         if node.op == "placeholder":
@@ -505,27 +535,43 @@ def sizes_unseen(captured: Captured, values: tuple[dict, dict] | None = None) ->
             elif isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape):
                 symbolic = True
             continue
-        if node.op not in ("call_function", "call_method"):
-            continue
         inputs = node.all_input_nodes
         target = node.target
+        if (why := next((bad[a] for a in inputs if a in bad), None)) is not None:
+            if node.op in ("call_function", "call_method") and _is_assert(target):
+                continue
+            number = isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)) or (
+                values is not None and node.name in values[0]) or target in _COMPARE  # fmt: skip
+            if node.op == "call_function" and _python_op(target) and number:
+                bad[node] = why  # (arithmetic on it, a comparison: a number not known to be affine either)
+                continue
+            return why
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = getattr(target, "__name__", target)
         if (target is getattr and len(node.args) > 1 and node.args[1] == "shape") or target in ("size", "dim") or (
             target in (torch.ops.aten.sym_size, torch.ops.aten.sym_size.int) or target is len
         ):
             sized.add(node)
+        elif target in _PRODUCTS:  # a product of a tensor's sizes: affine only where at most one of them moves
+            if constant([node]):
+                sized.add(node)
+            else:
+                bad[node] = refused(node, f"{name} of a tensor, a product of its sizes, moves: not known to be affine")
         elif not inputs or any(a not in sized for a in inputs):
             continue  # (an op on tensors, which may read sizes: not integer arithmetic on sizes)
-        elif target is operator.getitem or target in _AFFINE or (target is operator.mul and len(inputs) == 1):
+        elif target is operator.getitem or target in _AFFINE or (
+            target is operator.mul and sum(isinstance(a, torch.fx.Node) for a in node.args) == 1  # (not n * n)
+        ):
             sized.add(node)  # (a size plus or times a constant)
-        elif values is not None and all(a.name in values[0] and values[0][a.name] == values[1].get(a.name, None)
-                                        for a in inputs):  # fmt: skip
+        elif constant(inputs):
             sized.add(node)  # (of sizes that do not move: a constant)
-        elif target is operator.mul or target in _NOT_AFFINE or (
-            isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
-        ):  # (and any other op making an integer of sizes: not known to be affine)
-            where = source_line(node)
-            return f"{node.name} = {getattr(target, '__name__', target)} of sizes is not affine in them" + (
-                f" ({where})" if where else "")  # fmt: skip
+        elif (target is operator.mul or target in _NOT_AFFINE or _python_op(target)
+              or (isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool))
+              or (values is not None and node.name in values[0])):  # fmt: skip
+            # (any other op making a number of sizes, `>>`, `&`, `abs`, a comparison among them: not known to be
+            # affine; a symbolic trace's nodes carry no example value, their numbers are in `values`)
+            bad[node] = refused(node, f"{name} of sizes is not affine in them")
     if not symbolic:
         return "a graph specialized to its input sizes (static shapes)"
     return None

@@ -220,7 +220,8 @@ def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Nod
                     f"cannot compute the shape of node '{n.name}' ({n.format_node()})"
                     + (f" at {where}" if where else "")
                     + f": {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                    + (_DATA_DEPENDENT if "DataDependent" in type(e).__name__ or "data-dependent" in str(e) else "")
+                    + (_DATA_DEPENDENT if any(k in type(e).__name__ for k in ("DataDependent", "DynamicOutputShape"))
+                       or "data-dependent" in str(e) else "")  # fmt: skip
                 ) from e
             if n.op == "get_attr" and isinstance(out, torch.Tensor):  # fake, so views of it share its storage
                 out = mode.from_tensor(out, static_shapes=True)

@@ -105,6 +105,9 @@ def surroundings(a: Any, b: Any) -> dict[str, list[tuple[int, int, int]]]:
     for f in ("arg_positions", "out_leaves", "writes", "eager_aliases", "contiguous", "device_moves", "complex_inputs"):
         if getattr(ia, f) != getattr(ib, f):
             raise NotAFamily(f"their {f.replace('_', ' ')} differ")
+    made = [k for k, v in ia.params.items() if k not in ib.params or ib.params[k].shape != v.shape]
+    if made or ia.params.keys() != ib.params.keys():  # (a LayerNorm's missing weight, made as ones of its width)
+        raise NotAFamily(f"the import made parameters of their sizes: {', '.join(made) or 'others'}")
     if ia.size_decisions != ib.size_decisions:
         differ = [f"{x} against {y}" for x, y in zip(ia.size_decisions, ib.size_decisions) if x != y]
         raise NotAFamily("sizes computed in a way not affine in the input sizes differ: " + "; ".join(differ))

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 
 import dlblas_compiler as dc
@@ -397,3 +398,52 @@ def test_a_torch_call_whose_sizes_are_not_affine_drops_the_family(caplog):
         _run(cm, model, [9, 10, 11, 12], lambda n: torch.randn(2, n, 4))
     assert (cm.compile_count, cm.instances) == (4, 0)
     assert "dropped: the torch call" in caplog.text and "returns sizes" in caplog.text
+
+
+_SIZE_ARITHMETIC = {  # integers made from the length n of y that are not affine in it
+    "n * n": lambda x, y: x[:, : y.shape[0] * y.shape[0]],
+    "numel // 3": lambda x, y: x[:, : y.numel() // 3],
+    "stride // 3": lambda x, y: x[:, : y.reshape(1, -1).stride(0) // 3],
+    "n >> 1": lambda x, y: x[:, : y.shape[0] >> 1],
+    "abs(n - 12)": lambda x, y: x[:, : abs(y.shape[0] - 12) + 1],
+}
+
+
+class _Sized(torch.nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, x, y):
+        return _SIZE_ARITHMETIC[self.how](x, y) * 2
+
+
+@pytest.mark.parametrize("capture", ["module", "forward"])
+@pytest.mark.parametrize("how", list(_SIZE_ARITHMETIC))
+def test_integer_arithmetic_on_sizes_that_is_not_affine_forms_no_family(how, capture, fresh_dynamo):
+    """Each of these fits a line through lengths 9 and 10 and leaves it later (before, `n * n` passed as a size
+    times a constant, numel and strides were not seen as sizes at all, and a symbolic trace's `>>` and `abs`, whose
+    nodes carry no example value, were neither accepted nor refused): no family, eager's answer at every length."""
+    model = _Sized(how)
+    cm = dc.compile(model if capture == "module" else model.forward, backend="reference")
+    x = torch.randn(2, 300)
+    with torch.no_grad():
+        for n in range(9, 15):
+            y = torch.randn(n)
+            torch.testing.assert_close(cm(x, y), model(x, y), rtol=0, atol=0, msg=f"{how} at {n}")
+    compiles = [cm] if capture == "module" else cm.compilations
+    assert sum(c.instances for c in compiles) == 0
+
+
+class _PlainLayerNorm(torch.nn.Module):
+    def forward(self, x):
+        return F.layer_norm(x, (x.shape[-1],))
+
+
+def test_a_layer_norm_without_weight_over_the_length_forms_no_family():
+    """The missing weight and bias are made as parameters of the row's width; over a width that moves, the
+    first compile's would be read at every length (before: a shape error at the third, on the reference backend)."""
+    model = _PlainLayerNorm()
+    cm = dc.compile(model, backend="reference")
+    _run(cm, model, [9, 10, 11, 12], lambda n: torch.randn(2, n))
+    assert cm.instances == 0
