@@ -2,6 +2,7 @@
 
     python scripts/fuzz.py --count 2000 --backends reference,interpret --jobs 2
     python scripts/fuzz.py --count 300 --dtype bfloat16 --backends triton --json bf16_gpu.json   # on a GPU
+    python scripts/fuzz.py --count 500 --lengths --jobs 2   # each graph called at 4 sizes of one dim: shape families
 
 Graph i of a run is drawn from random.Random(f"{seed}-{i}") (redrawn while out of float64 range), so a run
 splits over processes (--jobs) or machines (--start) and gives the same graphs. Prints the graphs run per
@@ -40,6 +41,7 @@ from tests.fuzz.generator import (  # noqa: E402
     random_spec,
     save_regression,
     shrink,
+    with_lengths,
 )
 
 KINDS = ("mismatch", "error", "fallback")
@@ -52,13 +54,16 @@ def run_graph(job: tuple) -> dict:
     """Draw graph `index` of the run and check it: the spec, its features and what each backend did. After a
     sticky CUDA error (an illegal or misaligned access poisons the process's CUDA context) the worker answers
     every later job with "retry", and the main process runs those in a fresh pool."""
-    seed, index, dtype, max_ops, backends = job
+    seed, index, dtype, max_ops, backends, lengths = job
     if _POISONED:
         return {"index": index, "retry": True}
     rng = random.Random(f"{seed}-{index}")
     redrawn = 0
     while True:
         spec = random_spec(rng, dtype, max_ops)
+        if lengths and (spec := with_lengths(spec, rng)) is None:
+            redrawn += 1
+            continue
         try:
             results = check(spec, backends)
         except Exception as e:  # noqa: BLE001 - outside a backend's own try: the CUDA context is gone
@@ -117,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
                     help="one dtype (default: fp32, fp16 and bf16 at random)")  # fmt: skip
     ap.add_argument("--max-ops", type=int, default=7)
+    ap.add_argument("--lengths", action="store_true",
+                    help="call each compiled graph at 4 sizes of one dim in one power-of-two bucket (shape families)")
     ap.add_argument("--jobs", type=int, default=1, help="processes (CPU backends; one per core)")
     ap.add_argument("--save-dir", type=Path, default=REGRESSIONS)
     ap.add_argument("--no-shrink", action="store_true")
@@ -124,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the summary (counts, findings, device) to this file")
     args = ap.parse_args(argv)
     backends = args.backends.split(",")
-    jobs = [(args.seed, i, args.dtype, args.max_ops, backends) for i in range(args.start, args.start + args.count)]
+    jobs = [(args.seed, i, args.dtype, args.max_ops, backends, args.lengths)
+            for i in range(args.start, args.start + args.count)]  # fmt: skip
 
     t0 = time.time()
     graphs: list[dict] = []

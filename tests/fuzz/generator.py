@@ -317,6 +317,12 @@ class FuzzModule(nn.Module):
         self.outputs = spec["outputs"]
         self.structure = spec.get("structure", "tuple")
         self.dims = dims = dict(spec["dims"])
+        # a lengths spec (`with_lengths`): its moving dim read from an input's size at each call, as models read
+        # a length from x.shape (the graph then holds the arithmetic on it)
+        moving = (spec.get("lengths") or {}).get("dim")
+        self.sized = next(((k, j) for k, inp in enumerate(spec["inputs"]) if inp["kind"] != "same"
+                           for j, e in enumerate(inp["shape"]) if e == moving), None)  # fmt: skip
+        self.moving = moving
         g = torch.Generator().manual_seed(spec["seed"])
         for i, op in enumerate(self.ops):
             kind = op["op"]
@@ -355,11 +361,15 @@ class FuzzModule(nn.Module):
     def values(self, args: list) -> list:
         """Every value of the graph: the inputs, then one per op."""
         vals = [a for a in args if a is not None]
+        dims = self.dims
+        if self.sized is not None:
+            k, j = self.sized
+            dims = {**self.dims, self.moving: vals[k].shape[j]}
         for i, op in enumerate(self.ops):
-            vals.append(self._op(i, op, vals))
+            vals.append(self._op(i, op, vals, dims))
         return vals
 
-    def _op(self, i: int, op: dict, vals: list):
+    def _op(self, i: int, op: dict, vals: list, dims: dict):
         kind, a = op["op"], op["args"]
         x = vals[a[0]]
         if kind == "unary":
@@ -384,7 +394,7 @@ class FuzzModule(nn.Module):
                 y = y + vals[op["residual"]]
             return y * op["scale"] if op["scale"] != 1.0 else y
         if kind == "reshape":
-            return x.reshape(shape(op["shape"], self.dims))
+            return x.reshape(shape(op["shape"], dims))
         if kind == "transpose":
             return x.transpose(*op["dims"])
         if kind == "rotary":
@@ -410,18 +420,18 @@ class FuzzModule(nn.Module):
             p = getattr(self, f"p{i}")
             return p.clone() if op["fn"] == "clone" else p * 1.0
         if kind == "slice":
-            return x[_slice_index(op["dim"], op["start"], size(op["len"], self.dims), op["step"])]
+            return x[_slice_index(op["dim"], op["start"], size(op["len"], dims), op["step"])]
         if kind == "cat":
             return torch.cat([vals[j] for j in a], dim=op["dim"])
         if kind == "view":  # the .contiguous().view(...) idiom (a plain .view fails on a non-contiguous x)
             x = x.contiguous()
-            return x.view(-1) if op["flat"] else x.view(shape(op["shape"], self.dims))
+            return x.view(-1) if op["flat"] else x.view(shape(op["shape"], dims))
         if kind == "gather":
             return torch.gather(x, -1, vals[a[1]])
         if kind == "cache_write":  # writes the destination in place and returns it, as HF's StaticLayer.update
             return x.index_copy_(op["dim"], vals[a[1]], vals[a[2]])
         if kind == "cross_entropy":  # HF's loss: logits flattened to rows, labels a flat index tensor
-            return F.cross_entropy(x.reshape(-1, size(op["classes"], self.dims)), vals[a[1]])
+            return F.cross_entropy(x.reshape(-1, size(op["classes"], dims)), vals[a[1]])
         raise ValueError(f"unknown op {kind!r}")
 
 
@@ -1148,10 +1158,10 @@ class _AlignedSdpa(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _check_backend(spec: dict, backend: str, model: nn.Module, eager_out, eager_xs: list, truth: list,
-                   bounds: list[float], written: list) -> Outcome:  # fmt: skip
+def _check_backend(spec: dict, backend: str, model: nn.Module, want: _Expected) -> Outcome:
     """Compile and call under no_grad, then compare with eager: structure, values, aliasing, writes into
     the outputs and a second call; and collect unexpected fallbacks over both calls."""
+    eager_out, eager_xs, truth, bounds, written = want.eager_out, want.eager_xs, want.truth, want.bounds, want.written
     res = Outcome(backend)
     dtype = DTYPES[spec["dtype"]]
     dev = "cuda" if backend == "triton" else "cpu"
@@ -1193,12 +1203,40 @@ def _check_backend(spec: dict, backend: str, model: nn.Module, eager_out, eager_
 
 def check(spec: dict, backends: list[str]) -> list[Outcome] | None:
     """Compile the spec with each backend and compare with eager; None when the spec is out of range."""
+    if spec.get("lengths"):
+        return check_lengths(spec, backends)
     ref = reference_values(spec)
     if ref is None:
         return None
-    truth_xs, truth, scale = ref
     dtype = DTYPES[spec["dtype"]]
     model = build(spec).to(dtype)
+    want = _expected(spec, model, ref)
+    if want is None:
+        return None
+    results = [_check_backend(spec, b, model, want) for b in backends]
+    if any(r.failure == "mismatch" and "NaN at" in r.message and r.kernels["attention"] for r in results):
+        _, vals = _values64(spec)
+        if any(_unread_nonfinite_key(op, vals) for op in spec["ops"]):
+            return None  # the attention kernels' documented limit (`_unread_nonfinite_key`)
+    return results
+
+
+@dataclass
+class _Expected:
+    """What a call of a spec's module must give: eager's outputs and inputs after it, the float64 truth, the bound
+    per output and per written input."""
+
+    eager_out: Any
+    eager_xs: list
+    truth: list
+    bounds: list[float]
+    written: list
+
+
+def _expected(spec: dict, model: nn.Module, ref: tuple) -> _Expected | None:
+    """Eager's call of `model` on the spec's inputs and the bounds a compiled call is held to (None: out of range)."""
+    truth_xs, truth, scale = ref
+    dtype = DTYPES[spec["dtype"]]
     eager_xs = make_inputs(spec, dtype)
     try:
         with torch.no_grad(), autocast(spec):
@@ -1222,11 +1260,80 @@ def check(spec: dict, backends: list[str]) -> list[Outcome] | None:
     bounds = [tol * scale + 4 * max(_max_err(e, t), _max_err(c, t)) for e, c, t in zip(eager, eager_c, truth)]
     written = [None if not x.is_floating_point() or _same(x, x0) else (t, tol * scale + 4 * _max_err(x, t))
                for x, x0, t in zip(eager_xs, make_inputs(spec, dtype), truth_xs)]  # fmt: skip
-    results = [_check_backend(spec, b, model, eager_out, eager_xs, truth, bounds, written) for b in backends]
-    if any(r.failure == "mismatch" and "NaN at" in r.message and r.kernels["attention"] for r in results):
-        _, vals = _values64(spec)
-        if any(_unread_nonfinite_key(op, vals) for op in spec["ops"]):
-            return None  # the attention kernels' documented limit (`_unread_nonfinite_key`)
+    return _Expected(eager_out, eager_xs, truth, bounds, written)
+
+
+# -- lengths: one compiled module called at several sizes of one dim (shape families) ---------------------------
+
+
+def _variant(spec: dict, value: int) -> dict:
+    """The lengths spec with its moving dim at `value`."""
+    return {**spec, "dims": {**spec["dims"], spec["lengths"]["dim"]: value}}
+
+
+def with_lengths(spec: dict, rng: random.Random, calls: int = 4) -> dict | None:
+    """The spec as a lengths spec: a dim read from an input's size (in no parameter's shape) takes `calls` values of
+    its power-of-two bucket in turn, the spec's own first (a compile), then others: the second compiles too, the
+    rest are a shape family's instances where the two compiles form one. None where no dim qualifies."""
+    in_params = {n for op in spec["ops"] for e in op.get("w", []) if isinstance(e, str) for n in e.split("*")}
+    plain = {e for inp in spec["inputs"] if inp["kind"] != "same" for e in inp["shape"] if isinstance(e, str)
+             and "*" not in e}  # fmt: skip
+    for d in rng.sample(sorted(plain - in_params), len(plain - in_params)):
+        v = spec["dims"][d]
+        top = 1 << (v - 1).bit_length() if v > 1 else 1  # (the bucket of v: `tuning.cache.bucket`)
+        lo = top // 2 + 1
+        others = [x for x in range(lo, top + 1) if x != v]
+        rng.shuffle(others)
+        lengths = {**spec, "lengths": {"dim": d}}
+        values = [v] + [x for x in others if valid(_variant(lengths, x))][: calls - 1]
+        if len(values) == calls and valid(lengths):
+            lengths["lengths"]["values"] = values
+            return lengths
+    return None
+
+
+def check_lengths(spec: dict, backends: list[str]) -> list[Outcome] | None:
+    """A lengths spec (`with_lengths`): per backend one compiled module called at each of its values in turn, each
+    call held to eager's answer at that size (values and structure); the message names the length. None where a
+    value is out of range."""
+    if not all(valid(_variant(spec, v)) for v in spec["lengths"]["values"]):
+        return None
+    dtype = DTYPES[spec["dtype"]]
+    model = build(spec).to(dtype)
+    wants = []
+    for v in spec["lengths"]["values"]:
+        s = _variant(spec, v)
+        ref = reference_values(s)
+        want = _expected(s, model, ref) if ref is not None else None
+        if want is None:
+            return None
+        wants.append((v, s, want))
+    results = []
+    for backend in backends:
+        res = Outcome(backend)
+        try:
+            cm = dc.compile(model, backend=backend, cuda_graphs=False)
+            with torch.no_grad(), warnings.catch_warnings(record=True) as caught, autocast(spec):
+                warnings.simplefilter("always")
+                for v, s, want in wants:
+                    xs = make_inputs(s, dtype)
+                    out = call(cm, s, xs)
+                    contiguous = [e.is_contiguous() for e in leaves(want.eager_out)]
+                    why = _structure_diff(out, want.eager_out) or _value_diff(
+                        leaves(out), leaves(want.eager_out), want.truth, want.bounds, xs, want.eager_xs, want.written,
+                        contiguous)  # fmt: skip
+                    res.kernels.update(k.pattern for k in cm.report().kernels if k.impl == "kernel")
+                    if why is not None:
+                        res.failure, res.message = "mismatch", f"{spec['lengths']['dim']} = {v}: {why}"
+                        break
+                res.kernels["instances"] = cm.instances
+                res.fallbacks = [] if res.failure else _fallbacks(cm, backend, caught)
+        except Exception as e:  # noqa: BLE001 - every exception is a finding
+            text = str(e).strip()
+            res.failure, res.message = "error", f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+        if res.fallbacks and not res.failure:
+            res.failure, res.message = "fallback", res.fallbacks[0]
+        results.append(res)
     return results
 
 
@@ -1404,4 +1511,6 @@ def features(spec: dict) -> set[str]:
         f.add("call by keyword")
     if spec.get("autocast"):
         f.add("autocast bf16")
+    if spec.get("lengths"):
+        f.add("lengths")
     return f

@@ -11,6 +11,7 @@ import pytest
 
 import dlblas_compiler.api
 from dlblas_compiler.dialects import TanhOp
+from dlblas_compiler.passes.families import ShapeFamily
 from dlblas_compiler.runtime.program import RegionStep
 
 from .generator import (
@@ -24,9 +25,11 @@ from .generator import (
     save_regression,
     shrink,
     valid,
+    with_lengths,
 )
 
 SAMPLE = 1200
+LENGTHS_SAMPLE = 120
 
 
 def _failures(spec: dict) -> list[str]:
@@ -50,6 +53,35 @@ def test_random_graph_matches_eager_and_runs_its_kernels(seed):
     spec, results = _ci_spec(seed)
     bad = [f"{r.backend} {r.failure}: {r.message}" for r in results if r.failure]
     assert not bad, f"{bad}\nspec: {json.dumps(spec)}"
+
+
+def _ci_lengths_spec(seed: int) -> tuple[dict, list]:
+    rng = random.Random(f"ci-lengths-{seed}")
+    results = None
+    while results is None:  # (a graph with no dim to vary, or out of range at one of its lengths: redrawn)
+        spec = with_lengths(random_spec(rng, max_ops=6), rng)
+        results = check(spec, default_backends()) if spec is not None else None
+    return spec, results
+
+
+@pytest.mark.parametrize("seed", range(LENGTHS_SAMPLE))
+def test_random_graph_at_four_lengths_matches_eager(seed):
+    """One compiled module called at four sizes of one dim in one power-of-two bucket, the dim read from an input's
+    size in the forward: two compiles, then (where they form a shape family) two instances, each call eager's."""
+    spec, results = _ci_lengths_spec(seed)
+    bad = [f"{r.backend} {r.failure}: {r.message}" for r in results if r.failure]
+    assert not bad, f"{bad}\nspec: {json.dumps(spec)}"
+
+
+def test_harness_catches_an_instance_built_at_the_first_compiles_sizes(monkeypatch):
+    """The lengths check fails where an instance is wrong: here every moving integer keeps the first compile's
+    value, a family whose instances are the first compile at other inputs."""
+    spec = dict(TANH_CHAIN, lengths={"dim": "d0", "values": [5, 6, 7, 8]})
+    assert [r.failure for r in check(spec, ["reference", "interpret"])] == [None, None]
+    assert [r.kernels["instances"] for r in check(spec, ["reference", "interpret"])] == [2, 2]
+    monkeypatch.setattr(ShapeFamily, "_evaluator", lambda self, sizes: lambda i, a, b: a)
+    (interp,) = check(spec, ["interpret"])  # (the reference backend's torch ops take the tensors' own sizes)
+    assert interp.failure == "mismatch" and interp.message.startswith("d0 = 7: output 0: torch.float32(5, 9)"), interp
 
 
 def test_the_sample_draws_every_everyday_input():
