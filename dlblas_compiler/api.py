@@ -19,6 +19,7 @@ import operator
 import os
 import pickle
 import sys
+import threading
 import time
 import warnings
 from collections import Counter, OrderedDict
@@ -139,6 +140,12 @@ def signature_of(args: tuple, kwargs: dict, unread: frozenset[int] = frozenset()
             except TypeError:
                 sig.append(("V", type(v).__name__, repr(v)))
     return (spec, tuple(sig), _alias_pattern(tensors))
+
+
+# held while a specialization is captured, compiled and called for the first time: symbolic_trace and dynamo patch
+# torch's modules globally while they trace (two threads tracing at once broke every nn.Module of the process), and a
+# first call tunes
+_COMPILING = threading.RLock()
 
 
 def _alias_pattern(tensors) -> tuple | None:
@@ -287,6 +294,7 @@ class Specialization:
     sizes: tuple[int, ...] = ()  # its sizes
     family: Family | None = None  # the shape family it was instantiated from (None: compiled in full)
     key: Any = None  # its key in the compiled module's specializations
+    ready: bool = False  # its first call (tuning, the first run) is over: other threads may call it
 
     def __call__(self, args: tuple, kwargs: dict, leaves: tuple[Any, Any] | None = None) -> Any:
         """Run on a call's arguments; `leaves`: their `call_structure`, the graph's inputs where `same_leaves`."""
@@ -423,6 +431,13 @@ class CompiledModule(torch.nn.Module):
         key = _Key((signature_of(args, kwargs, self._unread, flat), tuple(m.training for m in self._submodules),
                     _precision_mode()))  # fmt: skip
         spec = self._specs.get(key)
+        if spec is not None and spec.ready:
+            return self._hit(key, spec, args, kwargs, flat)
+        with _COMPILING:  # (one thread at a time compiles and makes a first call; another one then finds it ready)
+            return self._first_call(key, flat, args, kwargs)
+
+    def _first_call(self, key: _Key, flat: tuple, args: tuple, kwargs: dict):
+        spec = self._specs.get(key)
         if spec is not None:
             return self._hit(key, spec, args, kwargs, flat)
         skeleton, sizes = sizes_of(key.value)
@@ -442,6 +457,7 @@ class CompiledModule(torch.nn.Module):
             self._evict(spec)
         self._last = spec
         out = spec(args, kwargs, flat)
+        spec.ready = True
         if spec.debug_dir:  # (after the first call: it tunes, and the choices are known)
             self._write_debug(spec)
         return out
@@ -913,6 +929,8 @@ class TracedForward:
         SerializableCallable.register(SavedGraph)
         traces.enable_aot_compile()
         self.owner, self.backend, self.name = owner, backend, name
+        self.hooks = [torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks,
+                      *(d for m in owner.modules() for d in (m._forward_hooks, m._forward_pre_hooks))]  # fmt: skip
         self.func, self.return_dict = traces.unwrapped_forward(method)
         self.aot = torch.compile(self.func, fullgraph=True, backend=backend,
                                  options={"guard_filter_fn": traces.guard_filter})  # fmt: skip
@@ -944,6 +962,9 @@ class TracedForward:
 
     def _run(self, args: tuple, kwargs: dict):
         owner, counts = self.owner, self.counts
+        if any(self.hooks):  # (a saved trace's guards cannot hold the hooks: plain dynamo traces them and guards them)
+            counts["dynamo"] += 1
+            return self.plain(owner, *args, **kwargs)
         for i, f in enumerate(self.entries):
             if f.guard_check(owner, *args, **kwargs):
                 if i:

@@ -74,6 +74,10 @@ def demo(args: argparse.Namespace) -> int:
     from .models import BlockConfig, LlamaBlock, llama_block_inputs, randomize_
     from .numerics import rel_error
 
+    if args.backend == "triton" and not torch.cuda.is_available():
+        print("dlblas-compiler demo: the triton backend runs on a CUDA GPU, and none is available (--backend "
+              "interpret runs the same kernels on the CPU)", file=sys.stderr)  # fmt: skip
+        return 1
     dtype = getattr(torch, args.dtype)
     device = "cuda" if torch.cuda.is_available() and args.backend in (None, "triton") else "cpu"
     cfg = BlockConfig()
@@ -127,6 +131,13 @@ def tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: a sequence length is at least 1")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of `dlblas-compiler`, one subcommand each (`opt`'s own arguments are xdsl-opt's)."""
     parser = argparse.ArgumentParser(
@@ -144,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help=about, description=about)
     p.add_argument("--backend", default=None, choices=["triton", "interpret", "reference"],
                    help="default: triton with a CUDA GPU, else reference")  # fmt: skip
-    p.add_argument("--tokens", type=int, default=8, help="sequence length (default 8)")
+    p.add_argument("--tokens", type=_positive, default=8, help="sequence length (default 8)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--dump-ir", default=None, help="directory for the IR of every stage and the kernels")
     p.set_defaults(run=demo)

@@ -414,8 +414,8 @@ def dynamo_call(name: str, fn: Callable) -> Callable:
     """`fn` (a function compiled through dynamo: `dc.compile(model.forward)`) called so that an op failing on the
     call's shapes while dynamo traces it raises one FrontendError naming the op's source line, as `capture` does,
     instead of dynamo's TorchRuntimeError after FakeTensorMode's logged traceback, and so that dynamo's recompile
-    limit is at least RECOMPILE_LIMIT during the call (set and restored around it: ~4 µs, where the config's
-    `patch` takes ~18)."""
+    limit is at least RECOMPILE_LIMIT during the call and its guards check the modules' hooks (both set and restored
+    around it: ~4 µs, where the config's `patch` takes ~18)."""
     import torch._dynamo
 
     logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QUIET)  # (once per logger: a set of filters)
@@ -424,14 +424,17 @@ def dynamo_call(name: str, fn: Callable) -> Callable:
     @functools.wraps(fn)
     def call(*args, **kwargs):
         _QUIET.calling += 1
-        limit = config.recompile_limit
+        limit, skip_hooks = config.recompile_limit, config.skip_nnmodule_hook_guards
         config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+        # (guards on the modules' hooks: a forward hook registered after a trace makes the next call trace again, with
+        # it; torch.compile's default skips them, and such a hook was silently not run)
+        config.skip_nnmodule_hook_guards = False
         try:
             return fn(*args, **kwargs)
         except torch._dynamo.exc.TorchRuntimeError as e:
             raise FrontendError(_shape_failure(name, e)) from None
         finally:
-            config.recompile_limit = limit
+            config.recompile_limit, config.skip_nnmodule_hook_guards = limit, skip_hooks
             _QUIET.calling -= 1
 
     return call

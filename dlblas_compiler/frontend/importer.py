@@ -228,6 +228,14 @@ def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Nod
             values[n] = out
             return out
 
+        def call_module(self, target, args, kwargs):
+            # (on fake copies of its parameters and buffers: a module that writes its state, BatchNorm's
+            # `num_batches_tracked.add_(1)` in training, would write the real ones at every compile)
+            mod = self.fetch_attr(target)
+            state = {k: mode.from_tensor(v, static_shapes=True) for k, v in (
+                *mod.named_parameters(remove_duplicate=False), *mod.named_buffers(remove_duplicate=False))}  # fmt: skip
+            return torch.func.functional_call(mod, state, args, kwargs, tie_weights=False)
+
     fake_inputs = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in inputs]
     recorder = Recorder(gm)
     recorder.extra_traceback = False  # (the FrontendError names the node and its source line)

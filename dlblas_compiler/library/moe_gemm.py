@@ -4,8 +4,8 @@
 
 x [T, H]; w_gate_up [E, 2I, H] (rows [0, I) the gate projection, [I, 2I) the up projection; or, with w_up
 [E, I, H] given, w_gate_up is the gate [E, I, H]); w_down [E, H, I]; topk_ids [T, k] int (experts in [0, E), -1
-for a dropped slot, as topk_gating returns); topk_weights [T, k]. Weights are nn.Linear-style (out, in); any
-strides. Returns out [T, H] in x's dtype:
+(or any id outside [0, E)) for a dropped slot, as topk_gating returns); topk_weights [T, k]. Weights are
+nn.Linear-style (out, in); any strides. Returns out [T, H] in x's dtype:
 
     out[t] = sum_j topk_weights[t, j] * w_down[e] @ (silu(w_gate[e] @ x[t]) * (w_up[e] @ x[t])),  e = ids[t, j]
 
@@ -332,6 +332,9 @@ def fused_moe(
         raise ValueError(f"fused_moe: IMPL={cfg['IMPL']!r}, expected one of {IMPLS}")
     if out is None:
         out = torch.empty_like(x)
+    # (an id outside [0, E) is a dropped slot, as -1 is and as the reference skips it: the kernels would read past
+    # the weights; telling the caller would wait for the device)
+    topk_ids = topk_ids.masked_fill((topk_ids < 0) | (topk_ids >= E), -1)
     ids, weights = topk_ids.contiguous(), topk_weights.contiguous().view(-1)  # (the kernels index them flat)
     gate_up = (w_gate_up,) if w_up is None else (gate, up)
     if cfg["IMPL"] == "grouped" and grouped_unsupported(x, (*gate_up, w_down)) is None:

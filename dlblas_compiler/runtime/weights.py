@@ -48,7 +48,11 @@ class DerivedWeight:
             # at the same address, which graphs captured with it keep reading)
             self._versions = versions
             return self._value, False
-        with torch.no_grad():
+        # (outside inference mode: the parameters `share` names become views of the buffer, and a buffer made under
+        # `torch.inference_mode()` would make them inference tensors, which autograd refuses to save afterwards;
+        # parameters that are inference tensors already, made under it, stay so)
+        normal = not any(t.is_inference() for t in (*self.sources, *self.share))
+        with torch.inference_mode(not normal and torch.is_inference_mode_enabled()), torch.no_grad():
             self._value = self.compute()
             if _fits(self._value, self.share) and not _graph_alive(self._value):  # the parameters now live in it
                 start = 0

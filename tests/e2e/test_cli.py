@@ -124,3 +124,14 @@ def test_tune_reports_an_import_error_before_looking_for_a_gpu(tmp_path, capsys,
     if not torch.cuda.is_available():  # found in the current directory, then the GPU is missing
         rc, _, err = _main(capsys, "tune", "dl_cli_factories:make")
         assert rc == 1 and "CUDA GPU" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--tokens", "0"], "a sequence length is at least 1"),
+    (["demo", "--backend", "triton"], "none is available"),
+])  # fmt: skip
+def test_demo_refuses_what_it_cannot_run_in_one_line(argv, message):
+    if "triton" in argv and torch.cuda.is_available():
+        pytest.skip("a GPU is here: the triton backend runs")
+    p = _run(*argv)
+    assert p.returncode != 0 and message in p.stderr and "Traceback" not in p.stderr, p.stderr

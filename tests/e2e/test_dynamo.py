@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import dlblas_compiler as dc
 from dlblas_compiler import dynamo
 from dlblas_compiler.models import RMSNorm, randomize_
 from dlblas_compiler.numerics import rel_error
@@ -335,3 +336,28 @@ def test_vmap_and_generic_associative_scan_run_as_one_torch_call_each():
         report = cm.report()
         assert set(report.impls().values()) == {"kernel"}, report.impls()
         assert "functorch_region" in {f.name.rsplit(".", 1)[-1] for f in report.fallbacks}, report.fallbacks
+
+
+class _Hooked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(self.a(x).relu())
+
+
+@pytest.mark.parametrize("keep_traces", [False, True])
+def test_a_forward_hook_registered_after_the_first_call_runs(keep_traces, tmp_path, monkeypatch, fresh_dynamo):
+    """torch.compile's dynamo skips guards on the modules' hooks by default: a hook registered after the first call
+    was silently not run by `dc.compile(model.forward)`, and a saved trace (keep_traces) ignored one registered
+    before. Our dynamo calls now guard the hooks, and a module with hooks does not use saved traces."""
+    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path))
+    model, x = _Hooked().eval(), torch.randn(3, 8)
+    model.forward = dc.compile(model.forward, backend="reference", keep_traces=keep_traces)
+    with torch.no_grad():
+        model(x)
+        handle = model.a.register_forward_hook(lambda m, i, o: o * 0 + 1)
+        torch.testing.assert_close(model(x), _Hooked.forward(model, x))
+        handle.remove()
+        torch.testing.assert_close(model(x), _Hooked.forward(model, x))

@@ -845,3 +845,80 @@ def test_a_negative_zero_constant_keeps_its_sign_in_a_kernel(backend):
     assert torch.equal(out, ref) and bool((out == -float("inf")).all())
     if backend != "reference":
         assert [k.impl for k in cm.report().kernels] == ["kernel"]
+
+
+def test_two_threads_making_the_first_call_at_once_compile_once_and_leave_torch_as_it_was():
+    """Capture patches torch's modules globally while it traces: two threads tracing at once broke every nn.Module
+    of the process (a trace's patch left in place: "module is not installed as a submodule"). Compiling and a
+    specialization's first call now take one lock; the second thread finds the first one's program."""
+    import threading
+
+    from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs
+
+    cfg = BlockConfig()
+    model = randomize_(LlamaBlock(cfg)).eval()
+    cm, args = dc.compile(model, backend="reference"), llama_block_inputs(cfg, 1, 8)
+    with torch.no_grad():
+        want = model(*args)
+    barrier, got, errors = threading.Barrier(2), [], []
+
+    def first_call():
+        barrier.wait()
+        with torch.no_grad():
+            try:
+                got.append(cm(*args))
+            except Exception as e:  # noqa: BLE001 - recorded, asserted below
+                errors.append(e)
+
+    threads = [threading.Thread(target=first_call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(got) == 2 and cm.compile_count == 1
+    for out in got:
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert nn.Linear(4, 4)(torch.randn(2, 4)).shape == (2, 4)  # (torch's modules as they were)
+
+
+def test_a_first_call_under_inference_mode_leaves_the_parameters_trainable():
+    """q/k/v's parameters become views of one concatenated buffer (share_weights); made under inference_mode, it
+    made them inference tensors, and backward through eager (or the documented eager fallback) then failed."""
+    from dlblas_compiler.models import BlockConfig, LlamaBlock, llama_block_inputs
+
+    cfg = BlockConfig()
+    model = randomize_(LlamaBlock(cfg)).eval()
+    cm, args = dc.compile(model, backend="reference"), llama_block_inputs(cfg, 1, 8)
+    with torch.inference_mode():
+        cm(*args)
+    assert not any(p.is_inference() for p in model.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the call that needs gradients runs eagerly, with a warning)
+        cm(*args).sum().backward()
+    model(*args).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+class _BatchNormed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn, self.lin = nn.BatchNorm1d(16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.lin(self.bn(x))
+
+
+def test_compiling_a_model_in_training_leaves_its_batch_norm_counter_alone():
+    """The import computes every node's sizes by running the graph on fake tensors; a module node ran the real
+    BatchNorm there, and its `num_batches_tracked.add_(1)` wrote the real counter at every compile (11 against
+    eager's 7 after 7 calls at 5 sizes). Modules now run on fake copies of their parameters and buffers."""
+    model = _BatchNormed().train()
+    twin = _BatchNormed().train()
+    twin.load_state_dict(model.state_dict())
+    cm = dc.compile(model, backend="reference")
+    with torch.no_grad():
+        for n in (8, 8, 5, 5, 3, 7, 9):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(cm(x), twin(x), rtol=1e-5, atol=1e-5)
+    assert int(model.bn.num_batches_tracked) == int(twin.bn.num_batches_tracked) == 7
+    torch.testing.assert_close(model.bn.running_mean, twin.bn.running_mean)

@@ -172,3 +172,14 @@ def test_gpu_grouped_bf16():
     assert rel_err(fused_moe(x, w_gate_up[:, :384], w_down, ids, weights, w_up=w_gate_up[:, 384:], config=GROUPED),
                    ref) <= TOL[torch.bfloat16]  # fmt: skip
     assert default_config(8 * moe_gemm.GROUPED_MIN_ROWS, 8, torch.bfloat16, "cuda")["IMPL"] == "grouped"
+
+
+@pytest.mark.parametrize("impl", ["triton", "grouped"])
+def test_an_expert_id_outside_the_experts_is_a_dropped_slot(impl):
+    """An id >= E (or < -1) read past the weights (about 2e34 on that token's row, no error); it is now a dropped
+    slot, as -1 is and as the reference skips it."""
+    x, w_gate_up, w_down, ids, weights = moe_inputs(5, 16, 8, 4, 2, torch.float32, range(4))
+    ids[0, 0], ids[2, 1] = 4, -7
+    out = fused_moe(x, w_gate_up, w_down, ids, weights, config={"IMPL": impl})
+    assert torch.isfinite(out).all()
+    assert rel_err(out, reference(x, w_gate_up, w_down, ids, weights)) < TOL[torch.float32]
