@@ -369,6 +369,11 @@ class CompiledModule(torch.nn.Module):
     replaced, weights tied) makes the next call compile again from the model as it is then; values written into
     the same tensors (in place, `load_state_dict`, `p.data = t`) are read by the compiled code as they are."""
 
+    # (nn.Module's own call, bound here: while another thread's capture traces, symbolic_trace has replaced
+    # `nn.Module.__call__` for every module of the process, and a call of this module would enter that tracer's patch
+    # instead of waiting for the compile lock)
+    __call__ = torch.nn.Module._wrapped_call_impl
+
     def __init__(self, model: torch.nn.Module, options: Options, name: str | None = None):
         super().__init__()
         self.model = model
