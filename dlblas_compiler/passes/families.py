@@ -67,6 +67,7 @@ class ShapeFamily:
     _at: dict[int, list[tuple[Place, int, int]]] = field(default_factory=dict, repr=False)  # op index -> its moves
     _order: dict[frozenset, list[Operation]] = field(default_factory=dict, repr=False)  # also -> the ops to copy
     _shares: dict[Operation, object] = field(default_factory=dict, repr=False)
+    _last_parameter: tuple = field(default=(None, None), repr=False)
 
     @functools.cached_property
     def _line(self) -> tuple[list[int], list[tuple[int, int, int]]]:
@@ -77,6 +78,13 @@ class ShapeFamily:
 
     def parameter(self, sizes: tuple[int, ...]) -> Fraction | None:
         """t for these input sizes, or None where they are not on the family's line inside its buckets."""
+        if self._last_parameter[0] == sizes:  # (an instance asks several times, with a tuple of a few hundred sizes)
+            return self._last_parameter[1]
+        t = self._parameter(sizes)
+        self._last_parameter = (sizes, t)
+        return t
+
+    def _parameter(self, sizes: tuple[int, ...]) -> Fraction | None:
         first = self.sizes[0]
         if len(sizes) != len(first):
             return None

@@ -548,9 +548,10 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
             steps[at] = b.step(op)
     # an input-free call the sizes leave alone keeps its first values too, but where it reads a value these sizes
     # compute anew (`pos = torch.arange(p, p + 1)[None]`: the slice of a moved arange) those values are stale
-    moved = {r for op in (*replaced, *(shared or {}), *retyped) for r in op.results}
+    fresh = {*replaced, *(shared or {}), *retyped}
+    moved = {r for op in fresh for r in op.results}
     for op in base.fn.body.block.ops:
-        if op in replaced or op in (shared or {}) or op in retyped or moved.isdisjoint(op.operands):
+        if op in fresh or moved.isdisjoint(op.operands):
             continue
         moved.update(op.results)
         at = recipe.made.get(op)
