@@ -211,6 +211,14 @@ def _traced_hook(hook: Callable) -> bool:
     return getattr(hook, "__module__", None) in TRACED_HOOKS
 
 
+def _hook_dicts(modules) -> list[dict]:
+    """The dicts of forward hooks a call of `modules` would run: the global ones first, then each module's (checked
+    each call for being empty, at C speed)."""
+    module = torch.nn.modules.module
+    return [module._global_forward_hooks, module._global_forward_pre_hooks,
+            *(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))]  # fmt: skip
+
+
 _GRAD = ("gradients are needed (grad mode is on and a parameter or an input requires grad), and the compiled "
          "kernels do not build an autograd graph",
          "call it under torch.no_grad() or torch.inference_mode() to run the compiled code")  # fmt: skip
@@ -405,9 +413,7 @@ class CompiledModule(torch.nn.Module):
         # forward hooks (a module's own and the global ones): a captured graph would keep what a hook did at trace time
         # (or drop it), and a hook collecting activations would see fake tensors once. Their dicts, checked each call
         # for being empty at C speed; a dynamo graph has its hooks traced into it already
-        self._hooks = [] if isinstance(model, torch.fx.GraphModule) else [
-            torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks,
-            *(d for m in self._submodules for d in (m._forward_hooks, m._forward_pre_hooks))]  # fmt: skip
+        self._hooks = [] if isinstance(model, torch.fx.GraphModule) else _hook_dicts(self._submodules)
 
     def _check_holdings(self) -> None:
         """After an assignment somewhere in the process: if this model's submodules, parameters or buffers are no
@@ -934,8 +940,7 @@ class TracedForward:
         SerializableCallable.register(SavedGraph)
         traces.enable_aot_compile()
         self.owner, self.backend, self.name = owner, backend, name
-        self.hooks = [torch.nn.modules.module._global_forward_hooks, torch.nn.modules.module._global_forward_pre_hooks,
-                      *(d for m in owner.modules() for d in (m._forward_hooks, m._forward_pre_hooks))]  # fmt: skip
+        self.hooks = _hook_dicts(owner.modules())
         self.func, self.return_dict = traces.unwrapped_forward(method)
         self.aot = torch.compile(self.func, fullgraph=True, backend=backend,
                                  options={"guard_filter_fn": traces.guard_filter})  # fmt: skip
