@@ -7,6 +7,8 @@
 # GPU_TESTS=1 also runs the GPU tests (`pytest -m gpu`) before CMD and saves their log, headed by the card,
 # the commit and the versions, to $OUT/gpu-tests.log: copy it to bench/results/<date>-<card>-gpu-tests.log
 # with the run's other results. Their exit status is in the log's last line; CMD runs either way.
+# GPU_TESTS_WORKERS=N runs them in N pytest-xdist processes sharing the card (most of a GPU test's time is
+# compiling on the host; one process takes longer than a call's 600 s on a slow host).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DLBLAS_CACHE_DIR=/tmp/dlblas_cache
 mkdir -p $DLBLAS_CACHE_DIR
@@ -18,13 +20,15 @@ fi
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   log=${OUT:-.}/gpu-tests.log
   {
-    echo "# GPU tests: python3 -m pytest -q -p no:cacheprovider -m gpu tests"
+    echo "# GPU tests: python3 -m pytest -q -p no:cacheprovider -m gpu tests (${GPU_TESTS_WORKERS:-1} processes)"
     echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "# card: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
     echo "# commit: $(git rev-parse HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | grep -q . && echo '(with uncommitted changes)')"
     echo "# versions: $(python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' 2>&1)"
   } > "$log"
-  python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests 2>&1 | tee -a "$log"
+  workers=${GPU_TESTS_WORKERS:-1}
+  [ "$workers" -gt 1 ] && xdist="-n $workers" || xdist=
+  python3 -m pytest -q -p no:cacheprovider -m gpu -rs $xdist tests 2>&1 | tee -a "$log"
   echo "# pytest exit status: ${PIPESTATUS[0]}" | tee -a "$log"
 fi
 rc=0
