@@ -1,7 +1,8 @@
 """Numerics policy: how outputs are compared with references, and the tolerance per dtype.
 
-Generated kernels accumulate in fp32 and cast once on store; the tolerances below bound
-‖out − ref‖ / ‖ref‖ against a reference computed in float64 from the same inputs.
+Generated kernels compute in fp32 and round each op's result to its dtype, as eager rounds each op's (a GEMM's
+and a reduction's accumulation stays fp32 until its result); the tolerances below bound ‖out − ref‖ / ‖ref‖
+against a reference computed in float64 from the same inputs.
 """
 
 from __future__ import annotations

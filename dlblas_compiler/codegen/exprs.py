@@ -3,7 +3,10 @@
 Values are fp32 tensors in registers. `Emitter.value(op)` writes the statements for one op and returns
 the name of its result; every op's arithmetic lives in one place: elementwise ops carry their own
 Triton expression in the dialect (`op.triton(...)`); the composite row ops (norms, softmax) are here.
-A cast to a narrower dtype rounds (x.to(bf16).to(fp32)) so results follow the eager rounding points.
+Every op's result is rounded to its dtype (x.to(bf16).to(fp32)), as eager rounds each op's result: a bf16 or fp16
+chain overflows, underflows and rounds where eager's does (`(exp(x) / 1000)` in fp16 is inf where exp(x) is).
+Inside one op the arithmetic is fp32, as in eager's kernels; a converter that spells one torch op as several
+`dl` ops computes them in fp32 (`frontend.converters.in_f32`).
 """
 
 from __future__ import annotations
@@ -78,22 +81,6 @@ def compared(names: Names, v: SSAValue, dt: torch.dtype) -> str:
     return round_to(round_to(names[v], v), dt)
 
 
-def feeds_compare(v: SSAValue) -> bool:
-    """v reaches a `dl.compare` through elementwise ops. Kernels keep such ops' results in float32 where eager rounds
-    each to its dtype (within tolerance, for a float output); a comparison of them must see eager's values, so along
-    such a chain every result is rounded."""
-    seen, todo = set(), [v]
-    while todo:
-        for u in todo.pop().uses:
-            o = u.operation
-            if isinstance(o, CompareOp):
-                return True
-            if isinstance(o, POINTWISE) and o not in seen:
-                seen.add(o)
-                todo.extend(o.results)
-    return False
-
-
 def emit_pointwise(w: Writer, names: Names, op) -> bool:
     """Write one elementwise op (unary, binary, convert, constant, glu, where, compare, logical). False if `op` is
     not one. Booleans are held as 0.0 and 1.0."""
@@ -106,18 +93,17 @@ def emit_pointwise(w: Writer, names: Names, op) -> bool:
         expr = op.triton(compared(names, op.lhs, op.dtype), compared(names, op.rhs, op.dtype))
     elif isinstance(op, (BinaryOp, LogicalOp)):
         expr = op.triton(names[op.lhs], names[op.rhs])
-    elif isinstance(op, ConvertOp):
-        expr = names[op.input]
-    elif isinstance(op, WhereOp):  # (rounded as eager's result is: a constant branch may be finer than its dtype)
-        expr = round_to(op.triton(names[op.cond], names[op.lhs], names[op.rhs]), op.result)
+    elif isinstance(op, ConvertOp):  # (the operand as its own dtype holds it, then the cast's)
+        expr = round_to(names[op.input], op.input)
+    elif isinstance(op, WhereOp):  # (a constant branch may be finer than the dtype)
+        expr = op.triton(names[op.cond], names[op.lhs], names[op.rhs])
     elif isinstance(op, GluOp):
         g = names[op.gate]
         expr = f"{GLU_EXPR[op.act.data].format(x=g)} * {names[op.up]}"
     else:
         return False
     t = names.fresh("v")
-    exact = isinstance(op, ConvertOp) or (isinstance(op, (UnaryOp, BinaryOp, GluOp)) and feeds_compare(op.results[0]))
-    w(f"{t} = {round_to(expr, op.results[0]) if exact else expr}")
+    w(f"{t} = {round_to(expr, op.results[0])}")
     names[op.results[0]] = t
     return True
 

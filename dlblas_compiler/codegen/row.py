@@ -380,9 +380,19 @@ class RowEmitter:
         return f"{cols}[None, :] * {stride}"
 
     def _op(self, w: Writer, op: Operation, n: int, nrow: int, leaf_index: dict) -> None:
-        names = self.names
-        if emit_pointwise(w, names, op):
+        """Write one op; each result a later op reads is rounded to its dtype, as eager's op rounds it (a bf16
+        `x - x.mean(-1, keepdim=True)` subtracts the rounded mean)."""
+        if emit_pointwise(w, self.names, op):
             return
+        self._composite(w, op, n, nrow, leaf_index)
+        for r in op.results:
+            if r in self.names and round_to("x", r) != "x":
+                t = self.names.fresh("rd")
+                w(f"{t} = {round_to(self.names[r], r)}")
+                self.names[r] = t
+
+    def _composite(self, w: Writer, op: Operation, n: int, nrow: int, leaf_index: dict) -> None:
+        names = self.names
         if isinstance(op, ReduceOp):
             kind = {ReduceSumOp: "sum", ReduceMeanOp: "mean", ReduceMaxOp: "max"}[type(op)]
             names[op.result] = _reduce(w, names, kind, names[op.input], n)

@@ -663,6 +663,20 @@ def _normalize(e, x, p=2.0, dim=1, eps=1e-12, out=None):
     return _emit(e, DivOp(x, denom))
 
 
+def _cast(e, x: SSAValue, elem) -> SSAValue:
+    return x if x.type.element_type == elem else _emit(e, ConvertOp(x, elem))
+
+
+def in_f32(e, x, build: Callable[[SSAValue], SSAValue]) -> SSAValue:
+    """One torch op spelled as several `dl` ops: `build` of x in float32, rounded to x's type once, as eager's one
+    kernel computes it (each `dl` op's result is rounded to its type: in bf16 a chain of them would round, overflow
+    and underflow at every step, where eager's op does once)."""
+    x = _tensor(x)
+    if x.type.element_type == xdsl_dtype(torch.float64):
+        return build(x)
+    return _cast(e, build(_cast(e, x, xdsl_dtype(torch.float32))), x.type.element_type)
+
+
 # -- piecewise-linear activations as max/min chains ---------------------------------------------------------------
 def _not_inplace(inplace: bool, what: str) -> None:
     if inplace:
@@ -732,8 +746,12 @@ def _glu(e, x, dim=-1):
     n = shape_of(x)[d]
     if n % 2:
         raise Unsupported(f"glu over an odd size {n}")
-    a, b = (_emit(e, SliceOp(x, d, lo, lo + n // 2)) for lo in (0, n // 2))
-    return _emit(e, MulOp(a, _emit(e, SigmoidOp(b))))
+
+    def halves(xf: SSAValue) -> SSAValue:
+        a, b = (_emit(e, SliceOp(xf, d, lo, lo + n // 2)) for lo in (0, n // 2))
+        return _emit(e, MulOp(a, _emit(e, SigmoidOp(b))))
+
+    return in_f32(e, x, halves)
 
 
 @converts(nn.GLU)
@@ -753,11 +771,14 @@ def _elu_of(e, x, alpha: float, scale: float, input_scale: float) -> SSAValue:
     stays NaN. A negative alpha or scale flips those signs: left to torch."""
     if not all(isinstance(v, Number) and v > 0 for v in (alpha, scale, input_scale)):
         raise Unsupported(f"elu with alpha={alpha}, scale={scale}, input_scale={input_scale}")
-    x = _tensor(x)
-    zero = e.const(0.0, x)
-    pos = _const_mul(e, _emit(e, MaximumOp(x, zero)), scale)
-    neg = _const_mul(e, _const_mul(e, _emit(e, Expm1Op(_const_mul(e, x, input_scale))), alpha), scale)
-    return _emit(e, AddOp(pos, _emit(e, MinimumOp(zero, neg))))
+
+    def branches(x: SSAValue) -> SSAValue:
+        zero = e.const(0.0, x)
+        pos = _const_mul(e, _emit(e, MaximumOp(x, zero)), scale)
+        neg = _const_mul(e, _const_mul(e, _emit(e, Expm1Op(_const_mul(e, x, input_scale))), alpha), scale)
+        return _emit(e, AddOp(pos, _emit(e, MinimumOp(zero, neg))))
+
+    return in_f32(e, x, branches)
 
 
 SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
@@ -802,24 +823,25 @@ def _softplus(e, x, beta=1.0, threshold=20.0):
     if not (isinstance(beta, Number) and beta > 0 and isinstance(threshold, Number)
             and threshold >= SOFTPLUS_SMOOTH_FROM):  # fmt: skip
         raise Unsupported(f"softplus with beta={beta}, threshold={threshold}")
-    x = _tensor(x)
-    sp = _softplus_of(e, _const_mul(e, x, beta))
-    return sp if beta == 1 else _emit(e, DivOp(sp, e.const(beta, x)))
+
+    def smooth(x: SSAValue) -> SSAValue:
+        sp = _softplus_of(e, _const_mul(e, x, beta))
+        return sp if beta == 1 else _emit(e, DivOp(sp, e.const(beta, x)))
+
+    return in_f32(e, x, smooth)
 
 
 @converts(F.mish)
 def _mish(e, x, inplace=False):
     """x tanh(softplus(x)) (eager's mish has no threshold; its log1p(exp(x)) and the smooth form agree in float32)."""
     _not_inplace(inplace, "mish")
-    x = _tensor(x)
-    return _emit(e, MulOp(x, _emit(e, TanhOp(_softplus_of(e, x)))))
+    return in_f32(e, x, lambda x: _emit(e, MulOp(x, _emit(e, TanhOp(_softplus_of(e, x))))))
 
 
 @converts(F.logsigmoid)
 def _logsigmoid(e, x):
     """min(x, 0) - log1p(exp(-|x|)), eager's formula."""
-    x = _tensor(x)
-    return _emit(e, SubOp(_emit(e, MinimumOp(x, e.const(0.0, x))), _log1p_exp_minus_abs(e, x)))
+    return in_f32(e, x, lambda x: _emit(e, SubOp(_emit(e, MinimumOp(x, e.const(0.0, x))), _log1p_exp_minus_abs(e, x))))
 
 
 @converts(nn.ELU, nn.SELU, nn.CELU, nn.Softplus, nn.Mish, nn.LogSigmoid)
@@ -951,8 +973,6 @@ def _in_f32(e, x, dtype, what: str) -> tuple[SSAValue, Any]:
     return (x if x.type.element_type == f32 else _emit(e, ConvertOp(x, f32))), out
 
 
-def _cast(e, x: SSAValue, elem) -> SSAValue:
-    return x if x.type.element_type == elem else _emit(e, ConvertOp(x, elem))
 
 
 @converts(F.log_softmax, torch.log_softmax, "log_softmax", torch.special.log_softmax)

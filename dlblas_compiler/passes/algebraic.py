@@ -10,7 +10,10 @@
   (x*r*g) @ W^T = (x*r) @ (W*g)^T, so the norm weight folds into the weight and the norm left is a pure per-row
   scale. Off by default: W*g is a second copy of the weight in memory (the lm_head's is 1 GB for Llama-3-8B),
   while the GEMM template applies g to the A tile it loads (one multiply per loaded element);
-- scalar chains: (x*a)*b = x*(a*b), (x+a)+b = x+(a+b), x*1 = x, x+(-0.0) = x (not x+0.0: -0.0+0.0 is +0.0);
+- scalar chains, where the folded form gives the same result for every x (NaN, infinities and overflow included):
+  (x*a)*b = x*(a*b) for powers of two a, b of magnitude >= 1 (each product exact until it overflows, and x*a
+  overflows only if x*a*b does), x*1 = x, x+(-0.0) = x (not x+0.0: -0.0+0.0 is +0.0); (x+a)+b is left as it is
+  ((x+1e8)-1e8 is 0 in float32, not x);
 - layout: reshape(reshape(x)) = reshape(x), permute(permute(x)) = permute(x), no-op reshapes/permutes, a
   permute after an RMSNorm that keeps the last dim goes before it (the norm's consumer then reads it directly), a
   linear between reshapes that only regroup its rows is a linear of the unreshaped input, slice(slice(x)) along
@@ -24,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
@@ -50,6 +54,7 @@ from ..dialects import (
     RMSNormOp,
     SliceOp,
 )
+from ..dialects.types import dtype_of
 from .match import is_constant, operand_pairs, producer, scalar, set_name, shape
 from .registry import register_pass
 
@@ -196,6 +201,14 @@ def fold_norm_weights(fn: func.FuncOp) -> None:
         op.erase()
 
 
+def _exact_product(a: float, b: float, v: SSAValue) -> bool:
+    """(x*a)*b equals x*(a*b) in v's dtype for every x: a and b powers of two of magnitude >= 1 whose product the
+    dtype holds (then both products are exact until they overflow, and x*a overflows only where x*(a*b) does)."""
+    big = torch.finfo(dtype_of(v)).max
+    powers = all(math.isfinite(k) and abs(k) >= 1 and math.frexp(k)[0] in (0.5, -0.5) for k in (a, b))
+    return powers and abs(a * b) <= big
+
+
 class FoldScalarChains(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter):
         if not isinstance(op, (MulOp, AddOp)):
@@ -209,14 +222,14 @@ class FoldScalarChains(RewritePattern):
             if unit and x.type == op.result.type:
                 rewriter.replace(op, [], [x])
                 return
-            inner = producer(x, type(op))
+            inner = producer(x, MulOp) if isinstance(op, MulOp) else None
             if inner is None or not x.has_one_use():
                 continue
             for y, c2 in operand_pairs(inner):
                 k2 = scalar(c2)
-                if k2 is None or len(shape(c2)) or y.type != op.result.type:
+                if k2 is None or len(shape(c2)) or y.type != op.result.type or not _exact_product(k, k2, op.result):
                     continue
-                merged = ConstantOp(k * k2 if isinstance(op, MulOp) else k + k2, c.type.element_type)
+                merged = ConstantOp(k * k2, c.type.element_type)
                 new = type(op)(y, merged.result)
                 set_name(new.result, op.result)
                 rewriter.replace(op, [merged, new])

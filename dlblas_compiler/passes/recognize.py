@@ -99,6 +99,13 @@ from .match import (
 from .registry import register_pass
 from .spellings import rewrite_spellings
 
+def spelled_in_f32(v: SSAValue) -> bool:
+    """v is float32 (or float64): a chain spelled out in it may be raised to a composite op, which computes in float32
+    and rounds once. A chain spelled in bf16 or fp16 is left as it is: eager rounds every step there, and an fp16
+    x.pow(2) overflows past 256, where the composite op's does not."""
+    return dtype_of(v) in (torch.float32, torch.float64)
+
+
 # -- rms_norm -------------------------------------------------------------------------------------
 
 
@@ -175,7 +182,7 @@ class RecognizeRMSNorm(RewritePattern):
         if not isinstance(op, (MulOp, DivOp)):
             return
         found = _normalized(op)
-        if found is None:
+        if found is None or not spelled_in_f32(found[0]):
             return
         xf, eps = found
         n = op.result
@@ -358,11 +365,12 @@ class RecognizeSoftmax(RewritePattern):
             return
         x = exp.input
         sub = producer(x, SubOp)
-        if sub is not None:
-            mx = producer(sub.rhs, ReduceMaxOp)
-            if mx is not None and mx.input == sub.lhs and mx.axes == (dim,) and mx.keep and single_use(x, sub.rhs):
-                x = sub.lhs
-        install(rewriter, SoftmaxOp(x, dim), op.result)
+        mx = producer(sub.rhs, ReduceMaxOp) if sub is not None else None
+        if mx is None or mx.input != sub.lhs or mx.axes != (dim,) or not mx.keep or not single_use(x, sub.rhs):
+            return  # (without the max, eager's exp overflows where dl.softmax's does not: inf / inf is NaN there)
+        if not spelled_in_f32(op.result):
+            return
+        install(rewriter, SoftmaxOp(sub.lhs, dim), op.result)
 
 
 # -- linear ---------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import (
@@ -56,6 +57,7 @@ from ..dialects import (
     SubOp,
     TanhOp,
 )
+from ..dialects.types import dtype_of
 from .match import install, last_dim, operand_pairs, producer, scalar, shape
 
 
@@ -209,8 +211,8 @@ class MeanOfSum(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: DivOp, rewriter: PatternRewriter):
         total = producer(op.lhs, ReduceSumOp)
-        if total is None or not op.lhs.has_one_use():
-            return
+        if total is None or not op.lhs.has_one_use() or dtype_of(op.result) not in (torch.float32, torch.float64):
+            return  # (in bf16 or fp16 eager rounds the sum before dividing, and an fp16 sum overflows past 65504)
         sizes = [shape(total.input)[d] for d in total.axes]
         if all(s > 0 for s in sizes) and scalar(op.rhs) == math.prod(sizes):  # static sizes (a dynamic one is < 0)
             install(rewriter, ReduceMeanOp(total.input, total.axes, total.keep), op.result)

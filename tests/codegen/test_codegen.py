@@ -127,8 +127,10 @@ def test_row_kernels_of_narrow_rows_take_many_rows_per_program(backend, dtype):
 
 @pytest.mark.parametrize("backend,dtype", CASES)
 def test_row_softmax_both_spellings(backend, dtype):
+    """The spelled softmax is raised to dl.softmax (fp32 inside, rounded once) only where eager computes it in
+    fp32: in fp16 eager rounds each step, so it stays as written (one row kernel all the same)."""
     cm = _run(Softmaxes(), [_x(6, 3, 45) * 3], backend, dtype)
-    assert cm.ir("after:recognize").count("dl.softmax") == 2
+    assert cm.ir("after:recognize").count("dl.softmax") == (2 if dtype == torch.float32 else 1)
 
 
 @pytest.mark.parametrize("backend,dtype", CASES)

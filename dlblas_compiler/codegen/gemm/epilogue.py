@@ -416,5 +416,7 @@ class EpilogueEmitter:
             w.dedent()
         if rd < d:  # partial rotary: the columns past rotary_dim in each head pass through
             w(f"{t} = tl.where({dcol} < {rd}, {t}, {x})")
+        if round_to(t, o.result) != t:  # (as eager's op rounds its result; free before a store of that dtype)
+            w(f"{t} = {round_to(t, o.result)}")
         names[o.result] = t
 

@@ -1,8 +1,8 @@
 // RUN: dl-opt %s -p "recognize,algebraic{fold_norm_weight=true},cse,dce" | filecheck %s
 // Horizontal fusion (q/k share an input: one GEMM on the concatenated weight, then slices), FlashNorm
 // (the norm weight folds into that weight), but not for a norm whose value has a non-linear user;
-// scalar chains fold ((x*2)*3 + -0.0 = x*6, while y + 0.0 stays: -0.0 + 0.0 is +0.0); reshape/transpose chains
-// collapse.
+// scalar chains fold where exact ((x*2)*4 + -0.0 = x*8: powers of two; y + 0.0 stays: -0.0 + 0.0 is +0.0);
+// reshape/transpose chains collapse.
 // CHECK:      %zero = dl.constant 0.000000e+00
 // CHECK:      %[[N:.*]] = dl.rms_norm %x {eps = 1.000000e-06 : f64} : tensor<8x16xf32> -> tensor<8x16xf32>
 // CHECK-NEXT: %[[C:.*]] = dl.cat %q_weight, %k_weight {dim = 0 : i64}
@@ -12,8 +12,8 @@
 // CHECK-NEXT: dl.slice %[[QK]] {dim = 1 : i64, start = 8 : i64, end = 12 : i64}
 // CHECK-NEXT: %[[N2:.*]] = dl.rms_norm %x weight %n2_weight
 // CHECK-NEXT: dl.linear %[[N2]], %o_weight
-// CHECK:      %[[SIX:.*]] = dl.constant 6.000000e+00 : f64 : tensor<f32>
-// CHECK-NEXT: dl.mul %x, %[[SIX]]
+// CHECK:      %[[EIGHT:.*]] = dl.constant 8.000000e+00 : f64 : tensor<f32>
+// CHECK-NEXT: dl.mul %x, %[[EIGHT]]
 // CHECK-NEXT: dl.add %x, %zero
 // CHECK-NEXT: dl.reshape %x : tensor<8x16xf32> -> tensor<32x4xf32>
 // CHECK-NOT:  dl.permute
@@ -46,7 +46,7 @@ builtin.module {
     %add_4 = dl.add %o, %getitem : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
     %mul_4 = dl.constant 2.000000e+00 : f64 : tensor<f32>
     %mul_5 = dl.mul %x, %mul_4 : (tensor<8x16xf32>, tensor<f32>) -> tensor<8x16xf32>
-    %mul_6 = dl.constant 3.000000e+00 : f64 : tensor<f32>
+    %mul_6 = dl.constant 4.000000e+00 : f64 : tensor<f32>
     %mul_7 = dl.mul %mul_5, %mul_6 : (tensor<8x16xf32>, tensor<f32>) -> tensor<8x16xf32>
     %add_5 = dl.constant -0.000000e+00 : f64 : tensor<f32>
     %add_6 = dl.add %mul_7, %add_5 : (tensor<8x16xf32>, tensor<f32>) -> tensor<8x16xf32>
