@@ -316,19 +316,28 @@ class Specialization:
         if self.guard is not None:
             outs = self.guard(inputs, self.imported.params, outs)
         if self.imported.writes:
-            self._write_back(flat, outs)
+            outs = self._write_back(flat, outs)
         if self.single:
             return outs[0]
         values = [outs[x] if kind == "value" else x(flat) if kind == "sym" else x for kind, x in self.imported.out_leaves]
         return self.captured.unflatten(values, self.imported.out_spec)
 
-    def _write_back(self, flat, outs: tuple) -> None:
-        """Copy the final values of the inputs and buffers the model writes in place into them (eager semantics)."""
+    def _write_back(self, flat, outs: tuple) -> tuple:
+        """Copy the final values of the inputs and buffers the model writes in place into them (eager semantics);
+        an output eager returns as the written tensor itself is that tensor."""
+        targets = []
         with torch.no_grad():
             for kind, key, i in self.imported.writes:
                 target = flat[key] if kind == "input" else self.imported.params[key]
                 if outs[i] is not target:  # (a cache the program updated in place is already there)
                     target.copy_(outs[i])
+                targets.append(target)
+        if not self.imported.returns_written:
+            return outs
+        outs = list(outs)
+        for j, w in self.imported.returns_written.items():
+            outs[j] = targets[w]
+        return tuple(outs)
 
 
 def _check_devices(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:

@@ -167,6 +167,9 @@ class Imported:
     # 0-d host tensors of the module read on a device (param name -> device): the program reads a copy there, made
     # again when the tensor changes (`DerivedWeight`), as eager reads such a tensor as a number
     param_devices: dict[str, torch.device] = field(default_factory=dict)
+    # output value (result index) -> index into `writes`: eager returns the tensor it wrote itself (`relu_(x)`,
+    # `self.n += 1; return self.n`, a cache written by index_copy_), so the call returns that tensor after writing it
+    returns_written: dict[int, int] = field(default_factory=dict)
 
     def program_inputs(self, flat: Any) -> list:
         """The function's arguments from the call's flat inputs."""
@@ -398,7 +401,11 @@ class Importer:
             else:
                 out_leaves.append(("const", v))
         eager_aliases, contiguous = self._output_layouts(out_fakes, placeholders, param_placeholders)
-        writes = []
+        writes, returns_written = [], {}
+        for j, f in enumerate(out_fakes):
+            for w, node in enumerate(self.written):
+                if _same_tensor(f, self.values.get(node)):
+                    returns_written[j] = w
         for node, v in self.written.items():
             if node.op == "placeholder":
                 i = placeholders.index(node)
@@ -416,7 +423,7 @@ class Importer:
             module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
             param_placeholders, writes, eager_aliases, contiguous, moves, tuple(self.complex_inputs),
             tuple(self.value_decisions), tuple(self.size_decisions),
-            {n.name: v for n, v in values.items() if _is_size(v)}, self.param_devices,
+            {n.name: v for n, v in values.items() if _is_size(v)}, self.param_devices, returns_written,
         )  # fmt: skip
 
     # -- values that depend on no input ------------------------------------------------------------
@@ -785,11 +792,14 @@ class Importer:
                 if (st := _storage(v)) is not None:
                     self._by_storage.setdefault(st, []).append(m)
         for m in self._by_storage.get(storage, ()):
-            if m is base or m is n or self.alias_base.get(m) is base or self.order[m] > self.order[n]:
+            state = m.op in ("placeholder", "get_attr")  # (symbolic_trace puts a get_attr at its first read: a
+            if m is base or m is n or self.alias_base.get(m) is base or (self.order[m] > self.order[n] and not state):
+                continue  # module tensor read after the write is still another name of memory it wrote)
+            if self._root(m) is base or not _overlap(self.values[m], self.values[base]):  # a tracked view; apart
                 continue
-            if self._root(m) is base:  # a tracked view of it
-                continue
-            if m.op in ("placeholder", "get_attr") or any(self.order[u] > self.order[n] for u in m.users):
+            if m.op == base.op == "get_attr" and self._get_attr(m.target) is self._get_attr(base.target):
+                continue  # (the same tensor read again: that read will be another name of it, `_convert`)
+            if state or any(self.order[u] > self.order[n] for u in m.users):
                 where = source_line(n)
                 raise FrontendError(
                     f"in-place {_describe(n)} (node '{n.name}'{', at ' + where if where else ''}) writes a tensor that "
@@ -1134,6 +1144,25 @@ class _Slot:
 @dataclass(frozen=True)
 class _Written:
     value: SSAValue
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b (of one storage) may touch the same bytes: their spans from the first to the last element overlap."""
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        lo = t.storage_offset() * t.element_size()
+        return lo, lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+    if not a.numel() or not b.numel():
+        return False
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _same_tensor(a: Any, b: Any) -> bool:
+    """a and b are one tensor: the same storage, offset, sizes and strides."""
+    st = _storage(a)
+    return (st is not None and st == _storage(b) and a.shape == b.shape and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset())  # fmt: skip
 
 
 def _storage(v: Any) -> int | None:

@@ -103,7 +103,8 @@ def surroundings(a: Any, b: Any) -> dict[str, list[tuple[int, int, int]]]:
     {call: [(index among its constants, value at the first compile, at the second)]}. A decision the import took
     from a tensor's values at these sizes (a mask found causal) refuses the family: it may not hold at others."""
     ia, ib = a.imported, b.imported
-    for f in ("arg_positions", "out_leaves", "writes", "eager_aliases", "contiguous", "device_moves", "complex_inputs"):
+    for f in ("arg_positions", "out_leaves", "writes", "eager_aliases", "contiguous", "device_moves", "complex_inputs",
+              "returns_written"):  # fmt: skip
         if getattr(ia, f) != getattr(ib, f):
             raise NotAFamily(f"their {f.replace('_', ' ')} differ")
     made = [k for k, v in ia.params.items() if k not in ib.params or ib.params[k].shape != v.shape]

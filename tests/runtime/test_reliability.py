@@ -1,6 +1,7 @@
 """Reliability: regions fall back (one warning each) under injected faults, the bad-input table of
 docs/bad-inputs.md row by row, and check=True (each region against its reference on live inputs)."""
 
+import copy
 import warnings
 import weakref
 
@@ -500,6 +501,104 @@ def test_inplace_under_dynamo_follows_eager():
             _close(cm(x, pair), twin(x, pair))
     assert cm._spec().captured.how == "dynamo" and m.count.item() == twin.count.item() == 2
     assert type(m.count) is torch.Tensor  # dynamo's export replaced it with a fake tensor; the capture put it back
+
+
+class ReturnsWhatItWrites(nn.Module):
+    """Returns tensors it writes in place: its input (`relu_`), a buffer after `+=`, a cache after `index_copy_`."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("n", torch.zeros(()))
+        self.register_buffer("cache", torch.zeros(6, 8))
+
+    def forward(self, x, pos):
+        y = self.lin(x)
+        self.n += 1
+        self.cache.index_copy_(0, pos, y)
+        return F.relu(x, inplace=True), y, self.n, self.cache
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_a_returned_tensor_the_forward_wrote_is_that_tensor(backend):
+    """Eager returns the written tensor itself (before, a copy with its values: writing into the output missed the
+    input, and an output kept from one call did not follow the next)."""
+    m = randomize_(ReturnsWhatItWrites()).eval()
+    cm = dc.compile(m, backend=backend)
+    x = _x(2, 8)
+    with torch.no_grad():
+        xr, _, n, cache = cm(x, torch.tensor([1, 4]))
+    assert xr is x and n is m.n and cache is m.cache
+    with torch.no_grad():
+        cm(_x(2, 8, seed=1), torch.tensor([0, 2]))
+    assert n.item() == 2 and cache[0].abs().sum() > 0
+
+
+class AccumulatesUnderDynamo(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("acc", torch.zeros(8))
+        self.p = nn.Parameter(torch.zeros(8), requires_grad=False)
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.acc += y.mean(0)
+        self.p += 0.5
+        return y
+
+
+def test_state_written_under_dynamo_stays_the_registered_tensor():
+    """torch.compile(backend="dlblas"): dynamo stores each written attribute back from the graph's output; ours was a
+    new tensor, so the registered buffer was replaced (a module sharing it stopped seeing updates) and a Parameter's
+    `+=` raised "cannot assign 'torch.FloatTensor' as parameter 'p'"."""
+    m = randomize_(AccumulatesUnderDynamo()).eval()
+    twin = randomize_(AccumulatesUnderDynamo()).eval()
+    acc, p = m.acc, m.p
+    torch._dynamo.reset()
+    cm = torch.compile(m, backend="dlblas", options={"backend": "interpret"})
+    with torch.no_grad():
+        for i in range(3):
+            _close(cm(_x(2, 8, seed=i)), twin(_x(2, 8, seed=i)))
+    assert m.acc is acc and m.p is p
+    _close(m.acc, twin.acc)
+    _close(m.p, twin.p)
+
+
+class WritesThenReadsShared(nn.Module):
+    """Buffers that are views of one storage: `k` is a row of `big`; `v` another tensor's row, apart from `k`."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("big", torch.zeros(2, 8))
+        self.register_buffer("k", self.big[0])
+        other = torch.zeros(2, 8)
+        self.register_buffer("kk", other[0])
+        self.register_buffer("vv", other[1])
+
+    def forward(self, x, read_big: bool = True):
+        if read_big:
+            self.k.add_(1.0)
+            return self.lin(x) + self.big.sum(0)
+        self.kk.add_(1.0)
+        return self.lin(x) + self.vv + self.kk
+
+
+def test_a_write_seen_through_another_module_tensor_is_refused_or_apart():
+    """symbolic_trace puts a get_attr where it is first read: `big`, read after its row `k` was written, read the
+    old values (a silent wrong answer on every call). Now refused with the line; two views apart in memory (a cache
+    allocated as one tensor's rows) are written and read as eager does."""
+    m = randomize_(WritesThenReadsShared()).eval()
+    with pytest.raises(dc.FrontendError, match=r"writes a tensor that 'big' shares"), torch.no_grad():
+        dc.compile(m, backend="reference")(_x(3, 8))
+    m = randomize_(WritesThenReadsShared()).eval()
+    twin = copy.deepcopy(m)  # (keeps its buffers' shared storage)
+    cm = dc.compile(m, backend="interpret")
+    with torch.no_grad():
+        for i in range(2):
+            _close(cm(_x(3, 8, seed=i), False), twin(_x(3, 8, seed=i), False))
+    _close(m.kk, twin.kk)
 
 
 class Reassigns(nn.Module):
