@@ -501,6 +501,9 @@ class Recipe:
 
     builder: Builder
     made: dict[Operation, int | list[int]]
+    # the ops whose step keeps its first values and reads what the ops of a key recompute, by key (the same ops are
+    # copied for every instance of a family: found once, not per token of a dynamic cache); shared by the rebuilds
+    stale: dict[frozenset, list[Operation]] = field(default_factory=dict)
 
 
 def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowered: dict[FusedOp, Lowered],
@@ -548,15 +551,20 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
             steps[at] = b.step(op)
     # an input-free call the sizes leave alone keeps its first values too, but where it reads a value these sizes
     # compute anew (`pos = torch.arange(p, p + 1)[None]`: the slice of a moved arange) those values are stale
-    fresh = {*replaced, *(shared or {}), *retyped}
-    moved = {r for op in fresh for r in op.results}
-    for op in base.fn.body.block.ops:
-        if op in fresh or moved.isdisjoint(op.operands):
-            continue
-        moved.update(op.results)
-        at = recipe.made.get(op)
-        if isinstance(at, int) and getattr(steps[at], "once", False):
-            steps[at] = b.step(op)
+    fresh = frozenset((*replaced, *(shared or {}), *retyped))
+    stale = recipe.stale.get(fresh)
+    if stale is None:
+        stale = recipe.stale[fresh] = []
+        moved = {r for op in fresh for r in op.results}
+        for op in base.fn.body.block.ops:
+            if op in fresh or moved.isdisjoint(op.operands):
+                continue
+            moved.update(op.results)
+            at = recipe.made.get(op)
+            if isinstance(at, int) and getattr(program.steps[at], "once", False):
+                stale.append(op)
+    for op in stale:
+        steps[recipe.made[op]] = b.step(op)
     for st in steps:
         if isinstance(st, RegionStep):
             st.choice = _shallow(st.choice)
@@ -564,7 +572,7 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
     out = Program(program.inputs, program.outputs, steps, program.nslots, weights, choices, program.cuda_graphs and (
         b.options.cuda_graphs), program.tune_mode, static_inputs=program.static_inputs, frees=program.frees,
         moves=program.moves)  # fmt: skip
-    out.recipe = Recipe(b, recipe.made)
+    out.recipe = Recipe(b, recipe.made, recipe.stale)
     out.graphs_pay, out.graph_note = program.graphs_pay, program.graph_note  # (measured once: the work is alike)
     if program.graphs_pay is False:
         out.cuda_graphs = False
