@@ -297,6 +297,7 @@ def _getitem(e, x, idx):
     used = sum(1 for i in idx if i is not None and i is not Ellipsis)
     if used > rank:
         raise Unsupported("too many indices")
+    e.importer.size_decisions.extend(slice_decisions(e.node, shape_of(x), idx))
     expanded: list[Any] = []
     for i in idx:
         if i is Ellipsis:
@@ -324,6 +325,33 @@ def _getitem(e, x, idx):
         dim += 1
     shape = _out_shape(e)
     return x if shape_of(x) == shape else _emit(e, ReshapeOp(x, shape))
+
+
+def slice_decisions(node: torch.fx.Node, shape: tuple[int, ...], idx: Any) -> list[str]:
+    """The bounds of `x[idx]` (node: the getitem; idx: its index, sizes resolved) that are not affine in the sizes:
+    a bound eager clips to its dim's size (`h[:, :6]` of 5 rows, `h[:, -6:]` of 5), and a negative bound or index the
+    graph computed (`h[:, n - 12:]`, which wraps while n < 12). Recorded as `size_decisions`, so that two compiles at
+    other sizes form no shape family: before, `h[:, :6]` compiled at 5 and 6 rows was taken to 7 rows at 7."""
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    raw = node.args[1] if len(node.args) > 1 else idx  # (as written: which numbers the graph computed)
+    raw = raw if isinstance(raw, tuple) and len(raw) == len(idx) else idx
+    used = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    out, dim = [], 0
+    for i, r in zip(idx, raw, strict=True):
+        if i is Ellipsis:
+            dim += len(shape) - used
+            continue
+        if i is None or dim >= len(shape):
+            continue
+        n = shape[dim]
+        if isinstance(i, slice):
+            for b, w in ((i.start, getattr(r, "start", None)), (i.stop, getattr(r, "stop", None))):
+                if isinstance(b, int) and (b > n or b < -n or (b < 0 and isinstance(w, torch.fx.Node))):
+                    out.append(f"{node.name}: slice bound {b} of {n} rows")
+        elif isinstance(i, int) and i < 0 and isinstance(r, torch.fx.Node):
+            out.append(f"{node.name}: index {i} of {n} rows")
+        dim += 1
+    return out
 
 
 def _list_as_slice(idx: list, n: int) -> tuple[int, int, int]:
@@ -399,10 +427,12 @@ def _split(e, x, *args, dim=0, **kwargs):
     x, dim = _tensor(x), kwargs.get("dim", dim)
     parts = args[0] if args else next((kwargs[k] for k in ("split_size_or_sections", "split_size", "chunks", "sections",
                                                            "indices_or_sections") if k in kwargs), None)  # fmt: skip
+    n = shape_of(x)[normalize_dim(dim, len(shape_of(x)))]
+    name = getattr(e.node.target, "__name__", e.node.target)
     if isinstance(parts, int):  # chunk's and tensor_split's ceil(n / parts) rows, split's ceil(n / parts) pieces:
-        n = shape_of(x)[normalize_dim(dim, len(shape_of(x)))]  # not affine in n
-        name = getattr(e.node.target, "__name__", e.node.target)
-        e.importer.size_decisions.append(f"{e.node.name} = {name}({parts}) of {n} rows")
+        e.importer.size_decisions.append(f"{e.node.name} = {name}({parts}) of {n} rows")  # not affine in n
+    elif name == "tensor_split" and isinstance(parts, (list, tuple)) and any(not 0 <= i <= n for i in parts):
+        e.importer.size_decisions.append(f"{e.node.name} = {name}({list(parts)}) of {n} rows")  # (clipped or wrapped)
     return _pieces(e, x, dim)
 
 

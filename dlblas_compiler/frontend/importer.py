@@ -39,7 +39,7 @@ from ..dialects.types import COMPUTE_DTYPES, has_xdsl_dtype, tensor_type, xdsl_d
 from ..errors import FrontendError
 from . import complex as complex_parts
 from .capture import Captured, quiet_fake_tensor_log, source_line
-from .converters import CONVERTERS, Unsupported, converter_key
+from .converters import CONVERTERS, Unsupported, converter_key, slice_decisions
 from .masks import causal_offset, is_random
 from .mutation import mutated_arg, out_of_place, put, replay, reshapes_in_place, view_steps
 
@@ -609,6 +609,8 @@ class Importer:
         if same is not None and same in self.env:  # x.to(its device), x.view(x.shape), ...: the tensor itself,
             self.alias_base[n] = self.alias_base.get(same, same)  # so a write through either name updates both
             self.env[n] = self.env[same]
+            if n.target is operator.getitem and isinstance(self.values.get(n.args[0]), torch.Tensor):
+                self.size_decisions += slice_decisions(n, tuple(self.values[n.args[0]].shape), self._resolve(n.args[1]))
             return
         args, kwargs = self._resolve(n.args), self._resolve(n.kwargs)
         if complex_parts.is_complex(value) or any(isinstance(a, complex_parts.Complex) for a in pytree.tree_leaves(

@@ -317,6 +317,46 @@ def test_pieces_of_sizes_not_affine_in_the_length_form_no_family(how):
     assert (cm.compile_count, cm.instances) == (5, 0)
 
 
+_CLIPPED = {
+    "first 6": lambda h: h[:, :6],
+    "2 to 6": lambda h: h[:, 2:6],
+    "all but the last 6": lambda h: h[:, :-6],
+    "cat of a tail past 6": lambda h: torch.cat([h, h[:, 6:]], 1),
+    "tensor_split at 2 and 6": lambda h: h.tensor_split([2, 6], 1)[1],
+    "computed start that wraps": lambda h: h[:, h.shape[1] - 12 :],
+}
+
+
+class _Clipped(torch.nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.proj, self.how = torch.nn.Linear(8, 8), how
+
+    def forward(self, x):
+        return _CLIPPED[self.how](self.proj(x)).sum(1)
+
+
+@pytest.mark.parametrize("how", list(_CLIPPED))
+def test_slice_bounds_eager_clips_or_wraps_form_no_family(how):
+    """`h[:, :6]` of 5 rows is clipped to 5, of 6 rows is 6: the two compiles' ends fit the line `n`, which took 7 rows
+    at 7 (a silent wrong answer; likewise a start computed from the length that wraps while negative). Such a bound
+    is recorded where the import meets it (`converters.slice_decisions`): compiles that clipped form no family, and a
+    family formed by two that did not is right where its instances do not clip either (past them, its slice fails
+    the family's checks)."""
+    model = _Clipped(how).eval()
+    cm = dc.compile(model, backend="reference")
+    _run(cm, model, [9, 10, 12, 13, 14] if "wraps" in how else [5, 6, 7, 8], lambda n: torch.randn(2, n, 8))
+    if how == "first 6":  # (5 rows clip, 6 take all: every length compiled; before, 7 and 8 were instances)
+        assert (cm.compile_count, cm.instances) == (4, 0)
+
+
+def test_slice_bounds_from_the_end_inside_the_length_keep_the_family():
+    model = _Clipped("all but the last 6").eval()  # (9 to 12 rows: never clipped)
+    cm = dc.compile(model, backend="reference")
+    _run(cm, model, [9, 10, 11, 12], lambda n: torch.randn(2, n, 8))
+    assert (cm.compile_count, cm.instances) == (2, 2)
+
+
 class _SplitHidden(torch.nn.Module):
     def forward(self, x):
         q, k = x.split(4, dim=2)  # (nanoGPT's qkv.split(n_embd, dim=2): the pieces' sizes do not move)
