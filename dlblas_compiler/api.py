@@ -32,7 +32,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from torch.utils import _pytree as pytree
 
 from .dialects import FusedOp, TorchCallOp
-from .errors import FrontendError, UnsupportedError
+from .errors import EagerOnly, FrontendError, UnsupportedError
 from .frontend import Captured, Imported, capture, dynamo_call, import_graph, sizes_unseen, traces, unread_ints
 from .fusion.patterns import patterns_by_priority
 from .fusion.planner import fusion_notes
@@ -407,6 +407,7 @@ class CompiledModule(torch.nn.Module):
         self._last: Specialization | None = None
         self._unread = unread_ints(model)  # int inputs no op reads: not part of the key
         self._warned: set[str] = set()  # why calls ran eagerly, each warned once
+        self._eager_only: tuple[str, str] | None = None  # why every call runs eagerly (`errors.EagerOnly`)
         self._read_model()
         # (a dynamo graph's parameters are its inputs, or attributes of the graph module itself)
         self._holding = None if isinstance(model, torch.fx.GraphModule) else _holds(model)
@@ -443,6 +444,8 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if _ASSIGNMENTS[0] != self._assignments:
             self._check_holdings()
+        if self._eager_only is not None:
+            return self._eager(args, kwargs, self._eager_only)
         if torch.is_grad_enabled() and self._needs_grad(args, kwargs):
             return self._eager(args, kwargs, _GRAD)
         if any(self._hooks) and (why := self._hooked()) is not None:
@@ -466,7 +469,13 @@ class CompiledModule(torch.nn.Module):
         with no_gc():
             spec = self._instance(skeleton, sizes, args, kwargs) if self.options.shape_families else None
             if spec is None:
-                spec = self._specialize(args, kwargs, key)
+                try:
+                    spec = self._specialize(args, kwargs, key)
+                except EagerOnly as e:  # (the model's own code needs what compiled kernels lack: every call eager)
+                    if self.options.strict:
+                        raise
+                    self._eager_only = (e.reason, e.instead)
+                    return self._eager(args, kwargs, self._eager_only)
                 spec.skeleton, spec.sizes = skeleton, sizes
                 self.compile_count += 1
                 if self.options.shape_families:

@@ -13,6 +13,15 @@ class CompileError(DLError):
     """A pass, codegen or kernel build failed (raised under strict=True; otherwise a fallback warns)."""
 
 
+class EagerOnly(FrontendError):
+    """The captured graph does what compiled kernels cannot (turns gradients on inside forward): the compiled module
+    runs the model eagerly, with one warning (strict=True: this error). `instead`: what to do."""
+
+    def __init__(self, reason: str, instead: str):
+        super().__init__(f"{reason}; {instead}")
+        self.reason, self.instead = reason, instead
+
+
 class UnsupportedError(DLError):
     """An op or argument the compiler does not handle (raised with strict=True instead of falling back)."""
 

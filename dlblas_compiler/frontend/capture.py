@@ -274,7 +274,7 @@ def _symbolic_trace(model: torch.nn.Module, concrete: dict) -> torch.fx.GraphMod
     tracer.proxy_buffer_attributes = True
     before = _module_state(model)
     try:
-        with _RandomWithoutInputs():
+        with _RandomWithoutInputs(), _refuse_mode_switches():
             graph = tracer.trace(model, concrete_args=concrete or None)
     finally:
         changed = _restore(model, before)
@@ -287,6 +287,29 @@ def _symbolic_trace(model: torch.nn.Module, concrete: dict) -> torch.fx.GraphMod
         with graph.inserting_before(output):
             graph.call_method("copy_", (graph.get_attr(name), value.node))
     return torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+
+
+@contextlib.contextmanager
+def _refuse_mode_switches():
+    """symbolic_trace runs forward's Python, so a `with torch.autocast(..)` or `with torch.enable_grad()` inside it
+    switches the mode at trace time and leaves no trace in the graph: its ops were imported in fp32 where eager's
+    ran in bf16. Such a forward is captured by dynamo, whose graph records the switches (`Importer._switch`)."""
+    autocast = torch.amp.autocast_mode.autocast
+    enter, set_grad, grad_at_call = autocast.__enter__, torch._C._set_grad_enabled, torch.is_grad_enabled()
+
+    def refuse_autocast(self):
+        raise RuntimeError("forward enters torch.autocast, which symbolic_trace does not record")
+
+    def refuse_grad(mode):
+        if mode and not grad_at_call:  # (not a `with torch.no_grad()` block's exit, under a call with grad on)
+            raise RuntimeError("forward turns gradients on, which symbolic_trace does not record")
+        return set_grad(mode)
+
+    autocast.__enter__, torch._C._set_grad_enabled = refuse_autocast, refuse_grad
+    try:
+        yield
+    finally:
+        autocast.__enter__, torch._C._set_grad_enabled = enter, set_grad
 
 
 class _RandomWithoutInputs(torch.overrides.TorchFunctionMode):

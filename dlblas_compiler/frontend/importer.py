@@ -36,12 +36,12 @@ from xdsl.utils.exceptions import VerifyException
 
 from ..dialects import ConstantOp, ConvertOp, ParamOp, TorchCallOp
 from ..dialects.types import COMPUTE_DTYPES, has_xdsl_dtype, tensor_type, xdsl_dtype
-from ..errors import FrontendError
+from ..errors import EagerOnly, FrontendError
 from . import complex as complex_parts
 from .capture import Captured, quiet_fake_tensor_log, source_line
 from .converters import CONVERTERS, Unsupported, converter_key, slice_decisions
 from .masks import causal_offset, is_random
-from .mutation import mutated_arg, out_of_place, put, replay, reshapes_in_place, view_steps
+from .mutation import mutated_arg, out_of_place, put, replay, reshapes_in_place, schema_writes, view_steps
 
 
 @dataclass(frozen=True)
@@ -332,6 +332,8 @@ class Importer:
         self._by_storage: dict[int, list[torch.fx.Node]] | None = None  # storage -> nodes whose value is in it
         self.value_decisions: list[str] = []
         self.size_decisions: list[str] = []
+        self.autocast_modes: list = []  # autocast regions the graph has entered and not left yet (`_switch`)
+        self.grad_at_call = torch.is_grad_enabled()  # (the call being compiled's grad mode: the graph's outer one)
 
     def run(self) -> Imported:
         values = self.values = _example_values(self.gm, self.inputs)
@@ -366,13 +368,17 @@ class Importer:
             else:
                 self.env[n] = v
         out_node = None
-        for n in self.gm.graph.nodes:
-            if n.op == "placeholder":
-                continue
-            if n.op == "output":
-                out_node = n
-                continue
-            self._convert(n, values[n])
+        try:
+            for n in self.gm.graph.nodes:
+                if n.op == "placeholder":
+                    continue
+                if n.op == "output":
+                    out_node = n
+                    continue
+                self._convert(n, values[n])
+        finally:
+            for mode in reversed(self.autocast_modes):  # (entered by the graph and not left: an error on the way)
+                mode.__exit__(None, None, None)
         assert out_node is not None
         self._mark_causal_masks()
         # the output structure with every node replaced by its value: SSA values (possibly inside containers a
@@ -597,6 +603,11 @@ class Importer:
             else:
                 self.env[n] = attr
             return
+        if n.op == "call_function" and self._switch(n):
+            return
+        if n.op == "call_function" and len(schema_writes(n)) > 1:
+            raise FrontendError(f"{_describe(n)} (node '{n.name}'{_at(n)}) writes several tensors in place, which "
+                                "dlblas_compiler does not support; compile the code around it")
         written = mutated_arg(n, self.gm)
         if written is not None and isinstance(self.values.get(written), torch.Tensor):  # (n += 1 on an int is no write)
             self._convert_inplace(n, value, written)
@@ -643,6 +654,29 @@ class Importer:
         self.notes.append(f"torch_call {n.name}: {reason}")
         self.env[n] = self._torch_call(n, value)
         self._note_view(n, value)
+
+    def _switch(self, n: torch.fx.Node) -> bool:
+        """A mode a dynamo graph switches inside forward: autocast regions (`with torch.autocast(..)`) are entered
+        and left here as the graph does, so the ops between are imported under them (`_autocast`), as their example
+        values were computed (they had been dropped as nodes without a tensor: a bf16 autocast inside forward gave
+        fp32); gradients turned on inside forward (`with torch.enable_grad()`) need autograd: `EagerOnly`. True
+        where `n` is such a switch."""
+        if n.target is torch.amp.autocast_mode._enter_autocast:
+            mode = n.target(*self._resolve(n.args))  # (entered: left by its _exit_autocast, or by `finish`)
+            self.autocast_modes.append(mode)
+            self.env[n] = mode
+            return True
+        if n.target is torch.amp.autocast_mode._exit_autocast:
+            mode = self.env[n.args[0]]
+            self.autocast_modes.remove(mode)
+            n.target(mode)
+            self.env[n] = None
+            return True
+        if (n.target in (torch._C._set_grad_enabled, torch.set_grad_enabled) and self._resolve(n.args)[:1] == (True,)
+                and not self.grad_at_call):  # (else the exit of a `with torch.no_grad()` block: grad back on)
+            raise EagerOnly(f"forward turns gradients on inside ({_describe(n)}{_at(n)}), and the compiled kernels "
+                            "build no autograd graph", "compile the code around it, or call the model eagerly")
+        return False
 
     def _autocast(self, n: torch.fx.Node, args: Any, kwargs: Any, value: Any) -> tuple | None:
         """Under torch.autocast, an op autocast runs in its lower precision (linear, matmul, attention) first casts
@@ -1205,6 +1239,11 @@ def _fake_like(want: torch.Tensor, src: Any) -> Any:
 
 def _has_ssa(value: Any) -> bool:
     return any(isinstance(v, SSAValue) for v in pytree.tree_leaves(value, is_leaf=lambda v: isinstance(v, SSAValue)))
+
+
+def _at(n: torch.fx.Node) -> str:
+    where = source_line(n)
+    return f", at {where}" if where else ""
 
 
 def _describe(n: torch.fx.Node) -> str:

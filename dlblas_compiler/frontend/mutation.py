@@ -67,9 +67,30 @@ def mutated_arg(n: torch.fx.Node, gm: torch.fx.GraphModule) -> torch.fx.Node | N
             target = n.args[0]
         elif n.kwargs.get("inplace") is True:
             target = n.args[0]
+        elif written := schema_writes(n):  # (an operator whose schema marks a tensor it writes: `Tensor(a!) out`)
+            target = written[0]
     elif n.op == "call_module" and getattr(gm.get_submodule(n.target), "inplace", False) is True:
         target = n.args[0]
     return target if isinstance(target, torch.fx.Node) else None
+
+
+def schema_writes(n: torch.fx.Node) -> list[torch.fx.Node]:
+    """The arguments an operator's schema says it writes (`Tensor(a!)`: a custom op writing a cache and returning
+    None, as vLLM's and flash-attn's cache writes do), for a call of an OpOverload (or of a packet of one overload)."""
+    target = n.target
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        names = target.overloads()
+        target = getattr(target, names[0]) if len(names) == 1 else None
+    schema = getattr(target, "_schema", None)
+    if n.op != "call_function" or schema is None:
+        return []
+    out = []
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            v = n.args[i] if i < len(n.args) else n.kwargs.get(a.name)
+            if isinstance(v, torch.fx.Node):
+                out.append(v)
+    return out
 
 
 def out_of_place(n: torch.fx.Node) -> tuple[Any, tuple, dict] | None:
