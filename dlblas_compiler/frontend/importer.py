@@ -170,6 +170,12 @@ class Imported:
     # output value (result index) -> index into `writes`: eager returns the tensor it wrote itself (`relu_(x)`,
     # `self.n += 1; return self.n`, a cache written by index_copy_), so the call returns that tensor after writing it
     returns_written: dict[int, int] = field(default_factory=dict)
+    # per output value: how eager's output views an earlier output or an input (None: it views neither):
+    # ("same", kind, key) where it is that tensor, ("view", kind, key, sizes, strides, offset from the base's, the
+    # base's sizes, the base's strides) where it is a view of it; kind "output" (result index) or "input"
+    # (placeholder index). The call makes such outputs views again (`OutputGuard.views`): code after a graph break
+    # may write the base and read the view (before, a view made before a break kept its old values)
+    eager_views: list[tuple | None] = field(default_factory=list)
 
     def program_inputs(self, flat: Any) -> list:
         """The function's arguments from the call's flat inputs."""
@@ -406,7 +412,7 @@ class Importer:
                 raise FrontendError(f"an output holds a tensor inside a {type(v).__name__} that cannot be flattened")
             else:
                 out_leaves.append(("const", v))
-        eager_aliases, contiguous = self._output_layouts(out_fakes, placeholders, param_placeholders)
+        eager_aliases, contiguous, eager_views = self._output_layouts(out_fakes, placeholders, param_placeholders)
         writes, returns_written = [], {}
         for j, f in enumerate(out_fakes):
             for w, node in enumerate(self.written):
@@ -429,7 +435,7 @@ class Importer:
             module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
             param_placeholders, writes, eager_aliases, contiguous, moves, tuple(self.complex_inputs),
             tuple(self.value_decisions), tuple(self.size_decisions),
-            {n.name: v for n, v in values.items() if _is_size(v)}, self.param_devices, returns_written,
+            {n.name: v for n, v in values.items() if _is_size(v)}, self.param_devices, returns_written, eager_views,
         )  # fmt: skip
 
     # -- values that depend on no input ------------------------------------------------------------
@@ -530,9 +536,9 @@ class Importer:
 
     def _output_layouts(
         self, fakes: list, placeholders: list, param_placeholders: dict[int, str]
-    ) -> tuple[list[frozenset | None], list[bool]]:
-        """From eager's example outputs: what each shares storage with (inputs, parameters, earlier outputs)
-        and whether it is contiguous."""
+    ) -> tuple[list[frozenset | None], list[bool], list[tuple | None]]:
+        """From eager's example outputs: what each shares storage with (inputs, parameters, earlier outputs),
+        whether it is contiguous, and how it views an earlier output or an input (`Imported.eager_views`)."""
         owners: dict[int, set] = {}
         for i, n in enumerate(placeholders):
             if (st := _storage(self.values.get(n))) is not None:
@@ -545,16 +551,22 @@ class Importer:
             if (st := _storage(self.values.get(placeholders[i]))) is not None:
                 owners.setdefault(st, set()).add(("param", name))
         aliases, contiguous, seen = [], [], {}
+        views: list[tuple | None] = []
+        inputs = {_storage(self.values.get(n)): i for i, n in enumerate(placeholders) if i not in param_placeholders}
         for j, f in enumerate(fakes):
             st = _storage(f)
             if st is None:
                 aliases.append(None)
                 contiguous.append(False)
+                views.append(None)
                 continue
             aliases.append(frozenset(owners.get(st, set()) | {("output", k) for k in seen.get(st, [])}))
+            base = (("output", seen[st][0], fakes[seen[st][0]]) if seen.get(st) else
+                    ("input", inputs[st], self.values[placeholders[inputs[st]]]) if st in inputs else None)  # fmt: skip
+            views.append(None if base is None or not f.numel() else _view_of(f, *base))
             seen.setdefault(st, []).append(j)
             contiguous.append(f.numel() > 0 and f.is_contiguous())
-        return aliases, contiguous
+        return aliases, contiguous, views
 
     # -- parameters -------------------------------------------------------------------------
     def _param_name(self, name: str, t: torch.Tensor) -> str:
@@ -1192,6 +1204,14 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1
+
+
+def _view_of(f: torch.Tensor, kind: str, key: int, base: torch.Tensor) -> tuple:
+    """How eager's output f views `base` (an earlier output or an input of the same storage): `Imported.eager_views`."""
+    if _same_tensor(f, base):
+        return ("same", kind, key)
+    return ("view", kind, key, tuple(f.shape), tuple(f.stride()), f.storage_offset() - base.storage_offset(),
+            tuple(base.shape), tuple(base.stride()))  # fmt: skip
 
 
 def _same_tensor(a: Any, b: Any) -> bool:

@@ -104,7 +104,7 @@ def surroundings(a: Any, b: Any) -> dict[str, list[tuple[int, int, int]]]:
     from a tensor's values at these sizes (a mask found causal) refuses the family: it may not hold at others."""
     ia, ib = a.imported, b.imported
     for f in ("arg_positions", "out_leaves", "writes", "eager_aliases", "contiguous", "device_moves", "complex_inputs",
-              "returns_written"):  # fmt: skip
+              "returns_written", "eager_views"):  # fmt: skip
         if getattr(ia, f) != getattr(ib, f):
             raise NotAFamily(f"their {f.replace('_', ' ')} differ")
     made = [k for k, v in ia.params.items() if k not in ib.params or ib.params[k].shape != v.shape]

@@ -78,9 +78,12 @@ class OutputGuard:
     copies: list[int] = field(default_factory=list)  # outputs that are kept weights: always copied
     contiguous: list[int] = field(default_factory=list)
     dense: list[int] = field(default_factory=list)  # made in eager's forward, maybe a view here: no overlaps
+    # outputs eager returns as (a view of) an earlier output or an input: (output, `Imported.eager_views` entry with
+    # an input's key as its function argument), made so again after the rest
+    views: list[tuple[int, tuple]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.checks or self.copies or self.contiguous or self.dense)
+        return bool(self.checks or self.copies or self.contiguous or self.dense or self.views)
 
     def __call__(self, inputs: list, params: dict[str, torch.Tensor], outs: tuple) -> tuple:
         outs = list(outs)
@@ -100,6 +103,13 @@ class OutputGuard:
         for i in self.contiguous:
             if not outs[i].is_contiguous():
                 outs[i] = outs[i].contiguous()
+        for i, (how, kind, key, *layout) in self.views:
+            base = outs[key] if kind == "output" else inputs[key]
+            if how == "same":
+                if base.shape == outs[i].shape and base.dtype == outs[i].dtype:
+                    outs[i] = base
+            elif tuple(base.shape) == layout[3] and tuple(base.stride()) == layout[4] and base.dtype == outs[i].dtype:
+                outs[i] = base.as_strided(layout[0], layout[1], base.storage_offset() + layout[2])
         return tuple(outs)
 
 
@@ -149,6 +159,12 @@ def output_guard(module: ModuleOp, imported) -> OutputGuard:
             guard.checks.append((i, against))
         if not any(kind in ("input", "param") for kind, _ in eager) and r - {("fresh", v)}:
             guard.dense.append(i)  # (eager's made in forward, if maybe returned twice: `t.copy_(b)` returns t)
+        view = imported.eager_views[i] if i < len(imported.eager_views) else None
+        if view is not None and i not in imported.returns_written:
+            if view[1] == "input" and view[2] in positions:
+                guard.views.append((i, (view[0], "input", positions.index(view[2]), *view[3:])))
+            elif view[1] == "output":
+                guard.views.append((i, view))
     return guard
 
 
