@@ -178,8 +178,10 @@ class PowOp(UnaryOp):
         pow's signs: an odd integer power keeps x's sign (-0.0 and -inf too), a fractional power of a finite
         negative x is NaN, and of -inf or -0.0 what it is of +inf or +0.0. (Taken as e^(e log x) before, every
         power above 8 of a negative x, x^10 of -2 or x^9 of -3, was NaN.)"""
-        e = torch.tensor(self.value, dtype=dtype_of(self.input)).item()  # (eager rounds a scalar exponent to a bf16
-        if e == 0.5:  # or fp16 tensor's dtype: x ** 2.3 in bf16 is x ** 2.296875)
+        e, dt = self.value, dtype_of(self.input)
+        if dt in (torch.bfloat16, torch.float16):  # (eager rounds a scalar exponent to a bf16 or fp16 tensor's dtype:
+            e = torch.tensor(e, dtype=dt).item()  # x ** 2.3 in bf16 is x ** 2.296875; a float32 one it takes whole)
+        if e == 0.5:
             return f"tl.sqrt({x})"
         if e == -0.5:
             return f"tl.rsqrt({x})"
