@@ -617,6 +617,12 @@ class Importer:
             return
         if n.op == "call_function" and self._switch(n):
             return
+        name = getattr(n.target, "__name__", "")
+        if name.startswith("_foreach_") and name.endswith("_") and n.args and isinstance(n.args[0], (list, tuple)):
+            nodes = [a for a in n.args[0] if isinstance(a, torch.fx.Node)]
+            if len(set(nodes)) < len(nodes):  # (each write was made to a copy of the tensor before the others)
+                raise FrontendError(f"{_describe(n)} (node '{n.name}'{_at(n)}) writes one tensor twice in its list, "
+                                    "which dlblas_compiler does not support; write it once per call")
         if n.op == "call_function" and len(schema_writes(n)) > 1:
             raise FrontendError(f"{_describe(n)} (node '{n.name}'{_at(n)}) writes several tensors in place, which "
                                 "dlblas_compiler does not support; compile the code around it")

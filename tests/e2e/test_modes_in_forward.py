@@ -164,3 +164,17 @@ class WritesTwo(nn.Module):
 def test_an_operator_writing_two_arguments_is_a_clear_error():
     with pytest.raises(dc.FrontendError, match="writes several tensors in place"), torch.no_grad():
         dc.compile(WritesTwo(), backend="reference")(torch.randn(3), torch.zeros(3), torch.zeros(3))
+
+
+def _foreach_twice(x):
+    y = x * 1
+    torch._foreach_add_([y, y], [x, x])
+    return y
+
+
+def test_an_inplace_foreach_writing_one_tensor_twice_is_a_clear_error(fresh_dynamo):
+    """Eager adds twice (3x); each write was made to a copy of the tensor as it was before the other (4x, silently,
+    found by a probe). A list naming distinct tensors runs as before."""
+    compiled = torch.compile(_foreach_twice, backend="dlblas", options={"backend": "reference"})
+    with pytest.raises(dc.FrontendError, match="writes one tensor twice"), torch.no_grad():
+        compiled(torch.arange(4.0))
