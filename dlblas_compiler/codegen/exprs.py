@@ -6,7 +6,7 @@ Triton expression in the dialect (`op.triton(...)`); the composite row ops (norm
 Every op's result is rounded to its dtype (x.to(bf16).to(fp32)), as eager rounds each op's result: a bf16 or fp16
 chain overflows, underflows and rounds where eager's does (`(exp(x) / 1000)` in fp16 is inf where exp(x) is).
 Inside one op the arithmetic is fp32, as in eager's kernels; a converter that spells one torch op as several
-`dl` ops computes them in fp32 (`frontend.converters.in_f32`).
+`dl` ops computes them in fp32 (`frontend.converters._one_op_in_f32`).
 """
 
 from __future__ import annotations

@@ -697,14 +697,12 @@ def _cast(e, x: SSAValue, elem) -> SSAValue:
     return x if x.type.element_type == elem else _emit(e, ConvertOp(x, elem))
 
 
-def in_f32(e, x, build: Callable[[SSAValue], SSAValue]) -> SSAValue:
-    """One torch op spelled as several `dl` ops: `build` of x in float32, rounded to x's type once, as eager's one
-    kernel computes it (each `dl` op's result is rounded to its type: in bf16 a chain of them would round, overflow
-    and underflow at every step, where eager's op does once)."""
-    x = _tensor(x)
-    if x.type.element_type == xdsl_dtype(torch.float64):
-        return build(x)
-    return _cast(e, build(_cast(e, x, xdsl_dtype(torch.float32))), x.type.element_type)
+def _one_op_in_f32(e, x, build: Callable[[SSAValue], SSAValue], what: str) -> SSAValue:
+    """One torch op spelled as several `dl` ops: `build` of x in float32 (`_in_f32`), rounded to x's type once, as
+    eager's one kernel computes it (each `dl` op's result is rounded to its type: in bf16 a chain of them would round,
+    overflow and underflow at every step, where eager's op does once)."""
+    xf, out = _in_f32(e, x, None, what)
+    return _cast(e, build(xf), out)
 
 
 # -- piecewise-linear activations as max/min chains ---------------------------------------------------------------
@@ -781,7 +779,7 @@ def _glu(e, x, dim=-1):
         a, b = (_emit(e, SliceOp(xf, d, lo, lo + n // 2)) for lo in (0, n // 2))
         return _emit(e, MulOp(a, _emit(e, SigmoidOp(b))))
 
-    return in_f32(e, x, halves)
+    return _one_op_in_f32(e, x, halves, "glu")
 
 
 @converts(nn.GLU)
@@ -808,7 +806,7 @@ def _elu_of(e, x, alpha: float, scale: float, input_scale: float) -> SSAValue:
         neg = _const_mul(e, _const_mul(e, _emit(e, Expm1Op(_const_mul(e, x, input_scale))), alpha), scale)
         return _emit(e, AddOp(pos, _emit(e, MinimumOp(zero, neg))))
 
-    return in_f32(e, x, branches)
+    return _one_op_in_f32(e, x, branches, "elu")
 
 
 SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
@@ -858,20 +856,21 @@ def _softplus(e, x, beta=1.0, threshold=20.0):
         sp = _softplus_of(e, _const_mul(e, x, beta))
         return sp if beta == 1 else _emit(e, DivOp(sp, e.const(beta, x)))
 
-    return in_f32(e, x, smooth)
+    return _one_op_in_f32(e, x, smooth, "softplus")
 
 
 @converts(F.mish)
 def _mish(e, x, inplace=False):
     """x tanh(softplus(x)) (eager's mish has no threshold; its log1p(exp(x)) and the smooth form agree in float32)."""
     _not_inplace(inplace, "mish")
-    return in_f32(e, x, lambda x: _emit(e, MulOp(x, _emit(e, TanhOp(_softplus_of(e, x))))))
+    return _one_op_in_f32(e, x, lambda x: _emit(e, MulOp(x, _emit(e, TanhOp(_softplus_of(e, x))))), "mish")
 
 
 @converts(F.logsigmoid)
 def _logsigmoid(e, x):
     """min(x, 0) - log1p(exp(-|x|)), eager's formula."""
-    return in_f32(e, x, lambda x: _emit(e, SubOp(_emit(e, MinimumOp(x, e.const(0.0, x))), _log1p_exp_minus_abs(e, x))))
+    return _one_op_in_f32(e, x, lambda x: _emit(e, SubOp(_emit(e, MinimumOp(x, e.const(0.0, x))),
+                                                           _log1p_exp_minus_abs(e, x))), "logsigmoid")
 
 
 @converts(nn.ELU, nn.SELU, nn.CELU, nn.Softplus, nn.Mish, nn.LogSigmoid)
@@ -1001,8 +1000,6 @@ def _in_f32(e, x, dtype, what: str) -> tuple[SSAValue, Any]:
         raise Unsupported(f"{what} to {dtype}")
     f32 = xdsl_dtype(torch.float32)
     return (x if x.type.element_type == f32 else _emit(e, ConvertOp(x, f32))), out
-
-
 
 
 @converts(F.log_softmax, torch.log_softmax, "log_softmax", torch.special.log_softmax)

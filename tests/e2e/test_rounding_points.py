@@ -1,7 +1,7 @@
 """Eager's rounding points in bf16 and fp16, and its overflows: each `dl` op's result is rounded to its dtype as eager
 rounds each op's result (codegen/exprs.py); a torch op the converters spell as several `dl` ops computes them in fp32
-and rounds once, as eager's one kernel does (`converters.in_f32`); the recognizers raise a spelled-out chain to a
-composite op (RMSNorm, softmax, a mean) only where its arithmetic is fp32; scalar chains fold only where exact.
+and rounds once, as eager's one kernel does (`converters._one_op_in_f32`); the recognizers raise a spelled-out chain
+to a composite op (RMSNorm, softmax, a mean) only where its arithmetic is fp32; scalar chains fold only where exact.
 Each case was a silent difference from eager, found by a probe in the seventy-seventh session: a finite value where
 eager's is inf or NaN, or an fp32 output off by bf16's rounding."""
 
