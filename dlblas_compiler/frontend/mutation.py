@@ -7,6 +7,7 @@ readers see, and a write to a graph input or a module buffer/parameter is copied
 
 from __future__ import annotations
 
+import inspect
 import operator
 from typing import Any
 
@@ -65,13 +66,33 @@ def mutated_arg(n: torch.fx.Node, gm: torch.fx.GraphModule) -> torch.fx.Node | N
         torch_fn = (getattr(n.target, "__module__", None) or "").startswith("torch")
         if n.target in INPLACE_OPERATORS or n.target is operator.setitem or (torch_fn and _writes_by_name(name)):
             target = n.args[0]
-        elif n.kwargs.get("inplace") is True:
+        elif inplace_argument(n) is not None:
             target = n.args[0]
         elif written := schema_writes(n):  # (an operator whose schema marks a tensor it writes: `Tensor(a!) out`)
             target = written[0]
     elif n.op == "call_module" and getattr(gm.get_submodule(n.target), "inplace", False) is True:
         target = n.args[0]
     return target if isinstance(target, torch.fx.Node) else None
+
+
+def inplace_argument(n: torch.fx.Node) -> inspect.BoundArguments | None:
+    """A function call's arguments bound to its signature where they pass `inplace=True`, by keyword or by
+    position (symbolic_trace keeps `F.relu(x, inplace=True)`; dynamo traces nn.LeakyReLU(0.1, inplace=True) as
+    `leaky_relu(x, 0.1, True)`), else None."""
+    if n.kwargs.get("inplace") is True:
+        return _bound(n)
+    if n.op != "call_function" or len(n.args) < 2 or not any(a is True for a in n.args[1:]):
+        return None
+    bound = _bound(n)
+    return bound if bound is not None and bound.arguments.get("inplace") is True else None
+
+
+def _bound(n: torch.fx.Node) -> inspect.BoundArguments | None:
+    try:
+        signature = inspect.signature(n.target)
+        return signature.bind(*n.args, **n.kwargs) if "inplace" in signature.parameters else None
+    except (TypeError, ValueError):  # (a builtin without a signature; arguments that do not bind)
+        return None
 
 
 def schema_writes(n: torch.fx.Node) -> list[torch.fx.Node]:
@@ -112,6 +133,9 @@ def out_of_place(n: torch.fx.Node) -> tuple[Any, tuple, dict] | None:
             return twin, n.args, kwargs
         if n.target is operator.setitem:
             return None
+        if (bound := inplace_argument(n)) is not None:
+            bound.arguments["inplace"] = False
+            return n.target, bound.args, {k: v for k, v in bound.kwargs.items() if k != "out"}
         return n.target, n.args, kwargs
     return None
 
