@@ -266,6 +266,20 @@ class _Tracer(torch.fx.Tracer):
     def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
         return _InplaceProxy(node, self)
 
+    def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
+        """torch's modules are kept whole (one call each), except those writing their own state as a side effect
+        (a batch norm's running statistics in training, an embedding renormalized to `max_norm`): traced into
+        their functional calls, whose writes the importer follows (`mutation.hidden_writes`), or, where their
+        Python cannot be traced, captured by dynamo."""
+        return super().is_leaf_module(m, qualname) and not _writes_own_state(m)
+
+
+def _writes_own_state(m: torch.nn.Module) -> bool:
+    norms = (torch.nn.modules.batchnorm._NormBase,)
+    if isinstance(m, norms):
+        return m.training and m.track_running_stats
+    return isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.max_norm is not None
+
 
 def _symbolic_trace(model: torch.nn.Module, concrete: dict) -> torch.fx.GraphModule:
     """symbolic_trace with buffers as graph values; a reassigned buffer becomes a `copy_` into it."""
@@ -357,7 +371,7 @@ def _refuse_written_trace_constants(graph: torch.fx.Graph) -> None:
 def _dynamo_capture(model, args, kwargs, symbolic_failure: str) -> Captured:
     import torch._dynamo
 
-    from .mutation import mutated_arg
+    from .mutation import hidden_writes, mutated_arg
 
     if _hf_cache_class() is not None:
         _hf_caches_as_pytrees()
@@ -381,7 +395,7 @@ def _dynamo_capture(model, args, kwargs, symbolic_failure: str) -> Captured:
         changed = _restore(model, before)
     gm = result.graph_module
     # dynamo's graph keeps in-place writes (x += 1 as operator.iadd); an assignment it cannot show is refused
-    targets = [mutated_arg(n, gm) for n in gm.graph.nodes]
+    targets = [mutated_arg(n, gm) for n in gm.graph.nodes] + [w for n in gm.graph.nodes for w in hidden_writes(n)]
     written = {id(operator.attrgetter(t.target)(gm)) for t in targets if t is not None and t.op == "get_attr"}
     states = dict(model.named_buffers(remove_duplicate=False)) | dict(model.named_parameters(remove_duplicate=False))
     for name in changed:

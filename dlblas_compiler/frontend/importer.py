@@ -41,7 +41,7 @@ from . import complex as complex_parts
 from .capture import Captured, quiet_fake_tensor_log, source_line
 from .converters import CONVERTERS, Unsupported, converter_key, slice_decisions
 from .masks import causal_offset, is_random
-from .mutation import mutated_arg, out_of_place, put, replay, reshapes_in_place, schema_writes, view_steps
+from .mutation import hidden_writes, mutated_arg, out_of_place, put, replay, reshapes_in_place, schema_writes, view_steps
 
 
 @dataclass(frozen=True)
@@ -621,6 +621,11 @@ class Importer:
         if written is not None and isinstance(self.values.get(written), torch.Tensor):  # (n += 1 on an int is no write)
             self._convert_inplace(n, value, written)
             return
+        if hidden := hidden_writes(n):  # (a batch norm's running statistics in training, ...)
+            self.env[n], new = self._torch_call(n, value, hidden=tuple(hidden))
+            for node, v in zip(hidden, new, strict=True):
+                self._convert_inplace(n, value, node, v)
+            return
         register_dataclasses(value)
         if not _has_tensor(value):  # sizes, dtypes, asserts: known at compile time
             self.env[n] = value
@@ -783,15 +788,16 @@ class Importer:
             node = self.alias_base.get(self.views[node][0], self.views[node][0])
         return node
 
-    def _convert_inplace(self, n: torch.fx.Node, value: Any, written: torch.fx.Node) -> None:
+    def _convert_inplace(self, n: torch.fx.Node, value: Any, written: torch.fx.Node, given: SSAValue | None = None) -> None:
         """Functionalize `n`, which writes the tensor of `written`: compute the new value out of place and
         make every name of that tensor (the node and earlier in-place results on it) see it. A write through a
         tracked view puts the view's new value back into the whole tensor; every tracked view of that tensor is
-        then taken again from its new value."""
+        then taken again from its new value. `given`: the written tensor's new value, computed by the caller (a
+        call writing it as a side effect, whose own value is something else)."""
         target = self.alias_base.get(written, written)
         new = None
         if target in self.views:
-            new = self._written_value(n, written)
+            new = given if given is not None else self._written_value(n, written)
             node = target
             while node in self.views:  # (a view of a view: put back step by step)
                 src, steps = self.views[node]
@@ -815,7 +821,7 @@ class Importer:
             )
         self.written_bases.add(base)
         if new is None:
-            new = self._written_value(n, written)
+            new = given if given is not None else self._written_value(n, written)
         for node in [base, *(k for k, b in self.alias_base.items() if b is base)]:
             self.env[node] = new
         again = [m for m in self.views if self._root(m) is base]
@@ -830,10 +836,10 @@ class Importer:
                 self.env[m] = replay(self.emitter, steps, self.env[src])
             for k in names.get(m, ()):
                 self.env[k] = self.env[m]
-        if target in self.views:  # n (x.copy_(y) returns x) names the written view
+        if given is None and target in self.views:  # n (x.copy_(y) returns x) names the written view
             self.views[n] = self.views[target]
             self.env[n] = self.env[target] if isinstance(value, torch.Tensor) else value
-        else:
+        elif given is None:  # (with `given`, n's value is its own)
             self.alias_base[n] = base
             self.env[n] = new if isinstance(value, torch.Tensor) else value
         if base.op in ("placeholder", "get_attr"):
@@ -906,16 +912,22 @@ class Importer:
                 if tuple(g.type.get_shape()) != tuple(w.shape) or g.type.element_type != xdsl_dtype(w.dtype):
                     raise ValueError(f"converter produced {g.type}, torch {tuple(w.shape)} {w.dtype}")
 
-    def _torch_call(self, n: torch.fx.Node, value: Any, clone: torch.fx.Node | None = None, again: bool = False) -> Any:
+    def _torch_call(self, n: torch.fx.Node, value: Any, clone: torch.fx.Node | None = None, again: bool = False,
+                    hidden: tuple[torch.fx.Node, ...] = ()) -> Any:  # fmt: skip
         """`n` run by PyTorch. With `clone` (a node that `n` writes in place), the call writes a copy of
         that tensor instead and returns the copy: its new value. `again`: a view taken again of its source's new
-        value after a write (computed on every call, whatever its ancestors are)."""
+        value after a write (computed on every call, whatever its ancestors are). `hidden`: tensors the call writes
+        as a side effect (`mutation.hidden_writes`): it writes copies of them, and returns (its value, their new
+        values)."""
         flat_in: list[SSAValue] = []
         contiguous: dict[SSAValue, bool] = {}  # eager's value of the input is contiguous
+        marks: dict[torch.fx.Node, _Written] = {}  # the written nodes' marks -> their slots
+        slot_of: dict[int, int] = {}
 
         def slot(v):
             if isinstance(v, (SSAValue, _Written)):
                 flat_in.append(v.value if isinstance(v, _Written) else v)
+                slot_of[id(v)] = len(flat_in) - 1
                 return _Slot(len(flat_in) - 1, isinstance(v, _Written))
             return v
 
@@ -924,7 +936,7 @@ class Importer:
             for leaf, ex in zip(pytree.tree_leaves(v, is_leaf=_is_ssa), pytree.tree_leaves(example)):
                 if isinstance(leaf, SSAValue) and isinstance(ex, torch.Tensor):
                     contiguous[leaf] = ex.is_contiguous()
-            return _Written(v) if m is clone else v
+            return marks.setdefault(m, _Written(v)) if m is clone or m in hidden else v
 
         def resolve(a):
             return torch.fx.node.map_arg(a, value_of)
@@ -949,10 +961,13 @@ class Importer:
         # costs ~10 µs a call, and a decode step without a CUDA graph makes ~70 of these calls)
         flat = not any(isinstance(v, (list, tuple, dict)) for v in (*args, *kwargs.values()))
 
-        call = TorchCall(target, args, kwargs, tuple(tensor_pos), clone is not None, dense, flat)
+        slots = pytree.tree_leaves((args, kwargs), is_leaf=lambda v: isinstance(v, _Slot))
+        also = tuple(dict.fromkeys(v.index for v in slots if isinstance(v, _Slot) and v.written)) if hidden else ()
+        call = TorchCall(target, args, kwargs, tuple(tensor_pos), clone is not None, dense, flat, also)
         name = self._call_name(n.name) if again else _safe_name(n.name)
         self.calls[name] = call
-        op = TorchCallOp(_qualname(n, self.gm), name, flat_in, [tensor_type(leaves[i].shape, leaves[i].dtype) for i in tensor_pos])
+        types = [tensor_type(leaves[i].shape, leaves[i].dtype) for i in tensor_pos] + [flat_in[i].type for i in also]
+        op = TorchCallOp(_qualname(n, self.gm), name, flat_in, types)
         if again:
             op.attributes["pure"] = UnitAttr()  # (a view: dead code elimination may drop it once unused)
         elif clone is None and self.input_free(n):
@@ -962,7 +977,6 @@ class Importer:
         ins = [self.values.get(m) for m in n.all_input_nodes]
         if _fresh(leaves, ins) and not _stride_dependent(n):
             op.attributes["fresh"] = UnitAttr()
-        slots = pytree.tree_leaves((args, kwargs), is_leaf=lambda v: isinstance(v, _Slot))
         written = [v.index for v in slots if isinstance(v, _Slot) and v.written]
         if clone is not None and written:
             op.writes = IntegerAttr(written[0], 64)
@@ -971,6 +985,9 @@ class Importer:
             r.name_hint = name
         res = list(op.results)
         out_leaves = [res[tensor_pos.index(i)] if i in tensor_pos else v for i, v in enumerate(leaves)]
+        if hidden:
+            new = [res[len(tensor_pos) + also.index(slot_of[id(marks[m])])] for m in hidden]
+            return pytree.tree_unflatten(out_leaves, spec), new
         return pytree.tree_unflatten(out_leaves, spec)
 
     def _put_back(self, view: torch.fx.Node, src: torch.fx.Node, new: SSAValue) -> SSAValue:
@@ -1113,13 +1130,14 @@ class TorchCall:
     semantics), unless `_in_place` (the runtime found that the write may go to the caller's tensor). A class,
     not a closure, so that a compiled graph can be saved (`keep_traces`)."""
 
-    __slots__ = ("target", "args", "kwargs", "pos", "clone", "dense", "flat")
+    __slots__ = ("target", "args", "kwargs", "pos", "clone", "dense", "flat", "also")
 
     def __init__(self, target: Callable, args: Any, kwargs: dict, pos: tuple[int, ...], clone: bool,
-                 dense: tuple[int, ...], flat: bool) -> None:  # fmt: skip
+                 dense: tuple[int, ...], flat: bool, also: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.target, self.args, self.kwargs, self.pos = target, args, kwargs, pos
         self.clone, self.dense = clone, dense  # clone: returns the copy it wrote; dense: made contiguous first
         self.flat = flat  # no containers among the arguments: filled without pytree (~10 µs a call less)
+        self.also = also  # the written tensors (their positions) whose copies follow the results
 
     def fields(self) -> dict[str, Any]:
         """What it was made with: `TorchCall(**fields)` makes it again (a shape family moves its integers)."""
@@ -1159,6 +1177,7 @@ class TorchCall:
         return form
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.also = ()  # (a call saved before it had this field)
         for k, v in state.items():
             setattr(self, k, v)
 
@@ -1189,6 +1208,8 @@ class TorchCall:
             out = (out,)
         elif type(out) is not tuple or any(isinstance(v, (list, tuple, dict)) for v in out):
             out = pytree.tree_leaves(out)
+        if self.also:
+            return (*(out[i] for i in self.pos), *(copies[i] for i in self.also))
         return tuple(out[i] for i in self.pos)
 
 

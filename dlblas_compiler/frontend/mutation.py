@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 from xdsl.ir import SSAValue
 
 from ..dialects import CatOp, PermuteOp, ReshapeOp, SliceOp, inverse_permutation
@@ -93,6 +94,33 @@ def _bound(n: torch.fx.Node) -> inspect.BoundArguments | None:
         return signature.bind(*n.args, **n.kwargs) if "inplace" in signature.parameters else None
     except (TypeError, ValueError):  # (a builtin without a signature; arguments that do not bind)
         return None
+
+
+# functions that write some of their tensor arguments though neither their name nor their schema says so, each with
+# the condition under which it does (its arguments bound to its signature) and the arguments it then writes
+_WRITES_WHEN = {
+    F.batch_norm: (lambda a: a.get("training", False), ("running_mean", "running_var")),
+    F.instance_norm: (lambda a: a.get("use_input_stats", True), ("running_mean", "running_var")),
+    F.embedding: (lambda a: a.get("max_norm") is not None, ("weight",)),
+    F.embedding_bag: (lambda a: a.get("max_norm") is not None, ("weight",)),
+}
+
+
+def hidden_writes(n: torch.fx.Node) -> list[torch.fx.Node]:
+    """The tensors a call writes as a side effect: the running statistics of a batch or instance norm in training,
+    an embedding's weight renormalized to `max_norm`. Run as it is, such a call would write the module's buffer while
+    the IR reads it as a value: a read before the call saw the new statistics, one after it the old ones."""
+    rule = _WRITES_WHEN.get(n.target) if n.op == "call_function" else None
+    if rule is None:
+        return []
+    try:
+        bound = inspect.signature(n.target).bind(*n.args, **n.kwargs)
+    except (TypeError, ValueError):
+        return []
+    when, names = rule
+    if not when(bound.arguments):
+        return []
+    return [v for k in names if isinstance(v := bound.arguments.get(k), torch.fx.Node)]
 
 
 def schema_writes(n: torch.fx.Node) -> list[torch.fx.Node]:
