@@ -9,6 +9,7 @@ Each compile is logged (`dlblas_compiler.compile`, `.fusion`, `.codegen`: see `l
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -59,6 +60,7 @@ from .runtime.families import (
 )
 from .runtime.outputs import OutputGuard, output_guard
 from .runtime.program import rebuild_program
+from .runtime.weights import ParametersChanged
 from .tuning.cache import bucket, default_path
 
 log = get_logger("compile")
@@ -372,6 +374,40 @@ for _register in (torch.nn.modules.module.register_module_parameter_registration
     _register(_count_assignment)
 
 
+def _counted(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def counted(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _count_assignment()
+
+    return counted
+
+
+# Edits that fire none of those hooks, counted too: a submodule deleted (`del model.layers[1]`, a container's `pop`), a
+# parameter set to None (`linear.bias = None`), a container's `insert` and `clear` (they write its dict directly)
+for _owner, _method in ((torch.nn.Module, "__delattr__"), (torch.nn.Module, "register_parameter"),
+                        (torch.nn.Sequential, "insert"), (torch.nn.ModuleList, "insert"),
+                        (torch.nn.ModuleDict, "__delitem__"), (torch.nn.ModuleDict, "clear")):  # fmt: skip
+    setattr(_owner, _method, _counted(getattr(_owner, _method)))
+_reparametrize = torch.nn.utils.stateless._reparametrize_module
+
+
+@contextlib.contextmanager
+def _counted_reparametrize(*args, **kwargs):
+    """`torch.func.functional_call` swaps tensors into the module's dicts for one call and back: both counted."""
+    try:
+        with _reparametrize(*args, **kwargs) as swapped:
+            _count_assignment()
+            yield swapped
+    finally:
+        _count_assignment()
+
+
+torch.nn.utils.stateless._reparametrize_module = _counted_reparametrize
+
+
 def _holds(model: torch.nn.Module) -> tuple:
     """What a compile of `model` read and a later call must find again: its submodules, parameters and buffers (each
     tensor by identity; values and `.data` swaps are checked where they are read, runtime/weights.py)."""
@@ -383,8 +419,10 @@ class CompiledModule(torch.nn.Module):
     """The compiled form of a module: call it like the module. See `ir()`, `passes`, `report()`.
 
     A parameter, buffer or submodule assigned anew after compiling (`model.proj.weight = nn.Parameter(w)`, a layer
-    replaced, weights tied) makes the next call compile again from the model as it is then; values written into
-    the same tensors (in place, `load_state_dict`, `p.data = t`) are read by the compiled code as they are."""
+    replaced or deleted, weights tied, a bias set to None, `torch.func.functional_call`) or a parameter whose dtype,
+    shape or device changed (`model.half()`) makes the next call compile again from the model as it is then; values
+    written into the same tensors (in place, `load_state_dict`, `p.data = t`) are read by the compiled code as they
+    are."""
 
     # (nn.Module's own call, bound here: while another thread's capture traces, symbolic_trace has replaced
     # `nn.Module.__call__` for every module of the process, and a call of this module would enter that tracer's patch
@@ -432,13 +470,17 @@ class CompiledModule(torch.nn.Module):
         if self._holding is None or (holding := _holds(self.model)) == self._holding:
             return
         log.info("%s: a parameter, buffer or submodule was assigned anew since compiling: compiling again", self.name)
+        self._forget()
+        self._holding = holding
+
+    def _forget(self) -> None:
+        """Drop every specialization and family: the next call compiles afresh from the model as it is then."""
         for key in list(self._specs):
             self._drop(key)
         self._guarded.clear()
         self._families.clear()
         self._not_affine.clear()
         self._last = None
-        self._holding = holding
         self._read_model()
 
     def forward(self, *args, **kwargs):
@@ -496,7 +538,12 @@ class CompiledModule(torch.nn.Module):
         if spec is not self._last:  # (a program is captured from its second call in a row: see Program.__call__)
             spec.executor.repeats = 0
             object.__setattr__(self, "_last", spec)  # (a plain attribute: nn.Module's __setattr__ costs ~1 µs)
-        return spec(args, kwargs, flat)
+        try:
+            return spec(args, kwargs, flat)
+        except ParametersChanged:  # (found before any step ran: nothing was written)
+            log.info("%s: a parameter's dtype, shape or device changed since compiling: compiling again", self.name)
+            self._forget()
+            return self.forward(*args, **kwargs)
 
     def guarded(self, args: tuple):
         """A call from the frame dynamo compiled this graph for (see `DynamoBackend`): dynamo's guards have already

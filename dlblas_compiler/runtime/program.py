@@ -534,7 +534,8 @@ def rebuild_program(program: Program, replaced: dict[Operation, Operation], lowe
         if old in base.overwritable:  # (a copy at other sizes: the same readers, in the same order)
             b.overwritable = {**b.overwritable, new: base.overwritable[old]}
     steps = [_shallow(st) if isinstance(st, RegionStep) else st for st in program.steps]
-    weights = DerivedWeights(list(program.weights.weights))
+    # (the parameters' layout the template was compiled with: an instance made after `model.half()` is stale too)
+    weights = DerivedWeights(list(program.weights.weights), _layout=program.weights._layout)
     for old, new in replaced.items():
         at = recipe.made[old]
         step = b.step(new)

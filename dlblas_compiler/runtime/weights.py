@@ -143,19 +143,30 @@ def derived_weight(key: tuple, compute: Callable[[], torch.Tensor], sources: lis
     return found
 
 
+class ParametersChanged(Exception):
+    """A parameter the program reads has another dtype, shape, strides or device than when it was compiled
+    (`model.half()`, `p.data = t` of another shape): the program is stale; the compiled module compiles again."""
+
+
 @dataclass
 class DerivedWeights:
     """The derived weights one program reads, and the slots of its value table they go to. A call compares the
-    source parameters' versions and addresses once (not per weight) to see that nothing changed."""
+    source parameters' versions and addresses once (not per weight) to see that nothing changed; where they did, that
+    their dtypes, shapes, strides and devices did not (`ParametersChanged`)."""
 
     weights: list[tuple[int, DerivedWeight]] = field(default_factory=list)
     _values: list | None = None  # the values last put into a table
     _state: list | None = None  # the sources' versions and addresses then
+    _layout: list | None = None  # their dtypes, shapes, strides and devices at the first call
 
     def fill(self, env: list) -> bool:
         """Put the current values into a value table; True when any differs from the last call's."""
         before = self._values
         if self._values is None or self._sources_state() != self._state:
+            layout = [(t.dtype, t.shape, t.stride(), t.device) for t in (*self._sources[0], *self._sources[1])]
+            if self._layout is not None and layout != self._layout:
+                raise ParametersChanged
+            self._layout = layout
             try:
                 self._values = [w.value()[0] for _, w in self.weights]
             finally:

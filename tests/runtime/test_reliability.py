@@ -872,6 +872,68 @@ def test_parameters_modules_and_buffers_assigned_after_compile_are_used(change):
     assert not warned and not torch.allclose(before, after) and cm.compile_count == 2
 
 
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(32, 16)
+        self.layers = nn.ModuleList([nn.Linear(16, 16) for _ in range(3)])
+        self.seq = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.seq(x)
+
+
+@pytest.mark.parametrize("change", ["model.half()", "p.data of another shape", "del layers[1]", "Sequential.insert",
+                                    "bias = None", "ModuleList.insert"])  # fmt: skip
+def test_parameters_and_modules_changed_without_an_assignment_are_followed(change):
+    """Changes that fire none of torch's registration hooks: the parameters' dtype (`model.half()` keeps the
+    Parameter objects; the inputs, token ids, keep theirs), a parameter's shape through `.data`, submodules deleted or
+    inserted, a bias set to None. Before, the first compile ran on: fp32 outputs from an fp16 model, the old output
+    width, the deleted layer still applied."""
+    m = randomize_(Stack()).eval()
+    ids = torch.tensor([[1, 5, 7], [30, 0, 2]])
+    extra = randomize_(nn.Linear(16, 16))  # (made before the calls: making it fires registration hooks)
+    cm = dc.compile(m, backend="interpret")
+    _calls(cm, ids, n=2)
+    if change == "model.half()":
+        m.half()
+    elif change == "p.data of another shape":
+        m.seq[0].weight.data = _x(12, 16)
+        m.seq[0].bias.data = _x(12, seed=1)
+    elif change == "del layers[1]":
+        del m.layers[1]
+    elif change == "Sequential.insert":
+        m.seq.insert(1, nn.Sigmoid())
+    elif change == "bias = None":
+        m.layers[0].bias = None
+    else:
+        m.layers.insert(0, extra)
+    after, warned = _calls(cm, ids, n=1)
+    with torch.no_grad():
+        _close(after, m(ids), tol=1e-3 if change == "model.half()" else 1e-5)
+    assert not warned
+
+
+def test_functional_call_uses_the_tensors_it_swaps_in():
+    """`torch.func.functional_call` swaps tensors into the module's dicts for one call (no registration hook fires):
+    before, the compiled module used the model's own weights, or, where its first call was a functional call, kept
+    the swapped-in tensors for every later call."""
+    m = randomize_(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 8))).eval()
+    new = {k: _x(*v.shape, seed=i + 3) for i, (k, v) in enumerate(m.state_dict().items())}
+    x = _x(4, 16)
+    for first_plain in (True, False):
+        cm = dc.compile(m, backend="interpret")
+        with torch.no_grad():
+            if first_plain:
+                _close(cm(x), m(x))
+            got = torch.func.functional_call(cm, {f"model.{k}": v for k, v in new.items()}, (x,))
+            _close(got, torch.func.functional_call(m, new, (x,)))
+            _close(cm(x), m(x))
+
+
 def test_concatenated_parameters_live_in_their_buffer_once():
     """gate and up become slices of the merged weight (held once, also by a second compile of the module);
     their values and the module's own forward are unchanged, and an update still reaches the kernels."""
