@@ -142,20 +142,34 @@ class Plan:
     def convex(self, ops: list[Operation]) -> bool:
         """No path from the ops through an outside op back into them (so they can run as one kernel). Paths also
         step from a side-effecting op to the next one (torch calls keep their order, `topo_sort`): a region read
-        by one torch call must not also read a later one's result."""
+        by one torch call must not also read a later one's result. And a path that enters a region already
+        claimed leaves it from any of its ops: the region runs as one kernel, all its outputs after all its
+        inputs, so `ops` must not read a region that reads them (the GEMM region {linear h, h * exp(w)} and a row
+        region {exp(w), mean(exp(w)) * mean(h)} read each other though no op of one reads back into the other)."""
         inside = set(ops)
         effects = self._effects()
-        first = min(self.order[o] for o in ops)
-        last = max(self.order[o] for o in ops)  # (uses come later in the block: past `last` nothing leads back)
+        own = {self.claimed[o] for o in ops if o in self.claimed}  # (a region being extended by `ops`)
+        # uses come later in the block, so past `last` nothing leads back, except through a region claimed
+        # with ops on both sides of it: stretch `last` over those (regions by first op; one pass suffices)
+        last = max(self.order[o] for o in ops)
+        for lo, hi in sorted(self._span(r) for rid, r in enumerate(self.regions) if rid not in own and r.ops):
+            if lo > last:
+                break
+            last = max(last, hi)
         frontier = [u.operation for o in ops for r in o.results for u in r.uses if u.operation not in inside]
         seen: set[Operation] = set()
+        entered = set(own)
         while frontier:
             op = frontier.pop()
             if op in seen or op.parent is not self.block:
                 continue
             seen.add(op)
-            if not first <= self.order[op] <= last:
+            if self.order[op] > last:
                 continue
+            rid = self.claimed.get(op)
+            if rid is not None and rid not in entered:  # into a region: out of every op of it
+                entered.add(rid)
+                frontier.extend(self.regions[rid].ops)
             if op in effects:
                 frontier.append(effects[op])
             for r in op.results:
@@ -164,6 +178,11 @@ class Plan:
                         return False
                     frontier.append(u.operation)
         return True
+
+    def _span(self, region: RegionPlan) -> tuple[float, float]:
+        """The block positions of a region's first and last op."""
+        pos = [self.order[o] for o in region.ops]
+        return min(pos), max(pos)
 
 
 def _copy_view_into_regions(plan: Plan, view: Operation) -> bool:

@@ -273,6 +273,53 @@ def test_a_causal_mask_made_from_constants_becomes_causal_attention(spelling):
         assert " mask " in sdpa and "is_causal" not in sdpa
 
 
+# -- regions that would read each other: no cycle through a region already claimed --------------------
+
+
+class SharedBranch(nn.Module):
+    """A GEMM's output h multiplied by a transform t of a second input (the GEMM's epilogue) and, row-reduced, by
+    t's row reduction: a row region taking t and both reductions would read the GEMM region and be read by it (a
+    cycle through the GEMM region though no op path leaves the row ops and comes back). `variant` gives the same
+    diamond other shapes: a bool mask as t, a second GEMM adding h (its epilogue) whose output the row region
+    reduces, a second GEMM on t itself."""
+
+    def __init__(self, variant: str):
+        super().__init__()
+        self.variant = variant
+        self.lin, self.lin2 = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x, w):
+        h = self.lin(x)
+        if self.variant == "mask":
+            bm = w > 0.3
+            return h * bm, bm.float().mean(-1) * h.mean(-1)
+        t = w.exp()
+        if self.variant == "exp":
+            return h * t, t.mean(-1) * h.mean(-1)
+        if self.variant == "second_gemm_residual":
+            g = self.lin2(x) + h
+            return h * t, t.sum(-1) + g.amax(-1)
+        g = self.lin2(t)  # "second_gemm_on_t"
+        return h * t, g + h, t.mean(-1) * h.mean(-1) * g.mean(-1)
+
+
+@pytest.mark.parametrize("variant", ["exp", "mask", "second_gemm_residual", "second_gemm_on_t"])
+def test_regions_that_would_read_each_other_are_not_planned(variant):
+    m = randomize_(SharedBranch(variant)).eval()
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(2, 5, 16, generator=g), torch.rand(2, 5, 16, generator=g)
+    cm = dc.compile(m, backend="interpret")
+    with torch.no_grad():
+        out, ref = cm(x, w), m(x, w)
+    for o, r in zip(out, ref, strict=True):
+        assert rel_error(o, r) < 1e-5
+    assert all(k.impl == "kernel" for k in cm.report().kernels), cm.report().kernels
+    ir = cm.ir("final")
+    gemms = [body.split("dl.yield")[0] for body in ir.split('dl.fused "gemm"')[1:]]
+    assert ir.count("dl.linear") == sum(b.count("dl.linear") for b in gemms), ir  # every linear in a GEMM region
+    assert any("dl.linear" in b and "dl.mul" in b for b in gemms), ir  # h * t in the first GEMM's epilogue
+
+
 # -- property test: random row programs, fused and run as generated kernels, equal eager ------------
 
 UNARY = [torch.tanh, torch.sigmoid, F.silu, F.gelu, torch.abs, lambda t: t * 0.5, lambda t: -t]
