@@ -221,7 +221,8 @@ def fused_rotary_and_fa(
     config: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """Attention over rotary(q), rotary(k) in one kernel (see the module docstring); writes `out` if given.
-    `config` overrides entries of the tile config (keys of `SPACE`)."""
+    `config` overrides entries of the tile config (keys of `SPACE`). Arguments its registered signature refuses
+    (float64, mixed dtypes, D not in HEAD_DIMS) raise OpMatchError, as get_op's match would."""
     B, HQ, S, D = q.shape
     HK = k.shape[1]
     if k.shape != (B, HK, S, D) or v.shape != k.shape or HQ % HK or cos.shape != (S, D) or sin.shape != (S, D):
@@ -229,6 +230,9 @@ def fused_rotary_and_fa(
             f"fused_rotary_and_fa: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}, cos {list(cos.shape)}, "
             f"sin {list(sin.shape)}: expected q [B, Hq, S, D], k and v [B, Hk, S, D] with Hq % Hk == 0, cos/sin [S, D]"
         )
+    _TRITON_SIG.check(
+        "fused_rotary_and_fa", (q, k, v, cos, sin, bool(causal), bool(interleaved), sm_scale, out, config)
+    )  # (dtypes and head dims the kernel takes)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if out.numel() == 0:
@@ -301,7 +305,8 @@ register_op("flash_attention_v2", flash_attention_v2, _fa_sig(FLOAT_DTYPES), imp
             description="attention template (FA2 online softmax): 1 kernel")  # fmt: skip
 register_op("flash_attention_v2", flash_attention_v2_reference, _fa_sig(_REF, head_dims=False),
             description="F.scaled_dot_product_attention", impl_name="torch")  # fmt: skip
-register_op("fused_rotary_and_fa", fused_rotary_and_fa, _rope_fa_sig(FLOAT_DTYPES, out=True), space=SPACE,
+_TRITON_SIG = _rope_fa_sig(FLOAT_DTYPES, out=True)  # (fused_rotary_and_fa checks direct calls against it too)
+register_op("fused_rotary_and_fa", fused_rotary_and_fa, _TRITON_SIG, space=SPACE,
             description="Triton FA2 kernel rotating q and each K tile on load: 1 kernel",
             impl_name="triton")  # fmt: skip
 register_op("fused_rotary_and_fa", fused_rotary_and_fa_compiled, _rope_fa_sig(FLOAT_DTYPES), impl_name="compiled",

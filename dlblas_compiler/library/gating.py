@@ -6,7 +6,9 @@ logits [T, E] (any strides) -> ids [T, k] (index_dtype; experts by decreasing pr
 weights [T, k] (logits dtype; 0 where dropped), aux_loss [] float32.
 
 Semantics, computed in float32:
-  probs = softmax(logits, -1); ids, weights = top-k of probs (ties: lowest expert index);
+  probs = softmax(logits, -1); ids, weights = top-k of probs (ties: lowest expert index; NaN ranks above every
+  number, as in torch.topk: a row with a NaN or +inf logit, or all -inf, has NaN probabilities, and gets experts
+  0, ..., k-1 with NaN weights, where torch.topk picks k experts of its own);
   renormalize: weights /= weights.sum(-1)  (Mixtral; off: the raw softmax probabilities, Switch/GShard).
   aux_loss = E * sum_e f_e * P_e, f_e = fraction of tokens routed to expert e (among their k choices, before
   capacity), P_e = mean over tokens of probs[:, e]; as in HF Mixtral: k when perfectly balanced, larger otherwise.
@@ -62,13 +64,16 @@ def _topk_gating_kernel(
     tl.store(probs_ptr + rows[:, None] * E + cols[None, :], p, mask=mask)
     tl.atomic_add(prob_sum_ptr + cols, tl.sum(tl.where(mask, p, 0.0), axis=0), mask=col_ok)
 
-    # top-k by repeated arg-max; a chosen expert is marked -1, padding columns are -2 (never chosen)
-    q = tl.where(col_ok[None, :], p, -2.0)
+    # top-k by repeated arg-max; a chosen expert is marked -1, padding columns are -2 (never chosen). A NaN
+    # probability (the whole row, from a NaN or +inf logit or all -inf) ranks above every number, as in torch.topk:
+    # key 2, so that the ids stay experts (NaN equals nothing) and its weight NaN
+    q = tl.where(col_ok[None, :], tl.where(p != p, 2.0, p), -2.0)
     top_w = tl.zeros((BLOCK_T, BLOCK_K), tl.float32)
     top_i = tl.zeros((BLOCK_T, BLOCK_K), tl.int32)
     for j in tl.static_range(K):
         best = tl.max(q, axis=1)
         idx = tl.min(tl.where(q == best[:, None], cols[None, :], BLOCK_E), axis=1)
+        best = tl.where(best == 2.0, float("nan"), best)
         top_w = tl.where(slots[None, :] == j, best[:, None], top_w)
         top_i = tl.where(slots[None, :] == j, idx[:, None], top_i)
         q = tl.where(cols[None, :] == idx[:, None], -1.0, q)
@@ -257,6 +262,8 @@ class _TopKGating(torch.autograd.Function):
         probs, ids, kept_ids, counts = ctx.saved_tensors
         T, E = probs.shape
         d_logits = torch.empty(T, E, device=probs.device, dtype=ctx.logits_dtype)
+        if T == 0:  # no tokens: an empty gradient (and aux_loss, 0, does not depend on the logits)
+            return d_logits, None, None, None, None, None
         block_t, block_e = _blocks(T, E)
         unused = probs  # stands in for the pointer of an absent input
         launch(

@@ -182,8 +182,10 @@ def matmul_persistent(
 ) -> torch.Tensor:
     """C = a @ b by the persistent kernel (see the module docstring); writes `out` [M, N] if given. `config`
     overrides entries of the tile config (keys of `SPACE`); `tune` ("quick", "full"; CUDA only) searches SPACE
-    once per shape bucket and remembers the result in the tuning cache."""
+    once per shape bucket and remembers the result in the tuning cache. Arguments its registered signature refuses
+    (float64, mixed dtypes) raise OpMatchError, as get_op's match would."""
     _check(a, b)
+    _PERSISTENT_SIG.check("matmul_persistent", (a, b, out, config, tune))
     M, K = a.shape
     N = b.shape[1]
     if out is None:
@@ -244,14 +246,15 @@ register_op(
     description="the compiler's GEMM template (tiled, split-K), via F.linear(a, b.t())",
     impl_name="tiled",
 )
+_PERSISTENT_SIG = _signature(
+    FLOAT_DTYPES,
+    extra=(Optional(Tensor("M", "N", name="out")), Optional(Scalar(dict, name="config")),
+           Scalar(str, default="none", name="tune")),  # fmt: skip
+)  # (matmul_persistent checks direct calls against it too)
 register_op(
     "matmul",
     matmul_persistent,
-    _signature(
-        FLOAT_DTYPES,
-        extra=(Optional(Tensor("M", "N", name="out")), Optional(Scalar(dict, name="config")),
-               Scalar(str, default="none", name="tune")),  # fmt: skip
-    ),
+    _PERSISTENT_SIG,
     space=SPACE,
     description="persistent Triton kernel: one program per SM looping over grouped output tiles",
     impl_name="persistent",

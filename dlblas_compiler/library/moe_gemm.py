@@ -99,7 +99,7 @@ def _moe_gemm_kernel(
 
 @triton.jit
 def _moe_sum_kernel(
-    y_ptr, ids_ptr, rows_ptr, weight_ptr, out_ptr, H, stride_ym, stride_om,
+    y_ptr, ids_ptr, rows_ptr, weight_ptr, out_ptr, H, stride_ym, stride_om, stride_oh,
     TOPK: tl.constexpr, GATHER: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     """out[t, h] = sum_j y[p, h] over the slots j with ids[p] >= 0, p = t * TOPK + j; with GATHER, pair p's row of y
@@ -119,7 +119,7 @@ def _moe_sum_kernel(
         if GATHER:
             y *= tl.load(weight_ptr + pair, mask=routed, other=0.0).to(tl.float32)
         acc += y
-    tl.store(out_ptr + t * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
+    tl.store(out_ptr + t * stride_om + offs * stride_oh, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
 
 
 @triton.jit
@@ -318,9 +318,11 @@ def fused_moe(
 ) -> torch.Tensor:
     """SwiGLU mixture of experts over routed tokens (see the module docstring); writes `out` [T, H] if given.
     `config` overrides entries of the config (`default_config`; keys of `SPACE`); IMPL "grouped" falls back to
-    "triton" where `grouped_unsupported` says why."""
+    "triton" where `grouped_unsupported` says why. Arguments its registered signature refuses (float64, mixed
+    dtypes, float ids) raise OpMatchError, as get_op's match would."""
     gate, up = _split_gate_up(w_gate_up, w_up)
     _check_shapes(x, gate, up, w_down, topk_ids, topk_weights)
+    _TRITON_SIG.check("fused_moe", (x, w_gate_up, w_down, topk_ids, topk_weights, w_up, out, config))
     T, H = x.shape
     E, inter, _ = gate.shape
     k = topk_ids.shape[1]
@@ -330,8 +332,8 @@ def fused_moe(
         cfg["IMPL"] = "triton"  # tiles given: they are the triton path's
     if cfg["IMPL"] not in IMPLS:
         raise ValueError(f"fused_moe: IMPL={cfg['IMPL']!r}, expected one of {IMPLS}")
-    if out is None:
-        out = torch.empty_like(x)
+    if out is None:  # (row-major whatever x's strides: empty_like would copy a transposed x's)
+        out = torch.empty(T, H, device=x.device, dtype=x.dtype)
     # (an id outside [0, E) is a dropped slot, as -1 is and as the reference skips it: the kernels would read past
     # the weights; telling the caller would wait for the device)
     topk_ids = topk_ids.masked_fill((topk_ids < 0) | (topk_ids >= E), -1)
@@ -418,7 +420,7 @@ def _sum_pairs(
     block_h = min(next_pow2(H), 1024)
     launch(
         _moe_sum_kernel, (T, triton.cdiv(H, block_h)), out.device,
-        y, ids, rows, weights, out, H, y.stride(0), out.stride(0),
+        y, ids, rows, weights, out, H, y.stride(0), out.stride(0), out.stride(1),
         TOPK=ids.shape[1], GATHER=gather, BLOCK_H=block_h, num_warps=4,
     )
 
@@ -465,10 +467,11 @@ def _signature(dtypes: tuple[str, ...], with_out: bool) -> Sig:
     )
 
 
+_TRITON_SIG = _signature(FLOAT_DTYPES, with_out=True)  # (fused_moe checks direct calls against it too)
 register_op(
     "fused_moe",
     fused_moe,
-    _signature(FLOAT_DTYPES, with_out=True),
+    _TRITON_SIG,
     space=SPACE,
     description="SwiGLU MoE: expert-sorted grouped GEMMs (gate/up + SiLU*up, down + routing weight) + sum",
     impl_name="triton",

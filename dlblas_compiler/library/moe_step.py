@@ -2,9 +2,9 @@
 
 On the kernel backends: topk_gating + fused_moe on this device; with an `expert_parallel` process group, the
 EPMoE layer over it (torch experts on the reference backend), built on the first call from that call's weights
-and rebuilt when they change; with `expert_parallel_tokens` too, its exchange goes through the GPUs' memory
-(`peer_tokens`). Without a group it never communicates, even where torch.distributed is
-initialized (EPMoE would take the default group).
+and rebuilt when they change (other tensors, or updated in place); with `expert_parallel_tokens` too, its
+exchange goes through the GPUs' memory (`peer_tokens`). Without a group it never communicates, even where
+torch.distributed is initialized (EPMoE would take the default group).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class MoEStep:
     group: Any = None  # a torch.distributed process group: EPMoE over it
     backend: str = "triton"  # EPMoE's experts: "triton" kernels or "reference" torch ops
     peer_tokens: int | None = None  # EPMoE's exchange through the GPUs' memory, room for this many tokens a rank
-    _layer: list = field(default_factory=list)  # [(weights, EPMoE)]
+    _layer: list = field(default_factory=list)  # [(the weights' state, the weights, EPMoE)]
 
     def __repr__(self) -> str:
         how = f"EPMoE over {self.group}" if self.group is not None else "topk_gating + fused_moe"
@@ -43,11 +43,15 @@ class MoEStep:
             ids, w, _ = topk_gating(router_logits(x, weights[0]), self.top_k, renormalize=self.renormalize)
             env[self.out] = fused_moe(x, weights[1], weights[2], ids, w)
             return
-        if not self._layer or any(a is not b for a, b in zip(self._layer[0][0], weights)):
+        # rebuilt when a weight is another tensor, was updated in place (its version counter moved) or got new
+        # storage (`p.data = t`): with several ranks EPMoE keeps copies of its experts, which would go stale.
+        # As for the weights the runtime derives (runtime/weights.py), an inference tensor keeps no version.
+        state = [(id(w), -1 if w.is_inference() else w._version, w.data_ptr()) for w in weights]
+        if not self._layer or self._layer[0][0] != state:
             layer = EPMoE(*weights, self.top_k, renormalize=self.renormalize, group=self.group, backend=self.backend,
                           peer_tokens=self.peer_tokens)  # fmt: skip
-            self._layer[:] = [(weights, layer)]
-        env[self.out] = self._layer[0][1](x)
+            self._layer[:] = [(state, weights, layer)]
+        env[self.out] = self._layer[0][2](x)
 
 
 def moe_step(op: MoEOp, ins: list[int], outs: list[int], options) -> MoEStep:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -372,6 +373,22 @@ class Sig:
             if why is not None:
                 raise _Mismatch(why)
         return binding
+
+    def check(self, name: str, args: Sequence[Any]) -> None:
+        """For a direct call of an implementation (not through get_op, which would have matched it): raise
+        OpMatchError with why these positional `args` do not fit, each "arg i" followed by its name, rather than
+        let the kernel fail inside the interpreter or compute garbage (float64 through tf32 dots)."""
+        try:
+            self.bind(args)
+        except _Mismatch as e:
+            names = [getattr(s.spec if isinstance(s, Optional) else s, "name", None) for s in self.specs]
+
+            def named(m: re.Match) -> str:
+                i = int(m.group(1))
+                return m.group(0) + (f" ({names[i]})" if i < len(names) and names[i] else "")
+
+            reason = re.sub(r"\barg (\d+)", named, str(e))
+            raise OpMatchError(f"{name}: {reason}; got {_describe(args)}; it takes {self}") from None
 
 
 # ---------------------------------------------------------------------------------------------------- registry

@@ -101,6 +101,8 @@ def _cases(rank: int, ws: int) -> None:
     torch.testing.assert_close(padded, outs[0], **F64_TOL)
     torch.testing.assert_close(outs[0], moe_reference(x, router, w_gate_up, w_down, TOP_K), **F64_TOL)
 
+    _check_moe_step_follows_weight_updates(rank, ws)
+
     if ws == 4:  # experts must split evenly over the ranks
         with pytest.raises(ValueError, match="6 experts do not split evenly over 4 ranks"):
             EPMoE(*_weights(seed=4, experts=6), TOP_K)
@@ -117,6 +119,24 @@ def _cases(rank: int, ws: int) -> None:
     padded = EPMoE(router, w_gate_up, w_down, TOP_K, backend="triton", padded_tokens=20)(x, timings=timings)
     torch.testing.assert_close(padded.double(), ref, **F32_TOL)  # padding rows (expert -1) skipped by fused_moe
     assert set(timings) == {"route", "plan", "dispatch", "compute", "combine", "total"}
+
+
+def _check_moe_step_follows_weight_updates(rank: int, ws: int) -> None:
+    """The compiled program's dl.moe step over a group (MoEStep) builds EPMoE once, which keeps copies of this rank's
+    experts when ws > 1; it rebuilt it only for other weight tensors, so in-place updates after the first call
+    (load_state_dict, an optimizer step) were silently ignored. It now follows them, and `p.data = t`."""
+    from dlblas_compiler.library.moe_step import MoEStep
+
+    router, w_gate_up, w_down = _weights(seed=9)
+    x = _tokens(900 + rank, 12)
+    step = MoEStep([0, 1, 2, 3], 4, TOP_K, True, group=dist.group.WORLD, backend="reference")
+    env = [x, router, w_gate_up, w_down, None]
+    for update in (lambda: None, lambda: w_gate_up.mul_(1.5), lambda: setattr(w_down, "data", w_down * 0.5)):
+        update()
+        step(env)
+        ref = moe_reference(x, router, w_gate_up, w_down, TOP_K)
+        torch.testing.assert_close(env[4], ref, **F64_TOL, msg=lambda m: f"MoEStep, rank {rank}/{ws}: {m}")
+    assert len(step._layer) == 1
 
 
 def _worker(rank: int, ws: int, init_file: str) -> None:
@@ -151,6 +171,15 @@ def test_ep_moe_triton_interpreter() -> None:
     x = torch.randn(16, 32, generator=g)
     out = EPMoE(router, w_gate_up, w_down, 2, capacity_factor=1.0, backend="triton")(x)
     ref = moe_reference(x.double(), router.double(), w_gate_up.double(), w_down.double(), 2, 1.0)
+    torch.testing.assert_close(out.double(), ref, **F32_TOL)
+
+
+def test_ep_moe_triton_transposed_tokens() -> None:
+    """x a transposed view: fused_moe's output took x's strides and its sum kernel wrote it as if row-major."""
+    router, w_gate_up, w_down = (w.float() for w in _weights(seed=10))
+    x = _tokens(11, 9, torch.float32).t().contiguous().t()
+    out = EPMoE(router, w_gate_up, w_down, TOP_K, backend="triton")(x)
+    ref = moe_reference(x.double(), router.double(), w_gate_up.double(), w_down.double(), TOP_K)
     torch.testing.assert_close(out.double(), ref, **F32_TOL)
 
 

@@ -12,11 +12,13 @@ import torch
 
 from dlblas_compiler.library import (
     KernelUnsupported,
+    OpMatchError,
     expert_capacity,
     fp8_gemm,
     fp8_gemm_reference,
     fused_moe,
     fused_moe_reference,
+    get_op,
     moe_align_block_size,
     quantize_fp8,
     topk_gating,
@@ -151,6 +153,43 @@ def test_topk_gating_triton_gradients_match_reference(renormalize, capacity_fact
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # (the interpreter's NaN math)
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_topk_gating_rows_of_nan_probabilities(renormalize, poisoned):
+    """A NaN or +inf logit, or a row of -inf, makes the row's softmax NaN. The kernel returned id E (or past it)
+    there, neither an expert nor -1, and fused_moe then dropped the token (0 where eager's MoE gives NaN). NaN ranks
+    above every number, as in torch.topk: k distinct experts (torch.topk picks an order of its own among the
+    tied NaNs; the kernel keeps "lowest index first": 0, ..., k-1), NaN weights as in the reference."""
+    T, E, k = 6, 5, 2
+    logits = torch.randn(T, E, device=DEVICE)
+    logits[1, 3] = float("nan")
+    logits[2, 0] = float("inf")
+    logits[4] = float("-inf")
+    out = topk_gating(logits, k, renormalize=renormalize)
+    ref = topk_gating_reference(logits, k, renormalize=renormalize)
+    bad = torch.tensor([False, True, True, False, True, False], device=DEVICE)
+    assert out.ids[bad].tolist() == [[0, 1]] * 3
+    assert out.weights[bad].isnan().all() and ref.weights[bad].isnan().all()
+    assert torch.equal(out.ids[~bad], ref.ids[~bad])
+    torch.testing.assert_close(out.weights[~bad], ref.weights[~bad], rtol=1e-5, atol=1e-6)
+    assert out.aux_loss.isnan() and ref.aux_loss.isnan()
+    # the MoE output of those tokens is NaN, as the float64 reference's on the reference's routing
+    x, w_gate_up, w_down, _, _ = moe_inputs(T, 16, 8, E, k, torch.float32)
+    y = fused_moe(x, w_gate_up, w_down, out.ids, out.weights)
+    y_ref = moe_reference(x, w_gate_up, w_down, ref.ids, ref.weights)
+    assert y[bad].isnan().all() and y_ref[bad].isnan().all()
+    assert rel_err(y[~bad], y_ref[~bad]) <= 1e-4
+
+
+def test_topk_gating_backward_with_no_tokens():
+    """T = 0: the backward divided by T**2 (ZeroDivisionError); now an empty gradient, as the reference's."""
+    for fn in (topk_gating, topk_gating_reference):
+        logits = torch.randn(0, 4, device=DEVICE, requires_grad=True)
+        out = fn(logits, 2)
+        (out.weights.sum() + out.aux_loss).backward()
+        assert logits.grad is not None and logits.grad.shape == (0, 4)
+
+
 def test_topk_gating_rejects_bad_arguments():
     logits = torch.randn(4, 8, device=DEVICE)
     with pytest.raises(ValueError, match=r"k=9 must be in \[1, E=8\]"):
@@ -206,6 +245,23 @@ def test_fused_moe_skips_dropped_slots(poisoned):
     assert (ids == -1).any()
     out = fused_moe(x, w_gate_up, w_down, ids, weights)
     assert rel_err(out, moe_reference(x, w_gate_up, w_down, ids, weights)) <= TOL[torch.float32]
+
+
+def test_fused_moe_refuses_what_its_kernels_do_not_take():
+    """Direct calls that get_op would not route to the kernels: float64 (computed through tf32 dots: NaN and
+    garbage), mixed dtypes and float ids (errors from inside the interpreter) raise OpMatchError naming the
+    argument, as the registry does for a candidate that does not match."""
+    x, w_gate_up, w_down, ids, weights = moe_inputs(5, 16, 8, 3, 2, torch.float32)
+    f64 = [t.double() for t in (x, w_gate_up, w_down)]
+    with pytest.raises(OpMatchError, match=r"fused_moe: arg 0 \(x\) dtype is f64, expected one of f16, bf16, f32"):
+        fused_moe(*f64, ids, weights.double())
+    with pytest.raises(OpMatchError, match=r"arg 1 \(w_gate_up\) dtype is f32, but arg 0 \(x\) dtype is f16"):
+        fused_moe(x.half(), w_gate_up, w_down, ids, weights)
+    with pytest.raises(OpMatchError, match=r"arg 3 \(topk_ids\) dtype is f32, expected one of i32, i64"):
+        fused_moe(x, w_gate_up, w_down, ids.float(), weights)
+    with pytest.raises(OpMatchError, match=r"arg 6 \(out\) dtype is f16, but arg 0 \(x\) dtype is f32"):
+        fused_moe(x, w_gate_up, w_down, ids, weights, out=torch.empty(5, 16, dtype=torch.float16, device=DEVICE))
+    assert get_op("fused_moe", (*f64, ids, weights.double())) is fused_moe_reference  # where get_op sends float64
 
 
 def test_moe_align_block_size(poisoned):

@@ -183,3 +183,19 @@ def test_an_expert_id_outside_the_experts_is_a_dropped_slot(impl):
     out = fused_moe(x, w_gate_up, w_down, ids, weights, config={"IMPL": impl})
     assert torch.isfinite(out).all()
     assert rel_err(out, reference(x, w_gate_up, w_down, ids, weights)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("impl", ["grouped", "triton"])
+def test_transposed_x_and_out(impl, poisoned, grouped_calls):
+    """x a transposed view ([T, H] with strides (1, T)) and out= one too: the output used to take x's strides
+    (empty_like) and the sum kernel wrote it as if row-major (errors ~1e38); both paths now honour out's strides
+    and return a row-major tensor of their own."""
+    x, w_gate_up, w_down, ids, weights = moe_inputs(13, 32, 48, 4, 2, torch.float32, range(4), dropped=2)
+    ref = reference(x, w_gate_up, w_down, ids, weights)
+    xt = x.t().contiguous().t()
+    out = fused_moe(xt, w_gate_up, w_down, ids, weights, config={"IMPL": impl})
+    assert out.is_contiguous() and rel_err(out, ref) <= TOL[torch.float32]
+    given = torch.full((32, 13), float("nan")).t()
+    assert fused_moe(xt, w_gate_up, w_down, ids, weights, out=given, config={"IMPL": impl}) is given
+    assert rel_err(given, ref) <= TOL[torch.float32]
+    assert len(grouped_calls) == (4 if impl == "grouped" else 0)  # the path asked for ran

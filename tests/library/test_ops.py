@@ -277,6 +277,26 @@ def test_fused_rotary_and_fa(dtype, causal, interleaved):
               torch.float64)  # fmt: skip
 
 
+def test_direct_calls_refuse_what_their_kernels_do_not_take():
+    """matmul_persistent and fused_rotary_and_fa called directly with arguments get_op would not route to them:
+    float64 (matmul_persistent computed it through tf32 dots: errors ~5), mixed dtypes and a head dim the kernel
+    cannot tile (errors from inside the interpreter) raise OpMatchError naming the argument and what it takes."""
+    a, b = rnd(4, 8), rnd(8, 3)
+    with pytest.raises(OpMatchError, match=r"matmul_persistent: arg 0 \(a\) dtype is f64, expected one of f16, bf16"):
+        matmul_persistent(a.double(), b.double())
+    assert get_op("matmul", (a.double(), b.double())) is matmul_reference  # where float64 goes
+    with pytest.raises(OpMatchError, match=r"arg 1 \(b\) dtype is f32, but arg 0 \(a\) dtype is f16"):
+        matmul_persistent(a.half(), b)
+    q, cs = rnd(1, 2, 3, 24), rnd(3, 24)
+    with pytest.raises(OpMatchError, match=r"fused_rotary_and_fa: requires D in \(16, 32, 64, 128, 256\)"):
+        fused_rotary_and_fa(q, q, q, cs, cs)
+    q, cs = rnd(1, 2, 3, 16), rnd(3, 16)
+    with pytest.raises(OpMatchError, match=r"arg 0 \(q\) dtype is f64"):
+        fused_rotary_and_fa(q.double(), q.double(), q.double(), cs.double(), cs.double())
+    with pytest.raises(OpMatchError, match=r"arg 3 \(cos\) dtype is f16, but arg 0 \(q\) dtype is f32"):
+        fused_rotary_and_fa(q, q, q, cs.half(), cs)
+
+
 # --------------------------------------------------------------------------------------- registry and caching
 
 
