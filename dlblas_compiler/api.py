@@ -454,6 +454,22 @@ class CompiledModule(torch.nn.Module):
         self.kept: tuple[traces.CompiledStore, str] | None = None
         self.kept_loads = 0  # compiles loaded from there instead of made
 
+    # what a compile made is not saved with the module (`pickle`, `torch.save`, `copy.deepcopy`): a copy compiles
+    # again at its first call, from its own copy of the model
+    _MADE = ("_specs", "_guarded", "_picks", "_families", "_not_affine", "_last", "kept", "_submodules", "_params",
+             "_hooks")  # fmt: skip
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in self._MADE}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        object.__setattr__(self, "_specs", OrderedDict())
+        self._guarded, self._picks, self._families, self._not_affine, self._last, self.kept = {}, None, [], set(), None, None
+        self._read_model()
+        self._holding = None if isinstance(self.model, torch.fx.GraphModule) else _holds(self.model)
+        self._assignments = _ASSIGNMENTS[0]
+
     def _read_model(self) -> None:
         model = self.model
         self._submodules = list(model.modules())  # whose training flags a trace reads (self.training branches)
@@ -840,7 +856,15 @@ class CompiledModule(torch.nn.Module):
     def _checker(self, imported: Imported, captured: Captured, args, kwargs, flat):
         from .runtime.reference import run_reference
 
-        with torch.no_grad():  # eager on copies of the inputs; the buffers it writes or reassigns are put back
+        # every run starts from the random state of now and puts it back: a model drawing random numbers (dropout in
+        # training) draws the same ones in each, and the call itself, after them, draws eager's
+        tensors = [*self._params, *(v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor))]
+        cuda = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+
+        def same_draws():
+            return torch.random.fork_rng(devices=cuda)
+
+        with torch.no_grad(), same_draws():  # eager on copies of the inputs; the buffers it writes are put back
             saved = [(m, k, b, b.clone()) for m in self.model.modules() for k, b in m._buffers.items() if b is not None]
             a, k = pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
             expected = self.model(*a, **k)
@@ -852,7 +876,7 @@ class CompiledModule(torch.nn.Module):
         n_out = len(exp_leaves)
 
         def check(module) -> str | None:
-            with torch.no_grad():
+            with torch.no_grad(), same_draws():
                 got = run_reference(module, inputs, imported.params, imported.calls)
             return compare(got[:n_out], exp_leaves)  # (the values written back follow the outputs)
 

@@ -60,10 +60,10 @@ def opt_main(argv: Sequence[str] | None = None) -> int:
     """`dlblas-compiler opt` (and `dl-opt`): xdsl-opt's arguments, `--help` lists them."""
     try:
         tool = DLOptMain(description="dl-opt: the dlblas_compiler IR optimizer", args=argv)
-    except (ValueError, ArgSpecParseError) as e:  # a bad -p pipeline
+        tool.run()
+    except (ValueError, ArgSpecParseError, OSError) as e:  # a bad -p pipeline, a file that cannot be read or written
         print(f"dlblas-compiler opt: {e}", file=sys.stderr)
         return 2
-    tool.run()
     return 0
 
 
@@ -176,8 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["opt"]:
         return opt_main(argv[1:])  # xdsl-opt parses its own arguments
-    args = build_parser().parse_args(argv)
-    return args.run(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except ValueError as e:  # (a bad option value, `--dump-ir` naming a file: one line, not a traceback)
+        parser.error(str(e))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ from typing import Any
 
 import torch
 
+from xdsl.utils.exceptions import ArgSpecParseError
+
 from .passes import DEFAULT_PIPELINE
+from .passes.registry import check_pipeline
 
 BACKENDS = ("triton", "interpret", "reference")
 TUNE_MODES = ("none", "quick", "full")
@@ -96,15 +99,34 @@ class Options:
 
     def __post_init__(self):
         self.backend = self.backend or default_backend()
+        if isinstance(self.pipeline, (list, tuple)) and all(isinstance(p, str) for p in self.pipeline):
+            self.pipeline = ",".join(self.pipeline)
         self.pipeline = self.pipeline or DEFAULT_PIPELINE
+        if not isinstance(self.pipeline, str):
+            raise ValueError(f"pipeline must be a string of passes ('cse,fuse') or a list of them, got {self.pipeline!r}")
+        try:
+            check_pipeline(self.pipeline)
+        except ArgSpecParseError as e:  # (xDSL's syntax error is not an Exception: a BaseException)
+            raise ValueError(f"pipeline {self.pipeline!r} cannot be parsed: {e}") from None
         self.dump_ir = self.dump_ir or os.environ.get(DEBUG_DIR_ENV) or None
+        if self.dump_ir is not None:
+            self.dump_ir = os.path.expanduser(os.fspath(self.dump_ir))
+            if os.path.exists(self.dump_ir) and not os.path.isdir(self.dump_ir):
+                raise ValueError(f"dump_ir (or ${DEBUG_DIR_ENV}) names a file, not a folder: {self.dump_ir!r}")
+        for name in ("cuda_graphs", "chained_launches", "share_weights", "check_each_pass", "strict", "prefer_kernels",
+                     "shape_families", "keep_traces"):  # fmt: skip
+            value = getattr(self, name)
+            if type(value) is int and value in (0, 1):
+                setattr(self, name, bool(value))
+            elif not isinstance(value, bool):  # (`strict="no"` is true in Python)
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.tune not in TUNE_MODES:
             raise ValueError(f"tune must be one of {TUNE_MODES}, got {self.tune!r}")
         if not isinstance(self.check, bool) and (not isinstance(self.check, int) or self.check < 0):
             raise ValueError(f"check must be a bool or a number of calls >= 0, got {self.check!r}")
-        if not isinstance(self.max_specializations, int) or self.max_specializations < 1:
+        if type(self.max_specializations) is not int or self.max_specializations < 1:
             raise ValueError(f"max_specializations must be a positive int, got {self.max_specializations!r}")
         tokens = self.expert_parallel_tokens
         if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1):

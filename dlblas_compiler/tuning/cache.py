@@ -151,7 +151,14 @@ class TuneCache:
 
     def get(self, key: CacheKey) -> CacheEntry | None:
         row = self._run(lambda c: c.execute("SELECT value FROM entries WHERE digest = ?", (key.digest(),)).fetchone())
-        return None if row is None else CacheEntry(**json.loads(row[0]))
+        if row is None:
+            return None
+        try:
+            return CacheEntry(**json.loads(row[0]))
+        except (ValueError, TypeError):  # (a row written by hand, or by a version with other fields: tuned again)
+            warnings.warn(f"tuning cache {self.path}: an unreadable entry for {key.kernel} is dropped", stacklevel=2)
+            self.delete(key)
+            return None
 
     def put(self, key: CacheKey, entry: CacheEntry) -> None:
         row = (key.digest(), key.kernel, json.dumps(dataclasses.asdict(key)), json.dumps(dataclasses.asdict(entry)))

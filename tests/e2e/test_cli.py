@@ -93,6 +93,18 @@ def test_opt_unknown_pass_or_option_is_one_line(tmp_path, capsys):
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "pass 'fuse' has no option 'profile'" in err, err
 
 
+def test_files_that_cannot_be_read_or_written_are_one_line(tmp_path, capsys):
+    src = tmp_path / "in.mlir"
+    src.write_text(MLIR)
+    for argv in (("opt", str(tmp_path / "missing.mlir")), ("opt", str(src), "-o", str(tmp_path / "no" / "out.mlir"))):
+        rc, out, err = _main(capsys, *argv)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "No such file or directory" in err, err
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--backend", "reference", "--dump-ir", str(tmp_path / "file")])
+    assert "names a file, not a folder" in capsys.readouterr().err
+
+
 def test_opt_runs_the_documented_pass_option_example(tmp_path, capsys):
     """The pipeline example in `parse_pipeline`'s docstring works, in the API and on the command line."""
     (example,) = re.findall(r'`"([^"]+)"`', parse_pipeline.__doc__)

@@ -1,7 +1,11 @@
 """Errors a user meets first, each one FrontendError (or Python's own TypeError) in one message naming the cause:
 a call that does not fit forward's signature, a wrong hidden size (no fake-tensor log on stderr), a plain function."""
 
+import copy
+import io
 import logging
+import pickle
+import re
 
 import pytest
 import torch
@@ -115,3 +119,48 @@ def test_a_size_from_a_tensors_values_names_the_line_and_says_to_compile_the_for
     model.forward = dc.compile(model.forward, backend="reference")
     with torch.no_grad():
         torch.testing.assert_close(model(x), _DataDependent()(x))
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"pipeline": "recognize{"}, "pipeline 'recognize{' cannot be parsed"),
+    ({"pipeline": ","}, "cannot be parsed"),
+    ({"pipeline": "cse,nosuchpass"}, "unknown pass 'nosuchpass'"),
+    ({"pipeline": 3}, "pipeline must be a string"),
+    ({"strict": "no"}, "strict must be True or False, got 'no'"),
+    ({"check_each_pass": "0"}, "check_each_pass must be True or False"),
+    ({"max_specializations": True}, "max_specializations must be a positive int"),
+])  # fmt: skip
+def test_bad_option_values_are_clear_errors_at_compile(options, message):
+    """Each is a ValueError naming the option when `dc.compile` is called (before: xDSL's parse error, a
+    BaseException, at the first call; an unknown pass at the first call; `strict="no"` turned strict on)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        dc.compile(torch.nn.Linear(4, 4), backend="reference", **options)
+
+
+def test_options_given_as_lists_numbers_and_home_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cm = dc.compile(torch.nn.Linear(4, 4), backend="reference", pipeline=["cse", "fuse"], strict=1, dump_ir="~/dbg")
+    assert cm.options.pipeline == "cse,fuse" and cm.options.strict is True
+    assert cm.options.dump_ir == str(tmp_path / "dbg")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="dump_ir .* names a file, not a folder"):
+        dc.compile(torch.nn.Linear(4, 4), backend="reference", dump_ir=str(tmp_path / "file"))
+
+
+def test_a_compiled_module_pickles_without_its_compiles():
+    """pickle, torch.save and deepcopy copy the model and the options; the copy compiles at its first call (before,
+    pickling failed on a local function of the compiled program)."""
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8)).eval()
+    cm = dc.compile(m, backend="interpret")
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        y = cm(x)
+        buf = io.BytesIO()
+        torch.save(cm, buf)
+        buf.seek(0)
+        for copy_ in (pickle.loads(pickle.dumps(cm)), torch.load(buf, weights_only=False), copy.deepcopy(cm)):
+            assert copy_.model is not m and not copy_._specs
+            torch.testing.assert_close(copy_(x), y, rtol=1e-5, atol=1e-6)
+            copy_.model[0].weight.mul_(2)
+            torch.testing.assert_close(copy_(x), copy_.model(x), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(cm(x), y)

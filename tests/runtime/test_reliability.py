@@ -460,6 +460,20 @@ def test_an_inplace_reshape_follows_eager_or_is_a_clear_error(of_input):
     assert torch.equal(out, model(x)) and out.shape == (1, 4, 3) and not warned
 
 
+def test_check_each_pass_on_a_model_drawing_random_numbers():
+    """check_each_pass's runs (eager, then the IR after each pass) each start from the random state of the call and
+    put it back: before, each drew its own numbers, and a model with dropout in training was refused ("does not
+    match eager before any pass"); the compiled call after them draws eager's numbers."""
+    m = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Dropout(0.5)).train()
+    x = _x(4, 16)
+    cm = dc.compile(m, backend="interpret", check_each_pass=True)
+    with torch.no_grad():
+        torch.manual_seed(5)
+        got = cm(x)
+        torch.manual_seed(5)
+        _close(got, m(x))
+
+
 @pytest.mark.parametrize("backend", ["reference", "interpret"])
 def test_inplace_ops_and_buffer_updates_follow_eager(backend):
     m = randomize_(Stateful()).eval()

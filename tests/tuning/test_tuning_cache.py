@@ -145,6 +145,23 @@ def test_corrupt_file_is_moved_aside_and_rebuilt(tmp_path):
     assert TuneCache(path).get(make_key()).config["i"] == 5
 
 
+@pytest.mark.parametrize("value", ["not json", '{"config": {}}', '[1, 2]'])
+def test_an_unreadable_entry_is_dropped_with_a_warning(tmp_path, value):
+    """A row whose value is not an entry (written by hand, or by a version with other fields) is a miss, tuned again,
+    with a warning (before: JSONDecodeError or TypeError from every lookup of that key)."""
+    path = tmp_path / "tune.sqlite"
+    cache = TuneCache(path)
+    cache.put(make_key(), entry())
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE entries SET value = ?", (value,))
+    with pytest.warns(UserWarning, match="unreadable entry for matmul_epilogue is dropped"):
+        assert cache.get(make_key()) is None
+    assert len(cache) == 0
+    again = entry(4)
+    cache.put(make_key(), again)
+    assert cache.get(make_key()) == again
+
+
 def test_damaged_pages_are_detected_and_rebuilt(tmp_path):
     path = tmp_path / "tune.sqlite"
     cache = TuneCache(path)
