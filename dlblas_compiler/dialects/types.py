@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from xdsl.dialects.builtin import (
     Float32Type,
     Float64Type,
     IntegerType,
+    Signedness,
     TensorType,
     bf16,
     f16,
@@ -69,6 +71,9 @@ _TORCH_TO_XDSL: dict[torch.dtype, Attribute] = {
     torch.float64: f64,
     torch.int64: i64,
     torch.int32: i32,
+    torch.int16: IntegerType(16),
+    torch.int8: IntegerType(8),
+    torch.uint8: IntegerType(8, Signedness.UNSIGNED),  # (images: run by PyTorch, as every integer op is)
     torch.bool: i1,
 }
 _XDSL_TO_TORCH = {v: k for k, v in _TORCH_TO_XDSL.items()}
@@ -135,22 +140,19 @@ def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-_RANK = {torch.bool: 0, torch.int32: 1, torch.int64: 2, torch.float16: 3, torch.bfloat16: 3, torch.float32: 4, torch.float64: 5}
-
-
 def promote(types: Sequence[Attribute], ranks: Sequence[int]) -> Attribute:
-    """torch's result dtype for an elementwise op: 0-d operands are weak unless all are 0-d."""
-    dims = [(t, r) for t, r in zip(types, ranks) if r > 0] or list(zip(types, ranks))
-    dtypes = [torch_dtype(t) for t, _ in dims]
-    best = dtypes[0]
-    for d in dtypes[1:]:
-        if d == best:
-            continue
-        if {d, best} == {torch.float16, torch.bfloat16}:
-            best = torch.float32
-        elif _RANK[d] > _RANK[best]:
-            best = d
-    return xdsl_dtype(best)
+    """torch's result dtype for an elementwise op (`torch.result_type`): the 0-d operands count only where their
+    category (bool < integer < floating) is above the others' (an fp32 tensor times a 0-d fp64 tensor is fp32, an
+    int32 tensor times a 0-d fp16 tensor fp16)."""
+    dtypes = [torch_dtype(t) for t in types]
+    dims = [d for d, r in zip(dtypes, ranks, strict=True) if r > 0]
+    zeros = [d for d, r in zip(dtypes, ranks, strict=True) if r == 0]
+    if not dims or not zeros:
+        return xdsl_dtype(functools.reduce(torch.promote_types, dims or zeros))
+    dim, zero = functools.reduce(torch.promote_types, dims), functools.reduce(torch.promote_types, zeros)
+    if dim.is_floating_point:  # (c10's combine_categories)
+        return xdsl_dtype(dim)
+    return xdsl_dtype(torch.promote_types(dim, zero) if dim == torch.bool or zero.is_floating_point else dim)
 
 
 def normalize_dim(dim: int, rank: int, what: str = "dim") -> int:

@@ -124,3 +124,16 @@ def test_sdpa_reference_masked_rows_follow_eager_on_non_finite_inputs(monkeypatc
     empty = (~mask).all(-1, keepdim=True).expand_as(out)
     torch.testing.assert_close(out[empty], want[empty], equal_nan=True)
     torch.testing.assert_close(out[~empty], want[~empty] + 1.0, equal_nan=True)
+
+
+def test_promotion_is_torchs_result_type():
+    """`types.promote` against torch.result_type for every pair of the dtypes `dl` carries, with 0-d operands on
+    either side (before the seventy-eighth session an int32 tensor times a 0-d fp16 tensor stayed int32)."""
+    import itertools
+
+    from dlblas_compiler.dialects.types import _TORCH_TO_XDSL, promote, torch_dtype, xdsl_dtype
+
+    for a, b in itertools.product(_TORCH_TO_XDSL, repeat=2):
+        for ra, rb in ((1, 1), (1, 0), (0, 1), (0, 0)):
+            want = torch.result_type(torch.ones([2] * ra, dtype=a), torch.ones([2] * rb, dtype=b))
+            assert torch_dtype(promote([xdsl_dtype(a), xdsl_dtype(b)], [ra, rb])) == want, (a, b, ra, rb)

@@ -231,7 +231,8 @@ class BoolOps(nn.Module):
         return (m & ~m.flip(-1)) | m.any(-1, keepdim=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8, torch.bool,
+                                   torch.float64])  # fmt: skip
 def test_int_bool_fp64_run_by_torch_exactly(dtype):
     m = BoolOps() if dtype == torch.bool else Arith()
     x = (_x(3, 7) * 4).to(dtype)
@@ -240,6 +241,28 @@ def test_int_bool_fp64_run_by_torch_exactly(dtype):
     ref = m(x)
     assert out.dtype == ref.dtype and torch.equal(out, ref) and not warned
     assert "dl.torch_call" in cm.ir("input")
+
+
+class Image(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, img):
+        x = (img.float() / 255 - 0.5) / 0.25
+        return self.lin(x), (img * 3).to(torch.int8) + 100  # (wraps in uint8 and in int8 as eager's does)
+
+
+def test_uint8_images_and_narrow_integers_are_taken():
+    """uint8, int8 and int16 tensors run by PyTorch as the other integers are (before the seventy-eighth session a
+    model taking uint8 images was refused: 'an input has dtype torch.uint8')."""
+    m = randomize_(Image()).eval()
+    img = torch.randint(0, 256, (2, 3, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    cm = dc.compile(m, backend="interpret")
+    (y, wrapped), warned = _calls(cm, img, n=1)
+    ref_y, ref_wrapped = m(img)
+    _close(y, ref_y)
+    assert wrapped.dtype == torch.int8 and torch.equal(wrapped, ref_wrapped) and not warned
 
 
 def test_complex_is_a_clear_error():
