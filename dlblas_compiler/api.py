@@ -188,7 +188,7 @@ def _sizes_follow_ints(gm: torch.nn.Module) -> bool:
     """Whether each symbolic size, stride or offset of a dynamo graph's tensor inputs is a function of the
     graph's SymInt inputs alone (dynamo passes each free symbol as one), read from the placeholders' examples."""
     graph = getattr(gm, "graph", None)
-    if graph is None:
+    if not isinstance(graph, torch.fx.Graph):
         return False
     examples = [n.meta.get("example_value") for n in graph.nodes if n.op == "placeholder"]
     passed = set().union(*(free_symbols(v) for v in examples if isinstance(v, torch.SymInt)))
@@ -374,6 +374,13 @@ for _register in (torch.nn.modules.module.register_module_parameter_registration
     _register(_count_assignment)
 
 
+def _TRACING() -> bool:
+    """Whether dynamo or symbolic_trace is tracing the code that calls this compiled module (a compiled module
+    inside a model compiled again, by `dc.compile` or `torch.compile`). Its arguments are then proxies or fake
+    tensors: compiling from them had made a Linear the identity (every fake storage's address is 0)."""
+    return torch.compiler.is_compiling() or torch.fx._symbolic_trace._is_fx_tracing_flag
+
+
 def _counted(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def counted(*args, **kwargs):
@@ -500,6 +507,8 @@ class CompiledModule(torch.nn.Module):
         self._read_model()
 
     def forward(self, *args, **kwargs):
+        if _TRACING():  # (called inside a model another compile captures: the model's own code is what it traces)
+            return self.model(*args, **kwargs)
         if _ASSIGNMENTS[0] != self._assignments:
             self._check_holdings()
         if self._eager_only is not None:
@@ -1178,6 +1187,9 @@ def compile(model, backend: str | None = None, **options):  # noqa: A001
     pass `disable_compile=True` to generate() for the same reason.
     """
     opts = Options(backend=backend, **options)
+    if isinstance(model, torch.jit.ScriptModule | torch.jit.ScriptFunction):
+        raise FrontendError(f"{type(model).__name__} is TorchScript, which neither symbolic_trace nor dynamo can "
+                            "follow: compile the Python module it was scripted or traced from")  # fmt: skip
     if isinstance(model, torch.nn.Module):
         if opts.keep_traces:
             raise ValueError("keep_traces keeps dynamo's traces of a module's forward, and a module is captured whole: "

@@ -75,10 +75,44 @@ class Captured:
         return leaves, spec
 
     def unflatten(self, values: list, spec: Any) -> Any:
-        result = pytree.tree_unflatten(values, spec)
+        result = _unflatten_sizes(values, spec.spec) if type(spec) is SizeSpec else pytree.tree_unflatten(values, spec)
         if self.out_spec is not None:
             result = pytree.tree_unflatten(list(result), self.out_spec)
         return result
+
+
+@dataclass(frozen=True)
+class SizeSpec:
+    """An output structure holding a `torch.Size` (`return y, x.shape`), which pytree gives back as a plain tuple:
+    rebuilt as eager's type (`with_sizes`)."""
+
+    spec: Any
+
+
+def with_sizes(spec: Any) -> Any:
+    """`spec`, or a SizeSpec of it where it holds a torch.Size."""
+    def holds(s) -> bool:
+        return s.type is torch.Size or any(holds(c) for c in _children(s))
+
+    return SizeSpec(spec) if holds(spec) else spec
+
+
+def _children(spec) -> list:
+    if spec.is_leaf():
+        return []
+    return list(spec.children()) if hasattr(spec, "children") else list(spec.children_specs)  # (torch < 2.12)
+
+
+def _unflatten_sizes(values: list, spec: Any) -> Any:
+    leaves = iter(values)
+
+    def build(s):
+        if s.is_leaf():
+            return next(leaves)
+        kids = [build(c) for c in _children(s)]
+        return torch.Size(kids) if s.type is torch.Size else pytree.SUPPORTED_NODES[s.type].unflatten_fn(kids, s.context)
+
+    return build(spec)
 
 
 def _plain_signature(model: torch.nn.Module) -> inspect.Signature | None:

@@ -38,7 +38,7 @@ from ..dialects import ConstantOp, ConvertOp, ParamOp, TorchCallOp
 from ..dialects.types import COMPUTE_DTYPES, has_xdsl_dtype, tensor_type, xdsl_dtype
 from ..errors import EagerOnly, FrontendError
 from . import complex as complex_parts
-from .capture import Captured, quiet_fake_tensor_log, source_line
+from .capture import Captured, quiet_fake_tensor_log, source_line, with_sizes
 from .converters import CONVERTERS, Unsupported, converter_key, slice_decisions
 from .masks import causal_offset, is_random
 from .mutation import hidden_writes, mutated_arg, out_of_place, put, replay, reshapes_in_place, schema_writes, view_steps
@@ -99,7 +99,7 @@ def unread_ints(gm: torch.nn.Module) -> frozenset[int]:
     specialization key: a static sliding-window cache's length counter (a new value every decode token) would
     otherwise make each token a new specialization, run without a CUDA graph."""
     graph = getattr(gm, "graph", None)
-    if graph is None:
+    if not isinstance(graph, torch.fx.Graph):  # (a module, or a TorchScript module's graph)
         return frozenset()
     import sympy
     from torch.fx.experimental.symbolic_shapes import free_symbols
@@ -432,7 +432,7 @@ class Importer:
         module.verify()
         moves = {i: dev for i, n in enumerate(placeholders) if i in arg_positions and (dev := self._moved(n)) is not None}
         return Imported(
-            module, self.params, self.calls, self.sources, arg_positions, out_leaves, spec, self.notes,
+            module, self.params, self.calls, self.sources, arg_positions, out_leaves, with_sizes(spec), self.notes,
             param_placeholders, writes, eager_aliases, contiguous, moves, tuple(self.complex_inputs),
             tuple(self.value_decisions), tuple(self.size_decisions),
             {n.name: v for n, v in values.items() if _is_size(v)}, self.param_devices, returns_written, eager_views,
@@ -1035,8 +1035,8 @@ def _same_view(a: Any, b: Any) -> bool:
     if a.storage_offset() != b.storage_offset() or a.is_neg() != b.is_neg() or a.is_conj() != b.is_conj():
         return False
     sa, sb = _storage(a), _storage(b)
-    if sa is not None and isinstance(a, FakeTensor):
-        return sa == sb
+    if isinstance(a, FakeTensor) or isinstance(b, FakeTensor):  # (every fake storage's address is 0)
+        return sa is not None and sa == sb
     return a.device.type != "meta" and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
