@@ -931,11 +931,15 @@ class Importer:
                 return _Slot(len(flat_in) - 1, isinstance(v, _Written))
             return v
 
+        layouts: dict[SSAValue, tuple] = {}  # eager's strides and storage offset of an input that is not dense
+
         def value_of(m: torch.fx.Node):
             v, example = self.env[m], self.values.get(m)
             for leaf, ex in zip(pytree.tree_leaves(v, is_leaf=_is_ssa), pytree.tree_leaves(example)):
                 if isinstance(leaf, SSAValue) and isinstance(ex, torch.Tensor):
                     contiguous[leaf] = ex.is_contiguous()
+                    if not ex.is_contiguous() or ex.storage_offset():
+                        layouts[leaf] = (tuple(ex.stride()), ex.storage_offset())
             return marks.setdefault(m, _Written(v)) if m is clone or m in hidden else v
 
         def resolve(a):
@@ -954,8 +958,13 @@ class Importer:
                 raise FrontendError(f"node '{n.name}' produces dtype {leaves[i].dtype}, which dlblas_compiler does not support")
 
         # an opaque op may depend on strides (`.view` after a `.contiguous()` the IR drops): an input eager had
-        # contiguous is made contiguous first
+        # contiguous is made contiguous first; one whose memory it reads (`as_strided`) is laid out as eager's was
         dense = tuple(i for i, v in enumerate(flat_in) if contiguous.get(v))
+        if _reads_storage(n):
+            dense = tuple((i, *layouts[v]) if v in layouts else i for i, v in enumerate(flat_in)
+                          if v in layouts or contiguous.get(v))  # fmt: skip
+            self.size_decisions += tuple(f"{n.name}: {name} of an input laid out {lay}" for name, lay in (
+                (v.name_hint, layouts[v]) for v in flat_in if v in layouts))  # (its strides are not sizes: no family)
 
         # (arguments without containers, the common case, are filled by one comprehension: pytree's tree_map
         # costs ~10 µs a call, and a decode step without a CUDA graph makes ~70 of these calls)
@@ -1135,7 +1144,8 @@ class TorchCall:
     def __init__(self, target: Callable, args: Any, kwargs: dict, pos: tuple[int, ...], clone: bool,
                  dense: tuple[int, ...], flat: bool, also: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.target, self.args, self.kwargs, self.pos = target, args, kwargs, pos
-        self.clone, self.dense = clone, dense  # clone: returns the copy it wrote; dense: made contiguous first
+        self.clone, self.dense = clone, dense  # clone: returns the copy it wrote; dense: made contiguous first (or,
+        # (i, strides, offset), laid out in memory as eager's was: `_reads_storage`)
         self.flat = flat  # no containers among the arguments: filled without pytree (~10 µs a call less)
         self.also = also  # the written tensors (their positions) whose copies follow the results
 
@@ -1186,7 +1196,9 @@ class TorchCall:
         if self.dense:
             tensors = list(tensors)
             for i in self.dense:
-                if not tensors[i].is_contiguous():
+                if type(i) is tuple:  # (laid out as eager's: a call reading its memory, `_reads_storage`)
+                    tensors[i[0]] = _laid_out(tensors[i[0]], *i[1:])
+                elif not tensors[i].is_contiguous():
                     tensors[i] = tensors[i].contiguous()
 
         def fill(v):
@@ -1277,6 +1289,23 @@ def _fresh(outs: list, ins: list) -> bool:
 # calls that return a view or a copy depending on their input's strides: a signature fixes shapes, dtypes and
 # devices, not strides (the program's inputs are made contiguous), so the example's answer may not hold at run time
 _STRIDE_ALIASING = frozenset({"contiguous", "reshape", "reshape_as", "flatten", "ravel", "view_as_real"})
+
+
+def _reads_storage(n: torch.fx.Node) -> bool:
+    """`n` reads its input's memory, not its value (`x.as_strided(size, stride)`: Longformer's overlapping chunks of
+    a transposed view): that input must be laid out in memory as eager's was (`TorchCall.dense`)."""
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return name in ("as_strided", "as_strided_copy")
+
+
+def _laid_out(x: torch.Tensor, stride: tuple[int, ...], offset: int) -> torch.Tensor:
+    """x's values in memory laid out as eager's tensor was: these strides, at this offset into its storage (what
+    lies outside x's own elements is not eager's)."""
+    if x.stride() == stride and x.storage_offset() == offset:
+        return x
+    span = sum((size - 1) * st for size, st in zip(x.shape, stride, strict=True)) + 1 if x.numel() else 0
+    out = x.new_empty(offset + span).as_strided(x.shape, stride, offset)
+    return out.copy_(x)
 
 
 def _stride_dependent(n: torch.fx.Node) -> bool:
