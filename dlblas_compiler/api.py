@@ -33,7 +33,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from torch.utils import _pytree as pytree
 
 from .dialects import FusedOp, TorchCallOp
-from .errors import EagerOnly, FrontendError, UnsupportedError
+from .errors import DataDependent, EagerOnly, FrontendError, UnsupportedError
 from .frontend import Captured, Imported, capture, dynamo_call, import_graph, sizes_unseen, traces, unread_ints
 from .fusion.patterns import patterns_by_priority
 from .fusion.planner import fusion_notes
@@ -542,6 +542,12 @@ class CompiledModule(torch.nn.Module):
                     if self.options.strict:
                         raise
                     self._eager_only = (e.reason, e.instead)
+                    return self._eager(args, kwargs, self._eager_only)
+                except DataDependent as e:  # (in a graph dynamo handed over: that graph runs as dynamo traced it)
+                    if self.options.strict or not isinstance(self.model, torch.fx.GraphModule):
+                        raise
+                    self._eager_only = (f"a shape in this graph depends on a tensor's values ({e.node})",
+                                        "the rest of the model is compiled as usual")  # fmt: skip
                     return self._eager(args, kwargs, self._eager_only)
                 spec.skeleton, spec.sizes = skeleton, sizes
                 self.compile_count += 1

@@ -22,6 +22,14 @@ class EagerOnly(FrontendError):
         self.reason, self.instead = reason, instead
 
 
+class DataDependent(FrontendError):
+    """A shape in the captured graph depends on a tensor's values (`torch.arange(n)` of a tensor `n`, `nonzero`),
+    which shape propagation on fake tensors cannot know. A graph dynamo handed over runs eagerly instead. `node`:
+    the node and its source line."""
+
+    node: str = ""
+
+
 class UnsupportedError(DLError):
     """An op or argument the compiler does not handle (raised with strict=True instead of falling back)."""
 

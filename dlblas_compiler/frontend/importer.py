@@ -36,7 +36,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from ..dialects import ConstantOp, ConvertOp, ParamOp, TorchCallOp
 from ..dialects.types import COMPUTE_DTYPES, has_xdsl_dtype, tensor_type, xdsl_dtype
-from ..errors import EagerOnly, FrontendError
+from ..errors import DataDependent, EagerOnly, FrontendError
 from . import complex as complex_parts
 from .capture import Captured, quiet_fake_tensor_log, source_line, with_sizes
 from .converters import CONVERTERS, Unsupported, converter_key, slice_decisions
@@ -225,13 +225,16 @@ def _example_values(gm: torch.fx.GraphModule, inputs: list) -> dict[torch.fx.Nod
                 out = super().run_node(n)
             except Exception as e:  # noqa: BLE001
                 where = source_line(n)
-                raise FrontendError(
+                data = any(k in type(e).__name__ for k in ("DataDependent", "DynamicOutputShape")) or (
+                    "data-dependent" in str(e))  # fmt: skip
+                error = (DataDependent if data else FrontendError)(
                     f"cannot compute the shape of node '{n.name}' ({n.format_node()})"
                     + (f" at {where}" if where else "")
                     + f": {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                    + (_DATA_DEPENDENT if any(k in type(e).__name__ for k in ("DataDependent", "DynamicOutputShape"))
-                       or "data-dependent" in str(e) else "")  # fmt: skip
-                ) from e
+                    + (_DATA_DEPENDENT if data else "")
+                )
+                error.node = f"node '{n.name}'" + (f" at {where}" if where else "")
+                raise error from e
             if n.op == "get_attr" and isinstance(out, torch.Tensor):  # fake, so views of it share its storage
                 out = mode.from_tensor(out, static_shapes=True)
             values[n] = out

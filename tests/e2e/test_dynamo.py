@@ -361,3 +361,36 @@ def test_a_forward_hook_registered_after_the_first_call_runs(keep_traces, tmp_pa
         torch.testing.assert_close(model(x), _Hooked.forward(model, x))
         handle.remove()
         torch.testing.assert_close(model(x), _Hooked.forward(model, x))
+
+
+class GlobalTokens(nn.Module):
+    """Longformer's global attention: after `nonzero` breaks the graph, the next graph takes the most global tokens
+    as a 0-d tensor and makes `torch.arange` of it, a shape that depends on that tensor's value."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        h = self.lin(x)
+        num = mask.long().sum(dim=1)
+        most = num.max()
+        picked = h[mask.nonzero(as_tuple=True)]
+        local = torch.arange(most, device=x.device) < num.unsqueeze(-1)
+        return h * 2, local, picked
+
+
+def test_a_graph_whose_shapes_depend_on_values_runs_as_dynamo_traced_it(fresh_dynamo):
+    """Such a graph runs eagerly, with one warning naming the node and its line, and the other graphs are compiled
+    (before, an error that said to compile the forward, which this already was)."""
+    m = randomize_(GlobalTokens()).eval()
+    x = torch.randn(2, 6, 8)
+    fast = torch.compile(m, backend="dlblas", options={"backend": "interpret", "tune": "none"})
+    for mask in ([[1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]], [[1, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0]]):
+        mask = torch.tensor(mask).bool()
+        with torch.no_grad(), pytest.warns(UserWarning, match=r"depends on a tensor's values \(node 'arange' at "
+                                           r".*test_dynamo\.py:\d+"):  # fmt: skip
+            got = fast(x, mask)  # (the second mask: other sizes after the break, another graph)
+        for a, b in zip(got, m(x, mask), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert any("dl.fused" in cm.ir() for cm in dynamo.COMPILATIONS if cm._last is not None)
