@@ -7,6 +7,7 @@ library's hand-written ones); `launch` runs a kernel on CUDA as it is, elsewhere
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,6 +52,15 @@ def interpreted():
        multiplies exactly and accumulates in fp32; a cast to bf16 rounds to nearest even (the interpreter
        truncates).
     """
+    with _ONE_AT_A_TIME:  # (items 1-3 patch modules process-wide: another thread's launch would undo them mid-launch)
+        yield from _interpreted()
+
+
+# interpreted launches in one thread at a time (reentrant: a launch inside a launch, a helper's own)
+_ONE_AT_A_TIME = threading.RLock()
+
+
+def _interpreted():
     from triton.runtime.interpreter import InterpreterBuilder
     from triton.runtime.jit import JITFunction
 

@@ -952,6 +952,44 @@ def test_two_threads_making_the_first_call_at_once_compile_once_and_leave_torch_
     assert nn.Linear(4, 4)(torch.randn(2, 4)).shape == (2, 4)  # (torch's modules as they were)
 
 
+def test_threads_calling_one_module_on_the_interpreter():
+    """Two threads calling one warm compiled module on the `interpret` backend. An interpreted launch patches
+    `triton.language` for its duration, and another thread's launch ending undid the patch mid-launch: a region's
+    kernel failed ("Did you forget to add @triton.jit"), fell back to its reference for good, and the process was
+    left with interpreted stdlib functions. Interpreted launches now run one at a time."""
+    import threading
+
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    m = randomize_(nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 64), nn.SiLU(), nn.Linear(64, 32))).eval()
+    cm = dc.compile(m, backend="interpret")
+    shapes = [(4, 32), (3, 5, 32)]
+    with torch.no_grad():
+        for shape in shapes:
+            cm(_x(*shape))
+    errors = []
+
+    def calls(k):
+        for i in range(4):
+            x = _x(*shapes[(k + i) % 2], seed=10 * k + i)
+            with torch.no_grad():
+                try:
+                    torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+                except Exception as e:  # noqa: BLE001 - recorded, asserted below
+                    errors.append(e)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=calls, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors and not [w for w in caught if "dlblas_compiler" in str(w.message)]
+    assert isinstance(tl.standard.sum, JITFunction)
+
+
 def test_a_first_call_under_inference_mode_leaves_the_parameters_trainable():
     """q/k/v's parameters become views of one concatenated buffer (share_weights); made under inference_mode, it
     made them inference tensors, and backward through eager (or the documented eager fallback) then failed."""
