@@ -33,7 +33,7 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from torch.utils import _pytree as pytree
 
 from .dialects import FusedOp, TorchCallOp
-from .errors import DataDependent, EagerOnly, FrontendError, UnsupportedError
+from .errors import DataDependent, EagerOnly, FrontendError, ParametersChanged, UnsupportedError
 from .frontend import Captured, Imported, capture, dynamo_call, import_graph, sizes_unseen, traces, unread_ints
 from .fusion.patterns import patterns_by_priority
 from .fusion.planner import fusion_notes
@@ -60,7 +60,6 @@ from .runtime.families import (
 )
 from .runtime.outputs import OutputGuard, output_guard
 from .runtime.program import rebuild_program
-from .runtime.weights import ParametersChanged
 from .tuning.cache import bucket, default_path
 
 log = get_logger("compile")
@@ -374,22 +373,28 @@ for _register in (torch.nn.modules.module.register_module_parameter_registration
     _register(_count_assignment)
 
 
-def _TRACING() -> bool:
-    """Whether dynamo or symbolic_trace is tracing the code that calls this compiled module (a compiled module
-    inside a model compiled again, by `dc.compile` or `torch.compile`). Its arguments are then proxies or fake
-    tensors: compiling from them had made a Linear the identity (every fake storage's address is 0)."""
-    return torch.compiler.is_compiling() or torch.fx._symbolic_trace._is_fx_tracing_flag
+def _traced(args: tuple, kwargs: dict) -> bool:
+    """Whether dynamo or symbolic_trace is tracing this call of a compiled module (a compiled module inside a model
+    compiled again, by `dc.compile` or `torch.compile`). Its arguments are then fake tensors or proxies: compiling
+    from them had made a Linear the identity (every fake storage's address is 0). (symbolic_trace's flag is one for
+    the process: another thread's call while it traces is told apart by its arguments, which are not proxies.)"""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.fx._symbolic_trace._is_fx_tracing_flag and any(
+        isinstance(a, torch.fx.Proxy) for a in (*args, *kwargs.values()))  # fmt: skip
 
 
 def _counted(fn: Callable) -> Callable:
-    @functools.wraps(fn)
     def counted(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         finally:
             _count_assignment()
 
-    return counted
+    # (a code object of its own: dynamo tells torch.nn.Module's methods apart by their code, and refused a traced
+    # `del self.x` when __delattr__'s wrapper shared its code with register_parameter's)
+    counted.__code__ = counted.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__)
+    return functools.wraps(fn)(counted)
 
 
 # Edits that fire none of those hooks, counted too: a submodule deleted (`del model.layers[1]`, a container's `pop`), a
@@ -507,7 +512,7 @@ class CompiledModule(torch.nn.Module):
         self._read_model()
 
     def forward(self, *args, **kwargs):
-        if _TRACING():  # (called inside a model another compile captures: the model's own code is what it traces)
+        if _traced(args, kwargs):  # (inside a model another compile captures: the model's own code is what it traces)
             return self.model(*args, **kwargs)
         if _ASSIGNMENTS[0] != self._assignments:
             self._check_holdings()
@@ -558,7 +563,11 @@ class CompiledModule(torch.nn.Module):
         while len(self._specs) > self.options.max_specializations:
             self._evict(spec)
         self._last = spec
-        out = spec(args, kwargs, flat)
+        try:
+            out = spec(args, kwargs, flat)
+        except ParametersChanged:  # (an instance of a family compiled before `model.half()`)
+            self._forget()
+            return self._first_call(key, flat, args, kwargs)
         spec.ready = True
         if spec.debug_dir:  # (after the first call: it tunes, and the choices are known)
             self._write_debug(spec)
@@ -573,7 +582,9 @@ class CompiledModule(torch.nn.Module):
             return spec(args, kwargs, flat)
         except ParametersChanged:  # (found before any step ran: nothing was written)
             log.info("%s: a parameter's dtype, shape or device changed since compiling: compiling again", self.name)
-            self._forget()
+            with _COMPILING:  # (another thread may be finding the same)
+                if self._specs.get(key) is spec:
+                    self._forget()
             return self.forward(*args, **kwargs)
 
     def guarded(self, args: tuple):
@@ -607,7 +618,9 @@ class CompiledModule(torch.nn.Module):
 
     def _drop(self, key: _Key) -> None:
         """Forget a specialization (its CUDA graph's memory goes at once)."""
-        spec = self._specs.pop(key)
+        spec = self._specs.pop(key, None)
+        if spec is None:  # (another thread dropped it)
+            return
         spec.executor.release()
         for k in [k for k, s in self._guarded.items() if s is spec]:
             del self._guarded[k]

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 from xdsl.utils.exceptions import ArgSpecParseError
@@ -173,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from . import options
+
+    options_file = options.__file__
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["opt"]:
         return opt_main(argv[1:])  # xdsl-opt parses its own arguments
@@ -181,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except ValueError as e:  # (a bad option value, `--dump-ir` naming a file: one line, not a traceback)
+        if traceback.extract_tb(e.__traceback__)[-1].filename != options_file:
+            raise  # (any other ValueError keeps its traceback)
         parser.error(str(e))
 
 

@@ -30,6 +30,11 @@ class DataDependent(FrontendError):
     node: str = ""
 
 
+class ParametersChanged(Exception):  # noqa: N818 - a signal between the runtime and the compiled module
+    """A parameter the program reads has another dtype, shape, strides or device than when it was compiled
+    (`model.half()`, `p.data = t` of another shape): the program is stale; the compiled module compiles again."""
+
+
 class UnsupportedError(DLError):
     """An op or argument the compiler does not handle (raised with strict=True instead of falling back)."""
 

@@ -27,6 +27,7 @@ import math
 import operator
 import re
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
@@ -344,13 +345,16 @@ def _refuse_mode_switches():
     ran in bf16. Such a forward is captured by dynamo, whose graph records the switches (`Importer._switch`)."""
     autocast = torch.amp.autocast_mode.autocast
     enter, set_grad, grad_at_call = autocast.__enter__, torch._C._set_grad_enabled, torch.is_grad_enabled()
+    tracing = threading.get_ident()  # (the patches are the process's: another thread's code is left alone)
 
     def refuse_autocast(self):
-        raise RuntimeError("forward enters torch.autocast, which symbolic_trace does not record")
+        if threading.get_ident() == tracing:
+            raise RuntimeError("forward enters torch.autocast, which symbolic_trace does not record")
+        return enter(self)
 
     def refuse_grad(mode):
-        if mode and not grad_at_call:  # (not a `with torch.no_grad()` block's exit, under a call with grad on)
-            raise RuntimeError("forward turns gradients on, which symbolic_trace does not record")
+        if mode and not grad_at_call and threading.get_ident() == tracing:  # (not a `no_grad()` block's exit
+            raise RuntimeError("forward turns gradients on, which symbolic_trace does not record")  # under grad)
         return set_grad(mode)
 
     autocast.__enter__, torch._C._set_grad_enabled = refuse_autocast, refuse_grad

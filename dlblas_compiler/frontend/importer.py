@@ -624,7 +624,8 @@ class Importer:
         if written is not None and isinstance(self.values.get(written), torch.Tensor):  # (n += 1 on an int is no write)
             self._convert_inplace(n, value, written)
             return
-        if hidden := hidden_writes(n):  # (a batch norm's running statistics in training, ...)
+        hidden = hidden_writes(n)  # (a batch norm's running statistics in training, ...)
+        if hidden and not all(self._sole_reader(n, w) for w in hidden):
             self.env[n], new = self._torch_call(n, value, hidden=tuple(hidden))
             for node, v in zip(hidden, new, strict=True):
                 self._convert_inplace(n, value, node, v)
@@ -790,6 +791,18 @@ class Importer:
         while node in self.views:
             node = self.alias_base.get(self.views[node][0], self.views[node][0])
         return node
+
+    def _sole_reader(self, n: torch.fx.Node, w: torch.fx.Node) -> bool:
+        """Whether `n` is the only node reading the input or module tensor `w` (no other name of its memory in the
+        graph): its side-effect write may then go to that tensor itself, as eager's does, with no copy (an
+        embedding's whole weight cloned and copied back on every call cost 5x the lookup)."""
+        if w.op not in ("placeholder", "get_attr") or any(u is not n for u in w.users):
+            return False
+        if w.op == "placeholder":
+            return True
+        storage = _storage(self._get_attr(w.target))
+        return not any(m is not w and m.op == "get_attr" and _storage(self._get_attr(m.target)) == storage
+                       for m in self.gm.graph.nodes)  # fmt: skip
 
     def _convert_inplace(self, n: torch.fx.Node, value: Any, written: torch.fx.Node, given: SSAValue | None = None) -> None:
         """Functionalize `n`, which writes the tensor of `written`: compute the new value out of place and

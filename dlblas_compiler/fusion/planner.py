@@ -115,6 +115,7 @@ class Plan:
     regions: list[RegionPlan] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     _next_effect: dict[Operation, Operation] | None = field(default=None, repr=False)
+    _spans: dict[int, tuple] = field(default_factory=dict, repr=False)  # region id -> (its size, its span)
 
     def _effects(self) -> dict[Operation, Operation]:
         """Each side-effecting op of the block (`_is_effect`) -> the next one."""
@@ -180,9 +181,13 @@ class Plan:
         return True
 
     def _span(self, region: RegionPlan) -> tuple[float, float]:
-        """The block positions of a region's first and last op."""
-        pos = [self.order[o] for o in region.ops]
-        return min(pos), max(pos)
+        """The block positions of a region's first and last op (kept per region until it grows: `convex` asks for
+        every region's on every call)."""
+        known = self._spans.get(id(region))
+        if known is None or known[0] != len(region.ops):
+            pos = [self.order[o] for o in region.ops]
+            known = self._spans[id(region)] = (len(region.ops), (min(pos), max(pos)))
+        return known[1]
 
 
 def _copy_view_into_regions(plan: Plan, view: Operation) -> bool:

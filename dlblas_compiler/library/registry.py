@@ -346,6 +346,7 @@ class Sig:
         if any(r and not prev for prev, r in zip(required, required[1:], strict=False)):
             raise ValueError("required arguments must come before optional ones")
         self.specs, self.constraints, self.token = specs, tuple(constraints), frozenset(token)
+        self._fits: set[tuple] = set()  # argument kinds `check` found to fit
 
     def __str__(self) -> str:
         s = "(" + ", ".join(str(s) for s in self.specs) + ")"
@@ -377,9 +378,18 @@ class Sig:
     def check(self, name: str, args: Sequence[Any]) -> None:
         """For a direct call of an implementation (not through get_op, which would have matched it): raise
         OpMatchError with why these positional `args` do not fit, each "arg i" followed by its name, rather than
-        let the kernel fail inside the interpreter or compute garbage (float64 through tf32 dots)."""
+        let the kernel fail inside the interpreter or compute garbage (float64 through tf32 dots). Arguments of a
+        kind seen to fit before (each tensor's dtype, sizes and device; each other value's type) are not bound
+        again: a MoE layer calls fused_moe on every decode step, and a bind costs ~20 µs (numbers are keyed by value,
+        other values by type)."""
+        key = tuple((a.dtype, a.shape, a.device) if isinstance(a, torch.Tensor)
+                    else (type(a), a) if isinstance(a, int | float | str | None) else type(a) for a in args)  # fmt: skip
+        if key in self._fits:
+            return
         try:
             self.bind(args)
+            if len(self._fits) < 1024:
+                self._fits.add(key)
         except _Mismatch as e:
             names = [getattr(s.spec if isinstance(s, Optional) else s, "name", None) for s in self.specs]
 

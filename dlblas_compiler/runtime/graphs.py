@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ..errors import ParametersChanged
+
 _STREAMS: dict[int, torch.cuda.Stream] = {}
 # the graphs our programs captured whose every parameter read is a derived weight's source: each replay follows a
 # check that those have not moved (`Program.__call__`), so building concatenated weights need not keep parameters in
@@ -137,7 +139,7 @@ class CudaGraph:
                 OURS.add(graph)
             return True
         except Exception as e:  # noqa: BLE001 - a program that cannot be captured still runs
-            if self.quiet:
+            if self.quiet or isinstance(e, ParametersChanged):  # (stale: the compiled module compiles again)
                 raise
             logging.getLogger("dlblas_compiler.runtime").warning("CUDA graph capture failed (%s: %s)", type(e).__name__,
                                                                  e)  # fmt: skip

@@ -27,6 +27,7 @@ from functools import cached_property
 
 import torch
 
+from ..errors import ParametersChanged
 from .graphs import OURS
 
 
@@ -143,11 +144,6 @@ def derived_weight(key: tuple, compute: Callable[[], torch.Tensor], sources: lis
     return found
 
 
-class ParametersChanged(Exception):
-    """A parameter the program reads has another dtype, shape, strides or device than when it was compiled
-    (`model.half()`, `p.data = t` of another shape): the program is stale; the compiled module compiles again."""
-
-
 @dataclass
 class DerivedWeights:
     """The derived weights one program reads, and the slots of its value table they go to. A call compares the
@@ -162,11 +158,15 @@ class DerivedWeights:
     def fill(self, env: list) -> bool:
         """Put the current values into a value table; True when any differs from the last call's."""
         before = self._values
-        if self._values is None or self._sources_state() != self._state:
-            layout = [(t.dtype, t.shape, t.stride(), t.device) for t in (*self._sources[0], *self._sources[1])]
-            if self._layout is not None and layout != self._layout:
-                raise ParametersChanged
-            self._layout = layout
+        state = self._sources_state()
+        if self._values is None or state != self._state:
+            # (their layout only where an address moved: a buffer written in place every call, a KV cache, moves
+            # its version alone)
+            if self._state is None or self._layout is None or state[1:] != self._state[1:]:
+                layout = [(t.dtype, t.shape, t.stride(), t.device) for t in (*self._sources[0], *self._sources[1])]
+                if self._layout is not None and layout != self._layout:
+                    raise ParametersChanged
+                self._layout = layout
             try:
                 self._values = [w.value()[0] for _, w in self.weights]
             finally:

@@ -81,3 +81,35 @@ def test_an_embeddings_weight_renormalized_in_forward_is_read_in_eagers_order(ho
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(m.emb.weight, twin.emb.weight, rtol=1e-5, atol=1e-6)
     assert not torch.equal(got[1], got[2] / 2)  # (the rows it touched changed)
+
+
+class OnlyTheNorms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+        self.emb = nn.Embedding(10, 4, max_norm=1.0)
+
+    def forward(self, x, ids):
+        return self.bn(x) + self.emb(ids)
+
+
+@pytest.mark.parametrize("how", ["reference", "dynamo"])
+def test_a_side_effect_nothing_else_reads_writes_the_tensor_itself(how):
+    """Where the call is the only reader of what it writes, it writes the module's tensors themselves, as eager: no
+    copies and nothing copied back (an embedding's whole weight had been cloned and copied back on every call)."""
+    torch.manual_seed(0)
+    m = OnlyTheNorms().train()
+    with torch.no_grad():
+        m.emb.weight.mul_(3)
+    twin = copy.deepcopy(m)
+    cm = _compiled(m, how)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        x, ids = torch.randn(5, 4, generator=g) * 2 + 1, torch.randint(0, 10, (5,), generator=g)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x, ids), twin(x, ids), rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(m.state_dict().items(), twin.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    if how == "reference":
+        assert not cm._spec().imported.writes or all(k != "param" or "emb" not in key
+                                                     for k, key, _ in cm._spec().imported.writes)  # fmt: skip

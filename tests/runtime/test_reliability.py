@@ -954,6 +954,23 @@ def test_parameters_and_modules_changed_without_an_assignment_are_followed(chang
     assert not warned
 
 
+def test_a_family_instance_after_model_half_compiles_again():
+    """A shape family compiled in fp32, then `model.half()`, then a length none compiled: the instance finds the
+    parameters' layout changed and the module compiles again (before, `ParametersChanged` reached the caller)."""
+    m = randomize_(Stack()).eval()
+    cm = dc.compile(m, backend="interpret")
+    ids = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(0))
+    for n in (9, 10, 11, 12):
+        _calls(cm, ids[:, :n], n=1)
+    assert cm.instances >= 1
+    m.half()
+    for n in (13, 9):  # (token ids keep their dtype: the same keys as before)
+        out, warned = _calls(cm, ids[:, :n], n=1)
+        with torch.no_grad():
+            _close(out, m(ids[:, :n]), tol=1e-3)
+        assert not warned
+
+
 def test_functional_call_uses_the_tensors_it_swaps_in():
     """`torch.func.functional_call` swaps tensors into the module's dicts for one call (no registration hook fires):
     before, the compiled module used the model's own weights, or, where its first call was a functional call, kept
