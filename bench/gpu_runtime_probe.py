@@ -1,7 +1,8 @@
 """GPU runtime probe: CUDA graphs (outputs kept across replays, side streams, specializations), misaligned input
 pointers, grids past 65535 rows or heads, attention head dims and cross lengths, in-place writes under graphs, fp16
 scalars past fp16's range. Each case against eager on the same GPU; prints PASS / FAIL / ERROR per case and a summary.
-Run on the device: `bash bench/device.sh python3 bench/gpu_runtime_probe.py` (results: bench/results/*runtime-probe*)."""
+Run on the device: `bash bench/device.sh python3 bench/gpu_runtime_probe.py [CASE ...]` (results:
+bench/results/*runtime-probe*)."""
 import math
 import sys
 import traceback
@@ -55,12 +56,12 @@ def graphs_outputs_kept_across_calls():
     x, cos, sin = llama_block_inputs(cfg, 2, 48, torch.bfloat16, dev)
     outs, refs = [], []
     with torch.no_grad():
-        for i in range(5):
+        for _ in range(5):
             x.copy_(torch.randn_like(x))  # same address each call
             outs.append(cm(x, cos, sin))
             refs.append(m(x, cos, sin))
     torch.cuda.synchronize()
-    return [round(close(o, r, 3e-2, f"call {i}"), 4) for i, (o, r) in enumerate(zip(outs, refs))]
+    return [round(close(o, r, 3e-2, f"call {i}"), 4) for i, (o, r) in enumerate(zip(outs, refs, strict=True))]
 
 
 @case
@@ -251,7 +252,7 @@ def torch_compile_backend_reduce_overhead():
 
     from dlblas_compiler.dynamo import dlblas_backend
 
-    if "dlblas" not in list_backends(exclude_tags=()):  # (bench/device.sh puts the package on PYTHONPATH: no entry point)
+    if "dlblas" not in list_backends(exclude_tags=()):  # (bench/device.sh: the package on PYTHONPATH, no entry point)
         register_backend(name="dlblas")(dlblas_backend)
     fast = torch.compile(m, backend="dlblas", mode="reduce-overhead")
     errs = []
@@ -291,7 +292,8 @@ def fp16_scalar_beyond_range_cuda_eager():
     with torch.no_grad():
         e, c = m(y), cm(y)
         cpu = m(y.cpu())
-    return {"cuda eager": [t.tolist() for t in e], "ours": [t.tolist() for t in c], "cpu eager": [t.tolist() for t in cpu]}
+    return {"cuda eager": [t.tolist() for t in e], "ours": [t.tolist() for t in c],
+            "cpu eager": [t.tolist() for t in cpu]}
 
 
 @case

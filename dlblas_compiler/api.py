@@ -477,7 +477,8 @@ class CompiledModule(torch.nn.Module):
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         object.__setattr__(self, "_specs", OrderedDict())
-        self._guarded, self._picks, self._families, self._not_affine, self._last, self.kept = {}, None, [], set(), None, None
+        self._guarded, self._picks, self._families, self._not_affine = {}, None, [], set()
+        self._last, self.kept = None, None
         self._read_model()
         self._holding = None if isinstance(self.model, torch.fx.GraphModule) else _holds(self.model)
         self._assignments = _ASSIGNMENTS[0]

@@ -103,7 +103,8 @@ class Options:
             self.pipeline = ",".join(self.pipeline)
         self.pipeline = self.pipeline or DEFAULT_PIPELINE
         if not isinstance(self.pipeline, str):
-            raise ValueError(f"pipeline must be a string of passes ('cse,fuse') or a list of them, got {self.pipeline!r}")
+            raise ValueError(f"pipeline must be a string of passes ('cse,fuse') or a list of them, "
+                             f"got {self.pipeline!r}")
         try:
             check_pipeline(self.pipeline)
         except ArgSpecParseError as e:  # (xDSL's syntax error is not an Exception: a BaseException)

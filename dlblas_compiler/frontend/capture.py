@@ -111,7 +111,9 @@ def _unflatten_sizes(values: list, spec: Any) -> Any:
         if s.is_leaf():
             return next(leaves)
         kids = [build(c) for c in _children(s)]
-        return torch.Size(kids) if s.type is torch.Size else pytree.SUPPORTED_NODES[s.type].unflatten_fn(kids, s.context)
+        if s.type is torch.Size:
+            return torch.Size(kids)
+        return pytree.SUPPORTED_NODES[s.type].unflatten_fn(kids, s.context)
 
     return build(spec)
 

@@ -41,7 +41,8 @@ from . import complex as complex_parts
 from .capture import Captured, quiet_fake_tensor_log, source_line, with_sizes
 from .converters import CONVERTERS, Unsupported, converter_key, slice_decisions
 from .masks import causal_offset, is_random
-from .mutation import hidden_writes, mutated_arg, out_of_place, put, replay, reshapes_in_place, schema_writes, view_steps
+from .mutation import (hidden_writes, mutated_arg, out_of_place, put, replay, reshapes_in_place, schema_writes,
+                       view_steps)
 
 
 @dataclass(frozen=True)
@@ -804,7 +805,8 @@ class Importer:
         return not any(m is not w and m.op == "get_attr" and _storage(self._get_attr(m.target)) == storage
                        for m in self.gm.graph.nodes)  # fmt: skip
 
-    def _convert_inplace(self, n: torch.fx.Node, value: Any, written: torch.fx.Node, given: SSAValue | None = None) -> None:
+    def _convert_inplace(self, n: torch.fx.Node, value: Any, written: torch.fx.Node,
+                         given: SSAValue | None = None) -> None:  # fmt: skip
         """Functionalize `n`, which writes the tensor of `written`: compute the new value out of place and
         make every name of that tensor (the node and earlier in-place results on it) see it. A write through a
         tracked view puts the view's new value back into the whole tensor; every tracked view of that tensor is

@@ -383,7 +383,8 @@ class Sig:
         again: a MoE layer calls fused_moe on every decode step, and a bind costs ~20 µs (numbers are keyed by value,
         other values by type)."""
         key = tuple((a.dtype, a.shape, a.device) if isinstance(a, torch.Tensor)
-                    else (type(a), a) if isinstance(a, int | float | str | None) else type(a) for a in args)  # fmt: skip
+                    else (type(a), a) if isinstance(a, int | float | str | None)
+                    else type(a) for a in args)  # fmt: skip
         if key in self._fits:
             return
         try:

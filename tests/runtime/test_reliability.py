@@ -540,8 +540,9 @@ def test_inplace_under_dynamo_follows_eager():
     assert type(m.count) is torch.Tensor  # dynamo's export replaced it with a fake tensor; the capture put it back
 
 
-@pytest.mark.parametrize("act", [nn.LeakyReLU(0.1, inplace=True), nn.Hardtanh(-0.5, 0.5, inplace=True), nn.ELU(inplace=True),
-                                 nn.Dropout(1.0, inplace=True)], ids=lambda m: type(m).__name__)  # fmt: skip
+@pytest.mark.parametrize("act", [nn.LeakyReLU(0.1, inplace=True), nn.Hardtanh(-0.5, 0.5, inplace=True),
+                                 nn.ELU(inplace=True), nn.Dropout(1.0, inplace=True)],
+                         ids=lambda m: type(m).__name__)  # fmt: skip
 def test_inplace_passed_by_position_under_dynamo_follows_eager(act):
     """Dynamo traces these modules as `leaky_relu(h, 0.1, True)`: `inplace` by position. Before, only the keyword
     was seen, the call ran on a copy, and the output was the input unchanged, the input never written."""
