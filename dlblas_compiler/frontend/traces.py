@@ -28,6 +28,7 @@ torch marks `aot_compile` experimental; torch 2.10 and 2.11 need `torch._dynamo.
 from __future__ import annotations
 
 import builtins
+import enum
 import functools
 import hashlib
 import importlib.metadata
@@ -179,8 +180,37 @@ def model_key(owner: torch.nn.Module, func, options: dict) -> str:
         except importlib.metadata.PackageNotFoundError:
             pass
     text = json.dumps([type(owner).__module__, type(owner).__qualname__, func.__qualname__, config_text, params,
-                       sorted(options.items()), versions], default=str)  # fmt: skip
+                       sorted(options.items()), versions, _identities(owner)], default=str)  # fmt: skip
     return f"{type(owner).__name__}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _identities(owner: torch.nn.Module) -> list:
+    """What a saved file's guards cannot check, as text: the functions, classes and enum members the modules hold
+    (`self.act = F.gelu`, `self.kind = Kind.PLUS`; dynamo guards them by identity, which `guard_filter` drops) and
+    the plain values their classes hold (`Block.scale = 3.0`, read through the class). Before, a process whose model
+    held F.relu there loaded the trace of one holding F.gelu."""
+    out, classes = [], {}
+    for name, m in owner.named_modules(remove_duplicate=False):
+        for k, v in vars(m).items():
+            if (text := _identity(v)) is not None:
+                out.append((name, k, text))
+        for cls in type(m).__mro__:
+            if cls.__module__.startswith("torch.nn") or cls is object:
+                continue
+            for k, v in vars(cls).items():
+                if not k.startswith("__") and (isinstance(v, bool | int | float | str | enum.Enum) or v is None):
+                    classes[(cls.__module__, cls.__qualname__, k)] = repr(v)
+    return out + sorted(classes.items())
+
+
+def _identity(v) -> str | None:
+    if isinstance(v, enum.Enum):
+        return repr(v)
+    if isinstance(v, type | types.FunctionType | types.BuiltinFunctionType | types.MethodType):
+        return f"{getattr(v, '__module__', None)}.{getattr(v, '__qualname__', None) or getattr(v, '__name__', None)}"
+    if isinstance(v, functools.partial):
+        return f"partial({_identity(v.func)}, {v.args!r}, {sorted(v.keywords.items())!r})"
+    return None
 
 
 class TraceStore:

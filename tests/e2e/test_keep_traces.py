@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import dlblas_compiler as dc
 
@@ -252,3 +253,33 @@ def test_a_kept_compile_holds_a_long_ir_module_without_deep_recursion():
         sys.setrecursionlimit(limit)
     assert back[0] is back[1]["again"] and str(back[0]) == str(module)
     back[0].verify()
+
+
+class Activated(torch.nn.Module):
+    scale = 1.0  # (read through the class)
+
+    def __init__(self, act):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.act = act
+
+    def forward(self, x):
+        return self.act(self.lin(x)) * self.scale
+
+
+def test_what_the_saved_guards_cannot_check_keys_the_store(tmp_path, monkeypatch, fresh_dynamo):
+    """A function the module holds (`self.act`), and a number its class holds, are guarded by identity, which a
+    saved file cannot hold: they are part of the store's key. Before, a model holding F.relu loaded the trace saved
+    for one holding F.gelu (a silent wrong answer, in a later process or in the same one)."""
+    monkeypatch.setenv("DLBLAS_CACHE_DIR", str(tmp_path / "cache"))
+    x = torch.randn(3, 8)
+    for act, scale in ((F.gelu, 1.0), (F.relu, 1.0), (F.relu, 3.0)):
+        monkeypatch.setattr(Activated, "scale", scale)
+        torch.manual_seed(0)
+        model = Activated(act).eval()
+        with torch.no_grad():
+            ref = model(x)
+            model.forward = dc.compile(model.forward, backend="reference", keep_traces=True)
+            torch.testing.assert_close(model(x), ref)
+        torch._dynamo.reset()
+    assert len({p.parent for p in _files(tmp_path)}) == 3
