@@ -939,8 +939,9 @@ class Importer:
         values)."""
         flat_in: list[SSAValue] = []
         contiguous: dict[SSAValue, bool] = {}  # eager's value of the input is contiguous
-        marks: dict[torch.fx.Node, _Written] = {}  # the written nodes' marks -> their slots
+        marks: dict[torch.fx.Node, _Written] = {}  # the written nodes' marks, and their slots
         slot_of: dict[int, int] = {}
+        reads_storage = _reads_storage(n)
 
         def slot(v):
             if isinstance(v, (SSAValue, _Written)):
@@ -956,7 +957,7 @@ class Importer:
             for leaf, ex in zip(pytree.tree_leaves(v, is_leaf=_is_ssa), pytree.tree_leaves(example)):
                 if isinstance(leaf, SSAValue) and isinstance(ex, torch.Tensor):
                     contiguous[leaf] = ex.is_contiguous()
-                    if not ex.is_contiguous() or ex.storage_offset():
+                    if reads_storage and (not ex.is_contiguous() or ex.storage_offset()):
                         layouts[leaf] = (tuple(ex.stride()), ex.storage_offset())
             return marks.setdefault(m, _Written(v)) if m is clone or m in hidden else v
 
@@ -978,7 +979,7 @@ class Importer:
         # an opaque op may depend on strides (`.view` after a `.contiguous()` the IR drops): an input eager had
         # contiguous is made contiguous first; one whose memory it reads (`as_strided`) is laid out as eager's was
         dense = tuple(i for i, v in enumerate(flat_in) if contiguous.get(v))
-        if _reads_storage(n):
+        if reads_storage:
             dense = tuple((i, *layouts[v]) if v in layouts else i for i, v in enumerate(flat_in)
                           if v in layouts or contiguous.get(v))  # fmt: skip
             self.size_decisions += tuple(f"{n.name}: {name} of an input laid out {lay}" for name, lay in (
@@ -989,7 +990,7 @@ class Importer:
         flat = not any(isinstance(v, (list, tuple, dict)) for v in (*args, *kwargs.values()))
 
         slots = pytree.tree_leaves((args, kwargs), is_leaf=lambda v: isinstance(v, _Slot))
-        also = tuple(dict.fromkeys(v.index for v in slots if isinstance(v, _Slot) and v.written)) if hidden else ()
+        also = tuple(slot_of[id(marks[m])] for m in hidden)  # (the hidden writes' copies follow the results, in order)
         call = TorchCall(target, args, kwargs, tuple(tensor_pos), clone is not None, dense, flat, also)
         name = self._call_name(n.name) if again else _safe_name(n.name)
         self.calls[name] = call
@@ -1013,8 +1014,7 @@ class Importer:
         res = list(op.results)
         out_leaves = [res[tensor_pos.index(i)] if i in tensor_pos else v for i, v in enumerate(leaves)]
         if hidden:
-            new = [res[len(tensor_pos) + also.index(slot_of[id(marks[m])])] for m in hidden]
-            return pytree.tree_unflatten(out_leaves, spec), new
+            return pytree.tree_unflatten(out_leaves, spec), res[len(tensor_pos):]
         return pytree.tree_unflatten(out_leaves, spec)
 
     def _put_back(self, view: torch.fx.Node, src: torch.fx.Node, new: SSAValue) -> SSAValue:

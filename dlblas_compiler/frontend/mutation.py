@@ -67,7 +67,7 @@ def mutated_arg(n: torch.fx.Node, gm: torch.fx.GraphModule) -> torch.fx.Node | N
         torch_fn = (getattr(n.target, "__module__", None) or "").startswith("torch")
         if n.target in INPLACE_OPERATORS or n.target is operator.setitem or (torch_fn and _writes_by_name(name)):
             target = n.args[0]
-        elif inplace_argument(n) is not None:
+        elif n.kwargs.get("inplace") is True or inplace_argument(n) is not None:
             target = n.args[0]
         elif written := schema_writes(n):  # (an operator whose schema marks a tensor it writes: `Tensor(a!) out`)
             target = written[0]
@@ -77,22 +77,20 @@ def mutated_arg(n: torch.fx.Node, gm: torch.fx.GraphModule) -> torch.fx.Node | N
 
 
 def inplace_argument(n: torch.fx.Node) -> inspect.BoundArguments | None:
-    """A function call's arguments bound to its signature where they pass `inplace=True`, by keyword or by
-    position (symbolic_trace keeps `F.relu(x, inplace=True)`; dynamo traces nn.LeakyReLU(0.1, inplace=True) as
-    `leaky_relu(x, 0.1, True)`), else None."""
-    if n.kwargs.get("inplace") is True:
-        return _bound(n)
-    if n.op != "call_function" or len(n.args) < 2 or not any(a is True for a in n.args[1:]):
+    """A function call's arguments bound to its signature where they pass `inplace=True` by position (dynamo traces
+    nn.LeakyReLU(0.1, inplace=True) as `leaky_relu(x, 0.1, True)`; symbolic_trace keeps the keyword), else None."""
+    if n.op != "call_function" or not any(a is True for a in n.args[1:]):
         return None
-    bound = _bound(n)
+    bound = _bind(n)
     return bound if bound is not None and bound.arguments.get("inplace") is True else None
 
 
-def _bound(n: torch.fx.Node) -> inspect.BoundArguments | None:
+def _bind(n: torch.fx.Node) -> inspect.BoundArguments | None:
+    """A function call's arguments bound to the function's signature (None: a builtin without one, arguments that
+    do not bind)."""
     try:
-        signature = inspect.signature(n.target)
-        return signature.bind(*n.args, **n.kwargs) if "inplace" in signature.parameters else None
-    except (TypeError, ValueError):  # (a builtin without a signature; arguments that do not bind)
+        return inspect.signature(n.target).bind(*n.args, **n.kwargs)
+    except (TypeError, ValueError):
         return None
 
 
@@ -111,14 +109,9 @@ def hidden_writes(n: torch.fx.Node) -> list[torch.fx.Node]:
     an embedding's weight renormalized to `max_norm`. Run as it is, such a call would write the module's buffer while
     the IR reads it as a value: a read before the call saw the new statistics, one after it the old ones."""
     rule = _WRITES_WHEN.get(n.target) if n.op == "call_function" else None
-    if rule is None:
-        return []
-    try:
-        bound = inspect.signature(n.target).bind(*n.args, **n.kwargs)
-    except (TypeError, ValueError):
-        return []
-    when, names = rule
-    if not when(bound.arguments):
+    bound = _bind(n) if rule is not None else None
+    when, names = rule or (None, ())
+    if bound is None or not when(bound.arguments):
         return []
     return [v for k in names if isinstance(v := bound.arguments.get(k), torch.fx.Node)]
 
